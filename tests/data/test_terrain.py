@@ -1,0 +1,112 @@
+"""Terrain: DEM tiles, multi-resolution sampling, albedo, detail synthesis."""
+
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+
+from trn.data.terrain import (TILE_TOPS, TILE_WESTS, Albedo, DetailConfig, DetailSynth, load_albedo, load_elevation,
+                              read_dem_tile, tile_name, write_dem_tile)
+from trn.errors import ConfigError, DataError
+
+
+def write_world(root: Path, ppd: int = 2, fine: dict | None = None, fn=None) -> None:
+    """All 72 tiles at ``ppd`` with height = fn(lat, lon) km (default: lat / 100)."""
+    fn = fn or (lambda lat, lon: lat / 100.0)
+    n = 30 * ppd
+    for top in TILE_TOPS:
+        for west in TILE_WESTS:
+            r, c = np.mgrid[0:n, 0:n]
+            lat = top - (r + 0.5) / ppd
+            lon = west + (c + 0.5) / ppd
+            write_dem_tile(root / "dem" / f"t_{ppd}ppd" / tile_name("t", ppd, top, west), fn(lat, lon))
+    for (top, west), value in (fine or {}).items():
+        fp = 2 * ppd
+        write_dem_tile(root / "dem" / f"t_{fp}ppd" / tile_name("t", fp, top, west), np.full((30 * fp, 30 * fp), value))
+
+
+def test_tile_round_trip(tmp_path):
+    h = np.random.default_rng(0).uniform(-9, 10, (60, 60))
+    write_dem_tile(tmp_path / "a.png", h)
+    np.testing.assert_allclose(read_dem_tile(tmp_path / "a.png", 2), h, atol=0.0005 + 1e-6)
+
+
+def test_sampling_is_bilinear_and_wraps(tmp_path):
+    write_world(tmp_path, fn=lambda lat, lon: lat / 100.0 + np.cos(np.radians(lon)))
+    e = load_elevation(tmp_path)
+    lat = np.array([0.0, 12.3, -45.6, 10.0, 10.0])
+    lon = np.array([0.0, 100.0, 200.0, 359.9, 0.1])
+    h = e.height(lat, lon)
+    np.testing.assert_allclose(h, lat / 100 + np.cos(np.radians(lon)), atol=3e-3)
+    assert abs(h[3] - h[4]) < 1e-3  # continuous across the 0/360 seam
+
+
+def test_finer_patches_override_where_present(tmp_path):
+    write_world(tmp_path, fine={(30, 60): 5.0, (0, 60): 5.0})
+    e = load_elevation(tmp_path)
+    assert e.finest_ppd == 4 and len(e.patches) == 1  # the two tiles merge into one band
+    assert e.height(np.array([10.0]), np.array([75.0]), gsd_km=0.1)[0] == pytest.approx(5.0)
+    assert e.height(np.array([0.0]), np.array([75.0]), gsd_km=0.1)[0] == pytest.approx(5.0)  # no seam at lat 0
+    assert e.height(np.array([10.0]), np.array([75.0]), gsd_km=100.0)[0] == pytest.approx(0.1, abs=0.05)
+    assert e.height(np.array([10.0]), np.array([95.0]), gsd_km=0.1)[0] == pytest.approx(0.1, abs=0.01)
+
+
+def test_missing_tile_names_it(tmp_path):
+    write_world(tmp_path)
+    victim = tmp_path / "dem" / "t_2ppd" / tile_name("t", 2, -30, 90)
+    victim.unlink()
+    with pytest.raises(DataError, match="missing") as e:
+        load_elevation(tmp_path)
+    assert e.value.path == str(victim)
+
+
+def test_corrupt_and_wrong_shape_tiles(tmp_path):
+    write_world(tmp_path)
+    victim = tmp_path / "dem" / "t_2ppd" / tile_name("t", 2, 60, 0)
+    victim.write_bytes(b"garbage")
+    with pytest.raises(DataError, match="cannot be decoded"):
+        load_elevation(tmp_path)
+    cv2.imwrite(str(victim), np.zeros((10, 10), np.uint16))
+    with pytest.raises(DataError, match="expected uint16 single channel 60x60"):
+        load_elevation(tmp_path)
+
+
+def test_no_dem_folder(tmp_path):
+    with pytest.raises(DataError, match="no dem/ folder"):
+        load_elevation(tmp_path)
+
+
+def test_albedo_convention_and_errors(tmp_path):
+    img = np.zeros((180, 360), np.uint8)
+    img[:, :180] = 50   # west half: column 0 is 180 W
+    img[:, 180:] = 150  # east half
+    a = Albedo(img)
+    assert a(np.array([0.0]), np.array([90.0]))[0] > a(np.array([0.0]), np.array([270.0]))[0]
+    with pytest.raises(DataError, match="2:1"):
+        Albedo(np.ones((10, 10)))
+    with pytest.raises(DataError, match="no albedo map"):
+        load_albedo(tmp_path)
+    (tmp_path / "albedo").mkdir()
+    (tmp_path / "albedo" / "x.jpg").write_bytes(b"not a jpeg")
+    with pytest.raises(DataError, match="cannot be decoded"):
+        load_albedo(tmp_path)
+
+
+def test_detail_is_deterministic_seeded_and_band_limited():
+    rng = np.random.default_rng(0)
+    lat, lon = rng.uniform(-10, 10, 5000), rng.uniform(0, 10, 5000)
+    d0 = DetailSynth(DetailConfig(seed=1))
+    a = d0.height(lat, lon, 0.05, 1.0)
+    assert np.array_equal(a, DetailSynth(DetailConfig(seed=1)).height(lat, lon, 0.05, 1.0))
+    assert not np.array_equal(a, DetailSynth(DetailConfig(seed=2)).height(lat, lon, 0.05, 1.0))
+    assert 0.001 < a.std() < 0.2  # tens of metres: sub-pixel relief, not mountains
+    assert np.all(DetailSynth(DetailConfig(enabled=False)).height(lat, lon, 0.05, 1.0) == 0)
+    assert np.all(d0.height(lat, lon, 2.0, 1.0) == 0)  # nothing to add when the DEM is finer than the render
+
+
+def test_detail_config_validation():
+    with pytest.raises(ConfigError, match="hurst"):
+        DetailConfig(hurst=1.5)
+    with pytest.raises(ConfigError, match="out of range"):
+        DetailConfig(noise_km=-1)

@@ -1,0 +1,1 @@
+"""Console entry points: ``trn-data`` and ``trn-sim``."""

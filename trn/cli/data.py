@@ -1,0 +1,105 @@
+"""``trn-data``: build and check datasets.
+
+    trn-data build luna1 --source ../shared/data/moon --out data/luna1
+    trn-data build luna1-synth --out data/luna1-synth --seed 0
+    trn-data check data/luna1
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from trn.cli.common import run_main, setup_logging
+from trn.data.annotate import AnnotateConfig
+from trn.data.build import BuildConfig, build_luna1
+from trn.data.luna1 import check_luna1
+from trn.data.render import RenderConfig
+
+
+def _add_build_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", type=Path, required=True, help="output dataset directory (resumable)")
+    p.add_argument("--limit-frames", type=int, default=None, metavar="N", help="only the first N navigation frames")
+    p.add_argument("--limit-craters", type=int, default=None, metavar="N",
+                   help="only N crater landmarks (those seen in the frames first)")
+    p.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1), help="parallel render processes")
+    p.add_argument("--seed", type=int, default=0, help="seed of the detail synthesis (and of the synthetic world)")
+    p.add_argument("--nav-size", type=int, default=RenderConfig.nav_size, help="navigation frame size in pixels")
+    p.add_argument("--crater-size", type=int, default=RenderConfig.crater_size, help="landmark image size in pixels")
+    p.add_argument("--no-detail", action="store_true", help="switch off sub-pixel detail synthesis")
+    p.add_argument("--no-shadows", action="store_true", help="switch off cast shadows")
+    p.add_argument("--photometry", choices=("lunar-lambert", "lommel-seeliger", "lambert"), default="lunar-lambert")
+    p.add_argument("--light-elevation", type=float, default=RenderConfig.light_elevation_deg,
+                   help="elevation (deg) of the camera-tethered light in landmark renders")
+    p.add_argument("--min-box", type=int, default=AnnotateConfig.min_box_px, help="smallest annotated box side (px)")
+    p.add_argument("--min-sun-elevation", type=float, default=AnnotateConfig.min_sun_elevation_deg,
+                   help="annotate craters only where the Sun is at least this high (deg); -90 = all")
+    p.add_argument("-v", "--verbose", action="store_true")
+
+
+def _render_config(a: argparse.Namespace) -> RenderConfig:
+    base = RenderConfig()
+    return replace(base, nav_size=a.nav_size, crater_size=a.crater_size, shadows=not a.no_shadows,
+                   photometry=a.photometry, light_elevation_deg=a.light_elevation,
+                   detail=replace(base.detail, enabled=not a.no_detail))
+
+
+def _print_summary(s) -> None:
+    secs = ", ".join(f"{k} {v:.1f}" for k, v in s.seconds.items())
+    print(f"built {s.out}: {s.craters} crater landmarks ({s.rendered_craters} rendered now), {s.frames} frames "
+          f"({s.rendered_frames} rendered now), {s.boxes} boxes; seconds: {secs}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="trn-data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="build a dataset")
+    bsub = b.add_subparsers(dest="what", required=True)
+    real = bsub.add_parser("luna1", help="Luna-1 from real lunar data (DEM, albedo, catalogue, LRO trajectory)")
+    real.add_argument("--source", type=Path, required=True, help="directory laid out like ../shared/data/moon")
+    real.add_argument("--catalogue", default=None, help="catalogue file in SOURCE/catalogs (default: Head et al. 2010)")
+    real.add_argument("--max-dem-ppd", type=int, default=None, help="ignore DEM tiles finer than this (px/deg)")
+    _add_build_options(real)
+    synth = bsub.add_parser("luna1-synth", help="Luna-1 of the built-in procedural Moon (no external data)")
+    synth.add_argument("--world-dir", type=Path, default=None,
+                       help="where to write the procedural world's terrain (default: OUT/.world)")
+    synth.add_argument("--orbits", type=float, default=3.0, help="number of orbits of the synthetic trajectory")
+    _add_build_options(synth)
+    c = sub.add_parser("check", help="validate a Luna-1-format directory and list every problem")
+    c.add_argument("dir", type=Path)
+    c.add_argument("--no-decode", action="store_true", help="do not decode every image (faster)")
+    args = parser.parse_args(argv)
+    setup_logging(getattr(args, "verbose", False))
+
+    def run() -> int:
+        if args.cmd == "check":
+            problems = check_luna1(args.dir, decode_images=not args.no_decode)
+            for p in problems:
+                print(p)
+            print(f"{args.dir}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
+            return 0 if not problems else 1
+        render = _render_config(args)
+        annotate = AnnotateConfig(min_box_px=args.min_box, min_sun_elevation_deg=args.min_sun_elevation)
+        if args.what == "luna1":
+            cfg = BuildConfig(source=args.source, out=args.out, catalogue=args.catalogue, limit_frames=args.limit_frames,
+                              limit_craters=args.limit_craters, workers=args.workers, seed=args.seed,
+                              max_dem_ppd=args.max_dem_ppd, render=render, annotate=annotate)
+            _print_summary(build_luna1(cfg))
+            return 0
+        from trn.data.synth import SynthConfig, build_synthetic_luna1
+
+        scfg = SynthConfig(seed=args.seed, orbits=args.orbits)
+        summary = build_synthetic_luna1(scfg, args.out, world_dir=args.world_dir, limit_frames=args.limit_frames,
+                                        limit_craters=args.limit_craters, workers=args.workers, render=render,
+                                        annotate=annotate)
+        _print_summary(summary)
+        return 0
+
+    return run_main(run)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""Crater boxes in navigation frames, from the projection of each catalogue crater's rim."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from trn.data.luna1 import Box
+from trn.data.sources import Catalogue
+from trn.errors import ConfigError
+from trn.geometry import MOON_RADIUS_KM, PinholeCamera, east_north_up, latlon_to_xyz, world_to_camera, xyz_to_latlon
+
+HeightFn = Callable[[np.ndarray, np.ndarray], np.ndarray]
+
+
+@dataclass(frozen=True)
+class AnnotateConfig:
+    """Which craters get a box.
+
+    min_box_px: smallest box side (after clipping to the frame) in pixels.
+    min_sun_elevation_deg: the Sun must be at least this high over the crater centre (0 = lit side
+        only; -90 annotates night-side craters too).
+    rim_points: points sampled on the rim circle.
+    """
+
+    min_box_px: int = 12
+    min_sun_elevation_deg: float = 0.0
+    rim_points: int = 48
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_box_px <= 10000:
+            raise ConfigError(f"min_box_px={self.min_box_px}: expected 1 to 10000 pixels")
+        if not -90 <= self.min_sun_elevation_deg <= 90:
+            raise ConfigError(f"min_sun_elevation_deg={self.min_sun_elevation_deg}: expected -90 to 90")
+        if not 8 <= self.rim_points <= 1024:
+            raise ConfigError(f"rim_points={self.rim_points}: expected 8 to 1024")
+
+
+def rim_points(lat: float, lon: float, diameter_km: float, n: int) -> np.ndarray:
+    """Unit vectors [n, 3] of points on the sphere at geodesic distance diameter/2 from the centre."""
+    east, north, up = east_north_up(lat, lon)
+    rho = 0.5 * diameter_km / MOON_RADIUS_KM
+    phi = 2 * np.pi * np.arange(n) / n
+    return np.cos(rho) * up + np.sin(rho) * (np.cos(phi)[:, None] * east + np.sin(phi)[:, None] * north)
+
+
+def annotate_frame(cat: Catalogue, rotation: np.ndarray, position_km: np.ndarray, camera: PinholeCamera,
+                   height: HeightFn, sun_dir: np.ndarray | None, cfg: AnnotateConfig) -> list[Box]:
+    """Boxes of the catalogue craters seen in one frame, sorted by id.
+
+    A crater gets a box when its centre projects inside the image, it faces the camera (not behind
+    the limb), the Sun is at least ``min_sun_elevation_deg`` over it (when ``sun_dir`` is given)
+    and its rim's projected box, clipped to the image, is at least ``min_box_px`` on each side.
+    ``height(lat, lon)`` gives the elevation in km used to place the centre and the rim.
+    """
+    pos = np.asarray(position_km, dtype=np.float64)
+    up_all = latlon_to_xyz(cat.lat, cat.lon, 1.0)
+    # Coarse cull for any camera attitude: centres (on the reference sphere) that project within the
+    # image grown by the crater's projected radius.
+    x, y, z = camera.project(world_to_camera(up_all * MOON_RADIUS_KM, rotation, pos))
+    margin = 0.5 * cat.diameter_km * camera.focal_px / np.maximum(z, 1e-6) + 2.0
+    near = np.nonzero((z > 0) & (x > -margin) & (x < camera.width + margin)
+                      & (y > -margin) & (y < camera.height + margin))[0]
+    boxes: list[Box] = []
+    for k in near:
+        lat, lon, dia = float(cat.lat[k]), float(cat.lon[k]), float(cat.diameter_km[k])
+        up = up_all[k]
+        centre = up * (MOON_RADIUS_KM + float(height(np.array([lat]), np.array([lon]))[0]))
+        if (pos - centre) @ up <= 0:
+            continue  # behind the limb
+        if sun_dir is not None and np.degrees(np.arcsin(np.clip(up @ sun_dir, -1, 1))) < cfg.min_sun_elevation_deg:
+            continue
+        cx, cy, cz = camera.project(world_to_camera(centre, rotation, pos))
+        if cz <= 0 or not (0 <= cx < camera.width and 0 <= cy < camera.height):
+            continue
+        rim = rim_points(lat, lon, dia, cfg.rim_points)
+        rlat, rlon, _ = xyz_to_latlon(rim)
+        rim_xyz = rim * (MOON_RADIUS_KM + height(rlat, rlon))[:, None]
+        x, y, z = camera.project(world_to_camera(rim_xyz, rotation, pos))
+        if (z <= 0).any():
+            continue
+        l = int(np.clip(np.floor(x.min()), 0, camera.width))
+        r = int(np.clip(np.ceil(x.max()), 0, camera.width))
+        t = int(np.clip(np.floor(y.min()), 0, camera.height))
+        b = int(np.clip(np.ceil(y.max()), 0, camera.height))
+        if min(r - l, b - t) < cfg.min_box_px:
+            continue
+        boxes.append(Box(int(cat.ids[k]), l, r, t, b))
+    return sorted(boxes, key=lambda bx: bx.id)

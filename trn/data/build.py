@@ -1,0 +1,294 @@
+"""Build a Luna-1-format dataset from a source directory (real lunar data or a synthetic world).
+
+Stages (each a plain function of the config): load inputs -> annotate every frame -> render crater
+landmarks -> render navigation frames -> write annotations, poses and metadata. Images are written
+atomically and skipped when already present, so an interrupted build resumes where it stopped; a
+manifest (``.trn-build.json``) records the settings, and resuming with different settings is
+refused rather than mixing two renders in one dataset. Output bytes depend only on the inputs and
+the settings (seed included), not on the number of workers.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import multiprocessing as mp
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+from tqdm import tqdm
+
+from trn.data import luna1
+from trn.data.annotate import AnnotateConfig, annotate_frame
+from trn.data.ephemeris import sun_direction_body
+from trn.data.render import RENDERER_VERSION, RenderConfig, Surface, render_crater, render_frame
+from trn.data.sources import Catalogue, Trajectory, find_catalogue, read_catalogue, read_trajectory
+from trn.data.terrain import Albedo, load_albedo, load_elevation
+from trn.errors import ConfigError, DataError
+from trn.geometry import MOON_RADIUS_KM, xyz_to_latlon
+
+log = logging.getLogger(__name__)
+MANIFEST = ".trn-build.json"
+BUILD_LOG = "build_log.json"
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """What to build and how.
+
+    source: directory laid out like ``../shared/data/moon``.
+    out: output dataset directory (Luna-1 format).
+    catalogue: file name in source/catalogs (default: the Head et al. 2010 catalogue, or the only one).
+    min_diameter_km / max_abs_lat: catalogue filter. Luna-1 kept the Head craters within +-80 deg
+        latitude (5,068 here; the paper reports 5,067).
+    limit_frames / limit_craters: build only the first N frames / N craters (craters seen in the
+        built frames first) for quick runs; None = all.
+    workers: parallel render processes.
+    seed: seed of the detail synthesis.
+    max_dem_ppd: ignore DEM levels finer than this (None = use the finest available).
+    use_albedo: modulate by the source's albedo map (else uniform albedo).
+    """
+
+    source: Path
+    out: Path
+    catalogue: str | None = None
+    min_diameter_km: float = 20.0
+    max_abs_lat: float = 80.0
+    limit_frames: int | None = None
+    limit_craters: int | None = None
+    workers: int = max(1, os.cpu_count() or 1)
+    seed: int = 0
+    max_dem_ppd: int | None = None
+    use_albedo: bool = True
+    render: RenderConfig = field(default_factory=RenderConfig)
+    annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("limit_frames", "limit_craters"):
+            v = getattr(self, name)
+            if v is not None and v < 0:
+                raise ConfigError(f"{name}={v}: expected a non-negative count")
+        if not 1 <= self.workers <= 256:
+            raise ConfigError(f"workers={self.workers}: expected 1 to 256")
+        if not 0 <= self.max_abs_lat <= 90:
+            raise ConfigError(f"max_abs_lat={self.max_abs_lat}: expected 0 to 90 degrees")
+        if self.min_diameter_km <= 0:
+            raise ConfigError(f"min_diameter_km={self.min_diameter_km}: expected > 0")
+
+    def render_key(self) -> str:
+        """Hash of everything that changes the pixels of an image that is already written."""
+        doc = {
+            "renderer_version": RENDERER_VERSION,
+            "source": str(Path(self.source).resolve()), "catalogue": self.catalogue, "seed": self.seed,
+            "max_dem_ppd": self.max_dem_ppd, "use_albedo": self.use_albedo, "render": asdict(self.render),
+            "annotate": asdict(self.annotate), "min_diameter_km": self.min_diameter_km, "max_abs_lat": self.max_abs_lat,
+        }
+        return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass
+class BuildSummary:
+    out: Path
+    craters: int
+    frames: int
+    boxes: int
+    seconds: dict[str, float]
+    rendered_craters: int
+    rendered_frames: int
+
+
+# Per-process render state: set by _init_worker in each worker (spawned, so that no thread pool of
+# the parent is inherited half-locked), or directly in the parent when running with one worker.
+_STATE: dict = {}
+
+
+def _load_surface(cfg: "BuildConfig") -> Surface:
+    elevation = load_elevation(Path(cfg.source), cfg.max_dem_ppd)
+    albedo = load_albedo(Path(cfg.source), cfg.render.albedo_strength) if cfg.use_albedo else Albedo.uniform()
+    return Surface(elevation, albedo, _seeded(cfg))
+
+
+def _init_worker(cfg: "BuildConfig", trajectory: "Trajectory", sun: np.ndarray) -> None:
+    cv2.setNumThreads(1)
+    _STATE.update(out=Path(cfg.out), surface=_load_surface(cfg), render=cfg.render, trajectory=trajectory, sun=sun)
+
+
+def _render_crater_task(task: tuple[int, float, float, float]) -> int:
+    cid, lat, lon, dia = task
+    path = _STATE["out"] / luna1.CRATER_DIR / f"{cid}.png"
+    img = render_crater(_STATE["surface"], lat, lon, dia, _STATE["render"])
+    _write_png(path, img)
+    return cid
+
+
+def _render_frame_task(i: int) -> int:
+    traj: Trajectory = _STATE["trajectory"]
+    path = _STATE["out"] / luna1.NAV_IMAGES / f"{i}.png"
+    k = traj.kitti[i]
+    img, _ = render_frame(_STATE["surface"], k[:, :3], k[:, 3], _STATE["sun"][i], _STATE["render"])
+    _write_png(path, img)
+    return i
+
+
+def _write_png(path: Path, img: np.ndarray) -> None:
+    tmp = path.with_name(f".{path.stem}.{os.getpid()}.tmp.png")
+    if not cv2.imwrite(str(tmp), img, [cv2.IMWRITE_PNG_COMPRESSION, 6]):
+        raise DataError("could not write image (disk full or no permission?)", tmp)
+    tmp.replace(path)
+
+
+def _run_parallel(fn, tasks: list, workers: int, desc: str, init_args: tuple) -> None:
+    if not tasks:
+        return
+    bar = tqdm(total=len(tasks), desc=desc, unit="img", disable=None, mininterval=2.0)
+    if workers <= 1 or len(tasks) == 1:
+        for t in tasks:
+            fn(t)
+            bar.update(1)
+    else:
+        ctx = mp.get_context("spawn")
+        with ctx.Pool(min(workers, len(tasks)), initializer=_init_worker, initargs=init_args) as pool:
+            for _ in pool.imap_unordered(fn, tasks, chunksize=1):
+                bar.update(1)
+    bar.close()
+
+
+def select_craters(cat: Catalogue, cfg: BuildConfig) -> Catalogue:
+    """The catalogue filter of Luna-1: diameter and latitude limits."""
+    keep = (cat.diameter_km >= cfg.min_diameter_km) & (np.abs(cat.lat) <= cfg.max_abs_lat)
+    return cat.subset(keep)
+
+
+def _check_manifest(out: Path, cfg: BuildConfig) -> None:
+    path = out / MANIFEST
+    if not path.is_file():
+        if any(out.iterdir()) if out.is_dir() else False:
+            existing = [p.name for p in out.iterdir() if not p.name.startswith(".")]
+            if existing:
+                raise DataError(f"output directory is not empty and was not made by trn-data build ({existing[:5]}); "
+                                "choose a new --out", out)
+        return
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        raise DataError("build manifest is unreadable; delete the output directory and rebuild", path) from None
+    if doc.get("render_key") != cfg.render_key():
+        raise DataError("this directory was built with different settings (source, seed, renderer or filters); "
+                        "resume with the same settings or choose a new --out", path)
+
+
+def build_luna1(cfg: BuildConfig) -> BuildSummary:
+    """Run the whole build; returns counts and stage timings (also written to build_log.json)."""
+    t_all = time.perf_counter()
+    timings: dict[str, float] = {}
+    out = Path(cfg.out)
+    source = Path(cfg.source)
+    if not source.is_dir():
+        raise DataError("source directory does not exist; point --source at ../shared/data/moon or a synthetic world", source)
+    out.mkdir(parents=True, exist_ok=True)
+    _check_manifest(out, cfg)
+    key = cfg.render_key()
+    (out / MANIFEST).write_text(json.dumps({"render_key": key, "complete": False}, indent=1) + "\n", encoding="utf-8")
+
+    t = time.perf_counter()
+    traj = read_trajectory(source)
+    n_frames = len(traj) if cfg.limit_frames is None else min(cfg.limit_frames, len(traj))
+    cat_path = find_catalogue(source, cfg.catalogue)
+    cat = select_craters(read_catalogue(cat_path), cfg)
+    sun = sun_direction_body(traj.epochs[:n_frames]) if n_frames else np.zeros((0, 3))
+    surface = _load_surface(cfg)
+    elevation = surface.elevation
+    timings["load_s"] = time.perf_counter() - t
+
+    t = time.perf_counter()
+    camera = cfg.render.camera
+    coarse = 1.0  # km; the rim and centre heights need no sub-km detail
+
+    def height(la: np.ndarray, lo: np.ndarray) -> np.ndarray:
+        return elevation.height(la, lo, coarse)
+
+    frames: list[luna1.FrameAnnotation] = []
+    for i in tqdm(range(n_frames), desc="annotate", unit="frame", disable=None, mininterval=2.0):
+        k = traj.kitti[i]
+        boxes = annotate_frame(cat, k[:, :3], k[:, 3], camera, height, sun[i], cfg.annotate)
+        frames.append(luna1.FrameAnnotation(i, f"nav_images/{i}.png", tuple(boxes)))
+    timings["annotate_s"] = time.perf_counter() - t
+
+    seen = sorted({b.id for f in frames for b in f.boxes})
+    index = cat.index_of()
+    order = seen + [int(c) for c in cat.ids if int(c) not in set(seen)]
+    if cfg.limit_craters is not None:
+        order = order[: cfg.limit_craters]
+    chosen = set(order)
+    dropped = sum(1 for f in frames for b in f.boxes if b.id not in chosen)
+    if dropped:
+        log.warning("--limit-craters leaves %d boxes without a landmark image; they are left out of annotations.txt", dropped)
+        frames = [luna1.FrameAnnotation(f.frame, f.image, tuple(b for b in f.boxes if b.id in chosen)) for f in frames]
+
+    (out / luna1.CRATER_DIR).mkdir(parents=True, exist_ok=True)
+    (out / luna1.NAV_IMAGES).mkdir(parents=True, exist_ok=True)
+    _STATE.update(out=out, surface=surface, render=cfg.render, trajectory=traj, sun=sun)
+    try:
+        crater_tasks = [(c, float(cat.lat[index[c]]), float(cat.lon[index[c]]), float(cat.diameter_km[index[c]]))
+                        for c in sorted(order) if not (out / luna1.CRATER_DIR / f"{c}.png").is_file()]
+        t = time.perf_counter()
+        _run_parallel(_render_crater_task, crater_tasks, cfg.workers, "craters", (cfg, traj, sun))
+        timings["craters_s"] = time.perf_counter() - t
+        frame_tasks = [i for i in range(n_frames) if not (out / luna1.NAV_IMAGES / f"{i}.png").is_file()]
+        t = time.perf_counter()
+        _run_parallel(_render_frame_task, frame_tasks, cfg.workers, "frames", (cfg, traj, sun))
+        timings["frames_s"] = time.perf_counter() - t
+    finally:
+        _STATE.clear()
+
+    luna1.write_annotations(out / luna1.ANNOTATIONS, frames)
+    luna1.write_poses_csv(out / luna1.POSES_CSV, traj.poses[:n_frames])
+    luna1.write_poses_kitti(out / luna1.POSES_KITTI, traj.kitti[:n_frames])
+    meta = _metadata(cfg, cat, cat_path, order, traj, n_frames, sun)
+    luna1._atomic_write_text(out / luna1.METADATA, meta.to_json())
+    timings["total_s"] = time.perf_counter() - t_all
+    n_boxes = sum(len(f.boxes) for f in frames)
+    summary = BuildSummary(out, len(order), n_frames, n_boxes, timings, len(crater_tasks), len(frame_tasks))
+    (out / MANIFEST).write_text(json.dumps({"render_key": key, "complete": True}, indent=1) + "\n", encoding="utf-8")
+    log_doc = {"craters": len(order), "frames": n_frames, "boxes": n_boxes, "rendered_craters": len(crater_tasks),
+               "rendered_frames": len(frame_tasks), "workers": cfg.workers, "seconds": timings}
+    (out / BUILD_LOG).write_text(json.dumps(log_doc, indent=1) + "\n", encoding="utf-8")
+    return summary
+
+
+def _seeded(cfg: BuildConfig):
+    from dataclasses import replace
+
+    return replace(cfg.render.detail, seed=cfg.seed)
+
+
+def _metadata(cfg: BuildConfig, cat: Catalogue, cat_path: Path, order: list[int], traj: Trajectory, n_frames: int,
+              sun: np.ndarray) -> luna1.Luna1Metadata:
+    index = cat.index_of()
+    craters = {c: {"lat": round(float(cat.lat[index[c]]), 7), "lon": round(float(cat.lon[index[c]]), 7),
+                   "diameter_km": round(float(cat.diameter_km[index[c]]), 6), "catalogue": cat_path.name, "row": c}
+               for c in sorted(order)}
+    frames = []
+    for i in range(n_frames):
+        pos = traj.kitti[i][:, 3]
+        up = pos / np.linalg.norm(pos)
+        slat, slon, _ = xyz_to_latlon(sun[i])
+        frames.append({
+            "frame": i, "epoch_utc": traj.epochs[i].strftime("%Y-%m-%dT%H:%M:%S.%fZ"),
+            "sun_dir_body": [round(float(v), 9) for v in sun[i]],
+            "subsolar_lat_lon": [round(float(slat), 6), round(float(slon), 6)],
+            "sun_elevation_deg": round(float(np.degrees(np.arcsin(np.clip(up @ sun[i], -1, 1)))), 4),
+            "altitude_km": round(float(np.linalg.norm(pos) - MOON_RADIUS_KM), 4),
+        })
+    source = {"directory": Path(cfg.source).name, "catalogue": cat_path.name, "trajectory": traj.name,
+              "filter": {"min_diameter_km": cfg.min_diameter_km, "max_abs_lat": cfg.max_abs_lat},
+              "seed": cfg.seed, "max_dem_ppd": cfg.max_dem_ppd, "use_albedo": cfg.use_albedo}
+    cam = cfg.render.camera
+    return luna1.Luna1Metadata(source=source, renderer={**asdict(cfg.render), "annotate": asdict(cfg.annotate)},
+                               craters=craters, frames=frames,
+                               camera={"width": cam.width, "height": cam.height, "fov_deg": cam.fov_deg})

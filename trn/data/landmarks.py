@@ -1,0 +1,143 @@
+"""Landmark image sets for training and evaluation: Luna-1 crater images, the HiRISE v3 "Mars
+Crater" set, and a generic folder format.
+
+Every reader returns a :class:`LandmarkSet`: one entry per image, each tagged with its instance
+(identity) and view name. Views of one instance are images of the same landmark.
+
+* Luna-1: ``crater_images/<id>.png``, one view per crater.
+* HiRISE v3 (Wagstaff et al., "Mars orbital image (HiRISE) labeled data set version 3.2"):
+  a labels file of ``<image file> <class id>`` lines (``labels-map-proj_v3_2.txt``), an optional
+  class map CSV (``<id>,<name>``) and the images folder (``map-proj-v3_2/``). Only the crater class
+  is kept; ``<name>-r90``, ``-r180``, ``-r270``, ``-fh``, ``-fv`` and ``-brt`` are views of ``<name>``.
+* Folder: ``<instance>.png`` (one view) or ``<instance>_<view>.png`` or ``<instance>/<view>.png``
+  (png, jpg, jpeg, tif); for Earth Stadium or a user's own crops.
+"""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from trn.data.luna1 import CRATER_DIR
+from trn.errors import DataError
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
+HIRISE_VARIANTS = ("-r90", "-r180", "-r270", "-fh", "-fv", "-brt")
+
+
+@dataclass(frozen=True)
+class LandmarkItem:
+    path: Path
+    instance: str
+    view: str
+
+
+@dataclass(frozen=True)
+class LandmarkSet:
+    """Images with identities. ``instances`` lists each identity once, in first-seen order."""
+
+    name: str
+    items: tuple[LandmarkItem, ...]
+
+    @property
+    def instances(self) -> list[str]:
+        return list(dict.fromkeys(i.instance for i in self.items))
+
+    def views_per_instance(self) -> Counter:
+        return Counter(i.instance for i in self.items)
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+
+def read_luna1_landmarks(root: str | Path) -> LandmarkSet:
+    """Crater landmark images of a Luna-1 directory; instance = crater id."""
+    cdir = Path(root) / CRATER_DIR
+    if not cdir.is_dir():
+        raise DataError(f"no {CRATER_DIR}/ folder: not a Luna-1 dataset", root)
+    paths = sorted((p for p in cdir.glob("*.png") if p.stem.isdigit()), key=lambda p: int(p.stem))
+    if not paths:
+        raise DataError("no <id>.png crater images", cdir)
+    return LandmarkSet("luna1", tuple(LandmarkItem(p, p.stem, "render") for p in paths))
+
+
+def _hirise_base(stem: str) -> tuple[str, str]:
+    for v in HIRISE_VARIANTS:
+        if stem.endswith(v):
+            return stem[: -len(v)], v[1:]
+    return stem, "orig"
+
+
+def read_hirise(root: str | Path, class_name: str = "crater") -> LandmarkSet:
+    """The HiRISE v3 labelled set, crater class only, variants grouped as views of one instance."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError("HiRISE directory does not exist", root)
+    labels = [p for p in sorted(root.glob("labels*.txt")) if "train_val_test" not in p.name]
+    labels = labels or sorted(root.glob("labels*.txt"))
+    if not labels:
+        raise DataError("no labels*.txt file (lines '<image file> <class id>')", root)
+    class_id = _hirise_class_id(root, class_name)
+    img_dirs = [d for d in sorted(root.iterdir()) if d.is_dir()]
+    items = []
+    for i, raw in enumerate(labels[0].read_text(encoding="utf-8").splitlines(), start=1):
+        parts = raw.split()
+        if not parts:
+            continue
+        if len(parts) < 2 or not parts[1].lstrip("-").isdigit():
+            raise DataError(f"line {raw!r} is not '<image file> <class id>'", labels[0], i)
+        if int(parts[1]) != class_id:
+            continue
+        path = next((d / parts[0] for d in [root, *img_dirs] if (d / parts[0]).is_file()), None)
+        if path is None:
+            raise DataError(f"image {parts[0]} listed but not found under {root}", labels[0], i)
+        base, view = _hirise_base(Path(parts[0]).stem)
+        items.append(LandmarkItem(path, base, view))
+    if not items:
+        raise DataError(f"no images of class {class_name!r} (id {class_id})", labels[0])
+    return LandmarkSet("hirise", tuple(items))
+
+
+def _hirise_class_id(root: Path, class_name: str) -> int:
+    maps = sorted(root.glob("*classmap*.csv"))
+    if not maps:
+        return 1  # crater is class 1 in v3
+    for i, raw in enumerate(maps[0].read_text(encoding="utf-8").splitlines(), start=1):
+        parts = [p.strip() for p in raw.split(",")]
+        if len(parts) >= 2 and parts[1].lower() == class_name.lower():
+            try:
+                return int(parts[0])
+            except ValueError:
+                raise DataError(f"class id {parts[0]!r} is not an integer", maps[0], i) from None
+    raise DataError(f"class {class_name!r} not in the class map", maps[0])
+
+
+_VIEW_RE = re.compile(r"^(?P<inst>.+)_(?P<view>[^_]+)$")
+
+
+def read_folder(root: str | Path, name: str = "folder") -> LandmarkSet:
+    """Generic folder: ``<instance>.png``, ``<instance>_<view>.png`` or ``<instance>/<view>.png``.
+
+    A flat file name with an underscore is read as ``<instance>_<view>`` only when at least one
+    other file shares its ``<instance>`` prefix; otherwise the whole stem is the instance.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError("landmark folder does not exist", root)
+    flat = sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    nested = sorted(p for d in root.iterdir() if d.is_dir() for p in d.iterdir()
+                    if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
+    prefixes = Counter(m["inst"] for p in flat if (m := _VIEW_RE.match(p.stem)))
+    items = []
+    for p in flat:
+        m = _VIEW_RE.match(p.stem)
+        if m and prefixes[m["inst"]] > 1:
+            items.append(LandmarkItem(p, m["inst"], m["view"]))
+        else:
+            items.append(LandmarkItem(p, p.stem, "0"))
+    items += [LandmarkItem(p, p.parent.name, p.stem) for p in nested]
+    if not items:
+        raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) found", root)
+    return LandmarkSet(name, tuple(items))

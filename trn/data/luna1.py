@@ -1,0 +1,426 @@
+"""The Luna-1 on-disk format, read, written and checked.
+
+Layout (the authors' dataset; every path relative to the dataset root)::
+
+    crater_images/<id>.png                         one landmark render per catalogue crater
+    lro_navigation/nav_images/<n>.png              navigation frames, 10 s apart
+    lro_navigation/annotations.txt                 <img_path> id,l,r,t,b id,l,r,t,b ...
+    lro_navigation/poses/LROCWAC_22Sep06_000000_6H_10S_poses.csv        x,y,z,q0,q1,q2,q3
+    lro_navigation/poses/kitti_LROCWAC_22Sep06_000000_6H_10S_poses.txt  12 numbers: [R | t]
+    metadata.json                                  ours, optional (see :class:`Luna1Metadata`)
+
+Box values are pixels: left, right, top, bottom; a frame's number is its image file's stem.
+Poses: position in km (MOON_PA) and the SPICE quaternion (scalar first) of camera -> body.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+from trn.errors import DataError
+from trn.geometry import quat_to_matrix
+
+CRATER_DIR = "crater_images"
+NAV_DIR = "lro_navigation"
+NAV_IMAGES = f"{NAV_DIR}/nav_images"
+ANNOTATIONS = f"{NAV_DIR}/annotations.txt"
+POSES_CSV = f"{NAV_DIR}/poses/LROCWAC_22Sep06_000000_6H_10S_poses.csv"
+POSES_KITTI = f"{NAV_DIR}/poses/kitti_LROCWAC_22Sep06_000000_6H_10S_poses.txt"
+METADATA = "metadata.json"
+METADATA_FORMAT = "trn-luna1-metadata"
+METADATA_VERSION = 1
+
+
+@dataclass(frozen=True)
+class Box:
+    """A crater box in a navigation frame: catalogue id and pixel bounds (x = column, y = row)."""
+
+    id: int
+    l: int
+    r: int
+    t: int
+    b: int
+
+    def to_token(self) -> str:
+        return f"{self.id},{self.l},{self.r},{self.t},{self.b}"
+
+    @property
+    def center(self) -> tuple[float, float]:
+        return 0.5 * (self.l + self.r), 0.5 * (self.t + self.b)
+
+
+@dataclass(frozen=True)
+class FrameAnnotation:
+    """One line of annotations.txt: the frame number, the image path as written, its boxes."""
+
+    frame: int
+    image: str
+    boxes: tuple[Box, ...]
+
+    def to_line(self) -> str:
+        return " ".join([self.image] + [b.to_token() for b in self.boxes])
+
+
+def _frame_number(token: str, path: Path, line: int) -> int:
+    stem = Path(token).stem
+    if not stem.isdigit():
+        raise DataError(f"image path {token!r} does not end in <frame number>.png", path, line)
+    return int(stem)
+
+
+def parse_box(token: str, path: Path | str = "<annotations>", line: int | None = None) -> Box:
+    """Parse ``id,l,r,t,b``; integers, or reals with an integral value."""
+    parts = token.split(",")
+    if len(parts) != 5:
+        raise DataError(f"box {token!r} has {len(parts)} fields; expected id,l,r,t,b", path, line)
+    vals = []
+    for name, p in zip(("id", "l", "r", "t", "b"), parts):
+        try:
+            v = float(p)
+        except ValueError:
+            raise DataError(f"box {token!r}: {name}={p!r} is not a number", path, line) from None
+        if not math.isfinite(v):
+            raise DataError(f"box {token!r}: {name} is not finite", path, line)
+        vals.append(int(round(v)))
+    box = Box(*vals)
+    if box.id < 0:
+        raise DataError(f"box {token!r}: crater id must be >= 0", path, line)
+    if box.l > box.r or box.t > box.b:
+        raise DataError(f"box {token!r}: needs l <= r and t <= b", path, line)
+    return box
+
+
+def read_annotations(path: str | Path) -> list[FrameAnnotation]:
+    """Parse annotations.txt; raises :class:`DataError` naming the file and line of the first problem."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("annotations file is missing", path)
+    out: list[FrameAnnotation] = []
+    seen: dict[int, int] = {}
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"annotations file is not UTF-8 text ({exc.reason})", path) from None
+    for i, raw in enumerate(text.splitlines(), start=1):
+        tokens = raw.split()
+        if not tokens:
+            continue
+        frame = _frame_number(tokens[0], path, i)
+        if frame in seen:
+            raise DataError(f"frame {frame} is annotated twice (first on line {seen[frame]})", path, i)
+        seen[frame] = i
+        out.append(FrameAnnotation(frame, tokens[0], tuple(parse_box(t, path, i) for t in tokens[1:])))
+    return out
+
+
+def _atomic_write_text(path: Path, text: str) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    tmp.replace(path)
+
+
+def write_annotations(path: str | Path, frames: Iterable[FrameAnnotation]) -> None:
+    _atomic_write_text(Path(path), "".join(f.to_line() + "\n" for f in frames))
+
+
+def _read_numeric_rows(path: Path, columns: int, what: str, delimiter: str | None) -> np.ndarray:
+    if not path.is_file():
+        raise DataError(f"{what} file is missing", path)
+    rows = []
+    for i, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not raw.strip():
+            continue
+        parts = raw.split(delimiter) if delimiter else raw.split()
+        if len(parts) != columns:
+            raise DataError(f"{what} row has {len(parts)} columns; expected {columns}", path, i)
+        try:
+            vals = [float(p) for p in parts]
+        except ValueError:
+            raise DataError(f"{what} row has a value that is not a number: {raw.strip()!r}", path, i) from None
+        if not all(math.isfinite(v) for v in vals):
+            raise DataError(f"{what} row has a NaN or infinite value", path, i)
+        rows.append(vals)
+    if not rows:
+        raise DataError(f"{what} file has no rows", path)
+    return np.asarray(rows, dtype=np.float64)
+
+
+def read_poses_csv(path: str | Path) -> np.ndarray:
+    """``x,y,z,q0,q1,q2,q3`` per frame -> float64 [N, 7] (km, SPICE quaternion scalar first)."""
+    path = Path(path)
+    arr = _read_numeric_rows(path, 7, "pose CSV (x,y,z,q0,q1,q2,q3)", ",")
+    norms = np.linalg.norm(arr[:, 3:], axis=1)
+    bad = np.nonzero(np.abs(norms - 1.0) > 1e-3)[0]
+    if bad.size:
+        raise DataError(f"quaternion has norm {norms[bad[0]]:.6f}; expected a unit quaternion", path, int(bad[0]) + 1)
+    return arr
+
+
+def read_poses_kitti(path: str | Path) -> np.ndarray:
+    """12 numbers per line, row-major [R | t] -> float64 [N, 3, 4] (R camera -> body, t km)."""
+    path = Path(path)
+    arr = _read_numeric_rows(path, 12, "KITTI 3x4 pose", None).reshape(-1, 3, 4)
+    err = np.abs(np.einsum("nij,nkj->nik", arr[:, :, :3], arr[:, :, :3]) - np.eye(3)).max(axis=(1, 2))
+    bad = np.nonzero(err > 1e-4)[0]
+    if bad.size:
+        raise DataError("pose rotation is not orthonormal", path, int(bad[0]) + 1)
+    return arr
+
+
+def _fmt(v: float) -> str:
+    return repr(float(v))
+
+
+def write_poses_csv(path: str | Path, poses: np.ndarray) -> None:
+    poses = np.asarray(poses, dtype=np.float64)
+    if poses.ndim != 2 or poses.shape[1] != 7:
+        raise DataError(f"poses array has shape {poses.shape}; expected [N, 7]")
+    _atomic_write_text(Path(path), "".join(",".join(_fmt(v) for v in row) + "\n" for row in poses))
+
+
+def write_poses_kitti(path: str | Path, poses: np.ndarray) -> None:
+    poses = np.asarray(poses, dtype=np.float64)
+    if poses.shape[1:] != (3, 4):
+        raise DataError(f"KITTI poses array has shape {poses.shape}; expected [N, 3, 4]")
+    _atomic_write_text(Path(path), "".join(" ".join(_fmt(v) for v in p.reshape(-1)) + "\n" for p in poses))
+
+
+def poses_to_kitti(poses: np.ndarray) -> np.ndarray:
+    """[N, 7] (x,y,z,q) -> [N, 3, 4] (R | t)."""
+    r = quat_to_matrix(poses[:, 3:])
+    return np.concatenate([r, poses[:, :3, None]], axis=2)
+
+
+@dataclass
+class Luna1Metadata:
+    """Our optional ``metadata.json``.
+
+    source: free-form description of the inputs (directories, catalogue, trajectory, world seed).
+    renderer: the :class:`trn.data.render.RenderConfig` used, as a dict.
+    craters: id -> {lat, lon (deg east), diameter_km, catalogue, row}.
+    frames: per frame {frame, epoch_utc, sun_dir_body [3], sun_elevation_deg (at the sub-camera
+        point), altitude_km}.
+    camera: {width, height, fov_deg}.
+    """
+
+    source: dict = field(default_factory=dict)
+    renderer: dict = field(default_factory=dict)
+    craters: dict[int, dict] = field(default_factory=dict)
+    frames: list[dict] = field(default_factory=list)
+    camera: dict = field(default_factory=dict)
+
+    def to_json(self) -> str:
+        doc = {
+            "format": METADATA_FORMAT, "version": METADATA_VERSION, "source": self.source,
+            "renderer": self.renderer, "camera": self.camera,
+            "craters": {str(k): v for k, v in sorted(self.craters.items())}, "frames": self.frames,
+        }
+        return json.dumps(doc, indent=1, sort_keys=True) + "\n"
+
+    @classmethod
+    def read(cls, path: str | Path) -> "Luna1Metadata":
+        path = Path(path)
+        try:
+            doc = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DataError(f"metadata is not readable JSON ({exc}); delete it or rebuild the dataset", path) from None
+        if not isinstance(doc, dict) or doc.get("format") != METADATA_FORMAT:
+            raise DataError(f"metadata format is {doc.get('format') if isinstance(doc, dict) else None!r}; "
+                            f"expected {METADATA_FORMAT!r}", path)
+        if doc.get("version") != METADATA_VERSION:
+            raise DataError(f"metadata version {doc.get('version')} is not supported (this trn reads {METADATA_VERSION})", path)
+        try:
+            craters = {int(k): dict(v) for k, v in doc.get("craters", {}).items()}
+        except (TypeError, ValueError):
+            raise DataError("metadata 'craters' must map integer ids to objects", path) from None
+        return cls(source=doc.get("source", {}), renderer=doc.get("renderer", {}), craters=craters,
+                   frames=list(doc.get("frames", [])), camera=doc.get("camera", {}))
+
+
+@dataclass
+class Luna1Dataset:
+    """A Luna-1-format directory, read. Images are loaded on demand.
+
+    crater_ids: sorted ids that have an image in crater_images/.
+    frames: annotations in file order (empty if the dataset has no navigation part).
+    poses: float64 [N, 7] or None; kitti: float64 [N, 3, 4] or None.
+    metadata: our metadata.json when present.
+    """
+
+    root: Path
+    crater_ids: list[int]
+    frames: list[FrameAnnotation]
+    poses: np.ndarray | None
+    kitti: np.ndarray | None
+    metadata: Luna1Metadata | None
+
+    def crater_path(self, crater_id: int) -> Path:
+        return self.root / CRATER_DIR / f"{crater_id}.png"
+
+    def frame_path(self, frame: int) -> Path:
+        return self.root / NAV_IMAGES / f"{frame}.png"
+
+    def load_crater(self, crater_id: int) -> np.ndarray:
+        return read_gray(self.crater_path(crater_id))
+
+    def load_frame(self, frame: int) -> np.ndarray:
+        return read_gray(self.frame_path(frame))
+
+    def navigation_crater_ids(self) -> set[int]:
+        return {b.id for f in self.frames for b in f.boxes}
+
+
+def read_gray(path: Path) -> np.ndarray:
+    """uint8 [H, W] image; corrupt or missing files raise :class:`DataError`."""
+    if not path.is_file():
+        raise DataError("image is missing", path)
+    img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE)
+    if img is None:
+        raise DataError("image cannot be decoded (corrupt or not an image); replace or re-render it", path)
+    return img
+
+
+def _crater_ids(root: Path) -> list[int]:
+    cdir = root / CRATER_DIR
+    if not cdir.is_dir():
+        return []
+    return sorted(int(p.stem) for p in cdir.glob("*.png") if p.stem.isdigit())
+
+
+def read_luna1(root: str | Path) -> Luna1Dataset:
+    """Read a Luna-1-format directory (the authors' or one we built).
+
+    Needs crater_images/ or lro_navigation/; the pose files and metadata.json are optional. Pose
+    files, when present, must have one row per annotated frame number.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError("dataset directory does not exist; pass --data DIR of a Luna-1-format dataset", root)
+    has_craters = (root / CRATER_DIR).is_dir()
+    has_nav = (root / NAV_DIR).is_dir()
+    if not has_craters and not has_nav:
+        raise DataError(f"not a Luna-1 dataset: neither {CRATER_DIR}/ nor {NAV_DIR}/ found", root)
+    frames = read_annotations(root / ANNOTATIONS) if has_nav else []
+    poses = read_poses_csv(root / POSES_CSV) if (root / POSES_CSV).is_file() else None
+    kitti = read_poses_kitti(root / POSES_KITTI) if (root / POSES_KITTI).is_file() else None
+    for arr, rel in ((poses, POSES_CSV), (kitti, POSES_KITTI)):
+        if arr is not None and frames and max(f.frame for f in frames) >= len(arr):
+            raise DataError(f"has {len(arr)} poses but annotations.txt goes up to frame {max(f.frame for f in frames)}",
+                            root / rel)
+    meta = Luna1Metadata.read(root / METADATA) if (root / METADATA).is_file() else None
+    return Luna1Dataset(root, _crater_ids(root), frames, poses, kitti, meta)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One finding of :func:`check_luna1`: file (relative to the root), line (1-based or None), text."""
+
+    file: str
+    line: int | None
+    message: str
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}: {self.message}" if self.line else f"{self.file}: {self.message}"
+
+
+def check_luna1(root: str | Path, decode_images: bool = True) -> list[Problem]:
+    """Validate a Luna-1 directory; returns every problem found (empty list = valid)."""
+    root = Path(root)
+    problems: list[Problem] = []
+
+    def add(rel: str, line: int | None, msg: str) -> None:
+        problems.append(Problem(rel, line, msg))
+
+    if not root.is_dir():
+        return [Problem(str(root), None, "directory does not exist")]
+    crater_ids = _crater_ids(root)
+    cdir = root / CRATER_DIR
+    if cdir.is_dir():
+        for p in sorted(cdir.iterdir()):
+            if p.suffix != ".png" or not p.stem.isdigit():
+                if not p.name.startswith("."):
+                    add(f"{CRATER_DIR}/{p.name}", None, "unexpected file; crater images are named <id>.png")
+                continue
+            if decode_images:
+                img = cv2.imread(str(p), cv2.IMREAD_UNCHANGED)
+                if img is None:
+                    add(f"{CRATER_DIR}/{p.name}", None, "cannot be decoded (corrupt PNG)")
+    else:
+        add(CRATER_DIR, None, "missing (no crater landmark images)")
+    frames: list[FrameAnnotation] = []
+    if not (root / NAV_DIR).is_dir():
+        add(NAV_DIR, None, "missing (no navigation sequence)")
+    else:
+        ann = root / ANNOTATIONS
+        if not ann.is_file():
+            add(ANNOTATIONS, None, "missing")
+        else:
+            seen: set[int] = set()
+            for i, raw in enumerate(ann.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+                tokens = raw.split()
+                if not tokens:
+                    continue
+                try:
+                    frame = _frame_number(tokens[0], ann, i)
+                except DataError as e:
+                    add(ANNOTATIONS, i, e.message)
+                    continue
+                if frame in seen:
+                    add(ANNOTATIONS, i, f"frame {frame} is annotated twice")
+                seen.add(frame)
+                boxes = []
+                for t in tokens[1:]:
+                    try:
+                        boxes.append(parse_box(t, ann, i))
+                    except DataError as e:
+                        add(ANNOTATIONS, i, e.message)
+                frames.append(FrameAnnotation(frame, tokens[0], tuple(boxes)))
+            known = set(crater_ids)
+            for f in frames:
+                ipath = root / NAV_IMAGES / f"{f.frame}.png"
+                size = None
+                if not ipath.is_file():
+                    add(f"{NAV_IMAGES}/{f.frame}.png", None, "missing (listed in annotations.txt)")
+                elif decode_images:
+                    img = cv2.imread(str(ipath), cv2.IMREAD_UNCHANGED)
+                    if img is None:
+                        add(f"{NAV_IMAGES}/{f.frame}.png", None, "cannot be decoded (corrupt PNG)")
+                    else:
+                        size = img.shape[:2]
+                for b in f.boxes:
+                    if known and b.id not in known:
+                        add(ANNOTATIONS, None, f"frame {f.frame}: crater id {b.id} has no {CRATER_DIR}/{b.id}.png")
+                    if size is not None and (b.l < 0 or b.t < 0 or b.r > size[1] or b.b > size[0]):
+                        add(ANNOTATIONS, None, f"frame {f.frame}: box {b.to_token()} lies outside the "
+                                               f"{size[1]}x{size[0]} image")
+        n_frames = (max(f.frame for f in frames) + 1) if frames else 0
+        for rel, reader in ((POSES_CSV, read_poses_csv), (POSES_KITTI, read_poses_kitti)):
+            p = root / rel
+            if not p.is_file():
+                add(rel, None, "missing (optional, but Lost-in-Space orbit splits and metadata use it)")
+                continue
+            try:
+                arr = reader(p)
+            except DataError as e:
+                add(rel, e.line, e.message)
+                continue
+            if n_frames and len(arr) < n_frames:
+                add(rel, None, f"has {len(arr)} rows; annotations.txt needs at least {n_frames}")
+    if (root / METADATA).is_file():
+        try:
+            Luna1Metadata.read(root / METADATA)
+        except DataError as e:
+            add(METADATA, None, e.message)
+    return problems

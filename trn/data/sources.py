@@ -1,0 +1,173 @@
+"""Inputs of a Luna-1 build: crater catalogues and spacecraft trajectories in a source directory.
+
+A source directory (``../shared/data/moon``, or a synthetic world written by
+:mod:`trn.data.synth`) holds ``dem/``, ``albedo/``, ``catalogs/*.csv`` and ``trajectory/``:
+
+* ``trajectory/*_poses_moon_pa.csv``: ``x,y,z,q0,q1,q2,q3`` per epoch (km, camera -> body quaternion);
+* ``trajectory/*_kitti_3x4_iau_moon.txt``: the same as [R | t] (optional, checked when present);
+* epochs: ``trajectory/trajectory.json`` ({"start_utc": ..., "step_s": ...}) or, failing that,
+  the file name ``<name>_<YYYY-MM-DD>_<span>_<step>s_...`` (start at 00:00:00 UTC).
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as dt
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trn.data.ephemeris import epochs_every, parse_utc
+from trn.data.luna1 import poses_to_kitti, read_poses_csv, read_poses_kitti
+from trn.errors import DataError
+
+# Column names understood for (longitude, latitude, diameter).
+_LON = ("lon", "long", "longitude", "lon_e")
+_LAT = ("lat", "latitude")
+_DIAM = ("diam_km", "diameter (km)", "diameter_km", "diam", "diameter")
+
+
+@dataclass(frozen=True)
+class Catalogue:
+    """Craters: ids (1-based catalogue row), lat (deg), lon (deg east, [0, 360)), diameter (km)."""
+
+    name: str
+    ids: np.ndarray
+    lat: np.ndarray
+    lon: np.ndarray
+    diameter_km: np.ndarray
+
+    def __len__(self) -> int:
+        return int(self.ids.size)
+
+    def subset(self, mask: np.ndarray) -> "Catalogue":
+        return Catalogue(self.name, self.ids[mask], self.lat[mask], self.lon[mask], self.diameter_km[mask])
+
+    def index_of(self) -> dict[int, int]:
+        return {int(i): k for k, i in enumerate(self.ids)}
+
+
+def _col(header: list[str], names: tuple[str, ...], path: Path) -> int:
+    low = [h.strip().lower() for h in header]
+    for n in names:
+        if n in low:
+            return low.index(n)
+    raise DataError(f"catalogue header {header} has none of the columns {names}", path, 1)
+
+
+def read_catalogue(path: str | Path) -> Catalogue:
+    """Crater catalogue CSV with a header naming longitude, latitude and diameter columns
+    (Head et al. 2010 ``Lon,Lat,Diam_km``; Povilaitis et al. 2018 ``Diameter (km),Long,Lat``)."""
+    path = Path(path)
+    if not path.is_file():
+        raise DataError("crater catalogue is missing", path)
+    with open(path, newline="", encoding="utf-8") as f:
+        rows = list(csv.reader(f))
+    if len(rows) < 2:
+        raise DataError("crater catalogue has no data rows", path)
+    header = rows[0]
+    ci_lon, ci_lat, ci_d = _col(header, _LON, path), _col(header, _LAT, path), _col(header, _DIAM, path)
+    ids, lat, lon, dia = [], [], [], []
+    for i, row in enumerate(rows[1:], start=2):
+        if not row or not "".join(row).strip():
+            continue
+        try:
+            vlon, vlat, vd = float(row[ci_lon]), float(row[ci_lat]), float(row[ci_d])
+        except (ValueError, IndexError):
+            raise DataError(f"row {row!r} lacks a numeric longitude, latitude or diameter", path, i) from None
+        if not (math.isfinite(vlon) and math.isfinite(vlat) and math.isfinite(vd)) or abs(vlat) > 90 or vd <= 0:
+            raise DataError(f"row {row!r}: needs |lat| <= 90 and diameter > 0", path, i)
+        ids.append(i - 1)
+        lat.append(vlat)
+        lon.append(vlon % 360.0)
+        dia.append(vd)
+    return Catalogue(path.stem, np.asarray(ids, dtype=np.int64), np.asarray(lat), np.asarray(lon), np.asarray(dia))
+
+
+def write_catalogue(path: str | Path, lat: np.ndarray, lon: np.ndarray, diameter_km: np.ndarray) -> None:
+    """Head-style ``Lon,Lat,Diam_km`` CSV (longitude -180..180)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lon180 = (np.asarray(lon) + 180.0) % 360.0 - 180.0
+    with open(path, "w", encoding="utf-8") as f:
+        f.write("Lon,Lat,Diam_km\n")
+        for a, b, c in zip(lon180, lat, diameter_km):
+            f.write(f"{a:.7f},{b:.7f},{c:.6f}\n")
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """Camera poses along a trajectory: poses [N, 7] (x,y,z km, q scalar first), kitti [N, 3, 4],
+    epochs (UTC datetimes)."""
+
+    name: str
+    poses: np.ndarray
+    kitti: np.ndarray
+    epochs: list[dt.datetime]
+
+    def __len__(self) -> int:
+        return int(self.poses.shape[0])
+
+
+_EPOCH_RE = re.compile(r"(\d{4}-\d{2}-\d{2})_[^_]+_(\d+(?:\.\d+)?)s_")
+
+
+def read_trajectory(source: str | Path) -> Trajectory:
+    """The trajectory of a source directory (see module docstring)."""
+    tdir = Path(source) / "trajectory"
+    csvs = sorted(tdir.glob("*_poses_moon_pa.csv")) if tdir.is_dir() else []
+    if not csvs:
+        raise DataError("no trajectory/*_poses_moon_pa.csv (x,y,z,q0,q1,q2,q3 per epoch)", tdir)
+    if len(csvs) > 1:
+        raise DataError(f"several pose files {[p.name for p in csvs]}; keep one", tdir)
+    poses = read_poses_csv(csvs[0])
+    kittis = sorted(tdir.glob("*_kitti_3x4_*.txt"))
+    kitti = poses_to_kitti(poses)
+    if kittis:
+        k = read_poses_kitti(kittis[0])
+        if k.shape != kitti.shape:
+            raise DataError(f"has {len(k)} poses but {csvs[0].name} has {len(poses)}", kittis[0])
+        err = float(np.abs(k - kitti).max())
+        if err > 1e-6 * max(1.0, float(np.abs(kitti).max())):
+            raise DataError(f"disagrees with {csvs[0].name} by up to {err:.3g}; the two files must describe the same poses",
+                            kittis[0])
+        kitti = k
+    meta = tdir / "trajectory.json"
+    if meta.is_file():
+        try:
+            doc = json.loads(meta.read_text(encoding="utf-8"))
+            start, step = parse_utc(doc["start_utc"]), float(doc["step_s"])
+        except (KeyError, ValueError, TypeError, json.JSONDecodeError) as exc:
+            raise DataError(f"needs start_utc (ISO-8601) and step_s (seconds): {exc}", meta) from None
+    else:
+        m = _EPOCH_RE.search(csvs[0].name)
+        if not m:
+            raise DataError("cannot tell the epochs: add trajectory/trajectory.json with start_utc and step_s, or name "
+                            "the file <name>_<YYYY-MM-DD>_<span>_<step>s_poses_moon_pa.csv", csvs[0])
+        start, step = parse_utc(m.group(1) + "T00:00:00Z"), float(m.group(2))
+    if step <= 0:
+        raise DataError(f"epoch step {step} s must be positive", tdir)
+    return Trajectory(csvs[0].name, poses, kitti, epochs_every(start, len(poses), step))
+
+
+def find_catalogue(source: str | Path, name: str | None = None) -> Path:
+    """The catalogue CSV to use: ``name`` (a file in catalogs/) or the only/preferred one there."""
+    cdir = Path(source) / "catalogs"
+    files = sorted(cdir.glob("*.csv")) if cdir.is_dir() else []
+    if not files:
+        raise DataError("no crater catalogue (catalogs/*.csv)", cdir)
+    if name:
+        for p in files:
+            if p.name == name or p.stem == name:
+                return p
+        raise DataError(f"catalogue {name!r} not found; available: {[p.name for p in files]}", cdir)
+    preferred = [p for p in files if p.name.startswith("head2010")]
+    if preferred:
+        return preferred[0]
+    if len(files) == 1:
+        return files[0]
+    raise DataError(f"several catalogues {[p.name for p in files]}; choose one with --catalogue", cdir)

@@ -1,0 +1,410 @@
+"""The built-in world: a procedural Moon, its crater catalogue and a Keplerian polar orbit.
+
+Nothing here reads external data. :func:`make_world` writes a *source directory* with the same
+layout as ``../shared/data/moon`` (DEM tiles, albedo map, catalogue, trajectory), so the Luna-1
+builder renders it with exactly the renderer used for the real Moon.
+
+Terrain model (km, deg):
+
+* highland base: fractal value noise, about 1 km RMS;
+* craters drawn from a cumulative size-frequency distribution N(>D) = N20 (D / 20 km)^-2 (N20 =
+  5,185 over the whole body, the count of the Head et al. 2010 catalogue), placed uniformly on the
+  sphere and stamped oldest first, each erasing the terrain it excavates;
+* morphology by size (Pike 1977 depth/diameter and rim-height laws): simple parabolic bowls below
+  15 km; complex craters with flat floors, terraced walls and central peaks from 15 km; peak rings
+  from 150 km; an ejecta blanket decaying as r^-3; a random degradation state shallows and softens
+  older craters;
+* maria: low-lying plains flood the older terrain inside smooth low-frequency regions, with
+  darker albedo; only craters younger than the flooding show there;
+* secondaries: chains of small elongated craters radial to the youngest large craters, which
+  also get bright ejecta in the albedo map.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import cv2
+import numpy as np
+from tqdm import tqdm
+
+from trn.data.annotate import AnnotateConfig
+from trn.data.build import BuildConfig, BuildSummary, build_luna1
+from trn.data.ephemeris import parse_utc, sun_direction_body
+from trn.data.luna1 import write_poses_csv, write_poses_kitti
+from trn.data.render import RenderConfig
+from trn.data.sources import write_catalogue
+from trn.data.terrain import KM_PER_DEG, TILE_DEG, TILE_TOPS, TILE_WESTS, _value_noise, tile_name, write_dem_tile
+from trn.errors import ConfigError
+from trn.geometry import MOON_GM_KM3_S2, MOON_RADIUS_KM, latlon_to_xyz, matrix_to_quat, nadir_pose
+
+log = logging.getLogger(__name__)
+MOON_ROTATION_DEG_PER_DAY = 13.17635815
+WORLD_MARKER = "world.json"
+
+
+@dataclass(frozen=True)
+class SynthConfig:
+    """The procedural world and its orbit.
+
+    seed: everything random derives from it.
+    ppd: DEM resolution (px/deg) of the written tiles (32 = about 0.95 km per pixel).
+    n20: craters >= 20 km over the whole body.
+    min_crater_km / max_crater_km: diameter range stamped into the DEM (smaller relief comes from
+        the renderer's detail synthesis).
+    mare_fraction: approximate fraction of the surface flooded by maria.
+    orbits: length of the trajectory in orbits; step_s: seconds between frames.
+    perilune_km / apolune_km: orbit altitudes; beta_deg: angle between the Sun and the orbit plane.
+    start_utc: epoch of the first frame (sets the Sun direction).
+    """
+
+    seed: int = 0
+    ppd: int = 32
+    n20: float = 5185.0
+    min_crater_km: float = 6.0
+    max_crater_km: float = 400.0
+    mare_fraction: float = 0.16
+    orbits: float = 3.0
+    step_s: float = 10.0
+    perilune_km: float = 50.0
+    apolune_km: float = 110.0
+    beta_deg: float = 30.0
+    start_utc: str = "2022-09-06T00:00:00Z"
+
+    def __post_init__(self) -> None:
+        if self.ppd not in (4, 8, 16, 32, 64):
+            raise ConfigError(f"ppd={self.ppd}: expected one of 4, 8, 16, 32, 64")
+        if not 0.5 <= self.min_crater_km < self.max_crater_km <= 2000:
+            raise ConfigError(f"crater range {self.min_crater_km}..{self.max_crater_km} km: expected 0.5 <= min < max <= 2000")
+        if not 0 < self.orbits <= 50:
+            raise ConfigError(f"orbits={self.orbits}: expected (0, 50]")
+        if not 0 < self.step_s <= 3600:
+            raise ConfigError(f"step_s={self.step_s}: expected (0, 3600] seconds")
+        if not 10 <= self.perilune_km <= self.apolune_km <= 5000:
+            raise ConfigError(f"perilune {self.perilune_km} / apolune {self.apolune_km} km: need 10 <= perilune <= apolune")
+        if not 0 <= self.mare_fraction <= 0.8:
+            raise ConfigError(f"mare_fraction={self.mare_fraction}: expected 0 to 0.8")
+        if self.n20 <= 0:
+            raise ConfigError(f"n20={self.n20}: expected > 0")
+        parse_utc(self.start_utc)
+
+
+@dataclass(frozen=True)
+class Crater:
+    lat: float
+    lon: float
+    diameter_km: float
+    age: float  # 0 = oldest, 1 = youngest
+    degradation: float  # 0 = fresh, 1 = nearly erased
+    elongation: float = 1.0  # along-azimuth stretch for secondaries
+    azimuth_deg: float = 0.0
+
+
+def sample_craters(cfg: SynthConfig, rng: np.random.Generator) -> list[Crater]:
+    """Primary craters from the truncated power law, uniform on the sphere, random ages."""
+    area_frac = 1.0  # whole body
+    d0, d1 = cfg.min_crater_km, cfg.max_crater_km
+    n_total = cfg.n20 * area_frac * ((d0 / 20.0) ** -2 - (d1 / 20.0) ** -2)
+    n = int(rng.poisson(n_total))
+    u = rng.random(n)
+    dia = (d0 ** -2 - u * (d0 ** -2 - d1 ** -2)) ** -0.5
+    lat = np.degrees(np.arcsin(rng.uniform(-1, 1, n)))
+    lon = rng.uniform(0, 360, n)
+    age = rng.random(n)
+    # Older craters are more degraded, with scatter.
+    deg = np.clip((1.0 - age) * rng.uniform(0.2, 1.0, n), 0.0, 0.9)
+    return [Crater(float(a), float(b), float(c), float(d), float(e)) for a, b, c, d, e in zip(lat, lon, dia, age, deg)]
+
+
+def secondaries(primaries: list[Crater], cfg: SynthConfig, rng: np.random.Generator) -> list[Crater]:
+    """Chains of elongated secondaries around the youngest large craters."""
+    out: list[Crater] = []
+    big = sorted([c for c in primaries if c.diameter_km >= 60 and c.age > 0.85], key=lambda c: -c.age)[:40]
+    for c in big:
+        for _ in range(int(rng.integers(4, 9))):  # chains
+            az = rng.uniform(0, 360)
+            for _k in range(int(rng.integers(3, 8))):
+                dist = rng.uniform(1.5, 4.0) * c.diameter_km / 2.0
+                d = max(cfg.min_crater_km, rng.uniform(0.03, 0.06) * c.diameter_km)
+                lat, lon = _destination(c.lat, c.lon, az + rng.normal(0, 3), dist)
+                out.append(Crater(lat, lon, d, min(1.0, c.age + 1e-3), 0.1, elongation=1.6, azimuth_deg=az))
+    return out
+
+
+def _destination(lat: float, lon: float, az_deg: float, dist_km: float) -> tuple[float, float]:
+    """Point at ``dist_km`` along the great circle from (lat, lon) with azimuth (deg from north)."""
+    p1, l1, a, d = np.radians(lat), np.radians(lon), np.radians(az_deg), dist_km / MOON_RADIUS_KM
+    p2 = np.arcsin(np.sin(p1) * np.cos(d) + np.cos(p1) * np.sin(d) * np.cos(a))
+    l2 = l1 + np.arctan2(np.sin(a) * np.sin(d) * np.cos(p1), np.cos(d) - np.sin(p1) * np.sin(p2))
+    return float(np.degrees(p2)), float(np.degrees(l2) % 360.0)
+
+
+def crater_shape(x: np.ndarray, c: Crater) -> tuple[np.ndarray, np.ndarray]:
+    """Height (km) and excavation weight (0..1) at normalised radius x = r / R for crater ``c``.
+
+    Depth and rim height follow Pike (1977) for lunar craters: simple d = 0.196 D^1.01,
+    h = 0.036 D^1.014; complex d = 1.044 D^0.301, h = 0.236 D^0.399.
+    """
+    d_km = c.diameter_km
+    simple = d_km < 15.0
+    if simple:
+        depth, rim = 0.196 * d_km ** 1.01, 0.036 * d_km ** 1.014
+    else:
+        depth, rim = 1.044 * d_km ** 0.301, 0.236 * d_km ** 0.399
+    fade = 1.0 - 0.75 * c.degradation
+    depth *= fade
+    rim *= 1.0 - 0.85 * c.degradation
+    floor = rim - depth
+    if simple:
+        inner = floor + depth * x ** 2
+    else:
+        xf = 0.45 if d_km < 150 else 0.55  # flat floor radius
+        t = np.clip((x - xf) / (1.0 - xf), 0.0, 1.0)
+        n_terr = 3 if d_km < 60 else 5
+        # Terraces: a staircase blended with a smooth wall; degradation smooths the steps away.
+        stairs = (np.floor(t * n_terr) + np.clip((t * n_terr % 1.0) * 4.0 - 3.0, 0.0, 1.0)) / n_terr
+        wall = (1 - 0.5 * (1 - c.degradation)) * t ** 1.5 + 0.5 * (1 - c.degradation) * stairs
+        inner = floor + depth * wall
+        if d_km < 150:
+            peak_h = 0.0055 * d_km ** 1.28 * fade
+            inner = inner + peak_h * np.exp(-((x / 0.12) ** 2))
+        else:
+            ring_h = 0.3 * depth
+            inner = inner + ring_h * np.exp(-(((x - 0.5) / 0.05) ** 2))
+    outer = rim * (np.power(np.clip(x, 1.0, 3.0), -3.0) - 1.0 / 27.0) / (1.0 - 1.0 / 27.0)
+    h = np.where(x < 1.0, inner, outer)
+    weight = np.clip((1.15 - x) / 0.3, 0.0, 1.0) * (1.0 - 0.5 * c.degradation)
+    return h, weight
+
+
+def _stamp(grid: np.ndarray, ppd: int, c: Crater) -> None:
+    """Stamp crater ``c`` into the global equirectangular height grid [180 ppd, 360 ppd] in place."""
+    reach_km = 3.0 * c.diameter_km / 2.0 * c.elongation
+    dlat = reach_km / KM_PER_DEG
+    r0 = int(np.floor((90.0 - min(90.0, c.lat + dlat)) * ppd))
+    r1 = int(np.ceil((90.0 - max(-90.0, c.lat - dlat)) * ppd))
+    coslat = max(np.cos(np.radians(min(89.0, abs(c.lat) + dlat))), 1e-3)
+    dlon = min(180.0, reach_km / (KM_PER_DEG * coslat))
+    w = grid.shape[1]
+    c0 = int(np.floor((c.lon - dlon) * ppd))
+    c1 = int(np.ceil((c.lon + dlon) * ppd))
+    rows = np.arange(max(r0, 0), min(r1, grid.shape[0]))
+    cols = np.arange(c0, c1) % w
+    if c1 - c0 >= w:
+        cols = np.arange(w)
+    if rows.size == 0 or cols.size == 0:
+        return
+    plat = 90.0 - (rows + 0.5) / ppd
+    plon = (cols + 0.5) / ppd
+    p = latlon_to_xyz(plat[:, None], plon[None, :], 1.0)
+    q = latlon_to_xyz(c.lat, c.lon, 1.0)
+    ang = np.arccos(np.clip(p @ q, -1.0, 1.0))
+    dist = ang * MOON_RADIUS_KM
+    if c.elongation != 1.0:
+        # Stretch along the chain's azimuth, in the tangent plane at the centre.
+        east = np.array([-np.sin(np.radians(c.lon)), np.cos(np.radians(c.lon)), 0.0])
+        north = np.cross(q, east)
+        az = np.radians(c.azimuth_deg)
+        along = np.cos(az) * north + np.sin(az) * east
+        across = np.cross(q, along)
+        off = p - q
+        dist = np.hypot((off @ along) / c.elongation, off @ across) * MOON_RADIUS_KM
+    x = dist / (c.diameter_km / 2.0)
+    h, wgt = crater_shape(x, c)
+    sub = grid[np.ix_(rows, cols)]
+    grid[np.ix_(rows, cols)] = sub * (1.0 - wgt) + (np.mean(sub) * wgt if wgt.any() else 0.0) + h
+
+
+def _noise_field(shape: tuple[int, int], ppd: int, seed: int, octaves: list[tuple[float, float]], salt: int) -> np.ndarray:
+    """Sum of 3-D value-noise octaves (wavelength km, amplitude) sampled on the global grid."""
+    rows = np.arange(shape[0])
+    lat = 90.0 - (rows + 0.5) / ppd
+    out = np.zeros(shape, dtype=np.float32)
+    chunk = max(1, 2_000_000 // shape[1])
+    lon = (np.arange(shape[1]) + 0.5) / ppd
+    for r0 in range(0, shape[0], chunk):
+        p = latlon_to_xyz(lat[r0:r0 + chunk, None], lon[None, :], MOON_RADIUS_KM)
+        acc = np.zeros(p.shape[:-1])
+        for k, (wl, amp) in enumerate(octaves):
+            acc += amp * _value_noise(p / wl, seed, salt + k)
+        out[r0:r0 + chunk] = acc
+    return out
+
+
+def make_world(cfg: SynthConfig, world_dir: Path) -> dict:
+    """Write the procedural world as a source directory; returns its description (also world.json).
+
+    Reuses a complete world already at ``world_dir`` with the same settings.
+    """
+    world_dir = Path(world_dir)
+    marker = world_dir / WORLD_MARKER
+    doc_cfg = {k: getattr(cfg, k) for k in cfg.__dataclass_fields__}
+    if marker.is_file():
+        try:
+            existing = json.loads(marker.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            existing = {}
+        if existing.get("config") == doc_cfg:
+            return existing
+        raise ConfigError(f"{world_dir} holds a synthetic world with other settings; choose another --world-dir")
+    rng = np.random.default_rng(cfg.seed)
+    ppd = cfg.ppd
+    shape = (180 * ppd, 360 * ppd)
+    base = _noise_field(shape, ppd, cfg.seed, [(800.0, 1.2), (300.0, 0.6), (100.0, 0.3), (30.0, 0.12)], salt=500)
+    mare_noise = _noise_field(shape, ppd, cfg.seed, [(1500.0, 1.0), (600.0, 0.5), (200.0, 0.15)], salt=700)
+    # Threshold the noise at the quantile that floods the requested fraction of the surface (area-weighted).
+    wts = np.repeat(np.cos(np.radians(90.0 - (np.arange(shape[0]) + 0.5) / ppd))[:, None], shape[1], axis=1)
+    order = np.argsort(mare_noise, axis=None)[::-1]
+    cum = np.cumsum(wts.reshape(-1)[order]) / wts.sum()
+    thresh = mare_noise.reshape(-1)[order][min(np.searchsorted(cum, cfg.mare_fraction), order.size - 1)] if cfg.mare_fraction > 0 else np.inf
+    mare = np.clip((mare_noise - thresh) / 0.05, 0.0, 1.0).astype(np.float32)
+    del wts, order, cum
+    grid = base.astype(np.float64)
+    primaries = sample_craters(cfg, rng)
+    seconds = secondaries(primaries, cfg, rng)
+    flood_age = 0.7
+    old = sorted([c for c in primaries if c.age < flood_age], key=lambda c: c.age)
+    young = sorted([c for c in primaries if c.age >= flood_age] + seconds, key=lambda c: c.age)
+    for c in tqdm(old, desc="world: old craters", disable=None, mininterval=2.0):
+        _stamp(grid, ppd, c)
+    mare_level = -1.5 + 0.2 * base
+    grid = grid * (1.0 - mare) + mare_level * mare
+    for c in tqdm(young, desc="world: young craters", disable=None, mininterval=2.0):
+        _stamp(grid, ppd, c)
+    # Catalogue: primaries >= 20 km that are still visible (not buried by maria).
+    catalogue = []
+    for c in primaries:
+        if c.diameter_km < 20.0:
+            continue
+        r = min(int((90.0 - c.lat) * ppd), shape[0] - 1)
+        col = min(int(c.lon * ppd), shape[1] - 1)
+        if c.age < flood_age and mare[r, col] > 0.5:
+            continue
+        catalogue.append(c)
+    _write_tiles(world_dir, grid, ppd)
+    _write_albedo(world_dir, cfg, mare, primaries + seconds, base)
+    write_catalogue(world_dir / "catalogs" / "synth_craters.csv", np.array([c.lat for c in catalogue]),
+                    np.array([c.lon for c in catalogue]), np.array([c.diameter_km for c in catalogue]))
+    traj = write_orbit(cfg, world_dir)
+    doc = {"config": doc_cfg, "craters_stamped": len(primaries) + len(seconds), "catalogue": len(catalogue),
+           "frames": traj}
+    marker.write_text(json.dumps(doc, indent=1, sort_keys=True) + "\n", encoding="utf-8")
+    return doc
+
+
+def _write_tiles(world_dir: Path, grid: np.ndarray, ppd: int) -> None:
+    n = TILE_DEG * ppd
+    for i, top in enumerate(TILE_TOPS):
+        for j, west in enumerate(TILE_WESTS):
+            tile = grid[i * n:(i + 1) * n, j * n:(j + 1) * n]
+            write_dem_tile(world_dir / "dem" / f"synth_{ppd}ppd" / tile_name("synth", ppd, top, west), tile)
+
+
+def _write_albedo(world_dir: Path, cfg: SynthConfig, mare: np.ndarray, craters: list[Crater], base: np.ndarray) -> None:
+    size = (1024, 2048)
+    small_mare = cv2.resize(mare, (size[1], size[0]), interpolation=cv2.INTER_AREA)
+    small_base = cv2.resize(base, (size[1], size[0]), interpolation=cv2.INTER_AREA)
+    alb = 1.0 - 0.45 * small_mare + 0.06 * small_base
+    ppd = size[1] / 360.0
+    # Fresh craters: bright ejecta fading with distance (ray systems are left out).
+    fresh = np.zeros(size, dtype=np.float64)
+    for c in craters:
+        if c.age < 0.93 or c.diameter_km < 8:
+            continue
+        tmp = np.zeros(size)
+        _stamp_bright(tmp, ppd, c)
+        fresh = np.maximum(fresh, tmp)
+    alb = np.clip(alb + 0.5 * fresh, 0.2, 2.0)
+    # The albedo map convention is column 0 at 180 W: roll the 0..360 grid by half a turn.
+    img = np.roll(alb, size[1] // 2, axis=1)
+    out = np.clip(np.round(img / img.max() * 255.0), 0, 255).astype(np.uint8)
+    (world_dir / "albedo").mkdir(parents=True, exist_ok=True)
+    cv2.imwrite(str(world_dir / "albedo" / "synth_albedo_2048x1024.png"), out)
+
+
+def _stamp_bright(grid: np.ndarray, ppd: float, c: Crater) -> None:
+    reach = 4.0 * c.diameter_km / 2.0
+    dlat = reach / KM_PER_DEG
+    r0 = max(int((90.0 - min(90.0, c.lat + dlat)) * ppd), 0)
+    r1 = min(int(np.ceil((90.0 - max(-90.0, c.lat - dlat)) * ppd)), grid.shape[0])
+    dlon = min(180.0, reach / (KM_PER_DEG * max(np.cos(np.radians(min(89.0, abs(c.lat) + dlat))), 1e-3)))
+    cols = np.arange(int((c.lon - dlon) * ppd), int(np.ceil((c.lon + dlon) * ppd))) % grid.shape[1]
+    rows = np.arange(r0, r1)
+    if rows.size == 0:
+        return
+    p = latlon_to_xyz(90.0 - (rows[:, None] + 0.5) / ppd, (cols[None, :] + 0.5) / ppd, 1.0)
+    q = latlon_to_xyz(c.lat, c.lon, 1.0)
+    x = np.arccos(np.clip(p @ q, -1, 1)) * MOON_RADIUS_KM / (c.diameter_km / 2.0)
+    grid[np.ix_(rows, cols)] = np.maximum(grid[np.ix_(rows, cols)], np.clip(1.3 - x / 3.0, 0.0, 1.0) * (c.age - 0.9) * 10)
+
+
+def orbit_states(cfg: SynthConfig) -> tuple[np.ndarray, np.ndarray, list[dt.datetime]]:
+    """Body-fixed positions [N, 3] km and velocities [N, 3] km/s of the polar orbit, and epochs.
+
+    The orbit is Keplerian in the inertial frame that coincides with the body frame at the first
+    epoch; the Moon turns under it at its sidereal rate about +Z. The orbit plane contains the pole
+    and makes ``beta_deg`` with the Sun direction at the first epoch.
+    """
+    rp, ra = MOON_RADIUS_KM + cfg.perilune_km, MOON_RADIUS_KM + cfg.apolune_km
+    a = 0.5 * (rp + ra)
+    e = (ra - rp) / (ra + rp)
+    period = 2 * np.pi * np.sqrt(a ** 3 / MOON_GM_KM3_S2)
+    n = int(np.floor(cfg.orbits * period / cfg.step_s)) + 1
+    t = np.arange(n) * cfg.step_s
+    t0 = parse_utc(cfg.start_utc)
+    epochs = [t0 + dt.timedelta(seconds=float(s)) for s in t]
+    sun0 = sun_direction_body([t0])[0]
+    sun_lon = np.arctan2(sun0[1], sun0[0])
+    node = sun_lon + np.radians(90.0 - cfg.beta_deg)  # orbit normal at 90 - beta from the Sun
+    normal = np.array([np.cos(node), np.sin(node), 0.0])
+    p_hat = np.cross(normal, np.array([0.0, 0.0, 1.0]))  # perilune direction: on the equator
+    q_hat = np.cross(normal, p_hat)
+    mean_anom = 2 * np.pi * t / period
+    ecc = mean_anom.copy()
+    for _ in range(30):
+        ecc = ecc - (ecc - e * np.sin(ecc) - mean_anom) / (1 - e * np.cos(ecc))
+    x = a * (np.cos(ecc) - e)
+    y = a * np.sqrt(1 - e * e) * np.sin(ecc)
+    r_in = x[:, None] * p_hat + y[:, None] * q_hat
+    edot = np.sqrt(MOON_GM_KM3_S2 / a ** 3) / (1 - e * np.cos(ecc))
+    v_in = (-a * np.sin(ecc) * edot)[:, None] * p_hat + (a * np.sqrt(1 - e * e) * np.cos(ecc) * edot)[:, None] * q_hat
+    w = np.radians(MOON_ROTATION_DEG_PER_DAY) / 86400.0
+    ang = -w * t
+    c, s = np.cos(ang), np.sin(ang)
+    pos = np.stack([c * r_in[:, 0] - s * r_in[:, 1], s * r_in[:, 0] + c * r_in[:, 1], r_in[:, 2]], axis=1)
+    vel_rot = np.stack([c * v_in[:, 0] - s * v_in[:, 1], s * v_in[:, 0] + c * v_in[:, 1], v_in[:, 2]], axis=1)
+    vel = vel_rot + np.cross(np.array([0.0, 0.0, -w]), pos)
+    return pos, vel, epochs
+
+
+def write_orbit(cfg: SynthConfig, world_dir: Path) -> int:
+    """Write the trajectory files of the synthetic orbit; returns the number of epochs."""
+    pos, vel, epochs = orbit_states(cfg)
+    rots = np.stack([nadir_pose(p, v) for p, v in zip(pos, vel)])
+    quats = np.stack([matrix_to_quat(r) for r in rots])
+    poses = np.concatenate([pos, quats], axis=1)
+    kitti = np.concatenate([rots, pos[:, :, None]], axis=2)
+    tdir = world_dir / "trajectory"
+    stem = f"synth_{epochs[0]:%Y-%m-%d}_{cfg.orbits:g}orb_{cfg.step_s:g}s"
+    write_poses_csv(tdir / f"{stem}_poses_moon_pa.csv", poses)
+    write_poses_kitti(tdir / f"{stem}_kitti_3x4_iau_moon.txt", kitti)
+    (tdir / "trajectory.json").write_text(json.dumps({"start_utc": cfg.start_utc, "step_s": cfg.step_s}) + "\n",
+                                           encoding="utf-8")
+    return len(epochs)
+
+
+def build_synthetic_luna1(cfg: SynthConfig, out: Path, world_dir: Path | None = None, limit_frames: int | None = None,
+                          limit_craters: int | None = None, workers: int = 2, render: RenderConfig | None = None,
+                          annotate: AnnotateConfig | None = None) -> BuildSummary:
+    """Make (or reuse) the procedural world, then build its Luna-1 dataset with the common builder."""
+    out = Path(out)
+    world_dir = Path(world_dir) if world_dir is not None else out / ".world"
+    make_world(cfg, world_dir)
+    bcfg = BuildConfig(source=world_dir, out=out, limit_frames=limit_frames, limit_craters=limit_craters,
+                       workers=workers, seed=cfg.seed, render=render or RenderConfig(),
+                       annotate=annotate or AnnotateConfig())
+    return build_luna1(replace(bcfg))

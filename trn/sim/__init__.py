@@ -1,0 +1,1 @@
+"""Navigation-style scenarios on Luna-1-format datasets."""

@@ -1,0 +1,88 @@
+"""Dataset preparation for ``trn-sim``: the user's Luna-1 directory, or the built-in world, cached."""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from trn.data.build import MANIFEST
+from trn.data.luna1 import Luna1Dataset, read_luna1
+from trn.data.synth import SynthConfig, build_synthetic_luna1
+
+log = logging.getLogger(__name__)
+
+LOST_IN_SPACE_ORBITS = ((0, 703), (704, 1406), (1407, 2160))  # Luna-1 frame ranges per orbit
+
+
+def cache_root() -> Path:
+    """Where the built-in world is cached: $TRN_CACHE, else ~/.cache/trn."""
+    env = os.environ.get("TRN_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "trn"
+
+
+def builtin_dataset_dir(seed: int, limit_frames: int | None, limit_craters: int | None) -> Path:
+    tag = f"luna1-synth-seed{seed}"
+    if limit_frames is not None or limit_craters is not None:
+        tag += f"-f{limit_frames if limit_frames is not None else 'all'}-c{limit_craters if limit_craters is not None else 'all'}"
+    return cache_root() / tag
+
+
+def _is_complete(d: Path) -> bool:
+    import json
+
+    try:
+        return bool(json.loads((d / MANIFEST).read_text(encoding="utf-8")).get("complete"))
+    except (OSError, ValueError):
+        return False
+
+
+def prepare_luna1(data: Path | None, seed: int = 0, limit_frames: int | None = None,
+                  limit_craters: int | None = None, workers: int = 2) -> tuple[Luna1Dataset, bool]:
+    """The dataset to run on and whether it is the built-in world.
+
+    With ``data`` None, builds the procedural world's Luna-1 dataset once into the cache (resumable)
+    and reuses it afterwards.
+    """
+    if data is not None:
+        return read_luna1(data), False
+    out = builtin_dataset_dir(seed, limit_frames, limit_craters)
+    if not _is_complete(out):
+        log.info("building the built-in synthetic world into %s (once; later runs reuse it)", out)
+        build_synthetic_luna1(SynthConfig(seed=seed), out, limit_frames=limit_frames, limit_craters=limit_craters,
+                              workers=workers)
+    return read_luna1(out), True
+
+
+@dataclass(frozen=True)
+class DatasetSummary:
+    root: str
+    craters: int
+    frames: int
+    annotated_frames: int
+    boxes: int
+    navigation_craters: int
+    mean_boxes_per_annotated_frame: float
+    has_poses: bool
+    has_metadata: bool
+
+    def lines(self) -> list[str]:
+        return [
+            f"dataset:              {self.root}",
+            f"crater landmarks:     {self.craters}",
+            f"navigation frames:    {self.frames} ({self.annotated_frames} with boxes)",
+            f"boxes:                {self.boxes} ({self.mean_boxes_per_annotated_frame:.2f} per annotated frame)",
+            f"craters seen in nav:  {self.navigation_craters}",
+            f"poses / metadata:     {'yes' if self.has_poses else 'no'} / {'yes' if self.has_metadata else 'no'}",
+        ]
+
+
+def summarize(ds: Luna1Dataset) -> DatasetSummary:
+    n_boxes = np.array([len(f.boxes) for f in ds.frames]) if ds.frames else np.zeros(0)
+    annotated = int((n_boxes > 0).sum())
+    return DatasetSummary(str(ds.root), len(ds.crater_ids), len(ds.frames), annotated, int(n_boxes.sum()),
+                          len(ds.navigation_crater_ids()), float(n_boxes.sum() / max(annotated, 1)),
+                          ds.poses is not None, ds.metadata is not None)
