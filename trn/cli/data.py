@@ -22,7 +22,8 @@ from trn.data.render import RenderConfig
 
 def _add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="output dataset directory (resumable)")
-    p.add_argument("--limit-frames", type=int, default=None, metavar="N", help="only the first N navigation frames")
+    p.add_argument("--limit-frames", type=int, default=None, metavar="N", help="only N navigation frames")
+    p.add_argument("--first-frame", type=int, default=0, metavar="K", help="start at frame K (default 0)")
     p.add_argument("--limit-craters", type=int, default=None, metavar="N",
                    help="only N crater landmarks (those seen in the frames first)")
     p.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1), help="parallel render processes")
@@ -71,6 +72,12 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("check", help="validate a Luna-1-format directory and list every problem")
     c.add_argument("dir", type=Path)
     c.add_argument("--no-decode", action="store_true", help="do not decode every image (faster)")
+    sh = sub.add_parser("sheet", help="contact sheets: crater landmarks and navigation frames with boxes")
+    sh.add_argument("dir", type=Path)
+    sh.add_argument("--out", type=Path, required=True, help="output prefix: writes PREFIX_craters.png and PREFIX_frames.png")
+    sh.add_argument("--craters", type=int, default=24)
+    sh.add_argument("--frames", type=int, default=6)
+    sh.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     setup_logging(getattr(args, "verbose", False))
 
@@ -81,11 +88,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(p)
             print(f"{args.dir}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
             return 0 if not problems else 1
+        if args.cmd == "sheet":
+            from trn.data.sheets import write_sheets
+
+            for p in write_sheets(args.dir, args.out, args.craters, args.frames, args.seed):
+                print(p)
+            return 0
         render = _render_config(args)
         annotate = AnnotateConfig(min_box_px=args.min_box, min_sun_elevation_deg=args.min_sun_elevation)
         if args.what == "luna1":
             cfg = BuildConfig(source=args.source, out=args.out, catalogue=args.catalogue, limit_frames=args.limit_frames,
-                              limit_craters=args.limit_craters, workers=args.workers, seed=args.seed,
+                              first_frame=args.first_frame, limit_craters=args.limit_craters, workers=args.workers, seed=args.seed,
                               max_dem_ppd=args.max_dem_ppd, render=render, annotate=annotate)
             _print_summary(build_luna1(cfg))
             return 0

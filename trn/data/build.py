@@ -46,8 +46,10 @@ class BuildConfig:
     catalogue: file name in source/catalogs (default: the Head et al. 2010 catalogue, or the only one).
     min_diameter_km / max_abs_lat: catalogue filter. Luna-1 kept the Head craters within +-80 deg
         latitude (5,068 here; the paper reports 5,067).
-    limit_frames / limit_craters: build only the first N frames / N craters (craters seen in the
-        built frames first) for quick runs; None = all.
+    limit_frames / limit_craters: build only N frames / N craters (craters seen in the built frames
+        first) for quick runs; None = all.
+    first_frame: the first frame built (frame numbers stay those of the trajectory; pose files
+        always start at frame 0 so that row = frame number).
     workers: parallel render processes.
     seed: seed of the detail synthesis.
     max_dem_ppd: ignore DEM levels finer than this (None = use the finest available).
@@ -61,6 +63,7 @@ class BuildConfig:
     max_abs_lat: float = 80.0
     limit_frames: int | None = None
     limit_craters: int | None = None
+    first_frame: int = 0
     workers: int = max(1, os.cpu_count() or 1)
     seed: int = 0
     max_dem_ppd: int | None = None
@@ -69,7 +72,7 @@ class BuildConfig:
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
 
     def __post_init__(self) -> None:
-        for name in ("limit_frames", "limit_craters"):
+        for name in ("limit_frames", "limit_craters", "first_frame"):
             v = getattr(self, name)
             if v is not None and v < 0:
                 raise ConfigError(f"{name}={v}: expected a non-negative count")
@@ -197,10 +200,14 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
 
     t = time.perf_counter()
     traj = read_trajectory(source)
-    n_frames = len(traj) if cfg.limit_frames is None else min(cfg.limit_frames, len(traj))
+    if cfg.first_frame >= len(traj):
+        raise ConfigError(f"first_frame={cfg.first_frame} but the trajectory has {len(traj)} epochs")
+    end = len(traj) if cfg.limit_frames is None else min(cfg.first_frame + cfg.limit_frames, len(traj))
+    frame_ids = list(range(cfg.first_frame, end))
+    n_frames = end
     cat_path = find_catalogue(source, cfg.catalogue)
     cat = select_craters(read_catalogue(cat_path), cfg)
-    sun = sun_direction_body(traj.epochs[:n_frames]) if n_frames else np.zeros((0, 3))
+    sun = sun_direction_body(traj.epochs[:n_frames]) if n_frames else np.zeros((0, 3))  # row = frame number
     surface = _load_surface(cfg)
     elevation = surface.elevation
     timings["load_s"] = time.perf_counter() - t
@@ -213,7 +220,7 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
         return elevation.height(la, lo, coarse)
 
     frames: list[luna1.FrameAnnotation] = []
-    for i in tqdm(range(n_frames), desc="annotate", unit="frame", disable=None, mininterval=2.0):
+    for i in tqdm(frame_ids, desc="annotate", unit="frame", disable=None, mininterval=2.0):
         k = traj.kitti[i]
         boxes = annotate_frame(cat, k[:, :3], k[:, 3], camera, height, sun[i], cfg.annotate)
         frames.append(luna1.FrameAnnotation(i, f"nav_images/{i}.png", tuple(boxes)))
@@ -239,7 +246,7 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
         t = time.perf_counter()
         _run_parallel(_render_crater_task, crater_tasks, cfg.workers, "craters", (cfg, traj, sun))
         timings["craters_s"] = time.perf_counter() - t
-        frame_tasks = [i for i in range(n_frames) if not (out / luna1.NAV_IMAGES / f"{i}.png").is_file()]
+        frame_tasks = [i for i in frame_ids if not (out / luna1.NAV_IMAGES / f"{i}.png").is_file()]
         t = time.perf_counter()
         _run_parallel(_render_frame_task, frame_tasks, cfg.workers, "frames", (cfg, traj, sun))
         timings["frames_s"] = time.perf_counter() - t
@@ -249,13 +256,13 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     luna1.write_annotations(out / luna1.ANNOTATIONS, frames)
     luna1.write_poses_csv(out / luna1.POSES_CSV, traj.poses[:n_frames])
     luna1.write_poses_kitti(out / luna1.POSES_KITTI, traj.kitti[:n_frames])
-    meta = _metadata(cfg, cat, cat_path, order, traj, n_frames, sun)
+    meta = _metadata(cfg, cat, cat_path, order, traj, frame_ids, sun)
     luna1._atomic_write_text(out / luna1.METADATA, meta.to_json())
     timings["total_s"] = time.perf_counter() - t_all
     n_boxes = sum(len(f.boxes) for f in frames)
-    summary = BuildSummary(out, len(order), n_frames, n_boxes, timings, len(crater_tasks), len(frame_tasks))
+    summary = BuildSummary(out, len(order), len(frame_ids), n_boxes, timings, len(crater_tasks), len(frame_tasks))
     (out / MANIFEST).write_text(json.dumps({"render_key": key, "complete": True}, indent=1) + "\n", encoding="utf-8")
-    log_doc = {"craters": len(order), "frames": n_frames, "boxes": n_boxes, "rendered_craters": len(crater_tasks),
+    log_doc = {"craters": len(order), "frames": len(frame_ids), "boxes": n_boxes, "rendered_craters": len(crater_tasks),
                "rendered_frames": len(frame_tasks), "workers": cfg.workers, "seconds": timings}
     (out / BUILD_LOG).write_text(json.dumps(log_doc, indent=1) + "\n", encoding="utf-8")
     return summary
@@ -267,14 +274,14 @@ def _seeded(cfg: BuildConfig):
     return replace(cfg.render.detail, seed=cfg.seed)
 
 
-def _metadata(cfg: BuildConfig, cat: Catalogue, cat_path: Path, order: list[int], traj: Trajectory, n_frames: int,
-              sun: np.ndarray) -> luna1.Luna1Metadata:
+def _metadata(cfg: BuildConfig, cat: Catalogue, cat_path: Path, order: list[int], traj: Trajectory,
+              frame_ids: list[int], sun: np.ndarray) -> luna1.Luna1Metadata:
     index = cat.index_of()
     craters = {c: {"lat": round(float(cat.lat[index[c]]), 7), "lon": round(float(cat.lon[index[c]]), 7),
                    "diameter_km": round(float(cat.diameter_km[index[c]]), 6), "catalogue": cat_path.name, "row": c}
                for c in sorted(order)}
     frames = []
-    for i in range(n_frames):
+    for i in frame_ids:
         pos = traj.kitti[i][:, 3]
         up = pos / np.linalg.norm(pos)
         slat, slon, _ = xyz_to_latlon(sun[i])

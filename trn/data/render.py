@@ -25,7 +25,7 @@ from trn.geometry import MOON_RADIUS_KM, PinholeCamera, east_north_up, latlon_to
 NATIVE_GSD_KM = KM_PER_DEG / 64.0  # the original Luna-1 pixel (64 px/deg) that the margin is counted in
 SUN_ANGULAR_RADIUS_RAD = np.radians(0.2666)
 PHOTOMETRY_MODELS = ("lunar-lambert", "lommel-seeliger", "lambert")
-RENDERER_VERSION = 2  # bump when the same settings would give different pixels
+RENDERER_VERSION = 3  # bump when the same settings would give different pixels
 
 
 @dataclass(frozen=True)
@@ -103,7 +103,7 @@ class Surface:
     def height(self, lat: np.ndarray, lon: np.ndarray, gsd_km: float, detail: bool = True) -> np.ndarray:
         """Elevation (km) seen at ground sampling ``gsd_km``: the DEM level suited to it, plus the
         synthetic detail between the render's Nyquist wavelength and the DEM's."""
-        h = self.elevation.height(lat, lon, gsd_km)
+        h = self.elevation.height(lat, lon, gsd_km, cubic=True)
         if detail and self.detail.cfg.enabled:
             dem_gsd = KM_PER_DEG / self.elevation.ppd_for(gsd_km)
             h = h + self.detail.height(lat, lon, 2.0 * gsd_km, 2.0 * dem_gsd)

@@ -71,9 +71,11 @@ def _atomic_imwrite(path: Path, img: np.ndarray) -> None:
 _REMAP_WIDTH = 1024  # cv2.remap needs 2-D maps narrower than 32767
 
 
-def _bilinear(grid: np.ndarray, row: np.ndarray, col: np.ndarray) -> np.ndarray:
-    """Bilinear sample of ``grid`` float32 [H, W] at fractional (row, col) (pixel centres at
-    integers; rows and columns outside are clamped to the edge). Returns float64, shape of row."""
+def _bilinear(grid: np.ndarray, row: np.ndarray, col: np.ndarray, cubic: bool = False) -> np.ndarray:
+    """Bilinear (or Catmull-Rom bicubic) sample of ``grid`` float32 [H, W] at fractional (row, col)
+    (pixel centres at integers; rows and columns outside are clamped to the edge). Returns float64."""
+    if cubic:
+        return _catmull_rom(grid, row, col)
     row = np.asarray(row)
     shape = row.shape
     n = row.size
@@ -85,6 +87,30 @@ def _bilinear(grid: np.ndarray, row: np.ndarray, col: np.ndarray) -> np.ndarray:
     mc = np.pad(np.asarray(col).reshape(-1).astype(np.float32), (0, pad)).reshape(rows, _REMAP_WIDTH)
     out = cv2.remap(grid, mc, mr, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
     return out.reshape(-1)[:n].reshape(shape).astype(np.float64)
+
+
+def _catmull_rom(grid: np.ndarray, row: np.ndarray, col: np.ndarray) -> np.ndarray:
+    """Catmull-Rom (C1, interpolating) bicubic sample in exact float arithmetic; cv2's cubic remap
+    quantises positions to 1/32 pixel, which shows as a grid pattern under strong magnification."""
+    h, w = grid.shape
+    row = np.clip(np.asarray(row, dtype=np.float64), 0.0, h - 1.0)
+    col = np.clip(np.asarray(col, dtype=np.float64), 0.0, w - 1.0)
+    r0 = np.floor(row).astype(np.int64)
+    c0 = np.floor(col).astype(np.int64)
+    fr, fc = row - r0, col - c0
+
+    def weights(t: np.ndarray) -> list[np.ndarray]:
+        t2, t3 = t * t, t * t * t
+        return [0.5 * (-t3 + 2 * t2 - t), 0.5 * (3 * t3 - 5 * t2 + 2), 0.5 * (-3 * t3 + 4 * t2 + t), 0.5 * (t3 - t2)]
+
+    wr, wc = weights(fr), weights(fc)
+    cols = [np.clip(c0 + k, 0, w - 1) for k in (-1, 0, 1, 2)]
+    out = np.zeros(row.shape)
+    for i, dr in enumerate((-1, 0, 1, 2)):
+        r = np.clip(r0 + dr, 0, h - 1)
+        line = sum(wc[j] * grid[r, cols[j]] for j in range(4))
+        out += wr[i] * line
+    return out
 
 
 def _wrap_pad(grid: np.ndarray, k: int = 2) -> np.ndarray:
@@ -110,10 +136,10 @@ class _Patch:
         col = np.mod(lon - self.west, 360.0) * self.ppd - 0.5
         return (row >= 0) & (row <= h - 1) & (col >= 0) & (col <= w - 1)
 
-    def sample(self, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+    def sample(self, lat: np.ndarray, lon: np.ndarray, cubic: bool = False) -> np.ndarray:
         row = (self.top - lat) * self.ppd - 0.5
         col = np.mod(lon - self.west, 360.0) * self.ppd - 0.5
-        return _bilinear(self.grid, row, col)
+        return _bilinear(self.grid, row, col, cubic)
 
 
 class Elevation:
@@ -143,15 +169,19 @@ class Elevation:
             return self.finest_ppd if want > self.base_ppd else self.base_ppd
         return min(fine_enough)
 
-    def height(self, lat: np.ndarray, lon: np.ndarray, gsd_km: float = 0.0) -> np.ndarray:
-        """Elevation in km, float64, at (lat, lon) degrees, sampled at the level suited to ``gsd_km``."""
+    def height(self, lat: np.ndarray, lon: np.ndarray, gsd_km: float = 0.0, cubic: bool = False) -> np.ndarray:
+        """Elevation in km, float64, at (lat, lon) degrees, sampled at the level suited to ``gsd_km``.
+
+        Bilinear by default: its slope is bounded by the DEM's, which ray marching relies on.
+        ``cubic`` gives a smooth (C1) surface for shading, without the facets that bilinear
+        interpolation shows when the DEM is magnified."""
         lat = np.asarray(lat, dtype=np.float64)
         lon = np.asarray(lon, dtype=np.float64)
         ppd = self.ppd_for(gsd_km)
         base_level = min(ppd, self.base_ppd)
         row = (90.0 - lat) * base_level - 0.5
         col = np.mod(lon, 360.0) * base_level - 0.5 + 2.0
-        out = _bilinear(self._padded[base_level], row, col)
+        out = _bilinear(self._padded[base_level], row, col, cubic)
         if ppd > self.base_ppd:
             done = np.zeros(out.shape, dtype=bool)
             for patch in self.patches:
@@ -159,7 +189,7 @@ class Elevation:
                     continue
                 m = patch.contains(lat, lon) & ~done
                 if m.any():
-                    out[m] = patch.sample(lat[m], lon[m])
+                    out[m] = patch.sample(lat[m], lon[m], cubic)
                     done |= m
         return out
 
