@@ -61,7 +61,8 @@ def annotate_frame(cat: Catalogue, rotation: np.ndarray, position_km: np.ndarray
     # image grown by the crater's projected radius.
     x, y, z = camera.project(world_to_camera(up_all * MOON_RADIUS_KM, rotation, pos))
     margin = 0.5 * cat.diameter_km * camera.focal_px / np.maximum(z, 1e-6) + 2.0
-    near = np.nonzero((z > 0) & (x > -margin) & (x < camera.width + margin)
+    facing = np.einsum("ij,ij->i", pos - up_all * MOON_RADIUS_KM, up_all) > 0  # not behind the limb
+    near = np.nonzero(facing & (z > 0) & (x > -margin) & (x < camera.width + margin)
                       & (y > -margin) & (y < camera.height + margin))[0]
     boxes: list[Box] = []
     for k in near:

@@ -41,19 +41,22 @@ def _is_complete(d: Path) -> bool:
 
 
 def prepare_luna1(data: Path | None, seed: int = 0, limit_frames: int | None = None,
-                  limit_craters: int | None = None, workers: int = 2) -> tuple[Luna1Dataset, bool]:
+                  limit_craters: int | None = None, workers: int = 2,
+                  world: SynthConfig | None = None) -> tuple[Luna1Dataset, bool]:
     """The dataset to run on and whether it is the built-in world.
 
     With ``data`` None, builds the procedural world's Luna-1 dataset once into the cache (resumable)
-    and reuses it afterwards.
+    and reuses it afterwards. ``world`` overrides the world's settings (its seed wins over ``seed``).
     """
     if data is not None:
         return read_luna1(data), False
-    out = builtin_dataset_dir(seed, limit_frames, limit_craters)
+    world = world or SynthConfig(seed=seed)
+    out = builtin_dataset_dir(world.seed, limit_frames, limit_craters)
+    if world != SynthConfig(seed=world.seed):
+        out = out.with_name(out.name + "-custom")
     if not _is_complete(out):
         log.info("building the built-in synthetic world into %s (once; later runs reuse it)", out)
-        build_synthetic_luna1(SynthConfig(seed=seed), out, limit_frames=limit_frames, limit_craters=limit_craters,
-                              workers=workers)
+        build_synthetic_luna1(world, out, limit_frames=limit_frames, limit_craters=limit_craters, workers=workers)
     return read_luna1(out), True
 
 

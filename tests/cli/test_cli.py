@@ -1,0 +1,49 @@
+"""The console entry points, run as a user would (in-process for speed)."""
+
+from trn.cli import data as data_cli
+from trn.cli import sim as sim_cli
+
+from ..data.test_luna1 import make_dataset
+
+
+def test_check_ok_and_problems(tmp_path, capsys):
+    make_dataset(tmp_path / "ok")
+    assert data_cli.main(["check", str(tmp_path / "ok")]) == 0
+    assert "OK" in capsys.readouterr().out
+    (tmp_path / "ok" / "lro_navigation" / "annotations.txt").write_text("nav_images/0.png 1,2\n")
+    assert data_cli.main(["check", str(tmp_path / "ok")]) == 1
+    out = capsys.readouterr().out
+    assert "annotations.txt:1" in out and "expected id,l,r,t,b" in out
+
+
+def test_build_errors_exit_2_with_a_clear_message(tmp_path, capsys):
+    rc = data_cli.main(["build", "luna1", "--source", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
+    assert rc == 2
+    assert "source directory does not exist" in capsys.readouterr().err
+
+
+def test_build_rejects_out_of_range_options(tmp_path, capsys):
+    rc = data_cli.main(["build", "luna1", "--source", str(tmp_path), "--out", str(tmp_path / "o"), "--nav-size", "4"])
+    assert rc == 2 and "nav_size=4" in capsys.readouterr().err
+
+
+def test_sim_describes_a_given_dataset(tmp_path, capsys):
+    make_dataset(tmp_path / "d")
+    assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    assert "crater landmarks:     3" in out and "navigation frames:    4" in out
+    assert "not implemented yet" in out
+
+
+def test_sim_bad_data_dir(tmp_path, capsys):
+    assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_sheet_command(tmp_path, capsys):
+    make_dataset(tmp_path / "d")
+    assert data_cli.main(["sheet", str(tmp_path / "d"), "--out", str(tmp_path / "s" / "x"), "--craters", "2"]) == 0
+    assert (tmp_path / "s" / "x_craters.png").is_file() and (tmp_path / "s" / "x_frames.png").is_file()
+    (tmp_path / "d" / "lro_navigation" / "annotations.txt").write_text("nav_images/0.png\n")
+    assert data_cli.main(["sheet", str(tmp_path / "d"), "--out", str(tmp_path / "s" / "y")]) == 2
+    assert "no navigation frame has a box" in capsys.readouterr().err
