@@ -220,7 +220,17 @@ def _stamp(grid: np.ndarray, ppd: int, c: Crater) -> None:
 
 
 def _noise_field(shape: tuple[int, int], ppd: int, seed: int, octaves: list[tuple[float, float]], salt: int) -> np.ndarray:
-    """Sum of 3-D value-noise octaves (wavelength km, amplitude) sampled on the global grid."""
+    """Sum of 3-D value-noise octaves (wavelength km, amplitude) on the global grid.
+
+    Evaluated on a grid with at least four samples per shortest wavelength and resized (bicubic)
+    to ``shape``: the octaves are smooth at that scale, and a full-resolution evaluation would
+    cost hundreds of millions of hash evaluations.
+    """
+    shortest = min(wl for wl, _ in octaves)
+    coarse = int(min(ppd, max(1, 2 ** int(np.ceil(np.log2(4 * KM_PER_DEG / shortest))))))
+    if coarse < ppd:
+        small = _noise_field((180 * coarse, 360 * coarse), coarse, seed, octaves, salt)
+        return cv2.resize(small, (shape[1], shape[0]), interpolation=cv2.INTER_CUBIC)
     rows = np.arange(shape[0])
     lat = 90.0 - (rows + 0.5) / ppd
     out = np.zeros(shape, dtype=np.float32)
