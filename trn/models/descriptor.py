@@ -237,3 +237,8 @@ def create_model(name: str, **overrides) -> Descriptor:
 # The published configuration: ResNeXt-101 32x4d at 128 px.
 PAPER = register(DescriptorConfig(name="paper", layers=(3, 4, 23, 3), planes=(64, 128, 256, 512), cardinality=32,
                                   base_width=4, stem_channels=64, input_size=128))
+
+# Flight: small enough for the Edge TPU's 8 MB parameter cache with room to spare and for CPU
+# training; the choice of depth, width and input size is measured in docs/descriptor.md.
+FLIGHT = register(DescriptorConfig(name="flight", layers=(1, 1, 2, 1), planes=(32, 64, 128, 256), cardinality=8,
+                                   base_width=4, stem_channels=32, input_size=96))

@@ -1,0 +1,48 @@
+"""``trn-train``: train a landmark descriptor.
+
+    trn-train --config models/flight_ric_ca_mars.yaml --out runs/ric_ca_mars
+    trn-train --config models/flight_ric_ca_mars.yaml --out runs/x epochs=2 model.attention=se
+    trn-train --config ... --out runs/ric_ca_mars --resume
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from trn.cli.common import run_main, setup_logging
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="trn-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--config", type=Path, required=True, help="YAML training config")
+    ap.add_argument("--out", type=Path, required=True, help="run directory (checkpoints, logs, curves)")
+    ap.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
+    ap.add_argument("--check", action="store_true", help="validate the config and the data, then stop")
+    ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
+    ap.add_argument("-v", "--verbose", action="store_true")
+    args = ap.parse_args(argv)
+    setup_logging(args.verbose)
+
+    def go() -> int:
+        from trn.train.config import load_config
+        from trn.train.loop import train
+
+        cfg = load_config(args.config, args.overrides)
+        if args.check:
+            from trn.train.data import load_landmarks, split_identities
+
+            ls = load_landmarks(cfg.data)
+            s = split_identities(ls, cfg.data)
+            print(f"config OK; {len(ls.instances)} identities: {len(s.train)} train, {len(s.val)} val, {len(s.test)} test")
+            return 0
+        state = train(cfg, args.out, resume=args.resume)
+        print(f"trained {state.epoch} epochs; best validation Recall@1 {100 * state.best_recall:.2f}%; run in {args.out}")
+        return 0
+
+    return run_main(go)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

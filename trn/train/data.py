@@ -1,0 +1,125 @@
+"""Training data: landmark images in memory, the instance-disjoint split, and the m = 2 sampler."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import cv2
+import numpy as np
+import torch
+
+from trn.data.landmarks import LandmarkSet, read_folder, read_hirise, read_luna1_landmarks
+from trn.data.luna1 import read_annotations, ANNOTATIONS
+from trn.errors import DataError
+from trn.train.augment import AugmentConfig, Draw, apply, sample
+from trn.train.config import DataConfig
+
+
+def preprocess(img: np.ndarray, size: int) -> np.ndarray:
+    """uint8/float [H, W] -> float32 [size, size] in [0, 1]: min-max normalised, then resized."""
+    if img.ndim != 2 or img.size == 0:
+        raise DataError(f"landmark image has shape {img.shape}; expected a non-empty single-channel image")
+    a = img.astype(np.float32)
+    if not np.isfinite(a).all():
+        raise DataError("landmark image contains NaN or infinite values")
+    lo, hi = float(a.min()), float(a.max())
+    a = (a - lo) / (hi - lo) if hi > lo else np.zeros_like(a)
+    interp = cv2.INTER_AREA if min(a.shape) >= size else cv2.INTER_LINEAR
+    return cv2.resize(a, (size, size), interpolation=interp)
+
+
+def load_landmarks(cfg: DataConfig) -> LandmarkSet:
+    root = Path(cfg.path)
+    if cfg.kind == "luna1":
+        return read_luna1_landmarks(root)
+    if cfg.kind == "hirise":
+        return read_hirise(root)
+    return read_folder(root)
+
+
+@dataclass(frozen=True)
+class Split:
+    """Identity names of each part (instance-disjoint)."""
+
+    train: list[str]
+    val: list[str]
+    test: list[str]
+
+    def to_json(self) -> str:
+        return json.dumps({"train": self.train, "val": self.val, "test": self.test}, indent=0) + "\n"
+
+
+def split_identities(ls: LandmarkSet, cfg: DataConfig) -> Split:
+    """50/50 (``test_fraction``) instance-disjoint split; for Luna-1 every crater seen in the
+    navigation sequence goes to the test half first. ``val_fraction`` of the train identities are
+    held out for validation."""
+    ids = ls.instances
+    rng = np.random.default_rng(cfg.split_seed)
+    forced: list[str] = []
+    if cfg.kind == "luna1":
+        ann = Path(cfg.path) / ANNOTATIONS
+        if ann.is_file():
+            seen = {str(b.id) for f in read_annotations(ann) for b in f.boxes}
+            forced = [i for i in ids if i in seen]
+    rest = [i for i in ids if i not in set(forced)]
+    rest = [rest[k] for k in rng.permutation(len(rest))]
+    n_test = max(int(round(cfg.test_fraction * len(ids))), len(forced)) if cfg.test_fraction > 0 else len(forced)
+    test = forced + rest[: max(0, n_test - len(forced))]
+    train_all = rest[max(0, n_test - len(forced)):]
+    n_val = int(round(cfg.val_fraction * len(train_all)))
+    val, train = train_all[:n_val], train_all[n_val:]
+    if len(train) < 2:
+        raise DataError(f"only {len(train)} training identities after the split; the dataset has {len(ids)}")
+    return Split(sorted(train, key=ids.index), sorted(val, key=ids.index), sorted(test, key=ids.index))
+
+
+class ImageBank:
+    """Preprocessed images of some identities: ``images`` float32 [M, 1, S, S], ``views[i]`` the
+    rows of identity i (identities indexed 0..K-1 in ``names`` order)."""
+
+    def __init__(self, ls: LandmarkSet, names: list[str], size: int):
+        want = {n: k for k, n in enumerate(names)}
+        rows: list[np.ndarray] = []
+        self.views: list[list[int]] = [[] for _ in names]
+        for item in ls.items:
+            k = want.get(item.instance)
+            if k is None:
+                continue
+            img = cv2.imread(str(item.path), cv2.IMREAD_GRAYSCALE)
+            if img is None:
+                raise DataError("landmark image cannot be decoded; replace it or rebuild the dataset", item.path)
+            self.views[k].append(len(rows))
+            rows.append(preprocess(img, size))
+        self.names = names
+        self.images = torch.from_numpy(np.stack(rows)[:, None]) if rows else torch.zeros(0, 1, size, size)
+
+    def __len__(self) -> int:
+        return len(self.names)
+
+
+def pair_batches(n_ids: int, batch_ids: int, generator: torch.Generator, max_batches: int | None) -> list[torch.Tensor]:
+    """One epoch of identity batches: a shuffled pass over the identities, ``batch_ids`` per batch
+    (the last short batch is dropped so that batch statistics stay comparable)."""
+    perm = torch.randperm(n_ids, generator=generator)
+    out = [perm[i:i + batch_ids] for i in range(0, n_ids - batch_ids + 1, batch_ids)]
+    return out[:max_batches] if max_batches else out
+
+
+def make_views(bank: ImageBank, ids: torch.Tensor, views: int, aug: AugmentConfig,
+               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, Draw]:
+    """Batch of ``views`` augmented views per identity, view-major: images [views * B, 1, S, S],
+    labels [views * B] (bank identity index), and the draws from T."""
+    imgs, labels = [], []
+    for v in range(views):
+        for i in ids.tolist():
+            rows = bank.views[i]
+            # the first view is the identity's first image; a second view is another image of it
+            # when there is one (HiRISE variants), else the same image under an independent draw
+            r = rows[0] if v == 0 or len(rows) == 1 else rows[1 + int(torch.randint(len(rows) - 1, (1,), generator=generator))]
+            imgs.append(bank.images[r])
+            labels.append(i)
+    x = torch.stack(imgs)
+    d = sample(x.shape[0], x.shape[-1], aug, generator)
+    return apply(x, d), torch.tensor(labels), d
