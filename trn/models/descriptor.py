@@ -68,8 +68,8 @@ class DescriptorConfig:
             if int(p * self.base_width / 64) < 1:
                 raise ConfigError(f"model planes={p} with base_width={self.base_width} gives zero width per group")
         stride = 4 * 2 ** (len(self.layers) - 1)
-        if self.input_size < stride * 2 or self.input_size > 1024:
-            raise ConfigError(f"model input_size={self.input_size}: expected {stride * 2} to 1024 pixels for "
+        if self.input_size < stride or self.input_size > 1024:
+            raise ConfigError(f"model input_size={self.input_size}: expected {stride} to 1024 pixels for "
                               f"{len(self.layers)} stages (total stride {stride})")
         if not 8 <= self.embed_dim <= 4096:
             raise ConfigError(f"model embed_dim={self.embed_dim}: expected 8 to 4096")

@@ -1,0 +1,113 @@
+"""Training configs fail early and clearly; a short run on a tiny set reduces the loss; checkpoints
+load with weights_only and resume."""
+
+import json
+from pathlib import Path
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from trn.errors import ConfigError
+from trn.train.config import from_dict, load_config
+from trn.train.loop import load_descriptor, train
+
+
+def tiny_folder(root: Path, n: int = 24, size: int = 48) -> Path:
+    """``n`` identities, each a distinct pattern of dark bowls (crater-like blobs)."""
+    rng = np.random.default_rng(0)
+    root.mkdir(parents=True, exist_ok=True)
+    yy, xx = np.mgrid[0:size, 0:size]
+    for i in range(n):
+        img = np.full((size, size), 150.0)
+        for _ in range(4):
+            cx, cy, r = rng.uniform(8, size - 8), rng.uniform(8, size - 8), rng.uniform(3, 9)
+            img -= 90 * np.exp(-((xx - cx) ** 2 + (yy - cy) ** 2) / (2 * r * r))
+        cv2.imwrite(str(root / f"lm{i:03d}.png"), np.clip(img, 0, 255).astype(np.uint8))
+    return root
+
+
+def base_doc(path: Path) -> dict:
+    return {
+        "data": {"kind": "folder", "path": str(path), "test_fraction": 0.0, "val_fraction": 0.25},
+        "model": {"preset": "flight", "conv": "conv2d", "attention": "se", "input_size": 32, "layers": [1, 1, 1, 1],
+                  "planes": [16, 32, 32, 64], "cardinality": 4, "stem_channels": 16, "embed_dim": 32},
+        "loss": "proxy-anchor", "epochs": 6, "batch_size": 12, "lr": 3e-3, "loss_lr": 3e-2, "seed": 1,
+    }
+
+
+@pytest.mark.parametrize("patch, match", [
+    ({"optimiser": "sgd"}, "unknown key"),
+    ({"model": {"preset": "flight", "widht": 3}}, "unknown key"),
+    ({"model": {"preset": "flight", "input_size": 20}}, "input_size=20"),
+    ({"loss": "triplet-ish"}, "unknown metric loss"),
+    ({"loss": "supcon", "views_per_identity": 1}, "pair-based"),
+    ({"mars": {"enabled": True}, "loss": "proxy-anchor", "views_per_identity": 1}, "MARs compares two views"),
+    ({"model": {"preset": "nonesuch"}}, "unknown model preset"),
+    ({"data": {"kind": "lidar", "path": "x"}}, "data.kind"),
+    ({"batch_size": 7}, "batch_size=7"),
+])
+def test_bad_configs_fail_before_training(tmp_path, patch, match):
+    doc = base_doc(tmp_path)
+    doc.update(patch)
+    with pytest.raises(ConfigError, match=match):
+        from_dict(doc)
+
+
+def test_config_file_and_overrides(tmp_path):
+    import yaml
+
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(base_doc(tmp_path)))
+    cfg = load_config(p, ["epochs=3", "model.attention=ca", "mars.enabled=true"])
+    assert cfg.epochs == 3 and cfg.model.attention == "ca" and cfg.mars.enabled
+    with pytest.raises(ConfigError, match="not valid YAML"):
+        (tmp_path / "bad.yaml").write_text("data: [unclosed")
+        load_config(tmp_path / "bad.yaml")
+
+
+def test_short_training_reduces_the_loss_and_checkpoints_round_trip(tmp_path):
+    torch.set_num_threads(2)
+    data = tiny_folder(tmp_path / "data")
+    doc = base_doc(data)
+    doc.update({"epochs": 14, "lr": 1e-3, "loss_lr": 1e-2})
+    cfg = from_dict(doc)
+    state = train(cfg, tmp_path / "run")
+    hist = [h["metric_loss"] for h in state.history]
+    assert len(hist) == 14
+    assert np.mean(hist[-3:]) < 0.8 * np.mean(hist[:3]), hist
+    for name in ("config.yaml", "split.json", "log.jsonl", "last.pt", "best.pt", "curves.png"):
+        assert (tmp_path / "run" / name).is_file()
+    ck = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
+    assert ck["epoch"] == 14
+    model = load_descriptor(tmp_path / "run" / "best.pt")
+    e = model(torch.rand(3, 1, 32, 32))
+    assert e.shape == (3, 32) and torch.allclose(e.norm(dim=1), torch.ones(3), atol=1e-5)
+    split = json.loads((tmp_path / "run" / "split.json").read_text())
+    assert not set(split["train"]) & set(split["val"])
+
+
+def test_mars_training_logs_every_stage_and_resumes(tmp_path):
+    torch.set_num_threads(2)
+    data = tiny_folder(tmp_path / "data", n=16)
+    doc = base_doc(data)
+    doc.update({"epochs": 2, "mars": {"enabled": True}, "model": {**doc["model"], "conv": "ric", "attention": "ca"}})
+    cfg = from_dict(doc)
+    train(cfg, tmp_path / "run")
+    lines = [json.loads(x) for x in (tmp_path / "run" / "log.jsonl").read_text().splitlines()]
+    assert {"mars_stage0", "mars_stage1", "mars_stage2", "mars_stage3"} <= set(lines[0])
+    doc["epochs"] = 3
+    with pytest.raises(ConfigError, match="another configuration"):
+        train(from_dict(doc), tmp_path / "run", resume=True)
+    state = train(cfg, tmp_path / "run2")
+    assert state.epoch == 2
+
+
+def test_corrupt_checkpoint_is_refused(tmp_path):
+    from trn.errors import DataError
+
+    p = tmp_path / "x.pt"
+    p.write_bytes(b"not a checkpoint")
+    with pytest.raises(DataError, match="corrupt"):
+        load_descriptor(p)
