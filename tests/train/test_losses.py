@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from trn.errors import ConfigError
-from trn.train.losses import LOSSES, NOT_YET, MetricLoss, ProxyNCAPlusPlus, loss_spec
+from trn.train.losses import LOSSES, NOT_YET, DirectionRegularizedMS, MetricLoss, ProxyNCAPlusPlus, ProxySynthesis, loss_spec
 
 
 def test_proxynca_pp_against_hand_computation():
@@ -29,9 +29,52 @@ def test_every_available_loss_runs_and_backpropagates(name):
     assert torch.isfinite(value) and emb.grad is not None
 
 
-def test_unknown_and_missing_losses():
+def test_proxy_synthesis_against_hand_computation():
+    m = ProxySynthesis(2, 2, mu=1.0, temperature=1.0)
+    with torch.no_grad():
+        m.proxies.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0]])
+    y = torch.tensor([0, 1])
+    lam = 0.75
+    # synthetic embeddings = synthetic proxies: 0.75 * e_i + 0.25 * e_(i-1), normalised
+    s0 = torch.tensor([0.75, 0.25]) / math.hypot(0.75, 0.25)
+    s1 = torch.tensor([0.25, 0.75]) / math.hypot(0.75, 0.25)
+    xs = torch.stack([x[0], x[1], s0, s1])
+    ps = torch.stack([x[0], x[1], s0, s1])
+    logits = xs @ ps.T
+    expected = sum(-math.log(float(torch.exp(logits[i, i]) / torch.exp(logits[i]).sum())) for i in range(4)) / 4
+    assert m(x, y, lam=lam).item() == pytest.approx(float(expected), rel=1e-5)
+    m0 = ProxySynthesis(2, 2, mu=0.0, temperature=1.0)  # no synthesis: Norm-SoftMax
+    with torch.no_grad():
+        m0.proxies.copy_(torch.tensor([[1.0, 0.0], [0.0, 1.0]]))
+    e = math.e
+    assert m0(x, y).item() == pytest.approx(-math.log(e / (e + 1)), rel=1e-5)
+
+
+def test_dr_ms_against_hand_computation():
+    # anchors 0 and 1 share a class; 2 is a negative for both
+    x = torch.tensor([[1.0, 0.0], [0.0, 1.0], [-1.0, 0.0]])
+    y = torch.tensor([0, 0, 1])
+    m = DirectionRegularizedMS(alpha=2.0, beta=50.0, base=0.5, gamma=0.4)
+    got = m(x, y).item()
+
+    def anchor(a, p, n):
+        s_ap, s_an = float(x[a] @ x[p]), float(x[a] @ x[n])
+        d1, d2 = x[p] - x[a], x[n] - x[a]
+        cos = float(d1 @ d2 / (d1.norm() * d2.norm()))
+        lp = math.log1p(math.exp(-2.0 * (s_ap - 0.5))) / 2.0
+        ln = math.log1p(math.exp(50.0 * (s_an + 0.4 * cos - 0.5))) / 50.0
+        return lp + ln
+
+    expected = (anchor(0, 1, 2) + anchor(1, 0, 2)) / 2  # anchor 2 has no positive
+    assert got == pytest.approx(expected, rel=1e-5)
+    # the regulariser costs more for a negative lying in the anchor -> positive direction
+    plain = DirectionRegularizedMS(gamma=0.0)
+    x2 = torch.tensor([[1.0, 0.0], [0.6, 0.8], [0.8, 0.6]])
+    assert m(x2, torch.tensor([0, 0, 1])) > plain(x2, torch.tensor([0, 0, 1]))
+
+
+def test_unknown_losses():
     with pytest.raises(ConfigError, match="unknown metric loss"):
         loss_spec("triplet-ish")
-    with pytest.raises(ConfigError, match="not implemented"):
-        MetricLoss("dr-ms", 4, 16)
     assert loss_spec("proxy-anchor").has_parameters and not loss_spec("supcon").has_parameters
