@@ -102,6 +102,7 @@ class Crater:
     degradation: float  # 0 = fresh, 1 = nearly erased
     elongation: float = 1.0  # along-azimuth stretch for secondaries
     azimuth_deg: float = 0.0
+    shape_seed: int = 0  # rim irregularity (low azimuthal harmonics) and terrace count
 
 
 def sample_craters(cfg: SynthConfig, rng: np.random.Generator) -> list[Crater]:
@@ -117,7 +118,9 @@ def sample_craters(cfg: SynthConfig, rng: np.random.Generator) -> list[Crater]:
     age = rng.random(n)
     # Older craters are more degraded, with scatter.
     deg = np.clip((1.0 - age) * rng.uniform(0.2, 1.0, n), 0.0, 0.9)
-    return [Crater(float(a), float(b), float(c), float(d), float(e)) for a, b, c, d, e in zip(lat, lon, dia, age, deg)]
+    seeds = rng.integers(0, 2**31 - 1, n)
+    return [Crater(float(a), float(b), float(c), float(d), float(e), shape_seed=int(f))
+            for a, b, c, d, e, f in zip(lat, lon, dia, age, deg, seeds)]
 
 
 def secondaries(primaries: list[Crater], cfg: SynthConfig, rng: np.random.Generator) -> list[Crater]:
@@ -131,7 +134,8 @@ def secondaries(primaries: list[Crater], cfg: SynthConfig, rng: np.random.Genera
                 dist = rng.uniform(1.5, 4.0) * c.diameter_km / 2.0
                 d = max(cfg.min_crater_km, rng.uniform(0.03, 0.06) * c.diameter_km)
                 lat, lon = _destination(c.lat, c.lon, az + rng.normal(0, 3), dist)
-                out.append(Crater(lat, lon, d, min(1.0, c.age + 1e-3), 0.1, elongation=1.6, azimuth_deg=az))
+                out.append(Crater(lat, lon, d, min(1.0, c.age + 1e-3), 0.1, elongation=1.6, azimuth_deg=az,
+                                  shape_seed=int(rng.integers(0, 2**31 - 1))))
     return out
 
 
@@ -164,14 +168,22 @@ def crater_shape(x: np.ndarray, c: Crater) -> tuple[np.ndarray, np.ndarray]:
     else:
         xf = 0.45 if d_km < 150 else 0.55  # flat floor radius
         t = np.clip((x - xf) / (1.0 - xf), 0.0, 1.0)
-        n_terr = 3 if d_km < 60 else 5
-        # Terraces: a staircase blended with a smooth wall; degradation smooths the steps away.
-        stairs = (np.floor(t * n_terr) + np.clip((t * n_terr % 1.0) * 4.0 - 3.0, 0.0, 1.0)) / n_terr
-        wall = (1 - 0.5 * (1 - c.degradation)) * t ** 1.5 + 0.5 * (1 - c.degradation) * stairs
+        r = np.random.default_rng(c.shape_seed)
+        n_terr = int(r.integers(2, 5))
+        # Terraces: gentle steps on a concave wall, a few of them, washed out by degradation.
+        step = t - np.sin(2 * np.pi * n_terr * t) / (2 * np.pi * n_terr)
+        amp = 0.35 * (1 - c.degradation)
+        wall = (1 - amp) * t ** 1.6 + amp * step ** 1.6
         inner = floor + depth * wall
         if d_km < 150:
-            peak_h = 0.0055 * d_km ** 1.28 * fade
-            inner = inner + peak_h * np.exp(-((x / 0.12) ** 2))
+            # central peak: a cluster of three lumps, 0.2 of the depth and more (Hale & Head 1979)
+            peak_h = 0.009 * d_km ** 1.28 * fade
+            lumps = np.zeros_like(x)
+            for _ in range(3):
+                w = r.uniform(0.06, 0.12)
+                off = r.uniform(-0.05, 0.05)
+                lumps = np.maximum(lumps, r.uniform(0.6, 1.0) * np.exp(-(((x - abs(off)) / w) ** 2)))
+            inner = inner + peak_h * lumps
         else:
             ring_h = 0.3 * depth
             inner = inner + ring_h * np.exp(-(((x - 0.5) / 0.05) ** 2))
@@ -213,7 +225,14 @@ def _stamp(grid: np.ndarray, ppd: int, c: Crater) -> None:
         across = np.cross(q, along)
         off = p - q
         dist = np.hypot((off @ along) / c.elongation, off @ across) * MOON_RADIUS_KM
-    x = dist / (c.diameter_km / 2.0)
+    # Real rims are not circles: modulate the radius with low azimuthal harmonics (a few percent).
+    east = np.array([-np.sin(np.radians(c.lon)), np.cos(np.radians(c.lon)), 0.0])
+    north = np.cross(q, east)
+    off = p - q
+    phi = np.arctan2(off @ north, off @ east)
+    r = np.random.default_rng(c.shape_seed + 7)
+    wobble = 1.0 + sum(r.uniform(0.0, 0.035) * np.cos(k * phi + r.uniform(0, 2 * np.pi)) for k in (2, 3, 5))
+    x = dist / (c.diameter_km / 2.0 * wobble)
     h, wgt = crater_shape(x, c)
     sub = grid[np.ix_(rows, cols)]
     grid[np.ix_(rows, cols)] = sub * (1.0 - wgt) + (np.mean(sub) * wgt if wgt.any() else 0.0) + h
@@ -295,6 +314,10 @@ def make_world(cfg: SynthConfig, world_dir: Path) -> dict:
         if c.age < flood_age and mare[r, col] > 0.5:
             continue
         catalogue.append(c)
+    # Remove sub-pixel discontinuities (rim crests, terrace edges) that would alias at this ppd.
+    k = 4  # columns wrapped around the 0/360 seam so that the blur has no seam
+    wrapped = np.concatenate([grid[:, -k:], grid, grid[:, :k]], axis=1).astype(np.float32)
+    grid = cv2.GaussianBlur(wrapped, (0, 0), 0.7, borderType=cv2.BORDER_REFLECT)[:, k:-k]
     _write_tiles(world_dir, grid, ppd)
     _write_albedo(world_dir, cfg, mare, primaries + seconds, base)
     write_catalogue(world_dir / "catalogs" / "synth_craters.csv", np.array([c.lat for c in catalogue]),
@@ -318,7 +341,10 @@ def _write_albedo(world_dir: Path, cfg: SynthConfig, mare: np.ndarray, craters: 
     size = (1024, 2048)
     small_mare = cv2.resize(mare, (size[1], size[0]), interpolation=cv2.INTER_AREA)
     small_base = cv2.resize(base, (size[1], size[0]), interpolation=cv2.INTER_AREA)
-    alb = 1.0 - 0.45 * small_mare + 0.06 * small_base
+    # Patchy regolith brightness at 40-400 km wavelengths (4 px/deg is fine enough for them).
+    texture = _noise_field((180 * 4, 360 * 4), 4, cfg.seed, [(400.0, 0.08), (120.0, 0.06), (40.0, 0.05)], salt=900)
+    texture = cv2.resize(texture, (size[1], size[0]), interpolation=cv2.INTER_CUBIC)
+    alb = 1.0 - 0.45 * small_mare + 0.06 * small_base + texture
     ppd = size[1] / 360.0
     # Fresh craters: bright ejecta fading with distance (ray systems are left out).
     fresh = np.zeros(size, dtype=np.float64)
