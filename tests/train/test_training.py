@@ -77,11 +77,11 @@ def test_short_training_reduces_the_loss_and_checkpoints_round_trip(tmp_path):
     hist = [h["metric_loss"] for h in state.history]
     assert len(hist) == 14
     assert np.mean(hist[-3:]) < 0.8 * np.mean(hist[:3]), hist
-    for name in ("config.yaml", "split.json", "log.jsonl", "last.pt", "best.pt", "curves.png"):
+    for name in ("config.yaml", "split.json", "log.jsonl", "last.pt", "best.pt", "weights.pt", "curves.png"):
         assert (tmp_path / "run" / name).is_file()
     ck = torch.load(tmp_path / "run" / "last.pt", weights_only=True)
     assert ck["epoch"] == 14
-    model = load_descriptor(tmp_path / "run" / "best.pt")
+    model = load_descriptor(tmp_path / "run" / "weights.pt")
     e = model(torch.rand(3, 1, 32, 32))
     assert e.shape == (3, 32) and torch.allclose(e.norm(dim=1), torch.ones(3), atol=1e-5)
     split = json.loads((tmp_path / "run" / "split.json").read_text())
@@ -111,3 +111,19 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
     p.write_bytes(b"not a checkpoint")
     with pytest.raises(DataError, match="corrupt"):
         load_descriptor(p)
+
+
+def test_model_card(tmp_path):
+    import yaml
+
+    from trn.train.card import write_model_card
+
+    run = tmp_path / "run"
+    run.mkdir()
+    cfg = from_dict(base_doc(tmp_path))
+    (run / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict()))
+    (run / "log.jsonl").write_text("\n".join(json.dumps({"epoch": e, "val_recall_at_1": r, "seconds": 60.0})
+                                             for e, r in ((1, 0.5), (2, 0.75), (3, 0.7))) + "\n")
+    (run / "split.json").write_text(json.dumps({"train": ["a"] * 10, "val": ["b"] * 2, "test": ["c"] * 12}))
+    text = write_model_card(run, "Test model", "trn-train --config x.yaml --out run", "tiny").read_text()
+    assert "best 75.00% at epoch 2" in text and "3.0 min" in text and "10 train / 2 validation / 12 test" in text

@@ -4,7 +4,9 @@ Outputs in the run directory:
     config.yaml       the resolved configuration (every default written out)
     split.json        the identities of the train / val / test parts
     log.jsonl         one line per epoch: each loss term, validation Recall@1, seconds
-    last.pt, best.pt  checkpoints (plain tensors and containers: torch.load(weights_only=True))
+    last.pt, best.pt  checkpoints with optimiser and loss state, for resuming
+                      (plain tensors and containers: torch.load(weights_only=True))
+    weights.pt        the best model alone (architecture + weights), small enough to ship
     curves.png        the training curves
 """
 
@@ -214,6 +216,10 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False) -> RunState:
         if improved or not (out / "best.pt").is_file():
             torch.save(ck, out / ".best.pt.tmp")
             (out / ".best.pt.tmp").replace(out / "best.pt")
+            weights = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model_config": model.cfg.to_dict(),
+                       "model": model.state_dict(), "epoch": epoch, "val_recall_at_1": rec["val_recall_at_1"]}
+            torch.save(weights, out / ".weights.pt.tmp")
+            (out / ".weights.pt.tmp").replace(out / "weights.pt")
         _plot(state.history, out / "curves.png")
     return state
 

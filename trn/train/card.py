@@ -1,0 +1,38 @@
+"""Model cards: what a trained descriptor is, what it was trained on, how, and how well."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+
+
+def write_model_card(run: Path, title: str, command: str, data_note: str) -> Path:
+    """Write ``run/MODEL_CARD.md`` from the run's config.yaml and log.jsonl."""
+    cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
+    log = [json.loads(x) for x in (run / "log.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
+    best = max(log, key=lambda r: r["val_recall_at_1"])
+    wall = sum(r["seconds"] for r in log)
+    m = cfg["model"]
+    split = json.loads((run / "split.json").read_text(encoding="utf-8"))
+    lines = [
+        f"# {title}", "",
+        f"- Architecture: ResNeXt, layers {m['layers']}, planes {m['planes']}, cardinality {m['cardinality']}, "
+        f"conv `{m['conv']}`, attention `{m['attention']}`, input {m['input_size']} px, embedding {m['embed_dim']}",
+        f"- Loss: `{cfg['loss']}`; MARs: {'on' if cfg['mars']['enabled'] else 'off'} "
+        f"(gamma_ch {cfg['mars']['gamma_ch']}, gamma_sp {cfg['mars']['gamma_sp']}, r {cfg['mars']['reduction']})",
+        f"- Data: {data_note}; split: {len(split['train'])} train / {len(split['val'])} validation / "
+        f"{len(split['test'])} test identities (instance-disjoint; navigation craters in test)",
+        f"- Training: {len(log)} epochs, batch {cfg['batch_size']} ({cfg['views_per_identity']} views per identity), "
+        f"Adam lr {cfg['lr']} (loss parameters {cfg['loss_lr']}), seed {cfg['seed']}",
+        f"- Wall time: {wall / 60:.1f} min of training on this machine (2-core CPU), validation included",
+        f"- Validation Recall@1 (gallery size one, independent draws from T): best {100 * best['val_recall_at_1']:.2f}% "
+        f"at epoch {best['epoch']}; last {100 * log[-1]['val_recall_at_1']:.2f}%",
+        f"- Files: `weights.pt` (best epoch; `trn.train.loop.load_descriptor`), `config.yaml`, `log.jsonl`, "
+        f"`split.json`, `curves.png`",
+        "", "Reproduce:", "", "```bash", command, "```", "",
+    ]
+    path = run / "MODEL_CARD.md"
+    path.write_text("\n".join(lines), encoding="utf-8")
+    return path
