@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from trn.errors import ConfigError
-from trn.models.descriptor import Descriptor, DescriptorConfig, create_model, model_config, presets
+from trn.models.descriptor import DescriptorConfig, create_model, model_config, presets
 from trn.models.rotation import rotation_similarity
 
 SMALL = dict(layers=(1, 1, 1, 1), planes=(16, 32, 32, 64), cardinality=4, stem_channels=16, input_size=64)

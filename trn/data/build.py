@@ -16,7 +16,7 @@ import logging
 import multiprocessing as mp
 import os
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import cv2
@@ -28,7 +28,7 @@ from trn.data.annotate import AnnotateConfig, annotate_frame
 from trn.data.ephemeris import sun_direction_body
 from trn.data.render import RENDERER_VERSION, RenderConfig, Surface, render_crater, render_frame
 from trn.data.sources import Catalogue, Trajectory, find_catalogue, read_catalogue, read_trajectory
-from trn.data.terrain import Albedo, load_albedo, load_elevation
+from trn.data.terrain import Albedo, DetailConfig, load_albedo, load_elevation
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, xyz_to_latlon
 
@@ -170,11 +170,10 @@ def select_craters(cat: Catalogue, cfg: BuildConfig) -> Catalogue:
 def _check_manifest(out: Path, cfg: BuildConfig) -> None:
     path = out / MANIFEST
     if not path.is_file():
-        if any(out.iterdir()) if out.is_dir() else False:
-            existing = [p.name for p in out.iterdir() if not p.name.startswith(".")]
-            if existing:
-                raise DataError(f"output directory is not empty and was not made by trn-data build ({existing[:5]}); "
-                                "choose a new --out", out)
+        existing = sorted(p.name for p in out.iterdir() if not p.name.startswith(".")) if out.is_dir() else []
+        if existing:
+            raise DataError(f"output directory is not empty and was not made by trn-data build ({existing[:5]}); "
+                            "choose a new --out", out)
         return
     try:
         doc = json.loads(path.read_text(encoding="utf-8"))
@@ -257,7 +256,7 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     luna1.write_poses_csv(out / luna1.POSES_CSV, traj.poses[:n_frames])
     luna1.write_poses_kitti(out / luna1.POSES_KITTI, traj.kitti[:n_frames])
     meta = _metadata(cfg, cat, cat_path, order, traj, frame_ids, sun)
-    luna1._atomic_write_text(out / luna1.METADATA, meta.to_json())
+    luna1.atomic_write_text(out / luna1.METADATA, meta.to_json())
     timings["total_s"] = time.perf_counter() - t_all
     n_boxes = sum(len(f.boxes) for f in frames)
     summary = BuildSummary(out, len(order), len(frame_ids), n_boxes, timings, len(crater_tasks), len(frame_tasks))
@@ -268,9 +267,7 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     return summary
 
 
-def _seeded(cfg: BuildConfig):
-    from dataclasses import replace
-
+def _seeded(cfg: BuildConfig) -> DetailConfig:
     return replace(cfg.render.detail, seed=cfg.seed)
 
 

@@ -121,7 +121,7 @@ def read_annotations(path: str | Path) -> list[FrameAnnotation]:
     return out
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w", encoding="utf-8") as f:
@@ -132,7 +132,7 @@ def _atomic_write_text(path: Path, text: str) -> None:
 
 
 def write_annotations(path: str | Path, frames: Iterable[FrameAnnotation]) -> None:
-    _atomic_write_text(Path(path), "".join(f.to_line() + "\n" for f in frames))
+    atomic_write_text(Path(path), "".join(f.to_line() + "\n" for f in frames))
 
 
 def _read_numeric_rows(path: Path, columns: int, what: str, delimiter: str | None) -> np.ndarray:
@@ -187,14 +187,14 @@ def write_poses_csv(path: str | Path, poses: np.ndarray) -> None:
     poses = np.asarray(poses, dtype=np.float64)
     if poses.ndim != 2 or poses.shape[1] != 7:
         raise DataError(f"poses array has shape {poses.shape}; expected [N, 7]")
-    _atomic_write_text(Path(path), "".join(",".join(_fmt(v) for v in row) + "\n" for row in poses))
+    atomic_write_text(Path(path), "".join(",".join(_fmt(v) for v in row) + "\n" for row in poses))
 
 
 def write_poses_kitti(path: str | Path, poses: np.ndarray) -> None:
     poses = np.asarray(poses, dtype=np.float64)
     if poses.shape[1:] != (3, 4):
         raise DataError(f"KITTI poses array has shape {poses.shape}; expected [N, 3, 4]")
-    _atomic_write_text(Path(path), "".join(" ".join(_fmt(v) for v in p.reshape(-1)) + "\n" for p in poses))
+    atomic_write_text(Path(path), "".join(" ".join(_fmt(v) for v in p.reshape(-1)) + "\n" for p in poses))
 
 
 def poses_to_kitti(poses: np.ndarray) -> np.ndarray:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import logging
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
@@ -107,9 +107,8 @@ class Crater:
 
 def sample_craters(cfg: SynthConfig, rng: np.random.Generator) -> list[Crater]:
     """Primary craters from the truncated power law, uniform on the sphere, random ages."""
-    area_frac = 1.0  # whole body
     d0, d1 = cfg.min_crater_km, cfg.max_crater_km
-    n_total = cfg.n20 * area_frac * ((d0 / 20.0) ** -2 - (d1 / 20.0) ** -2)
+    n_total = cfg.n20 * ((d0 / 20.0) ** -2 - (d1 / 20.0) ** -2)  # whole body
     n = int(rng.poisson(n_total))
     u = rng.random(n)
     dia = (d0 ** -2 - u * (d0 ** -2 - d1 ** -2)) ** -0.5
@@ -443,4 +442,4 @@ def build_synthetic_luna1(cfg: SynthConfig, out: Path, world_dir: Path | None = 
     bcfg = BuildConfig(source=world_dir, out=out, limit_frames=limit_frames, limit_craters=limit_craters,
                        workers=workers, seed=cfg.seed, render=render or RenderConfig(),
                        annotate=annotate or AnnotateConfig())
-    return build_luna1(replace(bcfg))
+    return build_luna1(bcfg)

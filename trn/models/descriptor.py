@@ -7,8 +7,7 @@ Models are built by name from a registry of presets (:func:`create_model`), each
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field, replace
-from typing import Callable
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import torch.nn.functional as F

@@ -29,8 +29,8 @@ def write_model_card(run: Path, title: str, command: str, data_note: str) -> Pat
         f"- Wall time: {wall / 60:.1f} min of training on this machine (2-core CPU), validation included",
         f"- Validation Recall@1 (gallery size one, independent draws from T): best {100 * best['val_recall_at_1']:.2f}% "
         f"at epoch {best['epoch']}; last {100 * log[-1]['val_recall_at_1']:.2f}%",
-        f"- Files: `weights.pt` (best epoch; `trn.train.loop.load_descriptor`), `config.yaml`, `log.jsonl`, "
-        f"`split.json`, `curves.png`",
+        "- Files: `weights.pt` (best epoch; `trn.train.loop.load_descriptor`), `config.yaml`, `log.jsonl`, "
+        "`split.json`, `curves.png`",
         "", "Reproduce:", "", "```bash", command, "```", "",
     ]
     path = run / "MODEL_CARD.md"

@@ -22,14 +22,12 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 import yaml
 from tqdm import tqdm
 
 from trn.errors import ConfigError, DataError
 from trn.models.descriptor import Descriptor, DescriptorConfig
-from trn.train.augment import sample, apply
-from trn.train.config import TrainConfig, from_dict
+from trn.train.config import TrainConfig
 from trn.train.data import ImageBank, load_landmarks, make_views, pair_batches, split_identities
 from trn.train.losses import MetricLoss
 from trn.train.mars import Mars, positive_pairs
@@ -222,11 +220,3 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False) -> RunState:
             (out / ".weights.pt.tmp").replace(out / "weights.pt")
         _plot(state.history, out / "curves.png")
     return state
-
-
-def config_from_checkpoint(path: str | Path) -> TrainConfig:
-    ck = torch.load(path, map_location="cpu", weights_only=True)
-    d = dict(ck["train_config"])
-    model = d.pop("model")
-    d["model"] = model
-    return from_dict(d)
