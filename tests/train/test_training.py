@@ -102,6 +102,8 @@ def test_mars_training_logs_every_stage_and_resumes(tmp_path):
         train(from_dict(doc), tmp_path / "run", resume=True)
     state = train(cfg, tmp_path / "run2")
     assert state.epoch == 2
+    with pytest.raises(ConfigError, match="already holds a training run"):
+        train(cfg, tmp_path / "run2")
 
 
 def test_corrupt_checkpoint_is_refused(tmp_path):

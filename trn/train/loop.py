@@ -130,6 +130,8 @@ def _plot(history: list[dict], path: Path) -> None:
 def train(cfg: TrainConfig, out: str | Path, resume: bool = False) -> RunState:
     """Train ``cfg`` into directory ``out``. With ``resume``, continue from ``out/last.pt``."""
     out = Path(out)
+    if not resume and (out / "log.jsonl").exists():
+        raise ConfigError(f"{out} already holds a training run; pass --resume to continue it or choose a new --out")
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
