@@ -40,8 +40,9 @@ def main(argv: list[str] | None = None) -> int:
                                     limit_craters=args.limit_craters, workers=args.workers)
         for line in summarize(ds).lines():
             print(line)
-        print("The scenarios (Recall@1, Incremental Recall@1, Moon Navigation, Lost-in-Space) need a trained\n"
-              "descriptor and are not implemented yet in this version: this run prepared and described the dataset only.")
+        print("The scenarios (Recall@1, Incremental Recall@1, Moon Navigation, Lost-in-Space) arrive with the\n"
+              "landmark database and are not implemented yet in this version: this run prepared and described the\n"
+              "dataset only.")
         return 0
 
     return run_main(go)
