@@ -12,7 +12,6 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from trn.data.luna1 import read_luna1

@@ -13,7 +13,7 @@ Two products, one surface model (:class:`Surface` = elevation + albedo + detail 
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import cv2
 import numpy as np
@@ -77,9 +77,6 @@ class RenderConfig:
     @property
     def camera(self) -> PinholeCamera:
         return PinholeCamera(self.nav_size, self.nav_size, self.fov_deg)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
 
     @classmethod
     def from_dict(cls, d: dict) -> "RenderConfig":
