@@ -192,42 +192,44 @@ def crater_shape(x: np.ndarray, c: Crater) -> tuple[np.ndarray, np.ndarray]:
     return h, weight
 
 
+def _window(shape: tuple[int, int], ppd: float, lat: float, lon: float, reach_km: float
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | None:
+    """Rows and columns of a global equirectangular grid within ``reach_km`` of (lat, lon), with
+    the unit vectors of those pixel centres [R, C, 3] and of the centre [3]; None if empty.
+    Columns wrap around the 0/360 seam and span the whole row near the poles."""
+    dlat = reach_km / KM_PER_DEG
+    r0 = int(np.floor((90.0 - min(90.0, lat + dlat)) * ppd))
+    r1 = int(np.ceil((90.0 - max(-90.0, lat - dlat)) * ppd))
+    coslat = max(np.cos(np.radians(min(89.0, abs(lat) + dlat))), 1e-3)
+    dlon = min(180.0, reach_km / (KM_PER_DEG * coslat))
+    w = shape[1]
+    c0 = int(np.floor((lon - dlon) * ppd))
+    c1 = int(np.ceil((lon + dlon) * ppd))
+    rows = np.arange(max(r0, 0), min(r1, shape[0]))
+    cols = np.arange(w) if c1 - c0 >= w else np.arange(c0, c1) % w
+    if rows.size == 0 or cols.size == 0:
+        return None
+    p = latlon_to_xyz(90.0 - (rows[:, None] + 0.5) / ppd, (cols[None, :] + 0.5) / ppd, 1.0)
+    return rows, cols, p, latlon_to_xyz(lat, lon, 1.0)
+
+
 def _stamp(grid: np.ndarray, ppd: int, c: Crater) -> None:
     """Stamp crater ``c`` into the global equirectangular height grid [180 ppd, 360 ppd] in place."""
-    reach_km = 3.0 * c.diameter_km / 2.0 * c.elongation
-    dlat = reach_km / KM_PER_DEG
-    r0 = int(np.floor((90.0 - min(90.0, c.lat + dlat)) * ppd))
-    r1 = int(np.ceil((90.0 - max(-90.0, c.lat - dlat)) * ppd))
-    coslat = max(np.cos(np.radians(min(89.0, abs(c.lat) + dlat))), 1e-3)
-    dlon = min(180.0, reach_km / (KM_PER_DEG * coslat))
-    w = grid.shape[1]
-    c0 = int(np.floor((c.lon - dlon) * ppd))
-    c1 = int(np.ceil((c.lon + dlon) * ppd))
-    rows = np.arange(max(r0, 0), min(r1, grid.shape[0]))
-    cols = np.arange(c0, c1) % w
-    if c1 - c0 >= w:
-        cols = np.arange(w)
-    if rows.size == 0 or cols.size == 0:
+    win = _window(grid.shape, ppd, c.lat, c.lon, 3.0 * c.diameter_km / 2.0 * c.elongation)
+    if win is None:
         return
-    plat = 90.0 - (rows + 0.5) / ppd
-    plon = (cols + 0.5) / ppd
-    p = latlon_to_xyz(plat[:, None], plon[None, :], 1.0)
-    q = latlon_to_xyz(c.lat, c.lon, 1.0)
-    ang = np.arccos(np.clip(p @ q, -1.0, 1.0))
-    dist = ang * MOON_RADIUS_KM
-    if c.elongation != 1.0:
-        # Stretch along the chain's azimuth, in the tangent plane at the centre.
-        east = np.array([-np.sin(np.radians(c.lon)), np.cos(np.radians(c.lon)), 0.0])
-        north = np.cross(q, east)
-        az = np.radians(c.azimuth_deg)
-        along = np.cos(az) * north + np.sin(az) * east
-        across = np.cross(q, along)
-        off = p - q
-        dist = np.hypot((off @ along) / c.elongation, off @ across) * MOON_RADIUS_KM
-    # Real rims are not circles: modulate the radius with low azimuthal harmonics (a few percent).
+    rows, cols, p, q = win
     east = np.array([-np.sin(np.radians(c.lon)), np.cos(np.radians(c.lon)), 0.0])
     north = np.cross(q, east)
     off = p - q
+    dist = np.arccos(np.clip(p @ q, -1.0, 1.0)) * MOON_RADIUS_KM
+    if c.elongation != 1.0:
+        # Stretch along the chain's azimuth, in the tangent plane at the centre.
+        az = np.radians(c.azimuth_deg)
+        along = np.cos(az) * north + np.sin(az) * east
+        across = np.cross(q, along)
+        dist = np.hypot((off @ along) / c.elongation, off @ across) * MOON_RADIUS_KM
+    # Real rims are not circles: modulate the radius with low azimuthal harmonics (a few percent).
     phi = np.arctan2(off @ north, off @ east)
     r = np.random.default_rng(c.shape_seed + 7)
     wobble = 1.0 + sum(r.uniform(0.0, 0.035) * np.cos(k * phi + r.uniform(0, 2 * np.pi)) for k in (2, 3, 5))
@@ -362,17 +364,11 @@ def _write_albedo(world_dir: Path, cfg: SynthConfig, mare: np.ndarray, craters: 
 
 
 def _stamp_bright(grid: np.ndarray, ppd: float, c: Crater) -> None:
-    reach = 4.0 * c.diameter_km / 2.0
-    dlat = reach / KM_PER_DEG
-    r0 = max(int((90.0 - min(90.0, c.lat + dlat)) * ppd), 0)
-    r1 = min(int(np.ceil((90.0 - max(-90.0, c.lat - dlat)) * ppd)), grid.shape[0])
-    dlon = min(180.0, reach / (KM_PER_DEG * max(np.cos(np.radians(min(89.0, abs(c.lat) + dlat))), 1e-3)))
-    cols = np.arange(int((c.lon - dlon) * ppd), int(np.ceil((c.lon + dlon) * ppd))) % grid.shape[1]
-    rows = np.arange(r0, r1)
-    if rows.size == 0:
+    """Bright ejecta of a fresh crater, fading to nothing at about 4 radii, into the albedo grid."""
+    win = _window(grid.shape, ppd, c.lat, c.lon, 4.0 * c.diameter_km / 2.0)
+    if win is None:
         return
-    p = latlon_to_xyz(90.0 - (rows[:, None] + 0.5) / ppd, (cols[None, :] + 0.5) / ppd, 1.0)
-    q = latlon_to_xyz(c.lat, c.lon, 1.0)
+    rows, cols, p, q = win
     x = np.arccos(np.clip(p @ q, -1, 1)) * MOON_RADIUS_KM / (c.diameter_km / 2.0)
     grid[np.ix_(rows, cols)] = np.maximum(grid[np.ix_(rows, cols)], np.clip(1.3 - x / 3.0, 0.0, 1.0) * (c.age - 0.9) * 10)
 
