@@ -11,6 +11,7 @@ from trn.errors import TrnError
 
 def setup_logging(verbose: bool = False) -> None:
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs which SIMD build it picked
 
 
 def run_main(fn: Callable[[], int]) -> int:

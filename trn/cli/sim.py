@@ -1,18 +1,51 @@
-"""``trn-sim``: run the Luna-1 navigation scenarios.
+"""``trn-sim``: run the navigation-style scenarios and write reports.
 
-    trn-sim run luna1                     # built-in procedural world, built once and cached
-    trn-sim run luna1 --data DIR          # any Luna-1-format directory (the authors' or trn-data's)
+    trn-sim run luna1                                # built-in world, shipped MARs flight model
+    trn-sim run luna1 --data data/luna1 --ablation   # every shipped model and the NCC baseline
+    trn-sim run luna1 --quick                        # capped run, under two minutes once the world is built
+    trn-sim run luna1 --tokens 4 --shortlist 10      # two-stage matching with instance tokens
+    trn-sim run landmarks --data DIR --kind hirise   # Recall@1 and Incremental Recall@1 on any landmark set
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shlex
 import sys
+import time
 from pathlib import Path
 
 from trn.cli.common import run_main, setup_logging
+from trn.db.tokens import SEED_METHODS, TokenConfig
+from trn.errors import ConfigError
+from trn.sim import scenarios as sc
+from trn.sim.embedders import DEFAULT_MODEL, MODELS_DIR, make_embedder
 from trn.sim.prepare import cache_root, prepare_luna1, summarize
+
+ABLATION = ["flight_conv2d_se", "flight_ric_ca", "flight_ric_ca_mars", "ncc"]
+QUICK_LANDMARKS = 300
+
+
+def _common(p: argparse.ArgumentParser, scenarios: tuple[str, ...]) -> None:
+    p.add_argument("--model", action="append", default=None, metavar="NAME|PATH",
+                   help=f"shipped model name (in {MODELS_DIR}), run directory, checkpoint, or 'ncc' "
+                        f"(template matching); repeat for several (default {DEFAULT_MODEL})")
+    p.add_argument("--ablation", action="store_true", help=f"run {', '.join(ABLATION)}")
+    p.add_argument("--scenario", action="append", choices=scenarios, default=None, help="repeat for several (default: all)")
+    p.add_argument("--quick", action="store_true", help=f"cap the landmark scenarios at {QUICK_LANDMARKS} test landmarks")
+    p.add_argument("--out", type=Path, default=None, help="report directory (default runs/sim/<set>-<time>)")
+    p.add_argument("--seed", type=int, default=0, help="scenario seed: views, orders, detector noise")
+    p.add_argument("--threshold", type=float, default=0.9, help="match threshold (cosine, or late-interaction score with tokens)")
+    p.add_argument("--tokens", type=int, action="append", default=None, metavar="K",
+                   help="instance tokens per landmark for two-stage matching (0: global only); repeat to compare")
+    p.add_argument("--shortlist", type=int, action="append", default=None, metavar="S",
+                   help="candidates re-ranked by late interaction (default 10); repeat to compare")
+    p.add_argument("--token-seeds", choices=SEED_METHODS, default="saliency")
+    p.add_argument("--max-landmarks", type=int, default=None, help="cap on test landmarks")
+    p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="torch CPU threads")
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("-v", "--verbose", action="store_true")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,32 +53,82 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run scenarios")
     rsub = run.add_subparsers(dest="what", required=True)
-    l1 = rsub.add_parser("luna1", help="Luna-1 scenarios (Recall@1, Incremental Recall@1, Moon Navigation, Lost-in-Space)")
+    l1 = rsub.add_parser("luna1", help="Recall@1, Incremental Recall@1, Moon Navigation, Lost-in-Space")
     l1.add_argument("--data", type=Path, default=None, help="Luna-1-format dataset (default: the built-in world)")
-    l1.add_argument("--seed", type=int, default=0, help="seed of the built-in world")
-    l1.add_argument("--limit-frames", type=int, default=None, help="built-in world: only the first N frames")
-    l1.add_argument("--limit-craters", type=int, default=None, help="built-in world: only N crater landmarks")
-    l1.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1))
-    l1.add_argument("-v", "--verbose", action="store_true")
+    _common(l1, sc.SCENARIOS)
+    l1.add_argument("--nms", choices=sc.NMS_KINDS, default="release", help="release: the authors' variant; standard: IoU")
+    l1.add_argument("--max-frames", type=int, default=None, help="cap on annotated frames (per orbit in Lost-in-Space)")
+    l1.add_argument("--world-seed", type=int, default=0, help="seed of the built-in world")
+    l1.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1), help="built-in world build workers")
+    lm = rsub.add_parser("landmarks", help="Recall@1 and Incremental Recall@1 on a landmark dataset")
+    lm.add_argument("--data", type=Path, required=True)
+    lm.add_argument("--kind", choices=("luna1", "hirise", "folder"), default="folder")
+    _common(lm, sc.LANDMARK_SCENARIOS)
     args = parser.parse_args(argv)
     setup_logging(args.verbose)
+    return run_main(lambda: _run(args, argv))
 
-    def go() -> int:
+
+def _embedders(args) -> list:
+    models = list(dict.fromkeys((args.model or []) + (ABLATION if args.ablation else []))) or [DEFAULT_MODEL]
+    tokens = args.tokens or [0]
+    shortlists = args.shortlist or [10]
+    if any(k < 0 for k in tokens) or any(s < 1 for s in shortlists):
+        raise ConfigError(f"--tokens {tokens} / --shortlist {shortlists}: need K >= 0 and S >= 1")
+    out, seen = [], set()
+    for m in models:
+        for k in tokens:
+            if k == 0 or m == "ncc":
+                if (m, 0) not in seen:
+                    seen.add((m, 0))
+                    out.append(make_embedder(m, None, args.threads))
+                continue
+            for s in shortlists:
+                e = make_embedder(m, TokenConfig(k=k, seeds=args.token_seeds), args.threads)
+                e.shortlist = s
+                e.name = f"{e.name}+tok{k}s{s}"
+                out.append(e)
+    return out
+
+
+def _run(args, argv) -> int:
+    t0 = time.perf_counter()
+    scenarios = args.scenario or list(sc.SCENARIOS if args.what == "luna1" else sc.LANDMARK_SCENARIOS)
+    max_landmarks = args.max_landmarks or (QUICK_LANDMARKS if args.quick else None)
+    base = dict(seed=args.seed, threshold=args.threshold, max_landmarks=max_landmarks)
+    if args.what == "luna1":
+        base |= dict(nms=args.nms, max_frames=args.max_frames)
+    settings = sc.ScenarioSettings(**base)
+    embedders = _embedders(args)
+    command = "trn-sim " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
+    out = args.out or Path("runs") / "sim" / f"{args.what}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.what == "luna1":
+        from trn.sim.run import run_luna1
+
         if args.data is None:
-            print("Using the built-in procedural Moon (no --data given). To run on real data, build it with\n"
+            print("No --data: using the built-in procedural Moon. For real data build it with\n"
                   "  trn-data build luna1 --source ../shared/data/moon --out data/luna1\n"
-                  "and pass --data data/luna1 (or point --data at the authors' Luna-1 directory).\n"
-                  f"The built-in world is cached under {cache_root()} (set TRN_CACHE to move it).")
-        ds, builtin = prepare_luna1(args.data, seed=args.seed, limit_frames=args.limit_frames,
-                                    limit_craters=args.limit_craters, workers=args.workers)
+                  f"and pass --data data/luna1. The built-in world is cached under {cache_root()}.")
+        ds, _ = prepare_luna1(args.data, seed=args.world_seed, workers=args.workers, quick=args.quick)
         for line in summarize(ds).lines():
             print(line)
-        print("The scenarios (Recall@1, Incremental Recall@1, Moon Navigation, Lost-in-Space) arrive with the\n"
-              "landmark database and are not implemented yet in this version: this run prepared and described the\n"
-              "dataset only.")
-        return 0
+        context = {"dataset": str(ds.root), "command": command, "models": [e.name for e in embedders],
+                   "scenarios": scenarios, "settings": settings.to_dict()}
+        rep = run_luna1(ds, embedders, scenarios, settings, context, not args.no_progress)
+    else:
+        from trn.data.landmarks import read_folder, read_hirise, read_luna1_landmarks
+        from trn.sim.run import run_landmarks
 
-    return run_main(go)
+        reader = {"luna1": read_luna1_landmarks, "hirise": read_hirise, "folder": read_folder}[args.kind]
+        ls = reader(args.data)
+        context = {"dataset": str(args.data), "kind": args.kind, "command": command,
+                   "models": [e.name for e in embedders], "scenarios": scenarios, "settings": settings.to_dict()}
+        rep = run_landmarks(ls, args.kind, str(args.data), embedders, scenarios, settings, context, not args.no_progress)
+    written = rep.write(out)
+    print()
+    print("\n".join(rep.table()))
+    print(f"\nreport: {out / 'report.md'} ({len(written)} files) in {time.perf_counter() - t0:.0f} s")
+    return 0
 
 
 if __name__ == "__main__":

@@ -15,7 +15,8 @@ from trn.data.synth import SynthConfig, build_synthetic_luna1
 
 log = logging.getLogger(__name__)
 
-LOST_IN_SPACE_ORBITS = ((0, 703), (704, 1406), (1407, 2160))  # Luna-1 frame ranges per orbit
+QUICK_STEP_S = 120.0
+QUICK_CRATERS = 600
 
 
 def cache_root() -> Path:
@@ -42,14 +43,20 @@ def _is_complete(d: Path) -> bool:
 
 def prepare_luna1(data: Path | None, seed: int = 0, limit_frames: int | None = None,
                   limit_craters: int | None = None, workers: int = 2,
-                  world: SynthConfig | None = None) -> tuple[Luna1Dataset, bool]:
+                  world: SynthConfig | None = None, quick: bool = False) -> tuple[Luna1Dataset, bool]:
     """The dataset to run on and whether it is the built-in world.
 
     With ``data`` None, builds the procedural world's Luna-1 dataset once into the cache (resumable)
     and reuses it afterwards. ``world`` overrides the world's settings (its seed wins over ``seed``).
+    ``quick``: when the full world is not built yet, build a small one instead (a frame every 120 s
+    and 600 craters, a few minutes once) rather than the full one (about 50 minutes once).
     """
     if data is not None:
         return read_luna1(data), False
+    if quick and world is None and limit_frames is None and limit_craters is None \
+            and not _is_complete(builtin_dataset_dir(seed, None, None)):
+        world, limit_craters = SynthConfig(seed=seed, step_s=QUICK_STEP_S), QUICK_CRATERS
+        log.info("--quick: the full built-in world is not built yet; using a small one")
     world = world or SynthConfig(seed=seed)
     out = builtin_dataset_dir(world.seed, limit_frames, limit_craters)
     if world != SynthConfig(seed=world.seed):

@@ -1,0 +1,154 @@
+"""Embedding functions the scenarios call. Any backend fits: the scenarios only need
+
+    embedder(images: float32 [N, S, S] in [0, 1]) -> Embeddings(global_ [N, D], tokens [N, K, Dt] | None)
+
+plus the attributes ``name``, ``input_size``, ``dim``, ``tokens`` and ``token_dim`` (and optionally
+``shortlist``, the re-ranking depth to use with its tokens). Here: the torch
+descriptor (with optional instance tokens) and normalised cross-correlation template matching,
+the technique flown terrain-relative-navigation systems use. ONNX or TFLite backends implement
+the same protocol.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import cv2
+import numpy as np
+import torch
+
+from trn.db.tokens import TokenConfig, instance_tokens
+from trn.errors import ConfigError, DataError
+from trn.models.descriptor import Descriptor
+
+MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
+DEFAULT_MODEL = "flight_ric_ca_mars"
+
+
+@dataclass(frozen=True)
+class Embeddings:
+    """global_: float32 [N, D], L2-normalised. tokens: float32 [N, K, Dt], L2-normalised, or None."""
+
+    global_: np.ndarray
+    tokens: np.ndarray | None = None
+
+
+class Embedder(Protocol):
+    name: str
+    input_size: int
+    dim: int
+    tokens: int
+    token_dim: int
+
+    def __call__(self, images: np.ndarray) -> Embeddings: ...
+
+
+def _check_images(images: np.ndarray, size: int) -> np.ndarray:
+    x = np.asarray(images, np.float32)
+    if x.ndim != 3 or x.shape[1:] != (size, size):
+        raise DataError(f"images have shape {x.shape}; this embedder takes [N, {size}, {size}]")
+    if not np.isfinite(x).all():
+        raise DataError("images contain NaN or infinite values")
+    return x
+
+
+class TorchEmbedder:
+    """A trained :class:`Descriptor`, evaluated on the CPU in batches; with ``token_cfg`` it also
+    returns K instance tokens from the last feature map (projected by the head when
+    ``token_cfg.project``)."""
+
+    def __init__(self, model: Descriptor, name: str, token_cfg: TokenConfig | None = None, batch: int = 128):
+        self.model = model.eval()
+        self.name = name
+        self.input_size = model.cfg.input_size
+        self.dim = model.cfg.embed_dim
+        self.token_cfg = token_cfg
+        self.batch = batch
+        self.tokens = 0
+        self.token_dim = 0
+        if token_cfg is not None:
+            cells = (self.input_size // model.cfg.stage_strides[-1]) ** 2
+            if token_cfg.k > cells:
+                raise ConfigError(f"tokens k={token_cfg.k}: the last feature map of {name} has only {cells} locations")
+            self.tokens = token_cfg.k
+            self.token_dim = self.dim if token_cfg.project else model.backbone.out_channels
+
+    def _tokens(self, feat: torch.Tensor) -> np.ndarray:
+        m, cfg = self.model, self.token_cfg
+        b, c, h, w = feat.shape
+        loc = feat.permute(0, 2, 3, 1).reshape(b * h * w, c)
+        p = m.pool.p.detach()
+        saliency = loc.clamp(min=m.pool.eps).pow(p).mean(dim=1).reshape(b, h * w)
+        if cfg.project:
+            # the head applied to one location: GeM of a single value is the value itself
+            loc = m.act(m.bn(m.fc(loc.clamp(min=m.pool.eps))))
+        return instance_tokens(loc.reshape(b, h * w, -1).numpy(), saliency.numpy(), cfg)
+
+    @torch.no_grad()
+    def __call__(self, images: np.ndarray) -> Embeddings:
+        x = _check_images(images, self.input_size)
+        g, t = [], []
+        for i in range(0, len(x), self.batch):
+            xb = torch.from_numpy(x[i:i + self.batch])[:, None]
+            e, feat = self.model.forward_with_features(xb)
+            g.append(e.numpy())
+            if self.token_cfg is not None:
+                t.append(self._tokens(feat))
+        glob = np.concatenate(g) if g else np.zeros((0, self.dim), np.float32)
+        toks = (np.concatenate(t) if t else np.zeros((0, self.tokens, self.token_dim), np.float32)) if self.token_cfg else None
+        return Embeddings(glob, toks)
+
+
+class NCCEmbedder:
+    """Normalised cross-correlation template matching as an embedding: a template resized to
+    ``template`` pixels, mean removed, L2-normalised. The cosine of two such vectors is exactly
+    their zero-shift NCC score, so the same database and thresholds apply."""
+
+    def __init__(self, input_size: int = 96, template: int = 32):
+        if not 4 <= template <= input_size:
+            raise ConfigError(f"NCC template={template}: need 4 <= template <= input size {input_size}")
+        self.name = "ncc"
+        self.input_size = input_size
+        self.template = template
+        self.dim = template * template
+        self.tokens = 0
+        self.token_dim = 0
+
+    def __call__(self, images: np.ndarray) -> Embeddings:
+        x = _check_images(images, self.input_size)
+        out = np.empty((len(x), self.dim), np.float32)
+        for i, im in enumerate(x):
+            t = cv2.resize(im, (self.template, self.template), interpolation=cv2.INTER_AREA).ravel()
+            t = t - t.mean()
+            n = np.linalg.norm(t)
+            # a flat template correlates with nothing; give it a fixed direction instead of NaN
+            out[i] = t / n if n > 1e-8 else np.full(self.dim, 1.0 / np.sqrt(self.dim), np.float32)
+        return Embeddings(out, None)
+
+
+def resolve_model(spec: str) -> Path:
+    """A shipped model name (``models/NAME/weights.pt``), a run directory or a checkpoint file."""
+    p = Path(spec)
+    for cand in (p if p.suffix == ".pt" else None, p / "weights.pt", MODELS_DIR / spec / "weights.pt"):
+        if cand is not None and cand.is_file():
+            return cand
+    shipped = sorted(d.name for d in MODELS_DIR.glob("*/") if (d / "weights.pt").is_file()) if MODELS_DIR.is_dir() else []
+    raise DataError(f"model {spec!r} is neither a checkpoint, a run directory with weights.pt, nor a shipped "
+                    f"model; shipped models: {shipped + ['ncc']}")
+
+
+def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int | None = None) -> Embedder:
+    """An embedder from a model spec: "ncc" or anything :func:`resolve_model` accepts."""
+    from trn.train.loop import load_descriptor
+
+    if threads:
+        torch.set_num_threads(threads)
+    if spec == "ncc":
+        if token_cfg is not None:
+            raise ConfigError("the NCC baseline has no instance tokens")
+        return NCCEmbedder()
+    path = resolve_model(spec)
+    name = path.parent.name if path.name == "weights.pt" else path.stem
+    return TorchEmbedder(load_descriptor(path), name, token_cfg)

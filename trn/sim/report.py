@@ -1,0 +1,171 @@
+"""Scenario reports: report.json (every count and setting), report.md, and plots."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from trn.data.luna1 import atomic_write_text
+from trn.sim.scenarios import ScenarioResult
+
+TITLES = {"recall_at_1": "Recall@1", "incremental_recall_at_1": "Incremental Recall@1",
+          "moon_navigation": "Moon Navigation", "lost_in_space": "Lost-in-Space"}
+PAPER = {"recall_at_1": 100.00, "incremental_recall_at_1": 94.78, "moon_navigation": 66.31,
+         "lost_in_space": 97.21}
+
+
+@dataclass
+class Report:
+    """Results of one run. ``context``: dataset, command, models and anything else worth keeping."""
+
+    context: dict
+    results: list[ScenarioResult] = field(default_factory=list)
+
+    def methods(self) -> list[str]:
+        return list(dict.fromkeys(r.method for r in self.results))
+
+    def scenarios(self) -> list[str]:
+        return list(dict.fromkeys(r.scenario for r in self.results))
+
+    def get(self, method: str, scenario: str) -> ScenarioResult | None:
+        return next((r for r in self.results if r.method == method and r.scenario == scenario), None)
+
+    def to_json(self) -> dict:
+        """Everything except timings, which live under "timing" (so equal seeds give equal
+        "results")."""
+        res = []
+        for r in self.results:
+            d = r.summary()
+            d.pop("wall_s")
+            d["sweep"] = r.sweep
+            d["series"] = r.series
+            d["similarities"] = {k: [round(float(v), 6) for v in vals] for k, vals in r.similarities.items()}
+            res.append(d)
+        return {"format": "trn-sim-report", "version": 1, "context": self.context, "results": res,
+                "timing": [{"scenario": r.scenario, "method": r.method, "wall_s": round(r.wall_s, 3)} for r in self.results]}
+
+    def table(self) -> list[str]:
+        """Markdown table: one row per method, RA per scenario with its counts."""
+        scen = self.scenarios()
+        lines = ["| method | " + " | ".join(TITLES.get(s, s) for s in scen) + " |",
+                 "| --- | " + " | ".join("---" for _ in scen) + " |"]
+        for m in self.methods():
+            cells = []
+            for s in scen:
+                r = self.get(m, s)
+                cells.append("" if r is None else f"{_fmt(r.ra)} ({_counts(r)})")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        lines.append("| paper (best, Luna-1) | " + " | ".join(_fmt(PAPER[s]) if s in PAPER else "" for s in scen) + " |")
+        return lines
+
+    def write(self, out: Path) -> list[Path]:
+        out.mkdir(parents=True, exist_ok=True)
+        written = [out / "report.json", out / "report.md"]
+        atomic_write_text(out / "report.json", json.dumps(self.to_json(), indent=1, allow_nan=True) + "\n")
+        atomic_write_text(out / "report.md", self.markdown())
+        written += plot_all(self, out)
+        return written
+
+    def markdown(self) -> str:
+        c = self.context
+        lines = ["# trn-sim report", "", f"- dataset: `{c.get('dataset')}`", f"- command: `{c.get('command')}`",
+                 f"- seed: {c.get('seed')}, threshold: {c.get('threshold')}, NMS: {c.get('nms')}", "",
+                 "RA in percent; in brackets: correct / incorrect / missed (Lost-in-Space: recognised frames "
+                 "of orbits 2 and 3; missed is 0 there because the database is read-only).", ""]
+        lines += self.table()
+        lines += ["", "## Details", ""]
+        for r in self.results:
+            lines.append(f"### {TITLES.get(r.scenario, r.scenario)} — {r.method}")
+            lines.append("")
+            lines.append(f"RA {_fmt(r.ra)}; correct {r.correct}, incorrect {r.incorrect}, missed {r.missed}, "
+                         f"queries {r.queries}; {r.wall_s:.1f} s.")
+            for k, v in r.extra.items():
+                lines.append(f"- {k}: {json.dumps(v) if isinstance(v, (list, dict)) else _fmt(v)}")
+            if r.sweep:
+                best = max(r.sweep, key=lambda x: -1 if math.isnan(x["ra"]) else x["ra"])
+                lines.append(f"- threshold sweep: best RA {_fmt(best['ra'])} at {best['threshold']} "
+                             f"(precision {_fmt(best['precision'])}, recall {_fmt(best['recall'])})")
+            lines.append("")
+        return "\n".join(lines) + "\n"
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return "n/a" if math.isnan(v) else f"{v:.2f}"
+    return str(v)
+
+
+def _counts(r: ScenarioResult) -> str:
+    if r.scenario == "lost_in_space":
+        return "/".join(f"{o['recognised']}/{o['frames']}" for o in r.extra.get("per_orbit", []))
+    return f"{r.correct}/{r.incorrect}/{r.missed}"
+
+
+def plot_all(rep: Report, out: Path) -> list[Path]:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    written = []
+    nav = [r for r in rep.results if r.scenario == "moon_navigation"]
+    if nav:
+        fig, ax = plt.subplots(1, 2, figsize=(11, 4))
+        for r in nav:
+            ax[0].plot(r.series["frame"], r.series["ra"], label=r.method)
+            ax[1].plot(r.series["frame"], r.series["db_size"], label=r.method)
+        if nav[0].series.get("frame"):
+            ax[1].axhline(nav[0].extra.get("distinct", 0), color="k", ls=":", lw=1, label="distinct craters (ideal)")
+        ax[0].set(xlabel="frame", ylabel="cumulative RA (%)", title="Moon Navigation: RA over the sequence")
+        ax[1].set(xlabel="frame", ylabel="landmarks in database", title="Database growth")
+        for a in ax:
+            a.grid(alpha=0.3)
+            a.legend(fontsize=7)
+        fig.tight_layout()
+        written.append(_save(fig, out / "moon_navigation.png"))
+    for scen in ("incremental_recall_at_1", "moon_navigation", "lost_in_space", "recall_at_1"):
+        rs = [r for r in rep.results if r.scenario == scen and r.similarities]
+        if not rs:
+            continue
+        fig, axes = plt.subplots(1, len(rs), figsize=(3.6 * len(rs), 3.2), squeeze=False)
+        for a, r in zip(axes[0], rs):
+            bins = np.linspace(-0.2, 1.0, 49)
+            for key, col in (("correct", "tab:green"), ("incorrect", "tab:red"), ("inserted", "tab:gray")):
+                v = r.similarities.get(key, [])
+                if len(v):
+                    a.hist(np.clip(v, -0.2, 1.0), bins=bins, alpha=0.6, color=col, label=f"{key} ({len(v)})")
+            a.axvline(rep.context.get("threshold", 0.9), color="k", ls="--", lw=1)
+            a.set(title=r.method, xlabel="decision score")
+            a.legend(fontsize=6)
+        fig.suptitle(f"{TITLES[scen]}: scores of correct and incorrect matches")
+        fig.tight_layout()
+        written.append(_save(fig, out / f"similarity_{scen}.png"))
+    sw = [r for r in rep.results if r.sweep]
+    if sw:
+        scen = list(dict.fromkeys(r.scenario for r in sw))
+        fig, axes = plt.subplots(1, len(scen), figsize=(5.5 * len(scen), 4), squeeze=False)
+        for a, s in zip(axes[0], scen):
+            for r in (x for x in sw if x.scenario == s):
+                th = [x["threshold"] for x in r.sweep]
+                line, = a.plot(th, [x["ra"] for x in r.sweep], label=f"{r.method} RA")
+                a.plot(th, [x["precision"] for x in r.sweep], ls="--", color=line.get_color(), lw=1)
+                a.plot(th, [x["recall"] for x in r.sweep], ls=":", color=line.get_color(), lw=1)
+            a.set(xlabel="threshold", ylabel="%", title=f"{TITLES[s]}: RA (solid), precision (dashed), recall (dotted)")
+            a.title.set_fontsize(8)
+            a.grid(alpha=0.3)
+            a.legend(fontsize=7)
+        fig.tight_layout()
+        written.append(_save(fig, out / "threshold_sweep.png"))
+    return written
+
+
+def _save(fig, path: Path) -> Path:
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path

@@ -1,0 +1,97 @@
+"""Run scenario sets on datasets: ``luna1`` (all four) and ``landmarks`` (Recall@1 and Incremental
+Recall@1 on any landmark dataset). Pipelines of plain functions; embedders are parameters."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+
+import numpy as np
+from tqdm import tqdm
+
+from trn.data.landmarks import LandmarkSet, read_luna1_landmarks
+from trn.data.luna1 import Luna1Dataset
+from trn.errors import ConfigError, DataError
+from trn.sim import scenarios as sc
+from trn.sim.embedders import Embedder
+from trn.sim.report import Report
+from trn.train.config import DataConfig
+from trn.train.data import split_identities
+
+log = logging.getLogger(__name__)
+
+
+def test_identities(ls: LandmarkSet, kind: str, root: str, s: sc.ScenarioSettings, split_seed: int = 0) -> list[str]:
+    """The instance-disjoint test half (the split the shipped models were trained with: Luna-1
+    navigation craters forced into it), capped at ``s.max_landmarks`` by a seeded draw that keeps
+    the navigation craters first."""
+    split = split_identities(ls, DataConfig(kind=kind, path=root, split_seed=split_seed))
+    names = list(split.test)
+    if s.max_landmarks and len(names) > s.max_landmarks:
+        rng = np.random.default_rng([s.seed, 5])
+        keep = sorted(rng.permutation(len(names))[: s.max_landmarks].tolist())
+        names = [names[i] for i in keep]
+    return names
+
+
+def _check(scenarios: Sequence[str], allowed: Sequence[str]) -> None:
+    bad = [x for x in scenarios if x not in allowed]
+    if bad or not scenarios:
+        raise ConfigError(f"scenarios {list(bad) or list(scenarios)}: choose from {list(allowed)}")
+
+
+def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequence[str],
+              s: sc.ScenarioSettings, context: dict, progress: bool = True,
+              on_result: Callable[[sc.ScenarioResult], None] | None = None) -> Report:
+    """Every requested scenario for every embedder on a Luna-1-format dataset. Landmark views,
+    detections and their noise are drawn once and shared by all embedders."""
+    _check(scenarios, sc.SCENARIOS)
+    rep = Report({**context, "seed": s.seed, "threshold": s.threshold, "nms": s.nms})
+    need_landmarks = any(x in sc.LANDMARK_SCENARIOS for x in scenarios)
+    names: list[str] = []
+    ls = None
+    if need_landmarks:
+        if not ds.crater_ids:
+            raise DataError("Recall@1 and Incremental Recall@1 need crater_images/; this dataset has none", ds.root)
+        ls = read_luna1_landmarks(ds.root)
+        names = test_identities(ls, "luna1", str(ds.root), s)
+        rep.context["test_landmarks"] = len(names)
+    dets = None
+    if "moon_navigation" in scenarios:
+        frames = sc.navigation_frames(ds, s)
+        dets = sc.detect(ds, frames, s, np.random.default_rng([s.seed, 3]), sc.frame_shape(ds)) if frames else None
+    banks: dict[int, sc.LandmarkViews] = {}
+    jobs = [(e, x) for e in embedders for x in scenarios]
+    bar = tqdm(jobs, desc="scenarios", disable=not progress, unit="run")
+    for emb, name in bar:
+        bar.set_postfix_str(f"{emb.name}: {name}")
+        if name in sc.LANDMARK_SCENARIOS:
+            if emb.input_size not in banks:
+                banks[emb.input_size] = sc.LandmarkViews(ls, names, emb.input_size)
+            fn = sc.recall_at_1 if name == "recall_at_1" else sc.incremental_recall_at_1
+            r = fn(banks[emb.input_size], emb, s)
+        elif name == "moon_navigation":
+            r = sc.moon_navigation(ds, emb, s, dets)
+        else:
+            r = sc.lost_in_space(ds, emb, s)
+        rep.results.append(r)
+        log.info("%s / %s: RA %.2f (%d correct, %d incorrect, %d missed) in %.1f s", emb.name, name, r.ra,
+                 r.correct, r.incorrect, r.missed, r.wall_s)
+        if on_result:
+            on_result(r)
+    return rep
+
+
+def run_landmarks(ls: LandmarkSet, kind: str, root: str, embedders: Sequence[Embedder], scenarios: Sequence[str],
+                  s: sc.ScenarioSettings, context: dict, progress: bool = True) -> Report:
+    """Recall@1 and Incremental Recall@1 on a landmark dataset (Luna-1 craters, HiRISE, folder)."""
+    _check(scenarios, sc.LANDMARK_SCENARIOS)
+    names = test_identities(ls, kind, root, s)
+    rep = Report({**context, "seed": s.seed, "threshold": s.threshold, "nms": s.nms, "test_landmarks": len(names)})
+    banks: dict[int, sc.LandmarkViews] = {}
+    for emb, name in tqdm([(e, x) for e in embedders for x in scenarios], desc="scenarios", disable=not progress):
+        if emb.input_size not in banks:
+            banks[emb.input_size] = sc.LandmarkViews(ls, names, emb.input_size)
+        fn = sc.recall_at_1 if name == "recall_at_1" else sc.incremental_recall_at_1
+        rep.results.append(fn(banks[emb.input_size], emb, s))
+    return rep

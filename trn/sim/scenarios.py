@@ -1,0 +1,503 @@
+"""The four Luna-1 scenarios and their metrics, on any embedder (see :mod:`trn.sim.embedders`).
+
+- Recall@1 (gallery size one): one augmented view of every test landmark as gallery, a second,
+  independently augmented view as query; top-1 correctness.
+- Incremental Recall@1: empty database; every test landmark twice, in a random order, each time
+  under an independent draw from T; match-or-insert; RA.
+- Moon Navigation: frames in order; each frame's boxes through NMS at 0.5 (the authors' release
+  variant or standard IoU); each kept box perturbed as a detector would (sides shrunk, box
+  shifted), cropped, augmented (brightness and contrast jitter, rotation) and match-or-inserted; RA.
+- Lost-in-Space: the database is seeded with every detection of orbit 1; orbits 2 and 3 are then
+  queried read-only, frames shuffled; a frame is recognised when its correct matches are
+  >= floor(boxes / 2); the score is the mean of the two orbits' frame accuracies.
+
+RA = correct / (correct + incorrect + missed) * 100, "missed" being landmarks inserted more than
+once (database size minus the distinct identities in it). Every random choice (views, orders,
+detector noise, augmentations) comes from the scenario seed and never from the embedder, so every
+method sees identical inputs.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trn.data.landmarks import LandmarkSet
+from trn.data.luna1 import Box, Luna1Dataset, read_gray
+from trn.db.database import DBConfig, Decision, LandmarkDB
+from trn.errors import ConfigError, DataError
+from trn.sim.embedders import Embedder, Embeddings
+from trn.train.augment import AugmentConfig, Draw, apply, sample
+from trn.train.data import preprocess
+
+log = logging.getLogger(__name__)
+
+NMS_KINDS = ("release", "standard")
+LUNA1_ORBITS = ((0, 703), (704, 1406), (1407, 2160))
+SCENARIOS = ("recall_at_1", "incremental_recall_at_1", "moon_navigation", "lost_in_space")
+LANDMARK_SCENARIOS = ("recall_at_1", "incremental_recall_at_1")
+
+
+@dataclass(frozen=True)
+class ScenarioSettings:
+    """seed: every shuffle, view and perturbation. threshold: match threshold of the database.
+    shortlist: candidates re-ranked when the embedder has instance tokens.
+    augment: the family T for landmark views (Recall@1, Incremental Recall@1).
+    nms / nms_threshold: "release" (boxes sorted by bottom edge, overlap = intersection over the
+    other box's area) or "standard" (IoU, larger boxes first), at this overlap.
+    shrink_px / shift_px: detector noise, pixels: each side moves in by U{0..shrink}, the box
+    shifts by U{-shift..shift} in x and y. jitter: brightness and contrast factors U[1 - j, 1 + j].
+    angle_deg: crop rotation range, integer degrees. orbits: Lost-in-Space frame ranges
+    (inclusive); None: Luna-1's when the dataset has 2,161 frames, else thirds of the frames.
+    max_landmarks / max_frames: caps for quick runs (None: everything)."""
+
+    seed: int = 0
+    threshold: float = 0.9
+    shortlist: int = 10
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
+    nms: str = "release"
+    nms_threshold: float = 0.5
+    shrink_px: int = 10
+    shift_px: int = 10
+    jitter: float = 0.25
+    angle_deg: tuple[int, int] = (15, 345)
+    orbits: tuple[tuple[int, int], ...] | None = None
+    max_landmarks: int | None = None
+    max_frames: int | None = None
+
+    def __post_init__(self) -> None:
+        if not -1.0 <= self.threshold <= 1.0:
+            raise ConfigError(f"threshold={self.threshold}: need a cosine in [-1, 1]")
+        if self.nms not in NMS_KINDS:
+            raise ConfigError(f"nms={self.nms!r}: choose one of {NMS_KINDS}")
+        if not 0.0 < self.nms_threshold <= 1.0:
+            raise ConfigError(f"nms_threshold={self.nms_threshold}: need (0, 1]")
+        if self.shrink_px < 0 or self.shift_px < 0:
+            raise ConfigError(f"detector noise shrink_px={self.shrink_px}, shift_px={self.shift_px}: need >= 0")
+        if not 0.0 <= self.jitter < 1.0:
+            raise ConfigError(f"jitter={self.jitter}: need [0, 1)")
+        if not 0 <= self.angle_deg[0] <= self.angle_deg[1] <= 360:
+            raise ConfigError(f"angle_deg={self.angle_deg}: need 0 <= low <= high <= 360")
+        if self.shortlist < 1:
+            raise ConfigError(f"shortlist={self.shortlist}: need >= 1")
+        for name in ("max_landmarks", "max_frames"):
+            v = getattr(self, name)
+            if v is not None and v < 1:
+                raise ConfigError(f"{name}={v}: need >= 1 or None")
+        if self.orbits is not None and len(self.orbits) != 3:
+            raise ConfigError(f"orbits={self.orbits}: Lost-in-Space needs three frame ranges")
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["augment"] = asdict(self.augment)
+        return d
+
+
+# ---------------------------------------------------------------------------------------------
+# metrics
+
+
+@dataclass(frozen=True)
+class Counts:
+    correct: int
+    incorrect: int
+    missed: int
+
+    @property
+    def ra(self) -> float:
+        """Recognition accuracy in percent (NaN when nothing was decided)."""
+        d = self.correct + self.incorrect + self.missed
+        return 100.0 * self.correct / d if d else float("nan")
+
+    @property
+    def matching_accuracy(self) -> float:
+        """The release's index matching accuracy: correct / (correct + incorrect), percent."""
+        d = self.correct + self.incorrect
+        return 100.0 * self.correct / d if d else float("nan")
+
+
+def tally(decisions: list[Decision], labels: list[str], db: LandmarkDB) -> Counts:
+    """Correct and incorrect matches of a match-or-insert stream, and the duplicates it inserted."""
+    correct = sum(1 for d, lab in zip(decisions, labels) if d.matched and d.label == lab)
+    incorrect = sum(1 for d in decisions if d.matched) - correct
+    return Counts(correct, incorrect, len(db) - db.distinct_labels())
+
+
+def lost_in_space_hit(correct: int, boxes: int) -> bool:
+    """The paper's frame criterion: correct matches >= floor(boxes / 2)."""
+    return correct >= boxes // 2
+
+
+# ---------------------------------------------------------------------------------------------
+# detections
+
+
+def _overlap_release(a: Box, b: Box) -> float:
+    inter = max(0, min(a.r, b.r) - max(a.l, b.l)) * max(0, min(a.b, b.b) - max(a.t, b.t))
+    area_b = max(0, b.r - b.l) * max(0, b.b - b.t)
+    return inter / area_b if area_b else 0.0
+
+
+def _iou(a: Box, b: Box) -> float:
+    inter = max(0, min(a.r, b.r) - max(a.l, b.l)) * max(0, min(a.b, b.b) - max(a.t, b.t))
+    union = (a.r - a.l) * (a.b - a.t) + (b.r - b.l) * (b.b - b.t) - inter
+    return inter / union if union > 0 else 0.0
+
+
+def nms(boxes: list[Box], threshold: float = 0.5, kind: str = "release") -> list[Box]:
+    """Suppress overlapping ground-truth boxes. "release": boxes taken in order of their bottom
+    edge (largest first), a box is dropped when its intersection over an already kept box's area
+    exceeds ``threshold``. "standard": boxes taken largest area first, dropped when IoU with a
+    kept box exceeds ``threshold``. Ties keep file order."""
+    if kind == "release":
+        order = sorted(range(len(boxes)), key=lambda i: -boxes[i].b)
+        overlap = _overlap_release
+    elif kind == "standard":
+        order = sorted(range(len(boxes)), key=lambda i: -(boxes[i].r - boxes[i].l) * (boxes[i].b - boxes[i].t))
+        overlap = _iou
+    else:
+        raise ConfigError(f"nms kind {kind!r}: choose one of {NMS_KINDS}")
+    kept: list[Box] = []
+    for i in order:
+        if all(overlap(boxes[i], k) <= threshold for k in kept):
+            kept.append(boxes[i])
+    return kept
+
+
+@dataclass(frozen=True)
+class Detection:
+    """One perturbed detection: frame number, crater label, crop box (l, r, t, b) in pixels after
+    detector noise and clipping, and the crop's augmentation (brightness, contrast, angle)."""
+
+    frame: int
+    label: str
+    box: tuple[int, int, int, int]
+    brightness: float
+    contrast: float
+    angle: float
+
+
+def detect(ds: Luna1Dataset, frames: list[int], s: ScenarioSettings, rng: np.random.Generator,
+           frame_shape: tuple[int, int]) -> dict[int, list[Detection]]:
+    """Detections of each listed frame (in the order given), with seeded detector noise."""
+    h, w = frame_shape
+    by_frame = {f.frame: f for f in ds.frames}
+    out: dict[int, list[Detection]] = {}
+    for fr in frames:
+        dets = []
+        for b in nms(list(by_frame[fr].boxes), s.nms_threshold, s.nms):
+            sh = rng.integers(0, s.shrink_px + 1, size=4)
+            dx, dy = rng.integers(-s.shift_px, s.shift_px + 1, size=2)
+            l, r = int(b.l + sh[0] + dx), int(b.r - sh[1] + dx)
+            t, bt = int(b.t + sh[2] + dy), int(b.b - sh[3] + dy)
+            l, r, t, bt = max(l, 0), min(r, w), max(t, 0), min(bt, h)
+            bright, contrast = rng.uniform(1 - s.jitter, 1 + s.jitter, size=2)
+            angle = float(rng.integers(s.angle_deg[0], s.angle_deg[1] + 1))
+            if r - l < 4 or bt - t < 4:
+                log.debug("frame %d: box of crater %d collapses under detector noise; kept at its true extent", fr, b.id)
+                l, r, t, bt = max(b.l, 0), min(b.r, w), max(b.t, 0), min(b.b, h)
+            dets.append(Detection(fr, str(b.id), (l, r, t, bt), float(bright), float(contrast), angle))
+        out[fr] = dets
+    return out
+
+
+def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int) -> np.ndarray:
+    """Preprocessed, augmented crops float32 [N, size, size] in detection order."""
+    crops, cache = [], {}
+    for d in dets:
+        if d.frame not in cache:
+            cache.clear()
+            cache[d.frame] = ds.load_frame(d.frame)
+        img = cache[d.frame]
+        l, r, t, b = d.box
+        if r > img.shape[1] or b > img.shape[0]:
+            raise DataError(f"box {d.box} of crater {d.label} lies outside the {img.shape[1]}x{img.shape[0]} frame",
+                            ds.frame_path(d.frame))
+        x = preprocess(img[t:b, l:r], size)
+        m = float(x.mean())
+        crops.append(np.clip(((x - m) * d.contrast + m) * d.brightness, 0.0, None))
+    if not crops:
+        return np.zeros((0, size, size), np.float32)
+    x = torch.from_numpy(np.stack(crops)[:, None])
+    n = len(dets)
+    draw = Draw(torch.ones(n), torch.tensor([d.angle for d in dets], dtype=torch.float32), torch.zeros(n, 2))
+    return apply(x, draw)[:, 0].numpy()
+
+
+def frame_shape(ds: Luna1Dataset) -> tuple[int, int]:
+    first = next((f.frame for f in ds.frames if f.boxes), None)
+    if first is None:
+        return (0, 0)
+    return ds.load_frame(first).shape[:2]
+
+
+def orbit_ranges(ds: Luna1Dataset, s: ScenarioSettings) -> tuple[tuple[int, int], ...]:
+    if s.orbits is not None:
+        return s.orbits
+    n = max((f.frame for f in ds.frames), default=-1) + 1
+    if n == LUNA1_ORBITS[-1][1] + 1:
+        return LUNA1_ORBITS
+    a, b = n // 3, 2 * n // 3
+    return ((0, a - 1), (a, b - 1), (b, n - 1))
+
+
+# ---------------------------------------------------------------------------------------------
+# results
+
+
+@dataclass
+class ScenarioResult:
+    """One scenario on one method. ``series`` holds per-step curves for plots; ``sweep`` the
+    threshold sweep; ``similarities`` the decision scores of correct and incorrect matches."""
+
+    scenario: str
+    method: str
+    ra: float
+    correct: int
+    incorrect: int
+    missed: int
+    queries: int
+    seed: int
+    settings: dict
+    extra: dict = field(default_factory=dict)
+    series: dict = field(default_factory=dict)
+    sweep: list[dict] = field(default_factory=list)
+    similarities: dict = field(default_factory=dict)
+    wall_s: float = 0.0
+
+    def summary(self) -> dict:
+        d = {k: getattr(self, k) for k in ("scenario", "method", "ra", "correct", "incorrect", "missed", "queries",
+                                            "seed", "wall_s")}
+        d |= {"extra": self.extra, "settings": self.settings}
+        return d
+
+
+def _db_config(emb: Embedder, s: ScenarioSettings, threshold: float | None = None) -> DBConfig:
+    # an embedder may carry its own shortlist size (token studies compare several)
+    return DBConfig(dim=emb.dim, threshold=s.threshold if threshold is None else threshold, tokens=emb.tokens,
+                    token_dim=emb.token_dim, shortlist=getattr(emb, "shortlist", None) or s.shortlist)
+
+
+def _scores(decisions: list[Decision], labels: list[str]) -> dict:
+    ok = [d.score for d, lab in zip(decisions, labels) if d.matched and d.label == lab]
+    bad = [d.score for d, lab in zip(decisions, labels) if d.matched and d.label != lab]
+    # the best score of queries that were inserted: how close the nearest landmark came
+    ins = [d.score for d in decisions if not d.matched and not math.isnan(d.score)]
+    return {"correct": ok, "incorrect": bad, "inserted": ins}
+
+
+def threshold_sweep(e: Embeddings, labels: list[str], emb: Embedder, s: ScenarioSettings,
+                    thresholds: np.ndarray) -> list[dict]:
+    """Replay a match-or-insert stream at each threshold (embeddings cached, so this is cheap).
+    precision: correct / matches. recall: correct / queries whose identity was already stored."""
+    rows = []
+    for th in thresholds:
+        db = LandmarkDB(_db_config(emb, s, float(th)))
+        dec = db.match_or_insert(e.global_, labels=labels, tokens=e.tokens)
+        c = tally(dec, labels, db)
+        seen, revisits = set(), 0
+        for lab in labels:
+            revisits += lab in seen
+            seen.add(lab)
+        rows.append({"threshold": round(float(th), 4), "ra": c.ra, "correct": c.correct, "incorrect": c.incorrect,
+                     "missed": c.missed, "precision": c.matching_accuracy,
+                     "recall": 100.0 * c.correct / revisits if revisits else float("nan")})
+    return rows
+
+
+SWEEP = np.round(np.arange(0.5, 1.0001, 0.025), 4)
+
+
+# ---------------------------------------------------------------------------------------------
+# scenarios
+
+
+class LandmarkViews:
+    """Preprocessed landmark images of some identities at one input size, loaded once.
+    ``first[i]`` / ``second[i]``: rows of identity i's first and second image (the same row when
+    the identity has one image, as in Luna-1: its second view differs by the draw from T only)."""
+
+    def __init__(self, ls: LandmarkSet, names: list[str], size: int):
+        want = {n: k for k, n in enumerate(names)}
+        per: list[list[Path]] = [[] for _ in names]
+        for item in ls.items:
+            k = want.get(item.instance)
+            if k is not None and len(per[k]) < 2:
+                per[k].append(item.path)
+        rows: list[np.ndarray] = []
+        self.first = np.zeros(len(names), np.int64)
+        self.second = np.zeros(len(names), np.int64)
+        for k, paths in enumerate(per):
+            if not paths:
+                raise DataError(f"landmark {names[k]!r} has no image", ls.name)
+            self.first[k] = len(rows)
+            rows.append(preprocess(read_gray(paths[0]), size))
+            if len(paths) > 1:
+                rows.append(preprocess(read_gray(paths[1]), size))
+            self.second[k] = len(rows) - 1
+        self.names = names
+        self.images = torch.from_numpy(np.stack(rows)[:, None]) if rows else torch.zeros(0, 1, size, size)
+
+
+def _views(bank: LandmarkViews, rows: np.ndarray, draw: Draw) -> np.ndarray:
+    return apply(bank.images[torch.from_numpy(rows)], draw)[:, 0].numpy()
+
+
+def _generator(seed: int, salt: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed * 1_000_003 + salt)
+
+
+def recall_at_1(bank: LandmarkViews, emb: Embedder, s: ScenarioSettings) -> ScenarioResult:
+    t0 = time.perf_counter()
+    n = len(bank.names)
+    if n < 2:
+        raise DataError(f"Recall@1 needs at least two test landmarks; the dataset has {n}")
+    draws = sample(2 * n, bank.images.shape[-1], s.augment, _generator(s.seed, 1))
+    rows = np.concatenate([bank.first, bank.second])
+    e = emb(_views(bank, rows, draws))
+    gallery, query = e.global_[:n], e.global_[n:]
+    sims = query @ gallery.T
+    top = sims.argmax(axis=1)
+    correct = int((top == np.arange(n)).sum())
+    best = sims[np.arange(n), top]
+    return ScenarioResult("recall_at_1", emb.name, 100.0 * correct / n, correct, n - correct, 0, n, s.seed,
+                          s.to_dict(), extra={"gallery": n},
+                          similarities={"correct": best[top == np.arange(n)].tolist(),
+                                        "incorrect": best[top != np.arange(n)].tolist()},
+                          wall_s=time.perf_counter() - t0)
+
+
+def incremental_recall_at_1(bank: LandmarkViews, emb: Embedder, s: ScenarioSettings) -> ScenarioResult:
+    t0 = time.perf_counter()
+    n = len(bank.names)
+    if n < 1:
+        raise DataError("Incremental Recall@1 needs at least one test landmark")
+    rng = np.random.default_rng([s.seed, 2])
+    occurrences = rng.permutation(2 * n)  # k < n: identity k's first appearance, k >= n: its second
+    ident = occurrences % n
+    draws = sample(2 * n, bank.images.shape[-1], s.augment, _generator(s.seed, 2))
+    e = emb(_views(bank, np.where(occurrences < n, bank.first[ident], bank.second[ident]), draws))
+    labels = [bank.names[k] for k in ident]
+    db = LandmarkDB(_db_config(emb, s))
+    dec = db.match_or_insert(e.global_, labels=labels, tokens=e.tokens)
+    c = tally(dec, labels, db)
+    return ScenarioResult("incremental_recall_at_1", emb.name, c.ra, c.correct, c.incorrect, c.missed, 2 * n, s.seed,
+                          s.to_dict(), extra={"landmarks": n, "db_size": len(db), "distinct": db.distinct_labels(),
+                                              "matching_accuracy": c.matching_accuracy},
+                          series={"db_size": _growth(dec)}, sweep=threshold_sweep(e, labels, emb, s, SWEEP),
+                          similarities=_scores(dec, labels), wall_s=time.perf_counter() - t0)
+
+
+def _growth(decisions: list[Decision]) -> list[int]:
+    return np.cumsum([not d.matched for d in decisions]).tolist()
+
+
+def navigation_frames(ds: Luna1Dataset, s: ScenarioSettings) -> list[int]:
+    frames = [f.frame for f in ds.frames if f.boxes]
+    return frames[: s.max_frames] if s.max_frames else frames
+
+
+def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
+                    dets: dict[int, list[Detection]] | None = None) -> ScenarioResult:
+    t0 = time.perf_counter()
+    frames = navigation_frames(ds, s)
+    if not frames:
+        raise DataError("Moon Navigation needs annotated navigation frames; this dataset has none", ds.root)
+    if dets is None:
+        dets = detect(ds, frames, s, np.random.default_rng([s.seed, 3]), frame_shape(ds))
+    flat = [d for fr in frames for d in dets[fr]]
+    e = _embed_crops(ds, flat, emb)
+    labels = [d.label for d in flat]
+    db = LandmarkDB(_db_config(emb, s))
+    dec = db.match_or_insert(e.global_, labels=labels, tokens=e.tokens)
+    c = tally(dec, labels, db)
+    # per-frame curves: cumulative RA and database size after each frame
+    ra_curve, size_curve, frame_ids, k = [], [], [], 0
+    seen: set[str] = set()
+    ok = bad = ins = dup = 0
+    for fr in frames:
+        for d in dets[fr]:
+            x = dec[k]
+            if x.matched:
+                ok += x.label == d.label
+                bad += x.label != d.label
+            else:
+                ins += 1
+                dup += d.label in seen
+                seen.add(d.label)
+            k += 1
+        frame_ids.append(fr)
+        ra_curve.append(100.0 * ok / (ok + bad + dup) if ok + bad + dup else float("nan"))
+        size_curve.append(ins)
+    return ScenarioResult("moon_navigation", emb.name, c.ra, c.correct, c.incorrect, c.missed, len(flat), s.seed,
+                          s.to_dict(), extra={"frames": len(frames), "detections": len(flat), "db_size": len(db),
+                                              "distinct": db.distinct_labels(), "matching_accuracy": c.matching_accuracy},
+                          series={"frame": frame_ids, "ra": ra_curve, "db_size": size_curve},
+                          sweep=threshold_sweep(e, labels, emb, s, SWEEP), similarities=_scores(dec, labels),
+                          wall_s=time.perf_counter() - t0)
+
+
+def _embed_crops(ds: Luna1Dataset, dets: list[Detection], emb: Embedder, chunk: int = 512) -> Embeddings:
+    g, t = [], []
+    for i in range(0, len(dets), chunk):
+        e = emb(crop_images(ds, dets[i:i + chunk], emb.input_size))
+        g.append(e.global_)
+        if e.tokens is not None:
+            t.append(e.tokens)
+    glob = np.concatenate(g) if g else np.zeros((0, emb.dim), np.float32)
+    return Embeddings(glob, np.concatenate(t) if t else (None if not emb.tokens else
+                                                         np.zeros((0, emb.tokens, emb.token_dim), np.float32)))
+
+
+def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> ScenarioResult:
+    t0 = time.perf_counter()
+    orbits = orbit_ranges(ds, s)
+    annotated = {f.frame for f in ds.frames if f.boxes}
+    per_orbit = [[fr for fr in range(a, b + 1) if fr in annotated] for a, b in orbits]
+    if s.max_frames:
+        per_orbit = [o[: s.max_frames] for o in per_orbit]
+    if not all(per_orbit):
+        raise DataError(f"Lost-in-Space needs annotated frames in each orbit {orbits}; counts "
+                        f"{[len(o) for o in per_orbit]}", ds.root)
+    rng = np.random.default_rng([s.seed, 4])
+    shape = frame_shape(ds)
+    seed_dets = detect(ds, per_orbit[0], s, rng, shape)
+    flat = [d for fr in per_orbit[0] for d in seed_dets[fr]]
+    e = _embed_crops(ds, flat, emb)
+    db = LandmarkDB(_db_config(emb, s))
+    db.match_or_insert(e.global_, labels=[d.label for d in flat], tokens=e.tokens)
+    db.read_only = True
+    orbit_stats, correct, incorrect, unmatched, all_dec, all_lab = [], 0, 0, 0, [], []
+    for k, frames in enumerate(per_orbit[1:], start=2):
+        order = [frames[i] for i in rng.permutation(len(frames))]
+        dets = detect(ds, order, s, rng, shape)
+        flat = [d for fr in order for d in dets[fr]]
+        e = _embed_crops(ds, flat, emb)
+        dec = db.query(e.global_, tokens=e.tokens)
+        hits = strict = 0
+        i = 0
+        for fr in order:
+            n = len(dets[fr])
+            ok = sum(1 for d, x in zip(dets[fr], dec[i:i + n]) if x.matched and x.label == d.label)
+            hits += lost_in_space_hit(ok, n)
+            strict += ok >= max(1, math.ceil(n / 2))
+            i += n
+        c_ok = sum(1 for d, x in zip(flat, dec) if x.matched and x.label == d.label)
+        c_match = sum(1 for x in dec if x.matched)
+        correct, incorrect, unmatched = correct + c_ok, incorrect + c_match - c_ok, unmatched + len(dec) - c_match
+        all_dec += dec
+        all_lab += [d.label for d in flat]
+        orbit_stats.append({"orbit": k, "frames": len(order), "detections": len(flat), "recognised": hits,
+                            "accuracy": 100.0 * hits / len(order), "strict_accuracy": 100.0 * strict / len(order)})
+    ra = float(np.mean([o["accuracy"] for o in orbit_stats]))
+    return ScenarioResult("lost_in_space", emb.name, ra, correct, incorrect, 0, len(all_dec), s.seed, s.to_dict(),
+                          extra={"orbits": [list(o) for o in orbits], "per_orbit": orbit_stats, "unmatched": unmatched,
+                                 "seed_db_size": len(db),
+                                 "strict_ra": float(np.mean([o["strict_accuracy"] for o in orbit_stats]))},
+                          similarities=_scores(all_dec, all_lab), wall_s=time.perf_counter() - t0)
