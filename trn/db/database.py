@@ -276,6 +276,7 @@ class LandmarkDB:
         out: list[Decision] = []
         new_rows: list[int] = []  # rows inserted by earlier queries of this batch
         labels_new: list[str | None] = []
+        new_query: list[int] = []  # the query each of those rows came from
         pending: dict[int, np.ndarray] = {}
         for i in range(n):
             keep = rows[i] >= 0
@@ -283,7 +284,7 @@ class LandmarkDB:
             if new_rows:
                 nr = np.array(new_rows, np.int64)
                 cand = np.concatenate([cand, nr])
-                csim = np.concatenate([csim, q[nr - base] @ q[i]])
+                csim = np.concatenate([csim, q[new_query] @ q[i]])
                 if len(cand) > s:
                     top = np.lexsort((cand, -csim))[:s]
                     cand, csim = cand[top], csim[top]
@@ -300,6 +301,7 @@ class LandmarkDB:
             r = base + len(new_rows)
             labels_new.append(None if labels is None else labels[i])
             new_rows.append(r)
+            new_query.append(i)
             if qt is not None:
                 pending[r] = qt[i]
             out.append(Decision(self._next_id + r - base, False, score, None))
