@@ -27,12 +27,36 @@ def test_build_rejects_out_of_range_options(tmp_path, capsys):
     assert rc == 2 and "nav_size=4" in capsys.readouterr().err
 
 
-def test_sim_describes_a_given_dataset(tmp_path, capsys):
-    make_dataset(tmp_path / "d")
-    assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d")]) == 0
+def test_sim_runs_the_scenarios_on_a_given_dataset(tmp_path, capsys):
+    from ..sim.test_scenarios import write_dataset
+
+    write_dataset(tmp_path / "d", [[0, 1], [2], [0, 1, 2], [3], [0], [1, 3]])
+    out_dir = tmp_path / "report"
+    rc = sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--model", "ncc", "--scenario", "moon_navigation",
+                       "--scenario", "lost_in_space", "--out", str(out_dir), "--no-progress", "--threads", "1"])
+    assert rc == 0
     out = capsys.readouterr().out
-    assert "crater landmarks:     3" in out and "navigation frames:    4" in out
-    assert "not implemented yet" in out
+    assert "crater landmarks:     4" in out and "| ncc |" in out and "Moon Navigation" in out
+    assert (out_dir / "report.json").is_file() and (out_dir / "report.md").is_file()
+
+
+def test_sim_default_model_and_landmarks_set(tmp_path, capsys):
+    from ..sim.test_scenarios import write_dataset
+
+    write_dataset(tmp_path / "d", [[0]])
+    rc = sim_cli.main(["run", "landmarks", "--data", str(tmp_path / "d" / "crater_images"), "--kind", "folder",
+                       "--out", str(tmp_path / "r"), "--no-progress", "--threads", "1"])
+    assert rc == 0
+    out = capsys.readouterr().out
+    assert "| flight_ric_ca_mars |" in out and "Incremental Recall@1" in out  # the shipped MARs model by default
+    assert (tmp_path / "r" / "report.json").is_file()
+
+
+def test_sim_rejects_bad_options(tmp_path, capsys):
+    assert sim_cli.main(["run", "luna1", "--data", str(tmp_path), "--threshold", "2"]) == 2
+    assert "threshold=2.0" in capsys.readouterr().err
+    assert sim_cli.main(["run", "luna1", "--data", str(tmp_path), "--model", "nope"]) == 2
+    assert "shipped models" in capsys.readouterr().err
 
 
 def test_sim_bad_data_dir(tmp_path, capsys):

@@ -1,0 +1,216 @@
+"""Scenarios on a hand-built Luna-1 dataset whose answers are known.
+
+Crater k is a bright disc filling a known fraction of its image (and of its box in the frames),
+so an oracle embedder can read the identity back from any view: rotation keeps the disc, and
+brightness, contrast and the small translations of T do not change its area much. The oracle's
+mistakes are then chosen by the test, and so are the counts.
+"""
+
+import json
+
+import cv2
+import numpy as np
+import pytest
+
+from trn.data import luna1
+from trn.data.luna1 import Box, FrameAnnotation
+from trn.data.landmarks import read_luna1_landmarks
+from trn.sim import scenarios as sc
+from trn.sim.embedders import Embeddings, NCCEmbedder, TorchEmbedder
+from trn.sim.run import run_luna1
+
+FRACTIONS = (0.25, 0.4, 0.55, 0.7)  # disc radius / half-width, per crater 0..3
+SIZE = 48
+
+
+def disc(frac, size):
+    img = np.full((size, size), 30, np.uint8)
+    cv2.circle(img, (size // 2, size // 2), int(round(frac * size / 2)), 220, -1, lineType=cv2.LINE_AA)
+    return img
+
+
+def write_dataset(root, frames):
+    """frames: list of lists of crater ids (0..3). Each crater gets a box of half-width 40 px."""
+    (root / luna1.CRATER_DIR).mkdir(parents=True)
+    (root / luna1.NAV_IMAGES).mkdir(parents=True)
+    for k, f in enumerate(FRACTIONS):
+        cv2.imwrite(str(root / luna1.CRATER_DIR / f"{k}.png"), disc(f, 128))
+    anns = []
+    for i, craters in enumerate(frames):
+        img = np.full((100, 300), 30, np.uint8)
+        boxes = []
+        for j, k in enumerate(craters):
+            img[10:90, 100 * j + 10:100 * j + 90] = disc(FRACTIONS[k], 80)
+            boxes.append(Box(k, 100 * j + 10, 100 * j + 90, 10, 90))
+        cv2.imwrite(str(root / luna1.NAV_IMAGES / f"{i}.png"), img)
+        anns.append(FrameAnnotation(i, f"nav_images/{i}.png", tuple(boxes)))
+    luna1.write_annotations(root / luna1.ANNOTATIONS, anns)
+    return luna1.read_luna1(root)
+
+
+class Oracle:
+    """Reads the crater from the disc area. ``same``: identities given one shared vector (they
+    get confused); ``fresh``: identities given a new random direction at every sighting (never
+    matched, so every repeat is a duplicate)."""
+
+    name, input_size, dim, tokens, token_dim = "oracle", SIZE, 16, 0, 0
+
+    def __init__(self, same=(), fresh=()):
+        self.same, self.fresh = set(same), set(fresh)
+        self.rng = np.random.default_rng(0)
+        self.seen = []
+
+    def identity(self, im):
+        mid = (im.min() + im.max()) / 2
+        frac = np.sqrt((im > mid).mean() * 4 / np.pi)
+        return int(np.argmin(np.abs(np.array(FRACTIONS) - frac)))
+
+    def __call__(self, images):
+        out = np.zeros((len(images), self.dim), np.float32)
+        for i, im in enumerate(images):
+            k = self.identity(im)
+            self.seen.append(k)
+            if k in self.fresh:
+                out[i] = self.rng.normal(size=self.dim)
+                out[i] /= np.linalg.norm(out[i])
+            else:
+                out[i, min(self.same) if k in self.same else k] = 1.0
+        return Embeddings(out)
+
+
+@pytest.fixture
+def bank(tmp_path):
+    write_dataset(tmp_path / "d", [[0]])
+    ls = read_luna1_landmarks(tmp_path / "d")
+    return sc.LandmarkViews(ls, ["0", "1", "2", "3"], SIZE)
+
+
+def test_the_oracle_reads_every_augmented_view(bank):
+    o = Oracle()
+    sc.incremental_recall_at_1(bank, o, sc.ScenarioSettings(seed=3))
+    assert sorted(o.seen) == [0, 0, 1, 1, 2, 2, 3, 3]
+
+
+def test_recall_at_1_counts(bank):
+    r = sc.recall_at_1(bank, Oracle(), sc.ScenarioSettings())
+    assert (r.ra, r.correct, r.incorrect) == (100.0, 4, 0)
+    r = sc.recall_at_1(bank, Oracle(same={0, 1}), sc.ScenarioSettings())
+    # queries of 0 and 1 tie between galleries 0 and 1; the first gallery entry wins
+    assert (r.correct, r.incorrect, r.ra) == (3, 1, 75.0)
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_incremental_recall_counts(bank, seed):
+    s = sc.ScenarioSettings(seed=seed)
+    r = sc.incremental_recall_at_1(bank, Oracle(), s)
+    assert (r.correct, r.incorrect, r.missed, r.ra) == (4, 0, 0, 100.0)
+    # 0 and 1 share a vector: whichever comes first is inserted, the other three sightings match it,
+    # one of them correctly; 3 is never recognised, so its second sighting is a duplicate
+    r = sc.incremental_recall_at_1(bank, Oracle(same={0, 1}, fresh={3}), s)
+    assert (r.correct, r.incorrect, r.missed) == (2, 2, 1)
+    assert r.ra == pytest.approx(100 * 2 / 5)
+    assert r.extra["db_size"] == 4 and r.extra["distinct"] == 3
+
+
+def test_ra_definition():
+    assert sc.Counts(3, 1, 1).ra == 60.0 and sc.Counts(3, 1, 1).matching_accuracy == 75.0
+    assert np.isnan(sc.Counts(0, 0, 0).ra)
+
+
+NAV = [[0], [0, 1], [1], [2], [0], [2, 3], [3]]
+
+
+def quiet(**kw):
+    return sc.ScenarioSettings(shrink_px=0, shift_px=0, **kw)
+
+
+def test_moon_navigation_counts(tmp_path):
+    ds = write_dataset(tmp_path / "d", NAV)
+    r = sc.moon_navigation(ds, Oracle(), quiet())
+    assert (r.correct, r.incorrect, r.missed, r.queries) == (5, 0, 0, 9)
+    assert r.series["db_size"] == [1, 2, 2, 3, 3, 4, 4]
+    r = sc.moon_navigation(ds, Oracle(same={0, 1}, fresh={3}), quiet())
+    # 0 ins | 0 ok, 1 wrong | 1 wrong | 2 ins | 0 ok | 2 ok, 3 ins | 3 ins (duplicate)
+    assert (r.correct, r.incorrect, r.missed) == (3, 2, 1)
+    assert r.ra == pytest.approx(50.0)
+    assert r.series["ra"][-1] == pytest.approx(50.0)
+
+
+def test_lost_in_space_counts(tmp_path):
+    # orbit 1: frames 0-1, orbit 2: frames 2-3, orbit 3: frames 4-5
+    ds = write_dataset(tmp_path / "d", [[0, 1], [2], [0, 1, 2], [3], [0], [1, 3]])
+    s = quiet(orbits=((0, 1), (2, 3), (4, 5)))
+    r = sc.lost_in_space(ds, Oracle(), s)
+    # crater 3 is not in the database. Frame 3 (one box, no correct match) still counts, since
+    # floor(1 / 2) = 0: the paper's criterion. The strict variant needs at least one.
+    assert r.extra["per_orbit"][0]["recognised"] == 2 and r.extra["per_orbit"][1]["recognised"] == 2
+    assert r.ra == 100.0 and r.extra["strict_ra"] == pytest.approx(75.0)
+    assert (r.correct, r.incorrect, r.extra["unmatched"]) == (5, 0, 2)
+    r = sc.lost_in_space(ds, Oracle(same={0, 1}), s)
+    # frame 2: 0 and 1 both resolve to whichever was seeded first -> 2 of 3 correct, still a hit
+    assert r.extra["per_orbit"][0]["recognised"] == 2
+
+
+def test_lost_in_space_hit_rule():
+    assert sc.lost_in_space_hit(0, 1) and sc.lost_in_space_hit(1, 3) and not sc.lost_in_space_hit(1, 4)
+
+
+def test_nms_variants():
+    a, b = Box(1, 0, 10, 0, 10), Box(2, 2, 6, 2, 6)  # b lies inside a
+    # release: a comes first (lower bottom edge); b's overlap is the intersection over the kept
+    # box's area, 16 / 100 <= 0.5, so b survives
+    assert sc.nms([a, b], 0.5, "release") == [a, b]
+    # standard IoU = 16 / 100 as well: both kept; a near-duplicate is suppressed by both
+    c = Box(3, 1, 10, 0, 10)
+    assert sc.nms([a, c], 0.5, "standard") == [a]
+    assert sc.nms([a, c], 0.5, "release") == [a]
+    # the release's asymmetry: a small box kept first suppresses a big one it sits inside
+    big, small = Box(1, 0, 10, 0, 8), Box(2, 2, 6, 4, 9)
+    assert sc.nms([big, small], 0.5, "release") == [small]
+    assert sc.nms([big, small], 0.5, "standard") == [big, small]
+
+
+def test_detector_noise_is_bounded_and_seeded(tmp_path):
+    ds = write_dataset(tmp_path / "d", NAV)
+    s = sc.ScenarioSettings(shrink_px=10, shift_px=10)
+    d1 = sc.detect(ds, [1, 5], s, np.random.default_rng(4), (100, 300))
+    d2 = sc.detect(ds, [1, 5], s, np.random.default_rng(4), (100, 300))
+    assert d1 == d2
+    for d in d1[1] + d1[5]:
+        l, r, t, b = d.box
+        assert 0 <= l < r <= 300 and 0 <= t < b <= 100 and r - l >= 60 - 20
+        assert 15 <= d.angle <= 345 and 0.75 <= d.brightness <= 1.25 and 0.75 <= d.contrast <= 1.25
+
+
+def test_same_seed_same_report_with_a_real_model(tmp_path):
+    from trn.models.descriptor import create_model
+
+    ds = write_dataset(tmp_path / "d", NAV)
+    model = create_model("flight", input_size=SIZE).eval()
+    emb = TorchEmbedder(model, "tiny")
+    names = ["0", "1", "2", "3"]
+
+    def run(seed):
+        s = sc.ScenarioSettings(seed=seed, threshold=0.95)
+        bank = sc.LandmarkViews(read_luna1_landmarks(ds.root), names, SIZE)
+        res = [sc.recall_at_1(bank, emb, s), sc.incremental_recall_at_1(bank, emb, s),
+               sc.moon_navigation(ds, emb, s), sc.moon_navigation(ds, NCCEmbedder(SIZE, 16), s)]
+        return json.dumps([{**r.summary(), "wall_s": 0, "sweep": r.sweep, "series": r.series} for r in res])
+
+    assert run(1) == run(1)
+    assert run(1) != run(2)
+
+
+def test_run_writes_a_report(tmp_path):
+    ds = write_dataset(tmp_path / "d", [[0, 1], [2], [0, 1, 2], [3], [0], [1, 3]] + [[k % 4] for k in range(8)])
+    s = quiet(orbits=((0, 1), (2, 3), (4, 13)))
+    rep = run_luna1(ds, [Oracle(), NCCEmbedder(SIZE, 16)], ["moon_navigation", "lost_in_space"], s,
+                    {"dataset": "hand-built"}, progress=False)
+    files = rep.write(tmp_path / "out")
+    doc = json.loads((tmp_path / "out" / "report.json").read_text())
+    got = {(r["method"], r["scenario"]): r for r in doc["results"]}
+    assert got[("oracle", "moon_navigation")]["ra"] == 100.0
+    assert {"ra", "correct", "incorrect", "missed", "seed", "settings"} <= set(got[("ncc", "lost_in_space")])
+    assert (tmp_path / "out" / "moon_navigation.png").is_file() and (tmp_path / "out" / "threshold_sweep.png").is_file()
+    assert "| oracle |" in (tmp_path / "out" / "report.md").read_text()
+    assert len(files) >= 5
