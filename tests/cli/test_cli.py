@@ -38,6 +38,9 @@ def test_sim_runs_the_scenarios_on_a_given_dataset(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "crater landmarks:     4" in out and "| ncc |" in out and "Moon Navigation" in out
     assert (out_dir / "report.json").is_file() and (out_dir / "report.md").is_file()
+    (out_dir / "report.md").unlink()
+    assert sim_cli.main(["report", str(out_dir)]) == 0 and (out_dir / "report.md").is_file()
+    assert sim_cli.main(["report", str(tmp_path)]) == 2 and "report.json is missing" in capsys.readouterr().err
 
 
 def test_sim_default_model_and_landmarks_set(tmp_path, capsys):

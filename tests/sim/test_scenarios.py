@@ -214,3 +214,6 @@ def test_run_writes_a_report(tmp_path):
     assert (tmp_path / "out" / "moon_navigation.png").is_file() and (tmp_path / "out" / "threshold_sweep.png").is_file()
     assert "| oracle |" in (tmp_path / "out" / "report.md").read_text()
     assert len(files) >= 5
+    from trn.sim.report import Report
+
+    assert json.loads(json.dumps(Report.from_json(doc).to_json())) == doc  # report.json alone re-renders the report

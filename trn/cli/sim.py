@@ -64,9 +64,32 @@ def main(argv: list[str] | None = None) -> int:
     lm.add_argument("--data", type=Path, required=True)
     lm.add_argument("--kind", choices=("luna1", "hirise", "folder"), default="folder")
     _common(lm, sc.LANDMARK_SCENARIOS)
+    rp = sub.add_parser("report", help="re-render report.md and the plots of a report directory from its report.json")
+    rp.add_argument("dir", type=Path)
     args = parser.parse_args(argv)
-    setup_logging(args.verbose)
+    setup_logging(getattr(args, "verbose", False))
+    if args.cmd == "report":
+        return run_main(lambda: _rerender(args.dir))
     return run_main(lambda: _run(args, argv))
+
+
+def _rerender(d: Path) -> int:
+    import json
+
+    from trn.errors import DataError
+    from trn.sim.report import Report
+
+    path = d / "report.json"
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError("report.json is missing; run trn-sim run first", path) from None
+    except ValueError as exc:
+        raise DataError(f"report.json is not valid JSON ({exc})", path) from None
+    rep = Report.from_json(doc)
+    rep.write(d)
+    print("\n".join(rep.table() + [""] + rep.sweep_table()))
+    return 0
 
 
 def _embedders(args) -> list:
@@ -126,7 +149,7 @@ def _run(args, argv) -> int:
         rep = run_landmarks(ls, args.kind, str(args.data), embedders, scenarios, settings, context, not args.no_progress)
     written = rep.write(out)
     print()
-    print("\n".join(rep.table()))
+    print("\n".join(rep.table() + [""] + rep.sweep_table()))
     print(f"\nreport: {out / 'report.md'} ({len(written)} files) in {time.perf_counter() - t0:.0f} s")
     return 0
 

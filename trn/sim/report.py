@@ -10,6 +10,7 @@ from pathlib import Path
 import numpy as np
 
 from trn.data.luna1 import atomic_write_text
+from trn.errors import DataError
 from trn.sim.scenarios import ScenarioResult
 
 TITLES = {"recall_at_1": "Recall@1", "incremental_recall_at_1": "Incremental Recall@1",
@@ -62,6 +63,36 @@ class Report:
         lines.append("| paper (best, Luna-1) | " + " | ".join(_fmt(PAPER[s]) if s in PAPER else "" for s in scen) + " |")
         return lines
 
+    def sweep_table(self) -> list[str]:
+        """Markdown table: the best RA over the threshold sweep and where it is, per method."""
+        scen = [s for s in self.scenarios() if any(r.sweep for r in self.results if r.scenario == s)]
+        if not scen:
+            return []
+        lines = ["| method | " + " | ".join(f"{TITLES.get(s, s)}: best RA (threshold)" for s in scen) + " |",
+                 "| --- | " + " | ".join("---" for _ in scen) + " |"]
+        for m in self.methods():
+            cells = []
+            for s in scen:
+                r = self.get(m, s)
+                best = _best(r.sweep) if r is not None and r.sweep else None
+                cells.append("" if best is None else f"{_fmt(best['ra'])} ({best['threshold']})")
+            lines.append(f"| {m} | " + " | ".join(cells) + " |")
+        return lines
+
+    @classmethod
+    def from_json(cls, doc: dict) -> "Report":
+        """Rebuild a report from report.json (timings are restored from its "timing" list)."""
+        if not isinstance(doc, dict) or doc.get("format") != "trn-sim-report":
+            raise DataError("not a trn-sim report.json")
+        wall = {(t["scenario"], t["method"]): t["wall_s"] for t in doc.get("timing", [])}
+        results = []
+        for d in doc["results"]:
+            results.append(ScenarioResult(d["scenario"], d["method"], float(d["ra"]), d["correct"], d["incorrect"],
+                                          d["missed"], d["queries"], d["seed"], d["settings"], d.get("extra", {}),
+                                          d.get("series", {}), d.get("sweep", []), d.get("similarities", {}),
+                                          wall.get((d["scenario"], d["method"]), 0.0)))
+        return cls(doc.get("context", {}), results)
+
     def write(self, out: Path) -> list[Path]:
         out.mkdir(parents=True, exist_ok=True)
         written = [out / "report.json", out / "report.md"]
@@ -77,6 +108,9 @@ class Report:
                  "RA in percent; in brackets: correct / incorrect / missed (Lost-in-Space: recognised frames "
                  "of orbits 2 and 3; missed is 0 there because the database is read-only).", ""]
         lines += self.table()
+        if self.sweep_table():
+            lines += ["", "Threshold sweep (the same streams replayed at thresholds 0.5 to 1.0 in steps of 0.025):", ""]
+            lines += self.sweep_table()
         lines += ["", "## Details", ""]
         for r in self.results:
             lines.append(f"### {TITLES.get(r.scenario, r.scenario)} — {r.method}")
@@ -86,11 +120,15 @@ class Report:
             for k, v in r.extra.items():
                 lines.append(f"- {k}: {json.dumps(v) if isinstance(v, (list, dict)) else _fmt(v)}")
             if r.sweep:
-                best = max(r.sweep, key=lambda x: -1 if math.isnan(x["ra"]) else x["ra"])
+                best = _best(r.sweep)
                 lines.append(f"- threshold sweep: best RA {_fmt(best['ra'])} at {best['threshold']} "
                              f"(precision {_fmt(best['precision'])}, recall {_fmt(best['recall'])})")
             lines.append("")
         return "\n".join(lines) + "\n"
+
+
+def _best(sweep: list[dict]) -> dict:
+    return max(sweep, key=lambda x: -1 if math.isnan(x["ra"]) else x["ra"])
 
 
 def _fmt(v) -> str:
