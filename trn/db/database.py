@@ -351,8 +351,8 @@ class LandmarkDB:
         self._apply(x, ids, labels, tq, ts)
         return ids
 
-    def _apply(self, x: np.ndarray, ids: np.ndarray, labels: list[str | None], tq: np.ndarray | None,
-               ts: np.ndarray | None) -> None:
+    def _store_rows(self, x: np.ndarray, ids: np.ndarray, labels: list[str | None], tq: np.ndarray | None,
+                    ts: np.ndarray | None) -> None:
         self._emb.extend(x)
         self._ids.extend(ids)
         self._labels.extend(labels)
@@ -360,6 +360,10 @@ class LandmarkDB:
             self._tok.extend(tq)
             self._scale.extend(ts)
         self._next_id = int(ids.max()) + 1 if len(ids) else self._next_id
+
+    def _apply(self, x: np.ndarray, ids: np.ndarray, labels: list[str | None], tq: np.ndarray | None,
+               ts: np.ndarray | None) -> None:
+        self._store_rows(x, ids, labels, tq, ts)
         self._index_add(x)
 
     # -- persistence --------------------------------------------------------------------------
@@ -393,20 +397,11 @@ class LandmarkDB:
         if emb.shape != (n, cfg.dim) or ids.shape != (n,) or len(labels) != n:
             raise DataError("landmark database sections disagree with its header", path)
         db = cls(cfg, read_only=read_only)
-        db._apply_bulk(emb, ids, labels, arrays.get("tokens"), arrays.get("token_scales"))
+        db._store_rows(emb, ids, labels, arrays.get("tokens"), arrays.get("token_scales"))
+        db._rebuild_index()
         db._next_id = int(header["next_id"])
         db._generation = int(header.get("generation", 0))
         return db
-
-    def _apply_bulk(self, emb, ids, labels, tq, ts) -> None:
-        self._emb.extend(emb)
-        self._ids.extend(ids)
-        self._labels.extend(labels)
-        if self._tok is not None:
-            self._tok.extend(tq)
-            self._scale.extend(ts)
-        self._next_id = int(ids.max()) + 1 if len(ids) else 0
-        self._rebuild_index()
 
     @classmethod
     def load(cls, path: str | Path, read_only: bool = False) -> "LandmarkDB":
