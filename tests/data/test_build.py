@@ -131,3 +131,30 @@ def test_synth_config_validation():
         SynthConfig(ppd=5)
     with pytest.raises(ConfigError, match="perilune"):
         SynthConfig(perilune_km=200, apolune_km=100)
+
+
+def test_extra_views_are_deterministic_added_later_and_leave_luna1_untouched(tiny_world, tmp_path):
+    from trn.data.landmarks import read_luna1_landmarks
+
+    build_luna1(cfg(tiny_world, tmp_path / "plain", workers=1))
+    plain = dataset_bytes(tmp_path / "plain")
+    build_luna1(cfg(tiny_world, tmp_path / "plain", workers=1, views=2))  # added to a finished build
+    with_views = dataset_bytes(tmp_path / "plain")
+    assert {k: v for k, v in with_views.items() if not k.startswith("crater_views/")} == plain
+    build_luna1(cfg(tiny_world, tmp_path / "again", workers=2, views=2))
+    again = dataset_bytes(tmp_path / "again")
+    views = sorted(k for k in again if k.startswith("crater_views/") and k.endswith(".png"))
+    assert len(views) == 4 * 2
+    assert all(again[k] == with_views[k] for k in views)
+    assert again[views[0]] != again[views[1]]  # two views of one crater differ
+    assert luna1.check_luna1(tmp_path / "again") == []
+    ls = read_luna1_landmarks(tmp_path / "again", extra_views=True)
+    assert len(ls.items) == 4 * 3 and len(ls.instances) == 4
+    assert len(read_luna1_landmarks(tmp_path / "again").items) == 4
+    doc = json.loads((tmp_path / "again" / "crater_views" / "views.json").read_text())
+    doc["seed"] = 99
+    (tmp_path / "again" / "crater_views" / "views.json").write_text(json.dumps(doc))
+    with pytest.raises(DataError, match="other view settings"):
+        build_luna1(cfg(tiny_world, tmp_path / "again", workers=1, views=2))
+    with pytest.raises(ConfigError, match="views="):
+        cfg(tiny_world, tmp_path / "x", views=99)

@@ -142,3 +142,44 @@ def test_render_config_validation():
         RenderConfig(nav_size=8)
     with pytest.raises(ConfigError, match="unknown render settings"):
         RenderConfig.from_dict({"nav_sise": 3})
+
+
+def _bowl_world(tmp_path):
+    def fn(lat, lon):
+        lon = np.mod(lon + 180, 360) - 180
+        d = np.hypot(lat, lon * np.cos(np.radians(lat))) * np.pi * MOON_RADIUS_KM / 180
+        return np.where(d < 15, -3.0 * (1 - (d / 15) ** 2), 0.0)
+
+    return surface(tmp_path, fn, ppd=16)
+
+
+def test_crater_views_differ_only_in_the_intended_ways(tmp_path):
+    from trn.data.render import CraterView
+
+    s = _bowl_world(tmp_path)
+    cfg = RenderConfig(crater_size=64, light_elevation_deg=30, photometry="lambert")
+    base = render_crater(s, 0.0, 0.0, 30.0, cfg)
+    # the default view is Luna-1's render, byte for byte; the resampling path agrees with it
+    assert np.array_equal(render_crater(s, 0.0, 0.0, 30.0, cfg, CraterView()), base)
+    near = render_crater(s, 0.0, 0.0, 30.0, cfg, CraterView(light_azimuth_deg=269.999))
+    assert np.abs(near.astype(float) - base).mean() < 1.5
+    # deterministic
+    v = CraterView(light_azimuth_deg=90.0, light_elevation_deg=20.0, scale=1.1, tilt_deg=8.0, tilt_azimuth_deg=30.0)
+    assert np.array_equal(render_crater(s, 0.0, 0.0, 30.0, cfg, v), render_crater(s, 0.0, 0.0, 30.0, cfg, v))
+    # light from the east mirrors the west-lit bowl left to right (the bowl is symmetric)
+    east = render_crater(s, 0.0, 0.0, 30.0, cfg, CraterView(light_azimuth_deg=90.0)).astype(float)
+    assert np.abs(east[:, ::-1] - base).mean() < 2.0
+    mid = east[28:36]
+    assert mid[:, 44:56].mean() < mid[:, 8:20].mean()  # now the right wall is in shadow
+    # light from the north: the north (top) inner wall is shadowed, the image the west-lit one turned
+    north = render_crater(s, 0.0, 0.0, 30.0, cfg, CraterView(light_azimuth_deg=0.0)).astype(float)
+    assert np.abs(np.rot90(north, 1) - base).mean() < 2.0
+    # scale: a larger window shows the same bowl smaller, still centred
+    big = render_crater(s, 0.0, 0.0, 30.0, cfg, CraterView(scale=1.5)).astype(float)
+    cols = lambda im: np.where(im[30:34].mean(0) < im.mean() - 10)[0]  # noqa: E731 - shadowed columns
+    assert len(cols(big)) < len(cols(base.astype(float)))
+    # a tilt changes the image a little, never the light
+    tilted = render_crater(s, 0.0, 0.0, 30.0, cfg, CraterView(tilt_deg=10.0, tilt_azimuth_deg=0.0)).astype(float)
+    assert 0 < np.abs(tilted - base).mean() < 10.0
+    with pytest.raises(ConfigError, match="tilt_deg"):
+        CraterView(tilt_deg=30.0)

@@ -101,14 +101,19 @@ def test_torn_journal_tail_is_dropped_but_corruption_inside_is_refused(tmp_path)
         db.add(x)
     j = journal_path(p)
     full = j.read_bytes()
-    j.write_bytes(full[:-7])  # the last insert was being written when the process died
+    j.write_bytes(full + full[-90:-40])  # a sixth insert was being written when the process died
     with LandmarkDB.open(p) as db:
-        assert len(db) == 4
+        assert len(db) == 5
+    assert j.read_bytes() == full
+    j.write_bytes(full[:-7])  # an acknowledged insert cut off: refused, not dropped
+    with pytest.raises(DataError, match="acknowledged"):
+        LandmarkDB.open(p)
     bad = bytearray(full)
-    bad[40] ^= 0xFF  # inside the first record, with records after it
+    bad[60 + 40] ^= 0xFF  # inside the first record, with records after it
     j.write_bytes(bytes(bad))
     with pytest.raises(DataError, match="checksum"):
         LandmarkDB.open(p)
+    assert j.read_bytes() == bytes(bad)  # refused, not truncated
 
 
 WRITER = textwrap.dedent("""

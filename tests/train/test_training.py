@@ -111,6 +111,11 @@ def test_corrupt_checkpoint_is_refused(tmp_path):
 
     p = tmp_path / "x.pt"
     p.write_bytes(b"not a checkpoint")
+    with pytest.raises(DataError, match="no checksum file"):
+        load_descriptor(p)
+    import hashlib
+
+    (tmp_path / "x.pt.sha256").write_text(hashlib.sha256(b"not a checkpoint").hexdigest() + "  x.pt\n")
     with pytest.raises(DataError, match="corrupt"):
         load_descriptor(p)
 

@@ -38,6 +38,12 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--min-box", type=int, default=AnnotateConfig.min_box_px, help="smallest annotated box side (px)")
     p.add_argument("--min-sun-elevation", type=float, default=AnnotateConfig.min_sun_elevation_deg,
                    help="annotate craters only where the Sun is at least this high (deg); -90 = all")
+    p.add_argument("--no-frames", action="store_true",
+                   help="landmarks, annotations, poses and metadata only (enough for training); the same command "
+                        "without it renders the frames later")
+    p.add_argument("--views", type=int, default=0, metavar="K",
+                   help="K extra renders of every crater under other Sun azimuths and elevations, scales and small "
+                        "off-nadir tilts (crater_views/, for training; can be added to a finished build)")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -99,7 +105,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.what == "luna1":
             cfg = BuildConfig(source=args.source, out=args.out, catalogue=args.catalogue, limit_frames=args.limit_frames,
                               first_frame=args.first_frame, limit_craters=args.limit_craters, workers=args.workers, seed=args.seed,
-                              max_dem_ppd=args.max_dem_ppd, render=render, annotate=annotate)
+                              max_dem_ppd=args.max_dem_ppd, render=render, annotate=annotate,
+                              render_frames=not args.no_frames, views=args.views)
             _print_summary(build_luna1(cfg))
             return 0
         from trn.data.synth import SynthConfig, build_synthetic_luna1

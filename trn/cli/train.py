@@ -20,16 +20,21 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="run directory (checkpoints, logs, curves)")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
     ap.add_argument("--check", action="store_true", help="validate the config and the data, then stop")
+    ap.add_argument("--stop-after", type=int, default=None, metavar="EPOCH",
+                    help="stop once this epoch is done (continue later with --resume); the schedule is unchanged")
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     setup_logging(args.verbose)
 
     def go() -> int:
+        from trn.errors import ConfigError
         from trn.train.config import load_config
         from trn.train.loop import train
 
         cfg = load_config(args.config, args.overrides)
+        if args.stop_after is not None and args.stop_after < 1:
+            raise ConfigError(f"--stop-after {args.stop_after}: expected an epoch number >= 1")
         if args.check:
             from trn.train.data import load_landmarks, split_identities
 
@@ -37,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
             s = split_identities(ls, cfg.data)
             print(f"config OK; {len(ls.instances)} identities: {len(s.train)} train, {len(s.val)} val, {len(s.test)} test")
             return 0
-        state = train(cfg, args.out, resume=args.resume)
+        state = train(cfg, args.out, resume=args.resume, stop_after=args.stop_after)
         print(f"trained {state.epoch} epochs; best validation Recall@1 {100 * state.best_recall:.2f}%; run in {args.out}")
         return 0
 

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from trn.data import luna1
 from trn.data.annotate import AnnotateConfig, annotate_frame
 from trn.data.ephemeris import sun_direction_body
-from trn.data.render import RENDERER_VERSION, RenderConfig, Surface, render_crater, render_frame
+from trn.data.render import RENDERER_VERSION, CraterView, RenderConfig, Surface, render_crater, render_frame
 from trn.data.sources import Catalogue, Trajectory, find_catalogue, read_catalogue, read_trajectory
 from trn.data.terrain import Albedo, DetailConfig, load_albedo, load_elevation
 from trn.errors import ConfigError, DataError
@@ -54,6 +54,12 @@ class BuildConfig:
     seed: seed of the detail synthesis.
     max_dem_ppd: ignore DEM levels finer than this (None = use the finest available).
     use_albedo: modulate by the source's albedo map (else uniform albedo).
+    render_frames: render the navigation frames; False writes everything else (landmarks,
+        annotations, poses, metadata) and leaves the build marked incomplete, so that training can
+        start at once and the same command without the flag renders the frames later.
+    views: extra renders of every crater under other illumination and viewing geometry (see
+        :class:`ViewRanges`), written to ``crater_views/<id>_<k>.png`` for training; the Luna-1
+        files and the test protocol are untouched. They can be added to a finished build.
     """
 
     source: Path
@@ -68,6 +74,9 @@ class BuildConfig:
     seed: int = 0
     max_dem_ppd: int | None = None
     use_albedo: bool = True
+    render_frames: bool = True
+    views: int = 0
+    view_ranges: "ViewRanges" = None  # type: ignore[assignment]
     render: RenderConfig = field(default_factory=RenderConfig)
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
 
@@ -82,6 +91,10 @@ class BuildConfig:
             raise ConfigError(f"max_abs_lat={self.max_abs_lat}: expected 0 to 90 degrees")
         if self.min_diameter_km <= 0:
             raise ConfigError(f"min_diameter_km={self.min_diameter_km}: expected > 0")
+        if not 0 <= self.views <= 16:
+            raise ConfigError(f"views={self.views}: expected 0 to 16 extra renders per crater")
+        if self.view_ranges is None:
+            object.__setattr__(self, "view_ranges", ViewRanges())
 
     def render_key(self) -> str:
         """Hash of everything that changes the pixels of an image that is already written."""
@@ -92,6 +105,30 @@ class BuildConfig:
             "annotate": asdict(self.annotate), "min_diameter_km": self.min_diameter_km, "max_abs_lat": self.max_abs_lat,
         }
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class ViewRanges:
+    """Where the extra views of a crater are drawn from (uniformly, seeded by (seed, id, k)).
+
+    The light's azimuth anywhere around the crater and its elevation from low (long shadows, as
+    in navigation frames near the terminator) to high Sun; the window scale as a detector's box
+    would vary it; a small off-nadir tilt in any direction. The navigation frames show craters
+    under the real Sun and in perspective, which the single tethered-light render never does.
+    """
+
+    light_elevation_deg: tuple[float, float] = (10.0, 60.0)
+    scale: tuple[float, float] = (0.9, 1.15)
+    tilt_deg: tuple[float, float] = (0.0, 12.0)
+
+    def draw(self, seed: int, crater_id: int, k: int) -> CraterView:
+        rng = np.random.default_rng([seed, 7_919, crater_id, k])
+        az, el, sc, tilt, tilt_az = rng.random(5)
+        return CraterView(light_azimuth_deg=round(360.0 * az, 3),
+                          light_elevation_deg=round(self.light_elevation_deg[0] + el * (self.light_elevation_deg[1] - self.light_elevation_deg[0]), 3),
+                          scale=round(self.scale[0] + sc * (self.scale[1] - self.scale[0]), 4),
+                          tilt_deg=round(self.tilt_deg[0] + tilt * (self.tilt_deg[1] - self.tilt_deg[0]), 3),
+                          tilt_azimuth_deg=round(360.0 * tilt_az, 3))
 
 
 @dataclass
@@ -118,7 +155,8 @@ def _load_surface(cfg: "BuildConfig") -> Surface:
 
 def _init_worker(cfg: "BuildConfig", trajectory: "Trajectory", sun: np.ndarray) -> None:
     cv2.setNumThreads(1)
-    _STATE.update(out=Path(cfg.out), surface=_load_surface(cfg), render=cfg.render, trajectory=trajectory, sun=sun)
+    _STATE.update(out=Path(cfg.out), surface=_load_surface(cfg), render=cfg.render, trajectory=trajectory, sun=sun,
+                  view_ranges=cfg.view_ranges, seed=cfg.seed)
 
 
 def _render_crater_task(task: tuple[int, float, float, float]) -> int:
@@ -126,6 +164,14 @@ def _render_crater_task(task: tuple[int, float, float, float]) -> int:
     path = _STATE["out"] / luna1.CRATER_DIR / f"{cid}.png"
     img = render_crater(_STATE["surface"], lat, lon, dia, _STATE["render"])
     _write_png(path, img)
+    return cid
+
+
+def _render_view_task(task: tuple[int, int, float, float, float]) -> int:
+    cid, k, lat, lon, dia = task
+    view = _STATE["view_ranges"].draw(_STATE["seed"], cid, k)
+    img = render_crater(_STATE["surface"], lat, lon, dia, _STATE["render"], view)
+    _write_png(_STATE["out"] / luna1.VIEWS_DIR / f"{cid}_{k}.png", img)
     return cid
 
 
@@ -238,14 +284,19 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
 
     (out / luna1.CRATER_DIR).mkdir(parents=True, exist_ok=True)
     (out / luna1.NAV_IMAGES).mkdir(parents=True, exist_ok=True)
-    _STATE.update(out=out, surface=surface, render=cfg.render, trajectory=traj, sun=sun)
+    _STATE.update(out=out, surface=surface, render=cfg.render, trajectory=traj, sun=sun, view_ranges=cfg.view_ranges,
+                  seed=cfg.seed)
     try:
         crater_tasks = [(c, float(cat.lat[index[c]]), float(cat.lon[index[c]]), float(cat.diameter_km[index[c]]))
                         for c in sorted(order) if not (out / luna1.CRATER_DIR / f"{c}.png").is_file()]
         t = time.perf_counter()
         _run_parallel(_render_crater_task, crater_tasks, cfg.workers, "craters", (cfg, traj, sun))
         timings["craters_s"] = time.perf_counter() - t
-        frame_tasks = [i for i in frame_ids if not (out / luna1.NAV_IMAGES / f"{i}.png").is_file()]
+        view_tasks = _view_tasks(cfg, out, key, cat, index, order)
+        t = time.perf_counter()
+        _run_parallel(_render_view_task, view_tasks, cfg.workers, "views", (cfg, traj, sun))
+        timings["views_s"] = time.perf_counter() - t
+        frame_tasks = [i for i in frame_ids if cfg.render_frames and not (out / luna1.NAV_IMAGES / f"{i}.png").is_file()]
         t = time.perf_counter()
         _run_parallel(_render_frame_task, frame_tasks, cfg.workers, "frames", (cfg, traj, sun))
         timings["frames_s"] = time.perf_counter() - t
@@ -260,11 +311,33 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     timings["total_s"] = time.perf_counter() - t_all
     n_boxes = sum(len(f.boxes) for f in frames)
     summary = BuildSummary(out, len(order), len(frame_ids), n_boxes, timings, len(crater_tasks), len(frame_tasks))
-    (out / MANIFEST).write_text(json.dumps({"render_key": key, "complete": True}, indent=1) + "\n", encoding="utf-8")
+    (out / MANIFEST).write_text(json.dumps({"render_key": key, "complete": cfg.render_frames}, indent=1) + "\n",
+                                encoding="utf-8")
     log_doc = {"craters": len(order), "frames": len(frame_ids), "boxes": n_boxes, "rendered_craters": len(crater_tasks),
                "rendered_frames": len(frame_tasks), "workers": cfg.workers, "seconds": timings}
     (out / BUILD_LOG).write_text(json.dumps(log_doc, indent=1) + "\n", encoding="utf-8")
     return summary
+
+
+def _view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, index: dict, order: list[int]) -> list:
+    """The extra-view renders still missing; records (and checks) their settings in views.json."""
+    if cfg.views == 0:
+        return []
+    vdir = out / luna1.VIEWS_DIR
+    vdir.mkdir(parents=True, exist_ok=True)
+    doc = {"render_key": key, "seed": cfg.seed, "ranges": asdict(cfg.view_ranges)}
+    man = out / luna1.VIEWS_MANIFEST
+    if man.is_file():
+        try:
+            old = json.loads(man.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            raise DataError("views manifest is unreadable; delete crater_views/ and build the views again", man) from None
+        if {k: old.get(k) for k in doc} != json.loads(json.dumps(doc)):
+            raise DataError("crater_views/ was rendered with other view settings; delete it to render it again", man)
+    doc["views"] = max(cfg.views, int(old.get("views", 0)) if man.is_file() else 0)
+    luna1.atomic_write_text(man, json.dumps(doc, indent=1) + "\n")
+    return [(c, k, float(cat.lat[index[c]]), float(cat.lon[index[c]]), float(cat.diameter_km[index[c]]))
+            for c in sorted(order) for k in range(cfg.views) if not (vdir / f"{c}_{k}.png").is_file()]
 
 
 def _seeded(cfg: BuildConfig) -> DetailConfig:

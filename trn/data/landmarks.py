@@ -20,7 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from trn.data.luna1 import CRATER_DIR
+from trn.data.luna1 import CRATER_DIR, VIEWS_DIR
 from trn.errors import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
@@ -52,15 +52,33 @@ class LandmarkSet:
         return len(self.items)
 
 
-def read_luna1_landmarks(root: str | Path) -> LandmarkSet:
-    """Crater landmark images of a Luna-1 directory; instance = crater id."""
+def read_luna1_landmarks(root: str | Path, extra_views: bool = False) -> LandmarkSet:
+    """Crater landmark images of a Luna-1 directory; instance = crater id. With ``extra_views``,
+    each crater's extra renders in ``crater_views/<id>_<k>.png`` (``trn-data build --views``)
+    follow its Luna-1 render as further views of the same instance."""
     cdir = Path(root) / CRATER_DIR
     if not cdir.is_dir():
         raise DataError(f"no {CRATER_DIR}/ folder: not a Luna-1 dataset", root)
     paths = sorted((p for p in cdir.glob("*.png") if p.stem.isdigit()), key=lambda p: int(p.stem))
     if not paths:
         raise DataError("no <id>.png crater images", cdir)
-    return LandmarkSet("luna1", tuple(LandmarkItem(p, p.stem, "render") for p in paths))
+    views: dict[str, list[Path]] = {}
+    if extra_views:
+        vdir = Path(root) / VIEWS_DIR
+        if not vdir.is_dir():
+            raise DataError(f"no {VIEWS_DIR}/ folder; render the extra views with trn-data build ... --views K", root)
+        for p in vdir.glob("*.png"):
+            cid, _, k = p.stem.partition("_")
+            if cid.isdigit() and k.isdigit():
+                views.setdefault(cid, []).append(p)
+        if not views:
+            raise DataError("no <id>_<k>.png extra views", vdir)
+    items = []
+    for p in paths:
+        items.append(LandmarkItem(p, p.stem, "render"))
+        for v in sorted(views.get(p.stem, []), key=lambda q: int(q.stem.partition("_")[2])):
+            items.append(LandmarkItem(v, p.stem, f"view{v.stem.partition('_')[2]}"))
+    return LandmarkSet("luna1", tuple(items))
 
 
 def _hirise_base(stem: str) -> tuple[str, str]:

@@ -151,25 +151,80 @@ def _window_relief(surface: Surface, lat: float, lon: float, width_km: float) ->
     return float(h.max() - h.min()) + 1.0
 
 
-def render_crater(surface: Surface, lat: float, lon: float, diameter_km: float, cfg: RenderConfig) -> np.ndarray:
-    """Landmark image, uint8 [crater_size, crater_size], north up, east right."""
-    width_km = crater_window_km(diameter_km, cfg)
+@dataclass(frozen=True)
+class CraterView:
+    """How one landmark render looks at its crater: the light and the camera.
+
+    light_azimuth_deg: compass azimuth (clockwise from north) of the direction towards the light;
+        270 (west, the image's left) is Luna-1's tethered light.
+    light_elevation_deg: the light's elevation; None = the render config's (45 by default).
+    scale: ground window width as a multiple of the Luna-1 window (the crater looks 1/scale as big).
+    tilt_deg / tilt_azimuth_deg: off-nadir angle of the (orthographic) camera and the compass
+        azimuth it leans towards. Relief parallax is modelled; self-occlusion is not, which is
+        sound for the small angles this is meant for (<= 15 degrees).
+    The default view is Luna-1's nadir render, byte for byte.
+    """
+
+    light_azimuth_deg: float = 270.0
+    light_elevation_deg: float | None = None
+    scale: float = 1.0
+    tilt_deg: float = 0.0
+    tilt_azimuth_deg: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.light_elevation_deg is not None and not 1 <= self.light_elevation_deg <= 90:
+            raise ConfigError(f"view light_elevation_deg={self.light_elevation_deg}: expected 1 to 90")
+        if not 0.5 <= self.scale <= 2.0:
+            raise ConfigError(f"view scale={self.scale}: expected 0.5 to 2")
+        if not 0 <= self.tilt_deg <= 15:
+            raise ConfigError(f"view tilt_deg={self.tilt_deg}: expected 0 to 15 degrees")
+
+    @property
+    def is_nadir_default(self) -> bool:
+        return (self.light_azimuth_deg % 360 == 270.0 and self.light_elevation_deg is None and self.scale == 1.0
+                and self.tilt_deg == 0.0)
+
+
+def render_crater(surface: Surface, lat: float, lon: float, diameter_km: float, cfg: RenderConfig,
+                  view: CraterView | None = None) -> np.ndarray:
+    """Landmark image, uint8 [crater_size, crater_size], north up, east right.
+
+    The scene is shaded on a ground grid whose rows run along the light's horizontal direction
+    (so cast shadows are an exact horizon scan along each row); for Luna-1's default view that grid
+    is the image itself. Any other view (light azimuth, scale, tilt) is shaded on a larger rotated
+    grid and resampled (bilinear) into the north-up image.
+    """
+    view = view or CraterView()
+    width_km = crater_window_km(diameter_km, cfg) * view.scale
     n = cfg.crater_size * cfg.crater_supersample
     gsd = width_km / n
-    tan_e = np.tan(np.radians(cfg.light_elevation_deg))
-    east, north, up = east_north_up(lat, lon)
+    elev = cfg.light_elevation_deg if view.light_elevation_deg is None else view.light_elevation_deg
+    tan_e = np.tan(np.radians(elev))
+    east0, north0, up = east_north_up(lat, lon)
+    default = view.is_nadir_default
+    # Grid axes: light from the grid's left (-gx), rows along -gy; gx, gy, up right-handed.
+    az = np.radians(view.light_azimuth_deg)
+    towards_light = np.sin(az) * east0 + np.cos(az) * north0
+    gx = -towards_light
+    gy = np.cross(up, gx)
+    tan_t = np.tan(np.radians(view.tilt_deg))
+    # Grid size: the image itself for the default view; else the image's circumscribed square
+    # plus room for relief parallax.
+    relief = _window_relief(surface, lat, lon, 2.0 * width_km) if (cfg.shadows or tan_t > 0) else 0.0
+    if default:
+        m = n
+    else:
+        m = int(np.ceil(n * np.sqrt(2.0) / (np.cos(np.radians(view.tilt_deg))) + 2 * relief * tan_t / gsd)) + 4
     # Extra columns on the light's side so that shadows cast from outside the window are kept:
     # as far as the local relief can throw a shadow at this light elevation.
-    extra = 0
-    if cfg.shadows:
-        relief = _window_relief(surface, lat, lon, 2.0 * width_km)
-        extra = int(min(n, np.ceil(min(relief / tan_e, width_km) / gsd)))
-    u = (np.arange(-extra, n) + 0.5) * gsd - width_km / 2.0  # east, km
-    v = width_km / 2.0 - (np.arange(n) + 0.5) * gsd  # north, km (row 0 at the top)
+    extra = int(min(m, np.ceil(min(relief / tan_e, width_km) / gsd))) if cfg.shadows else 0
+    half = m * gsd / 2.0
+    u = (np.arange(-extra, m) + 0.5) * gsd - half  # along gx, km
+    v = half - (np.arange(m) + 0.5) * gsd  # along gy, km (row 0 at the top)
     uu, vv = np.meshgrid(u, v)
     a, b = uu / MOON_RADIUS_KM, vv / MOON_RADIUS_KM
     c = np.sqrt(np.clip(1.0 - a * a - b * b, 0.0, None))
-    dirs = c[..., None] * up + a[..., None] * east + b[..., None] * north
+    dirs = c[..., None] * up + a[..., None] * gx + b[..., None] * gy
     plat, plon, _ = xyz_to_latlon(dirs)
     h = surface.height(plat, plon, gsd)
     radius = MOON_RADIUS_KM + h
@@ -177,28 +232,69 @@ def render_crater(surface: Surface, lat: float, lon: float, diameter_km: float, 
     # Exact surface normal from the 3-D positions of the grid.
     du = np.gradient(pts, axis=1)
     dv = np.gradient(pts, axis=0)
-    normal = np.cross(du, -dv)  # (east x north) points up
+    normal = np.cross(du, -dv)  # (gx x gy) points up
     normal /= np.linalg.norm(normal, axis=-1, keepdims=True)
-    light = np.cos(np.radians(cfg.light_elevation_deg)) * (-east) + np.sin(np.radians(cfg.light_elevation_deg)) * up
+    light = np.cos(np.radians(elev)) * (-gx) + np.sin(np.radians(elev)) * up
+    ta = np.radians(view.tilt_azimuth_deg)
+    lean = np.sin(ta) * east0 + np.cos(ta) * north0
+    look = np.cos(np.radians(view.tilt_deg)) * up + np.sin(np.radians(view.tilt_deg)) * lean  # towards the camera
     mu0 = normal @ light
-    mu = normal @ up
-    phase = np.full(mu.shape, 90.0 - cfg.light_elevation_deg)
+    mu = normal @ look
+    phase = np.full(mu.shape, float(np.degrees(np.arccos(np.clip(light @ look, -1.0, 1.0)))))
     value = reflectance(mu0, mu, phase, cfg.photometry)
     value *= surface.albedo(plat, plon)
+    z = pts @ up - MOON_RADIUS_KM
     if cfg.shadows:
         # Height above the tangent plane at the centre; a point is shadowed when some point on the
         # light's side rises above the light ray: max_{u'<u}(z + u' tan e) > z + u tan e.
-        z = pts @ up - MOON_RADIUS_KM
         g = z + uu * tan_e
         horizon = np.maximum.accumulate(g, axis=1)
-        prev = np.concatenate([np.full((n, 1), -np.inf), horizon[:, :-1]], axis=1)
+        prev = np.concatenate([np.full((m, 1), -np.inf), horizon[:, :-1]], axis=1)
         value = np.where(prev > g + 1e-9, 0.0, value)
-    value = value[:, extra:]
-    img = _to_uint8(value, cfg.exposure)
+    if default:
+        img = _to_uint8(value[:, extra:], cfg.exposure)
+    else:
+        img = _to_uint8(_resample_view(value, z, n, gsd, half, extra, east0, north0, gx, gy, lean, view), cfg.exposure)
     if cfg.crater_supersample > 1:
         img = cv2.resize(img.astype(np.float32), (cfg.crater_size, cfg.crater_size), interpolation=cv2.INTER_AREA)
         img = np.clip(np.round(img), 0, 255).astype(np.uint8)
     return img
+
+
+def _resample_view(value: np.ndarray, z: np.ndarray, n: int, gsd: float, half: float, extra: int,
+                   east: np.ndarray, north: np.ndarray, gx: np.ndarray, gy: np.ndarray, lean: np.ndarray,
+                   view: CraterView) -> np.ndarray:
+    """The north-up [n, n] image of a view from a ground grid shaded along (gx, gy).
+
+    An output pixel at image-plane offset w (km, east/north) sees the ground point x solving
+    x = w' + z(x) tan(tilt) * lean, where w' stretches w by 1/cos(tilt) along the lean (the
+    foreshortening of an orthographic camera tilted towards ``lean``); three fixed-point steps.
+    """
+    e = (np.arange(n) + 0.5) * gsd - n * gsd / 2.0
+    we, wn = np.meshgrid(e, -e)  # east, north offsets in the image plane
+    le, ln = float(lean @ east), float(lean @ north)
+    tilt = np.radians(view.tilt_deg)
+    along = (we * le + wn * ln) * (1.0 / np.cos(tilt) - 1.0)
+    xe, xn = we + along * le, wn + along * ln
+    ge = np.array([gx @ east, gx @ north])
+    gn = np.array([gy @ east, gy @ north])
+
+    def grid_coords(pe: np.ndarray, pn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        gu = pe * ge[0] + pn * ge[1]
+        gv = pe * gn[0] + pn * gn[1]
+        col = (gu + half) / gsd - 0.5 + extra
+        row = (half - gv) / gsd - 0.5
+        return col.astype(np.float32), row.astype(np.float32)
+
+    pe, pn = xe, xn
+    if tilt > 0:
+        for _ in range(3):
+            col, row = grid_coords(pe, pn)
+            zz = cv2.remap(z.astype(np.float32), col, row, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+            pe = xe + zz * np.tan(tilt) * le
+            pn = xn + zz * np.tan(tilt) * ln
+    col, row = grid_coords(pe, pn)
+    return cv2.remap(value.astype(np.float32), col, row, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
 
 
 @dataclass(frozen=True)

@@ -150,6 +150,10 @@ class LandmarkDB:
         self._journal = None
         self._generation = 0
         self._seq = 0
+        self._journal_key = 0
+        self._prev_journal_key = 0
+        self._chain = 0  # CRC of the last journal record (or of the journal header)
+        self._lock = None
 
     # -- inspection ---------------------------------------------------------------------------
 
@@ -341,13 +345,16 @@ class LandmarkDB:
         if tokens is not None:
             tq, ts = quantize(tokens)
         if self._journal is not None:
-            recs = [store.encode_record(store.JournalRecord(self._seq + j, int(ids[j]), labels[j], x[j],
-                                                            None if tq is None else tq[j], None if ts is None else ts[j]))
-                    for j in range(len(x))]
-            self._journal.write(b"".join(recs))
-            self._journal.flush()
-            os.fsync(self._journal.fileno())
+            recs, chain = [], self._chain
+            for j in range(len(x)):
+                rec, chain = store.encode_record(store.JournalRecord(self._seq + j, int(ids[j]), labels[j], x[j],
+                                                                     None if tq is None else tq[j],
+                                                                     None if ts is None else ts[j]), chain)
+                recs.append(rec)
+            self._journal.append(b"".join(recs))  # fsynced: acknowledged
             self._seq += len(x)
+            self._chain = chain
+            self._journal.commit(self._seq)
         self._apply(x, ids, labels, tq, ts)
         return ids
 
@@ -370,7 +377,8 @@ class LandmarkDB:
 
     def _header(self) -> dict:
         return {"format": "trn-landmark-db", "config": asdict(self.cfg), "count": len(self),
-                "next_id": self._next_id, "generation": self._generation, "labels": self._labels}
+                "next_id": self._next_id, "generation": self._generation, "labels": self._labels,
+                "journal_key": self._journal_key, "previous_journal_key": self._prev_journal_key}
 
     def _arrays(self) -> dict[str, np.ndarray]:
         arrays = {"embeddings": self._emb.view, "ids": self._ids.view}
@@ -401,6 +409,8 @@ class LandmarkDB:
         db._rebuild_index()
         db._next_id = int(header["next_id"])
         db._generation = int(header.get("generation", 0))
+        db._journal_key = int(header.get("journal_key", 0))
+        db._prev_journal_key = int(header.get("previous_journal_key", 0))
         return db
 
     @classmethod
@@ -412,75 +422,201 @@ class LandmarkDB:
     def open(cls, path: str | Path, cfg: DBConfig | None = None, read_only: bool = False) -> "LandmarkDB":
         """A database persisted at ``path`` with a journal beside it: created (with ``cfg``) when
         absent; otherwise the snapshot is loaded and the journal replayed. Inserts are durable
-        when the call that made them returns."""
+        when the call that made them returns.
+
+        One writer at a time: a writable open takes an exclusive lock (``<path>.lock``, released
+        by :meth:`close` or when the process ends) and refuses, naming the holder's process id,
+        when another writer has it; read-only opens take no lock. A writable open also removes
+        temporary files left by an interrupted save. A damaged journal is refused, never
+        truncated: see :mod:`trn.db.store` and ``trn-db repair``."""
         path = Path(path)
         jpath = store.journal_path(path)
-        if not path.exists():
-            if read_only:
-                raise DataError("landmark database does not exist; create it first", path)
-            db = cls(cfg or DBConfig())
-            db.save(path)
-            store.create_journal(jpath, 0, db.cfg.dim, db.cfg.tokens, db.cfg.token_dim)
-        else:
-            db = cls._from_snapshot(path, read_only=False)
-            if cfg is not None and cfg != db.cfg:
-                log.warning("opening %s with its stored configuration; the one given differs and is ignored", path)
-            db._replay(jpath, read_only)
+        lock = None
+        if not read_only:
+            lock = _WriterLock.acquire(path)
+        try:
+            if not path.exists():
+                if read_only:
+                    raise DataError("landmark database does not exist; create it first", path)
+                db = cls(cfg or DBConfig())
+                db._journal_key = store.new_journal_key()
+                # journal first: a snapshot never exists without the journal it names
+                store.create_journal(jpath, db._journal_header())
+                db.save(path)
+                db._chain = db._journal_header().crc
+            else:
+                _remove_stale_temporaries(path, read_only)
+                db = cls._from_snapshot(path, read_only=False)
+                if cfg is not None and cfg != db.cfg:
+                    log.warning("opening %s with its stored configuration; the one given differs and is ignored", path)
+                db._replay(path, read_only)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
         db._path = path
         db.read_only = read_only
+        db._lock = lock
         if not read_only:
-            db._journal = open(jpath, "ab")
+            db._journal = _JournalWriter(jpath)
         return db
 
-    def _replay(self, jpath: Path, read_only: bool) -> None:
+    def _journal_header(self) -> store.JournalHeader:
         c = self.cfg
+        return store.JournalHeader(self._generation, self._journal_key, self._next_id, c.dim, c.tokens, c.token_dim)
+
+    def _replay(self, path: Path, read_only: bool) -> None:
+        jpath = store.journal_path(path)
+        fix = ("restore the database from a backup, or run `trn-db repair` to keep what is intact (it reports what "
+               "it discards)")
+        if self._journal_key == 0 and not jpath.exists():
+            # a plain snapshot (LandmarkDB.save), never journalled: give it a journal of its own
+            if not read_only:
+                self._journal_key = store.new_journal_key()
+                store.create_journal(jpath, self._journal_header())
+                self.save(path)
+                self._chain = self._journal_header().crc
+            return
         if not jpath.exists():
+            raise DataError(f"the journal that must follow this snapshot (generation {self._generation}) is missing, "
+                            f"so inserts since the last checkpoint may be lost; {fix}", jpath)
+        scan = store.scan_journal(jpath)
+        h = scan.header
+        expect = self._journal_header()
+        if (h.dim, h.k, h.tdim) != (expect.dim, expect.k, expect.tdim):
+            raise DataError(f"journal layout (dim {h.dim}, tokens {h.k}x{h.tdim}) does not match the snapshot "
+                            f"(dim {expect.dim}, tokens {expect.k}x{expect.tdim}); {fix}", jpath)
+        if h.generation == self._generation - 1 and h.key == self._prev_journal_key and scan.damage is None \
+                and all(r.id < self._next_id for r in scan.records):
+            # a checkpoint wrote its snapshot and stopped before starting the new journal: every
+            # record is in the snapshot already
             if not read_only:
-                store.create_journal(jpath, self._generation, c.dim, c.tokens, c.token_dim)
+                store.create_journal(jpath, expect)
+            self._chain = expect.crc
             return
-        gen, records, valid = store.read_journal(jpath, c.dim, c.tokens, c.token_dim)
-        if gen < self._generation:
-            # a checkpoint finished its snapshot but not its journal reset: the records are in the snapshot
-            if not read_only:
-                store.create_journal(jpath, self._generation, c.dim, c.tokens, c.token_dim)
-            return
-        if gen > self._generation:
-            raise DataError(f"journal generation {gen} is newer than the snapshot's ({self._generation}); the "
-                            "snapshot was replaced by an older copy", jpath)
-        fresh = [r for r in records if r.id >= self._next_id]
-        for r in fresh:
+        if h.generation != self._generation or h.key != self._journal_key or h.base_id != self._next_id:
+            raise DataError(f"journal (generation {h.generation}) is not the one this snapshot (generation "
+                            f"{self._generation}) names: it is stale, newer, or from another database; {fix}", jpath)
+        if scan.damage is not None:
+            raise DataError(f"journal is damaged: {scan.damage}; {len(scan.records)} records before it are intact; "
+                            f"{fix}", jpath)
+        for r in scan.records:
             self._apply(r.embedding[None], np.array([r.id], np.int64), [r.label],
                         None if r.tokens is None else r.tokens[None], None if r.scales is None else r.scales[None])
-        self._seq = records[-1].seq + 1 if records else 0
-        if not read_only and valid < jpath.stat().st_size:
-            log.warning("%s: dropping %d bytes of an insert that was cut short (never acknowledged)",
-                        jpath, jpath.stat().st_size - valid)
-            with open(jpath, "r+b") as f:
-                f.truncate(valid)
-                f.flush()
-                os.fsync(f.fileno())
-        if fresh:
-            log.info("%s: replayed %d journalled inserts", jpath, len(fresh))
+        self._seq = len(scan.records)
+        self._chain = store.chain_crc(jpath, scan)
+        if scan.torn_bytes:
+            if read_only:
+                log.warning("%s: ignoring the last %d bytes, an insert cut short by a crash (never acknowledged)",
+                            jpath, scan.torn_bytes)
+            else:
+                log.warning("%s: dropping the last %d bytes, an insert cut short by a crash (never acknowledged)",
+                            jpath, scan.torn_bytes)
+                store.truncate_to(jpath, scan.valid)
+        if scan.records:
+            log.info("%s: replayed %d journalled inserts", jpath, len(scan.records))
 
     def checkpoint(self) -> None:
         """Fold the journal into a new snapshot (atomic), then start an empty journal."""
         if self._path is None or self._journal is None:
             raise ConfigError("checkpoint() needs a writable database opened with LandmarkDB.open(path)")
         self._generation += 1
+        self._prev_journal_key, self._journal_key = self._journal_key, store.new_journal_key()
         self.save(self._path)
         self._journal.close()
-        jpath = store.journal_path(self._path)
-        store.create_journal(jpath, self._generation, self.cfg.dim, self.cfg.tokens, self.cfg.token_dim)
-        self._journal = open(jpath, "ab")
+        header = self._journal_header()
+        store.create_journal(store.journal_path(self._path), header)
+        self._journal = _JournalWriter(store.journal_path(self._path))
         self._seq = 0
+        self._chain = header.crc
 
     def close(self) -> None:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
+        if self._lock is not None:
+            self._lock.release()
+            self._lock = None
 
     def __enter__(self) -> "LandmarkDB":
         return self
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class _JournalWriter:
+    """Appends records (write + fsync) and updates the header's committed count in place (no
+    O_APPEND, which would make positioned writes append on Linux)."""
+
+    def __init__(self, path: Path):
+        self.fd = os.open(path, os.O_RDWR)
+        self.end = os.fstat(self.fd).st_size
+
+    def append(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self.fd, view, self.end)
+            self.end += n
+            view = view[n:]
+        os.fsync(self.fd)
+
+    def commit(self, count: int) -> None:
+        """Record that ``count`` records are acknowledged (durable with the next fsync)."""
+        os.pwrite(self.fd, store.encode_commit(count), store.COMMIT_OFFSET)
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.fsync(self.fd)
+            os.close(self.fd)
+            self.fd = -1
+
+
+class _WriterLock:
+    """An exclusive ``flock`` on ``<db>.lock`` holding the writer's process id."""
+
+    def __init__(self, fd: int, path: Path):
+        self.fd, self.path = fd, path
+
+    @classmethod
+    def acquire(cls, db_path: Path) -> "_WriterLock":
+        import fcntl
+
+        path = db_path.with_name(db_path.name + ".lock")
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise DataError(f"cannot create the writer lock ({exc.strerror}); check the directory's permissions",
+                            path) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            try:
+                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
+            finally:
+                os.close(fd)
+            raise DataError(f"landmark database is open for writing by process {holder}; close it there first, or "
+                            "open this one read-only", db_path) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return cls(fd, path)
+
+    def release(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # closing the descriptor releases the flock
+            self.fd = -1
+
+
+def _remove_stale_temporaries(path: Path, read_only: bool) -> None:
+    """Remove ``.<name>.tmp-<pid>`` files of the snapshot and journal left by an interrupted save
+    (only under the writer lock, when no save can be in progress)."""
+    if read_only:
+        return
+    for name in (path.name, store.journal_path(path).name):
+        for tmp in path.parent.glob(f".{name}.tmp-*"):
+            try:
+                tmp.unlink()
+                log.info("%s: removed a temporary file left by an interrupted save", tmp)
+            except OSError:
+                pass

@@ -8,16 +8,43 @@ directory), so a crash mid-save leaves the previous snapshot in place::
 The header lists the sections (name, dtype, shape, offset, byte count); the trailing SHA-256
 covers every byte before it, so truncation and bit flips are detected before anything is parsed.
 
-Journal (``<name>.trndb.journal``): a header (magic "TRNLMJ01", u64 generation, u32 dim, u32
-token count, u32 token dim, u32 CRC-32 of the previous fields) and records appended per insert::
+Journal (``<name>.trndb.journal``): a header and one record per insert::
 
-    u32 payload length | u32 CRC-32 of payload | payload
+    header = magic "TRNLMJ02" | u64 generation | u64 journal key | i64 base id | u32 dim
+             | u32 token count | u32 token dim | u32 CRC-32 of the previous fields
+             | u64 committed records | u32 CRC-32 of that count
+    record = u32 payload length | u32 chained CRC-32 | payload
     payload = u64 sequence | i64 id | u16 label length (0xFFFF: no label) | label (UTF-8)
               | float32[dim] embedding | int8[K * token_dim] tokens | float32[K] token scales
 
-An insert is acknowledged once its record is written and fsynced. A record cut short at the end
-of the file is a write the crash interrupted (never acknowledged) and is dropped; a bad record
-followed by more data is corruption and is refused.
+Integrity, and what it detects:
+
+- **Chained checksums.** Each record's CRC covers its payload *and the previous record's CRC*
+  (the first record chains to the header's), so a record removed, duplicated, reordered or
+  spliced in from elsewhere breaks the chain at that point.
+- **Sequence and ids.** Record k carries sequence k and id ``base id + k``; both are checked.
+- **Committed count.** After each write is fsynced (and so acknowledged) the header's committed
+  count is updated in place; it reaches the disk with the next write's fsync or at close. A
+  journal holding fewer complete records than its committed count has lost acknowledged inserts
+  (truncated, or damaged from outside) and is refused. The count lags by at most the last write,
+  and only until the next write or close.
+- **Tied to its snapshot.** The snapshot header names the journal that must follow it
+  (generation and a random 64-bit key, new at every checkpoint), so a deleted, stale or foreign
+  journal is refused. A journal one generation behind, with the key the snapshot records as
+  its predecessor, is the trace of a checkpoint that stopped after its snapshot: its inserts are
+  all in the snapshot.
+- **Torn tail or corruption.** An insert is acknowledged once its record is written and fsynced.
+  The one record a crash can cut is the last, and only short: fewer bytes than its length field
+  says, where that length agrees with the record's own label length and the layout. Only that
+  is dropped (the open says so). A complete record with a bad CRC, a length that disagrees with
+  the layout, or any damage followed by more data is corruption: refused, never truncated, until
+  ``trn-db repair`` (:func:`repair_journal`) discards the damaged part, keeps a copy of the
+  original, and reports what it discarded.
+
+Residual risk: while a writer is running (or after it was killed), a truncation from outside
+that removes exactly the records of its last write, no more, leaves a valid shorter chain that the
+committed count, lagging by that write, cannot expose. ``docs/reliability.md`` states the
+guarantees.
 """
 
 from __future__ import annotations
@@ -36,8 +63,12 @@ from trn.errors import DataError
 
 SNAPSHOT_MAGIC = b"TRNLMDB1"
 SNAPSHOT_VERSION = 1
-JOURNAL_MAGIC = b"TRNLMJ01"
-_JHEADER = struct.Struct("<8sQIIII")  # magic, generation, dim, token k, token dim, crc
+JOURNAL_MAGIC = b"TRNLMJ02"
+OLD_JOURNAL_MAGIC = b"TRNLMJ01"
+_JHEADER = struct.Struct("<8sQQqIIII")  # magic, generation, key, base id, dim, token k, token dim, crc
+_COMMIT = struct.Struct("<QI")  # committed records, crc32 of the count (updated in place)
+COMMIT_OFFSET = _JHEADER.size
+RECORDS_OFFSET = _JHEADER.size + _COMMIT.size
 _RECORD = struct.Struct("<II")  # payload length, crc32
 _NO_LABEL = 0xFFFF
 
@@ -137,12 +168,41 @@ class JournalRecord:
     scales: np.ndarray | None  # float32 [K]
 
 
-def _journal_header(generation: int, dim: int, k: int, tdim: int) -> bytes:
-    body = struct.pack("<8sQIII", JOURNAL_MAGIC, generation, dim, k, tdim)
-    return body + struct.pack("<I", zlib.crc32(body))
+@dataclass(frozen=True)
+class JournalHeader:
+    generation: int
+    key: int
+    base_id: int
+    dim: int
+    k: int
+    tdim: int
+
+    def encode(self) -> bytes:
+        """The fixed part of the header (its CRC is the first link of the record chain)."""
+        body = struct.pack("<8sQQqIII", JOURNAL_MAGIC, self.generation, self.key, self.base_id, self.dim, self.k, self.tdim)
+        return body + struct.pack("<I", zlib.crc32(body))
+
+    @property
+    def crc(self) -> int:
+        return struct.unpack_from("<I", self.encode(), _JHEADER.size - 4)[0]
 
 
-def encode_record(r: JournalRecord) -> bytes:
+def encode_commit(count: int) -> bytes:
+    c = struct.pack("<Q", count)
+    return c + struct.pack("<I", zlib.crc32(c))
+
+
+def new_journal_key() -> int:
+    return int.from_bytes(os.urandom(8), "little") or 1
+
+
+def payload_size(label_len: int, dim: int, k: int, tdim: int) -> int:
+    """Payload bytes of a record with a label of ``label_len`` bytes (0xFFFF: none)."""
+    return 18 + (0 if label_len == _NO_LABEL else label_len) + 4 * dim + k * tdim + 4 * k
+
+
+def encode_record(r: JournalRecord, prev_crc: int) -> tuple[bytes, int]:
+    """(record bytes, its chained CRC) for a record following one whose CRC is ``prev_crc``."""
     label = b"" if r.label is None else r.label.encode("utf-8")
     if len(label) >= _NO_LABEL:
         raise DataError(f"landmark label is {len(label)} bytes long; labels are limited to {_NO_LABEL - 1}")
@@ -151,7 +211,8 @@ def encode_record(r: JournalRecord) -> bytes:
     if r.tokens is not None:
         parts += [np.ascontiguousarray(r.tokens, dtype=np.int8).tobytes(), np.ascontiguousarray(r.scales, dtype="<f4").tobytes()]
     payload = b"".join(parts)
-    return _RECORD.pack(len(payload), zlib.crc32(payload)) + payload
+    crc = zlib.crc32(payload, prev_crc)
+    return _RECORD.pack(len(payload), crc) + payload, crc
 
 
 def _decode_record(payload: bytes, dim: int, k: int, tdim: int) -> JournalRecord:
@@ -174,39 +235,133 @@ def _decode_record(payload: bytes, dim: int, k: int, tdim: int) -> JournalRecord
     return JournalRecord(seq, rid, label, emb, tokens, scales)
 
 
-def create_journal(path: Path, generation: int, dim: int, k: int, tdim: int) -> None:
-    atomic_write_bytes(path, [_journal_header(generation, dim, k, tdim)])
+def create_journal(path: Path, header: JournalHeader) -> None:
+    atomic_write_bytes(path, [header.encode(), encode_commit(0)])
 
 
-def read_journal(path: Path, dim: int, k: int, tdim: int) -> tuple[int, list[JournalRecord], int]:
-    """(generation, records, valid byte length). A torn last record is dropped (its bytes are not
-    counted in the valid length); corruption anywhere else raises DataError."""
-    data = path.read_bytes()
-    fix = "the journal is corrupted; restore the database from a backup (the snapshot alone loses the journalled inserts)"
-    if len(data) < _JHEADER.size:
-        raise DataError(f"journal header is truncated; {fix}", path)
-    magic, gen, jdim, jk, jtdim, crc = _JHEADER.unpack_from(data, 0)
+@dataclass
+class JournalScan:
+    """What a journal holds: its header, the records of the valid chain, the byte length they
+    end at, and what follows them: nothing, a torn tail (``torn_bytes``) or damage (``damage``,
+    a sentence; the bytes from ``valid`` on are then not trusted)."""
+
+    header: JournalHeader
+    records: list[JournalRecord]
+    valid: int
+    size: int
+    committed: int = 0
+    torn_bytes: int = 0
+    damage: str | None = None
+
+
+def read_journal_header(data: bytes, path: Path) -> JournalHeader:
+    if len(data) >= 8 and data[:8] == OLD_JOURNAL_MAGIC:
+        raise DataError("journal is in format 1 (trn 0.1, unchained); open and checkpoint it with trn 0.1, or run "
+                        "`trn-db repair` to discard it after checking that no inserts since the last checkpoint matter",
+                        path)
+    if len(data) < RECORDS_OFFSET:
+        raise DataError("journal header is truncated; run `trn-db repair` to start a new journal (the inserts "
+                        "since the last checkpoint are lost) or restore a backup", path)
+    magic, gen, key, base, jdim, jk, jtdim, crc = _JHEADER.unpack_from(data, 0)
     if magic != JOURNAL_MAGIC or zlib.crc32(data[:_JHEADER.size - 4]) != crc:
-        raise DataError(f"not a trn landmark journal or its header is damaged; {fix}", path)
-    if (jdim, jk, jtdim) != (dim, k, tdim):
-        raise DataError(f"journal layout (dim {jdim}, tokens {jk}x{jtdim}) does not match the snapshot "
-                        f"(dim {dim}, tokens {k}x{tdim})", path)
-    pos, records = _JHEADER.size, []
+        raise DataError("not a trn landmark journal, or its header is damaged; restore a backup or run `trn-db "
+                        "repair`", path)
+    return JournalHeader(gen, key, base, jdim, jk, jtdim)
+
+
+def scan_journal(path: Path) -> JournalScan:
+    """Read every record of the valid chain; classify what follows it (never raises for damage
+    after the header: the caller decides)."""
+    data = path.read_bytes()
+    h = read_journal_header(data, path)
+    committed, ccrc = _COMMIT.unpack_from(data, COMMIT_OFFSET)
+    scan = _scan_records(data, h)
+    scan.committed = committed
+    if scan.damage is None and zlib.crc32(data[COMMIT_OFFSET:COMMIT_OFFSET + 8]) != ccrc:
+        scan.damage = "its committed-record count is damaged"
+    elif scan.damage is None and len(scan.records) < committed:
+        scan.damage = (f"it holds {len(scan.records)} complete records but {committed} were acknowledged: "
+                       "acknowledged inserts were cut off (truncated or damaged from outside)")
+    return scan
+
+
+def _scan_records(data: bytes, h: JournalHeader) -> JournalScan:
+    pos, prev, records = RECORDS_OFFSET, h.crc, []
     while pos < len(data):
-        if pos + _RECORD.size > len(data):
-            break  # torn header of the last record
+        left = len(data) - pos
+        if left < _RECORD.size + 18:
+            return JournalScan(h, records, pos, len(data), torn_bytes=left)  # too short to hold its own length
         n, crc = _RECORD.unpack_from(data, pos)
+        seq, rid, llen = struct.unpack_from("<QqH", data, pos + _RECORD.size)
+        expected = payload_size(llen, h.dim, h.k, h.tdim)
+        if n != expected:
+            return JournalScan(h, records, pos, len(data), damage=f"record {len(records)} at byte {pos} has length {n} "
+                               f"where its fields need {expected} (a damaged length or label field)")
         end = pos + _RECORD.size + n
         if end > len(data):
-            break  # torn payload of the last record
+            return JournalScan(h, records, pos, len(data), torn_bytes=left)  # cut short: never acknowledged
         payload = data[pos + _RECORD.size:end]
-        if zlib.crc32(payload) != crc:
-            if end == len(data):
-                break  # the last record was being written
-            raise DataError(f"journal record at byte {pos} fails its checksum and is followed by more records; {fix}", path)
+        if zlib.crc32(payload, prev) != crc:
+            tail = "the last record" if end == len(data) else "followed by more records"
+            return JournalScan(h, records, pos, len(data), damage=f"record {len(records)} at byte {pos} fails its chained "
+                               f"checksum ({tail}): a damaged, missing, duplicated or reordered record")
         try:
-            records.append(_decode_record(payload, dim, k, tdim))
+            r = _decode_record(payload, h.dim, h.k, h.tdim)
         except (ValueError, UnicodeDecodeError, struct.error):
-            raise DataError(f"journal record at byte {pos} is malformed; {fix}", path) from None
+            return JournalScan(h, records, pos, len(data), damage=f"record {len(records)} at byte {pos} is malformed")
+        if r.seq != len(records) or r.id != h.base_id + len(records):
+            return JournalScan(h, records, pos, len(data), damage=f"record {len(records)} at byte {pos} has sequence "
+                               f"{r.seq} and id {r.id}, expected {len(records)} and {h.base_id + len(records)}")
+        records.append(r)
+        prev = crc
         pos = end
-    return gen, records, pos
+    return JournalScan(h, records, pos, len(data))
+
+
+def chain_crc(path: Path, scan: JournalScan) -> int:
+    """The chained CRC of the last valid record of a scanned journal (where appending goes on)."""
+    if not scan.records:
+        return scan.header.crc
+    with open(path, "rb") as f:
+        data = f.read(scan.valid)
+    pos, crc = RECORDS_OFFSET, scan.header.crc
+    while pos < scan.valid:
+        n, crc = _RECORD.unpack_from(data, pos)
+        pos += _RECORD.size + n
+    return crc
+
+
+def repair_journal(path: Path) -> tuple[int, int, Path | None]:
+    """Keep the valid chain of a journal and drop everything after it. The original is copied to
+    ``<journal>.damaged-<n>`` first when anything but a torn tail is dropped. Returns (records
+    kept, bytes dropped, the copy or None)."""
+    scan = scan_journal(path)
+    dropped = scan.size - scan.valid
+    if dropped == 0 and scan.damage is None:
+        return len(scan.records), 0, None
+    copy = None
+    if scan.damage is not None:
+        n = 0
+        while (copy := path.with_name(f"{path.name}.damaged-{n}")).exists():
+            n += 1
+        atomic_write_bytes(copy, [path.read_bytes()])
+    truncate_to(path, scan.valid)
+    write_commit(path, len(scan.records))
+    return len(scan.records), dropped, copy
+
+
+def write_commit(path: Path, count: int) -> None:
+    """Set a journal's committed count (durably)."""
+    fd = os.open(path, os.O_RDWR)
+    try:
+        os.pwrite(fd, encode_commit(count), COMMIT_OFFSET)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def truncate_to(path: Path, size: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(size)
+        f.flush()
+        os.fsync(f.fileno())

@@ -52,15 +52,21 @@ class Report:
     def table(self) -> list[str]:
         """Markdown table: one row per method, RA per scenario with its counts."""
         scen = self.scenarios()
-        lines = ["| method | " + " | ".join(TITLES.get(s, s) for s in scen) + " |",
-                 "| --- | " + " | ".join("---" for _ in scen) + " |"]
+        strict = "lost_in_space" in scen
+        titles = [TITLES.get(s, s) for s in scen] + (["Lost-in-Space strict (ceiling)"] if strict else [])
+        lines = ["| method | " + " | ".join(titles) + " |", "| --- | " + " | ".join("---" for _ in titles) + " |"]
         for m in self.methods():
             cells = []
             for s in scen:
                 r = self.get(m, s)
                 cells.append("" if r is None else f"{_fmt(r.ra)} ({_counts(r)})")
+            if strict:
+                r = self.get(m, "lost_in_space")
+                cells.append("" if r is None or "strict_ra" not in r.extra else
+                             f"{_fmt(r.extra['strict_ra'])} ({_fmt(r.extra.get('oracle_strict_ra', float('nan')))})")
             lines.append(f"| {m} | " + " | ".join(cells) + " |")
-        lines.append("| paper (best, Luna-1) | " + " | ".join(_fmt(PAPER[s]) if s in PAPER else "" for s in scen) + " |")
+        lines.append("| paper (best, Luna-1) | " + " | ".join([_fmt(PAPER[s]) if s in PAPER else "" for s in scen]
+                                                            + ([""] if strict else [])) + " |")
         return lines
 
     def sweep_table(self) -> list[str]:

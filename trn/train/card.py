@@ -8,6 +8,20 @@ from pathlib import Path
 import yaml
 
 
+def _recipe(cfg: dict) -> str:
+    opt = {"adam": "Adam", "adamw": "AdamW"}[cfg.get("optimizer", "adam")]
+    text = f"{opt} lr {cfg['lr']} (loss parameters {cfg['loss_lr']})"
+    if cfg.get("weight_decay"):
+        text += f", weight decay {cfg['weight_decay']}"
+    if cfg.get("warmup_epochs"):
+        text += f", linear warm-up {cfg['warmup_epochs']} epochs"
+    if cfg.get("schedule", "constant") == "cosine":
+        text += f", cosine decay to {cfg.get('min_lr_ratio', 0.0)} x peak"
+    else:
+        text += ", constant rate"
+    return text
+
+
 def write_model_card(run: Path, title: str, command: str, data_note: str) -> Path:
     """Write ``run/MODEL_CARD.md`` from the run's config.yaml and log.jsonl."""
     cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
@@ -25,7 +39,7 @@ def write_model_card(run: Path, title: str, command: str, data_note: str) -> Pat
         f"- Data: {data_note}; split: {len(split['train'])} train / {len(split['val'])} validation / "
         f"{len(split['test'])} test identities (instance-disjoint; navigation craters in test)",
         f"- Training: {len(log)} epochs, batch {cfg['batch_size']} ({cfg['views_per_identity']} views per identity), "
-        f"Adam lr {cfg['lr']} (loss parameters {cfg['loss_lr']}), seed {cfg['seed']}",
+        f"{_recipe(cfg)}, seed {cfg['seed']}",
         f"- Wall time: {wall / 60:.1f} min of training on this machine (2-core CPU), validation included",
         f"- Validation Recall@1 (gallery size one, independent draws from T): best {100 * best['val_recall_at_1']:.2f}% "
         f"at epoch {best['epoch']}; last {100 * log[-1]['val_recall_at_1']:.2f}%",

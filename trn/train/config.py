@@ -14,7 +14,12 @@ Overrides on the command line use dotted keys: ``epochs=3 model.attention=se mar
 
 from __future__ import annotations
 
+import copy
 import dataclasses
+import math
+import re
+import types
+import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,25 +33,33 @@ from trn.train.losses import loss_spec
 from trn.train.mars import MarsConfig
 
 DATA_KINDS = ("luna1", "hirise", "folder")
+OPTIMIZERS = ("adam", "adamw")
+SCHEDULES = ("constant", "cosine")
+DEVICES = ("cpu", "cuda", "auto")
 
 
 @dataclass(frozen=True)
 class DataConfig:
     """kind: luna1 | hirise | folder; path: dataset root; test_fraction: instance-disjoint test
     share (Luna-1: navigation craters are forced into it first); val_fraction: share of the train
-    identities held out for the per-epoch validation Recall@1; split_seed: seed of the split."""
+    identities held out for the per-epoch validation Recall@1; split_seed: seed of the split.
+    extra_views: Luna-1 only: train with each crater's extra renders (``trn-data build --views``)
+    as further views; validation and test keep the single Luna-1 render (the paper's protocol)."""
 
     kind: str = "luna1"
     path: str = ""
     test_fraction: float = 0.5
     val_fraction: float = 0.1
     split_seed: int = 0
+    extra_views: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in DATA_KINDS:
             raise ConfigError(f"data.kind={self.kind!r}: expected one of {DATA_KINDS}")
         if not self.path:
             raise ConfigError("data.path is empty: give the dataset directory")
+        if self.extra_views and self.kind != "luna1":
+            raise ConfigError("data.extra_views needs data.kind luna1 (the views come from trn-data build --views)")
         if not 0.0 <= self.test_fraction < 1.0 or not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"data fractions test={self.test_fraction}, val={self.val_fraction}: expected [0, 1)")
 
@@ -67,9 +80,16 @@ class TrainConfig:
     """Everything a training run depends on; saved, resolved, beside its checkpoint.
 
     views_per_identity: views of each identity in a batch (2 = the paper's m = 2 sampler; pair
-    based losses and MARs need 2). lr / loss_lr: Adam learning rates of the model and of the loss
-    parameters (proxies). max_batches: cap on batches per epoch (None = one pass over the train
-    identities). threads: torch CPU threads (0 = torch's default).
+    based losses and MARs need 2). lr / loss_lr: peak learning rates of the model (and MARs heads)
+    and of the loss parameters (proxies). optimizer: adam (the paper's) or adamw (decoupled weight
+    decay); weight_decay applies to the model and MARs heads, never to proxies.
+    schedule: constant, or cosine decay from the peak to ``min_lr_ratio`` x peak at the last step;
+    warmup_epochs: linear warm-up from 0 over that many epochs (fractions allowed), either way.
+    The learning rate is a pure function of the global step, so resuming needs no scheduler state.
+    max_batches: cap on batches per epoch (None = one pass over the train identities).
+    threads: torch CPU threads (0 = torch's default). device: cpu, cuda or auto (cuda when
+    available). channels_last: NHWC activations (faster convolutions on CPU and GPU).
+    compile: ``torch.compile`` the descriptor for training (needs a C++ compiler on CPU).
     """
 
     data: DataConfig
@@ -83,9 +103,16 @@ class TrainConfig:
     lr: float = 1e-4
     loss_lr: float = 1e-4
     weight_decay: float = 0.0
+    optimizer: str = "adam"
+    schedule: str = "constant"
+    warmup_epochs: float = 0.0
+    min_lr_ratio: float = 0.0
     seed: int = 0
     max_batches: int | None = None
     threads: int = 0
+    device: str = "cpu"
+    channels_last: bool = False
+    compile: bool = False
 
     def __post_init__(self) -> None:
         spec = loss_spec(self.loss)
@@ -102,6 +129,18 @@ class TrainConfig:
             raise ConfigError("MARs compares two views of each landmark: set views_per_identity: 2")
         if not 0 < self.lr < 1 or not 0 < self.loss_lr < 10:
             raise ConfigError(f"learning rates lr={self.lr}, loss_lr={self.loss_lr} out of range")
+        if self.optimizer not in OPTIMIZERS:
+            raise ConfigError(f"optimizer={self.optimizer!r}: expected one of {OPTIMIZERS}")
+        if self.schedule not in SCHEDULES:
+            raise ConfigError(f"schedule={self.schedule!r}: expected one of {SCHEDULES}")
+        if not 0 <= self.warmup_epochs < self.epochs:
+            raise ConfigError(f"warmup_epochs={self.warmup_epochs}: expected 0 <= warm-up < epochs ({self.epochs})")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ConfigError(f"min_lr_ratio={self.min_lr_ratio}: expected 0 to 1")
+        if not 0 <= self.weight_decay < 1:
+            raise ConfigError(f"weight_decay={self.weight_decay}: expected 0 <= weight decay < 1")
+        if self.device not in DEVICES:
+            raise ConfigError(f"device={self.device!r}: expected one of {DEVICES}")
 
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
@@ -111,14 +150,72 @@ class TrainConfig:
         return d
 
 
+class _Loader(yaml.SafeLoader):
+    """Safe YAML with YAML 1.2 numbers: ``1e-4`` is a float (PyYAML's 1.1 rules read it as a
+    string). Quoted values stay strings."""
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?$"
+               r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
+    list("-+0123456789."))
+
+
+def _yaml(text: str) -> Any:
+    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
+
+
+def _typename(v: Any) -> str:
+    return "a string" if isinstance(v, str) else f"{type(v).__name__} {v!r}"
+
+
+def _check_type(section: str, key: str, hint: Any, v: Any) -> Any:
+    """``v`` checked against the field's annotation; ints are accepted for floats; YAML integers
+    (not floats such as 4.0) for ints; true/false (not strings) for booleans."""
+    name = f"{key}" if section == "top level" else f"{section}.{key}"
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return v
+        hint = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        if not isinstance(v, bool):
+            raise ConfigError(f"{name}: expected true or false, got {_typename(v)}")
+    elif hint is int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f"{name}: expected a whole number, got {_typename(v)}")
+    elif hint is float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{name}: expected a number, got {_typename(v)}")
+        if not math.isfinite(v):
+            raise ConfigError(f"{name}: expected a finite number, got {v}")
+        return float(v)
+    elif hint is str:
+        if not isinstance(v, str):
+            raise ConfigError(f"{name}: expected a string, got {_typename(v)}")
+    elif origin is tuple:
+        if not isinstance(v, (list, tuple)):
+            raise ConfigError(f"{name}: expected a list, got {_typename(v)}")
+        item = args[0] if args else Any
+        if item is not Any:
+            return tuple(_check_type(section, f"{key}[{i}]", item, x) for i, x in enumerate(v))
+        return tuple(v)
+    return v
+
+
 def _strict(cls, section: str, d: Any) -> dict:
+    """Known keys only, each of its field's type (numbers converted to float where declared)."""
     if not isinstance(d, dict):
-        raise ConfigError(f"config section {section!r} must be a mapping, got {type(d).__name__}")
+        raise ConfigError(f"config section {section!r} must be a mapping, got {_typename(d)}")
     known = {f.name for f in dataclasses.fields(cls)}
     unknown = set(d) - known
     if unknown:
-        raise ConfigError(f"unknown key(s) {sorted(unknown)} in {section!r}; known: {sorted(known)}")
-    return d
+        raise ConfigError(f"unknown key(s) {sorted(map(str, unknown))} in {section!r}; known: {sorted(known)}")
+    hints = typing.get_type_hints(cls)
+    return {k: v if dataclasses.is_dataclass(hints[k]) else _check_type(section, k, hints[k], v) for k, v in d.items()}
 
 
 def from_dict(doc: dict) -> TrainConfig:
@@ -127,18 +224,20 @@ def from_dict(doc: dict) -> TrainConfig:
     if "data" not in doc or "model" not in doc:
         raise ConfigError("config needs a 'data' and a 'model' section")
     data = DataConfig(**_strict(DataConfig, "data", doc.pop("data")))
-    m = dict(doc.pop("model"))
+    m = doc.pop("model")
+    if not isinstance(m, dict):
+        raise ConfigError(f"config section 'model' must be a mapping such as {{preset: flight}}, got {_typename(m)}")
+    m = dict(m)
     preset = m.pop("preset", None)
-    if preset is None:
-        model = DescriptorConfig.from_dict(_strict(DescriptorConfig, "model", m))
-    else:
-        _strict(DescriptorConfig, "model", m)
-        model = model_config(preset, **m)
+    if preset is not None and not isinstance(preset, str):
+        raise ConfigError(f"model.preset: expected a preset name, got {_typename(preset)}")
+    m = _strict(DescriptorConfig, "model", m)
+    model = DescriptorConfig.from_dict(m) if preset is None else model_config(preset, **m)
     mars = MarsSection(**_strict(MarsSection, "mars", doc.pop("mars", {})))
     aug = dict(_strict(AugmentConfig, "augment", doc.pop("augment", {})))
     for k in ("brightness", "angle_deg"):
-        if k in aug:
-            aug[k] = tuple(aug[k])
+        if k in aug and len(aug[k]) != 2:
+            raise ConfigError(f"augment.{k}: expected [low, high], got {list(aug[k])}")
     try:
         return TrainConfig(data=data, model=model, mars=mars, augment=AugmentConfig(**aug), **doc)
     except TypeError as exc:
@@ -147,7 +246,7 @@ def from_dict(doc: dict) -> TrainConfig:
 
 def apply_overrides(doc: dict, overrides: list[str]) -> dict:
     """``key.sub=value`` strings (values parsed as YAML) applied to a config mapping."""
-    doc = yaml.safe_load(yaml.safe_dump(doc))  # deep copy
+    doc = copy.deepcopy(doc)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override {item!r} is not key=value")
@@ -158,7 +257,10 @@ def apply_overrides(doc: dict, overrides: list[str]) -> dict:
             node = node.setdefault(p, {})
             if not isinstance(node, dict):
                 raise ConfigError(f"override {item!r}: {p!r} is not a section")
-        node[parts[-1]] = yaml.safe_load(raw)
+        try:
+            node[parts[-1]] = _yaml(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from None
     return doc
 
 
@@ -167,7 +269,11 @@ def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainCo
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+        doc = _yaml(path.read_text(encoding="utf-8")) or {}
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {path} is not UTF-8 text") from None
+    except OSError as exc:
+        raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from None
     except yaml.YAMLError as exc:
         raise ConfigError(f"config file {path} is not valid YAML: {exc}") from None
     return from_dict(apply_overrides(doc, overrides or []))

@@ -33,7 +33,7 @@ def preprocess(img: np.ndarray, size: int) -> np.ndarray:
 def load_landmarks(cfg: DataConfig) -> LandmarkSet:
     root = Path(cfg.path)
     if cfg.kind == "luna1":
-        return read_luna1_landmarks(root)
+        return read_luna1_landmarks(root, extra_views=cfg.extra_views)
     if cfg.kind == "hirise":
         return read_hirise(root)
     return read_folder(root)
@@ -115,9 +115,10 @@ def make_views(bank: ImageBank, ids: torch.Tensor, views: int, aug: AugmentConfi
     for v in range(views):
         for i in ids.tolist():
             rows = bank.views[i]
-            # the first view is the identity's first image; a second view is another image of it
-            # when there is one (HiRISE variants), else the same image under an independent draw
-            r = rows[0] if v == 0 or len(rows) == 1 else rows[1 + int(torch.randint(len(rows) - 1, (1,), generator=generator))]
+            # the first view is the identity's first image; a further view is any of its images
+            # (HiRISE variants, Luna-1 extra renders, or the first again), each under an
+            # independent draw from T
+            r = rows[0] if v == 0 or len(rows) == 1 else rows[int(torch.randint(len(rows), (1,), generator=generator))]
             imgs.append(bank.images[r])
             labels.append(i)
     x = torch.stack(imgs)

@@ -17,24 +17,66 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 import torch
 import yaml
+from torch import nn
 from tqdm import tqdm
 
 from trn.errors import ConfigError, DataError
 from trn.models.descriptor import Descriptor, DescriptorConfig
+from trn.train.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_checked, load_state, save_checked
 from trn.train.config import TrainConfig
 from trn.train.data import ImageBank, load_landmarks, make_views, pair_batches, split_identities
 from trn.train.losses import MetricLoss
 from trn.train.mars import Mars, positive_pairs
 
 log = logging.getLogger(__name__)
-CHECKPOINT_FORMAT = "trn-descriptor-checkpoint"
-CHECKPOINT_VERSION = 1
+
+
+def lr_factor(step: int, total_steps: int, warmup_steps: int, schedule: str, min_ratio: float) -> float:
+    """Multiplier of the peak learning rate before optimiser step ``step`` (0-based) of
+    ``total_steps``: linear warm-up over ``warmup_steps`` (from 1/warmup_steps to 1), then
+    constant or a cosine decay that reaches ``min_ratio`` at the last step."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return (step + 1) / warmup_steps
+    if schedule == "constant":
+        return 1.0
+    span = max(total_steps - warmup_steps - 1, 1)
+    t = min(max(step - warmup_steps, 0) / span, 1.0)
+    return min_ratio + (1.0 - min_ratio) * 0.5 * (1.0 + math.cos(math.pi * t))
+
+
+def resolve_device(name: str) -> torch.device:
+    """``cpu``, ``cuda`` (refused with a clear message when no GPU is visible) or ``auto``."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda but torch sees no CUDA GPU (this torch build or machine has none); use device=cpu")
+    return torch.device(name)
+
+
+def param_groups(model: nn.Module, loss: nn.Module, mars: nn.Module | None, cfg: TrainConfig) -> list[dict]:
+    """Optimiser groups: the descriptor (and MARs heads) at ``lr`` with weight decay, the loss
+    parameters (proxies) at ``loss_lr`` without. Each group keeps its peak rate in ``base_lr``."""
+    groups = [{"name": "model", "params": list(model.parameters()), "lr": cfg.lr, "weight_decay": cfg.weight_decay}]
+    if mars is not None:
+        groups.append({"name": "mars", "params": list(mars.parameters()), "lr": cfg.lr, "weight_decay": cfg.weight_decay})
+    loss_params = list(loss.parameters())
+    if loss_params:
+        groups.append({"name": "loss", "params": loss_params, "lr": cfg.loss_lr, "weight_decay": 0.0})
+    for g in groups:
+        g["base_lr"] = g["lr"]
+    return groups
+
+
+def make_optimizer(groups: list[dict], cfg: TrainConfig) -> torch.optim.Optimizer:
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups)
+    return torch.optim.Adam(groups)
 
 
 def seed_everything(seed: int) -> None:
@@ -45,10 +87,12 @@ def seed_everything(seed: int) -> None:
 
 @torch.no_grad()
 def embed(model: Descriptor, images: torch.Tensor, batch: int = 256) -> torch.Tensor:
-    """Embeddings float32 [N, D] of images [N, 1, S, S], eval mode, in batches."""
+    """Embeddings float32 [N, D] (on the CPU) of images [N, 1, S, S], eval mode, in batches, on
+    the model's device."""
     was = model.training
     model.eval()
-    out = [model(images[i:i + batch]) for i in range(0, images.shape[0], batch)]
+    dev = next(model.parameters()).device
+    out = [model(images[i:i + batch].to(dev)).cpu() for i in range(0, images.shape[0], batch)]
     model.train(was)
     return torch.cat(out) if out else torch.zeros(0, model.cfg.embed_dim)
 
@@ -82,25 +126,26 @@ def _checkpoint(model: Descriptor, loss: MetricLoss, mars: Mars | None, opt: tor
     return {
         "format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION,
         "model_config": model.cfg.to_dict(), "train_config": cfg.to_dict(),
-        "model": model.state_dict(), "loss": loss.state_dict(), "mars": mars.state_dict() if mars else {},
+        "model": _cpu(model.state_dict()), "loss": loss.state_dict(), "mars": mars.state_dict() if mars else {},
         "optimizer": opt.state_dict(), "epoch": state.epoch, "best_recall": state.best_recall, "history": state.history,
     }
 
 
+def _cpu(state: dict) -> dict:
+    """A state dict with every tensor on the CPU and contiguous (NCHW), so that files do not
+    depend on the device or memory format a run used."""
+    return {k: v.detach().to("cpu").contiguous() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
+
+
 def load_descriptor(path: str | Path) -> Descriptor:
-    """A trained descriptor from a checkpoint (``weights_only`` loading), in eval mode."""
-    path = Path(path)
-    if not path.is_file():
-        raise DataError("checkpoint does not exist", path)
+    """A trained descriptor from a checksummed checkpoint (verified, ``weights_only``), in eval mode."""
+    ck = load_checked(path)
     try:
-        ck = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:  # noqa: BLE001 - torch raises many types for corrupt files
-        raise DataError(f"checkpoint cannot be read ({type(exc).__name__}: {exc}); it is corrupt or not a trn "
-                        "checkpoint", path) from None
-    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
-        raise DataError("not a trn descriptor checkpoint", path)
-    model = Descriptor(DescriptorConfig.from_dict(ck["model_config"]))
-    model.load_state_dict(ck["model"])
+        cfg = DescriptorConfig.from_dict(ck["model_config"])
+    except (ConfigError, TypeError) as exc:
+        raise DataError(f"checkpoint's model_config is invalid ({exc})", path) from None
+    model = Descriptor(cfg)
+    load_state(model, ck["model"], path)
     return model.eval()
 
 
@@ -127,51 +172,71 @@ def _plot(history: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def train(cfg: TrainConfig, out: str | Path, resume: bool = False) -> RunState:
-    """Train ``cfg`` into directory ``out``. With ``resume``, continue from ``out/last.pt``."""
+def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: int | None = None) -> RunState:
+    """Train ``cfg`` into directory ``out``. With ``resume``, continue from ``out/last.pt``.
+    ``stop_after``: stop (resumably) once that epoch is done, e.g. to split a long run over
+    sessions; the learning-rate schedule still spans ``cfg.epochs``."""
     out = Path(out)
     if not resume and (out / "log.jsonl").exists():
         raise ConfigError(f"{out} already holds a training run; pass --resume to continue it or choose a new --out")
     out.mkdir(parents=True, exist_ok=True)
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
+    device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
     ls = load_landmarks(cfg.data)
     split = split_identities(ls, cfg.data)
     size = cfg.model.input_size
     train_bank = ImageBank(ls, split.train, size)
-    val_bank = ImageBank(ls, split.val, size)
+    # validation keeps the test protocol: one image per identity, two draws from T
+    val_set = load_landmarks(replace(cfg.data, extra_views=False)) if cfg.data.extra_views else ls
+    val_bank = ImageBank(val_set, split.val, size)
     if len(train_bank) < cfg.batch_size // cfg.views_per_identity:
         raise ConfigError(f"batch_size={cfg.batch_size} needs {cfg.batch_size // cfg.views_per_identity} identities; "
                           f"the train split has {len(train_bank)}")
     model = Descriptor(cfg.model)
     loss = MetricLoss(cfg.loss, num_classes=len(train_bank), embedding_size=cfg.model.embed_dim)
     mars = Mars(cfg.model.stage_channels, cfg.mars.build()) if cfg.mars.enabled else None
-    groups = [{"params": model.parameters(), "lr": cfg.lr, "weight_decay": cfg.weight_decay}]
+    model.to(device)
+    loss.to(device)
     if mars is not None:
-        groups.append({"params": mars.parameters(), "lr": cfg.lr, "weight_decay": cfg.weight_decay})
-    if any(True for _ in loss.parameters()):
-        groups.append({"params": loss.parameters(), "lr": cfg.loss_lr, "weight_decay": 0.0})
-    opt = torch.optim.Adam(groups)
+        mars.to(device)
+    if cfg.channels_last:
+        model.to(memory_format=torch.channels_last)
+    if device.type != "cpu":
+        train_bank.images = train_bank.images.to(device)
+    opt = make_optimizer(param_groups(model, loss, mars, cfg), cfg)
+    forward = torch.compile(model) if cfg.compile else model
+    batch_ids = cfg.batch_size // cfg.views_per_identity
+    steps_per_epoch = len(pair_batches(len(train_bank), batch_ids, torch.Generator().manual_seed(0), cfg.max_batches))
+    total_steps = steps_per_epoch * cfg.epochs
+    warmup_steps = int(round(cfg.warmup_epochs * steps_per_epoch))
     state = RunState(0, -1.0, [])
     last = out / "last.pt"
     if resume:
         if not last.is_file():
             raise DataError("nothing to resume: no last.pt", out)
-        ck = torch.load(last, map_location="cpu", weights_only=True)
+        ck = load_checked(last, map_location=device)
         if ck.get("train_config") != cfg.to_dict():
             raise ConfigError(f"{last} was trained with another configuration; resume with the same config")
-        model.load_state_dict(ck["model"])
-        loss.load_state_dict(ck["loss"])
+        for key in ("loss", "mars", "optimizer", "epoch", "best_recall", "history"):
+            if key not in ck:
+                raise DataError(f"checkpoint has no {key!r} entry, so the run cannot be resumed; start a new run", last)
+        load_state(model, ck["model"], last)
+        load_state(loss, ck["loss"], last, "loss")
         if mars is not None:
-            mars.load_state_dict(ck["mars"])
-        opt.load_state_dict(ck["optimizer"])
-        state = RunState(int(ck["epoch"]), float(ck["best_recall"]), list(ck["history"]))
+            load_state(mars, ck["mars"], last, "MARs")
+        try:
+            opt.load_state_dict(ck["optimizer"])
+            state = RunState(int(ck["epoch"]), float(ck["best_recall"]), list(ck["history"]))
+        except (ValueError, KeyError, TypeError) as exc:
+            raise DataError(f"optimiser state in the checkpoint does not fit this run ({exc})", last) from None
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
     (out / "split.json").write_text(split.to_json(), encoding="utf-8")
     gen = torch.Generator().manual_seed(cfg.seed * 1000003 + state.epoch)
-    batch_ids = cfg.batch_size // cfg.views_per_identity
-    for epoch in range(state.epoch + 1, cfg.epochs + 1):
+    step = state.epoch * steps_per_epoch
+    last_epoch = cfg.epochs if stop_after is None else min(cfg.epochs, stop_after)
+    for epoch in range(state.epoch + 1, last_epoch + 1):
         gen.manual_seed(cfg.seed * 1000003 + epoch)  # each epoch's draws depend only on (seed, epoch): resumable
         model.train()
         if mars is not None:
@@ -182,7 +247,14 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False) -> RunState:
         bar = tqdm(batches, desc=f"epoch {epoch}/{cfg.epochs}", unit="batch", disable=None, leave=False)
         for ids in bar:
             x, labels, draws = make_views(train_bank, ids, cfg.views_per_identity, cfg.augment, gen)
-            emb = model(x)
+            x, labels = x.to(device), labels.to(device)
+            if cfg.channels_last:
+                x = x.contiguous(memory_format=torch.channels_last)
+            factor = lr_factor(step, total_steps, warmup_steps, cfg.schedule, cfg.min_lr_ratio)
+            for g in opt.param_groups:
+                g["lr"] = g["base_lr"] * factor
+            step += 1
+            emb = forward(x)
             terms = {"metric_loss": loss(emb, labels)}
             if mars is not None:
                 stage_losses = mars(model.backbone.stage_attention(), draws, positive_pairs(labels))
@@ -199,6 +271,7 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False) -> RunState:
         n = max(len(batches), 1)
         rec = {"epoch": epoch, **{k: v / n for k, v in sums.items()}}
         rec["total_loss"] = sum(v for k, v in rec.items() if k != "epoch")
+        rec["lr"] = opt.param_groups[0]["lr"]
         rec["val_recall_at_1"] = recall_at_1(model, val_bank, cfg)
         rec["seconds"] = time.perf_counter() - t0
         state.history.append(rec)
@@ -210,15 +283,11 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False) -> RunState:
         if improved:
             state.best_recall = rec["val_recall_at_1"]
         ck = _checkpoint(model, loss, mars, opt, cfg, state)
-        tmp = out / ".last.pt.tmp"
-        torch.save(ck, tmp)
-        tmp.replace(last)
+        save_checked(ck, last)
         if improved or not (out / "best.pt").is_file():
-            torch.save(ck, out / ".best.pt.tmp")
-            (out / ".best.pt.tmp").replace(out / "best.pt")
+            save_checked(ck, out / "best.pt")
             weights = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model_config": model.cfg.to_dict(),
-                       "model": model.state_dict(), "epoch": epoch, "val_recall_at_1": rec["val_recall_at_1"]}
-            torch.save(weights, out / ".weights.pt.tmp")
-            (out / ".weights.pt.tmp").replace(out / "weights.pt")
+                       "model": _cpu(model.state_dict()), "epoch": epoch, "val_recall_at_1": rec["val_recall_at_1"]}
+            save_checked(weights, out / "weights.pt")
         _plot(state.history, out / "curves.png")
     return state
