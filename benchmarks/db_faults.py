@@ -65,9 +65,11 @@ def crash_trials(n: int, rng: np.random.Generator) -> tuple[int, int, int]:
         expected: dict[int, tuple[str, np.ndarray]] = {}
         for t in range(n):
             proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path), str(t)], stdout=subprocess.PIPE, text=True)
-            deadline = time.monotonic() + float(rng.uniform(0.3, 1.5))
+            deadline = None  # counted from the first acknowledgement (start-up time varies)
             try:
                 for line in proc.stdout:
+                    if deadline is None:
+                        deadline = time.monotonic() + float(rng.uniform(0.1, 1.5))
                     parts = line.split()
                     expected[int(parts[0])] = (parts[1], np.array(parts[2:], np.float32))
                     acked_total += 1

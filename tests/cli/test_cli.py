@@ -56,8 +56,8 @@ def test_sim_default_model_and_landmarks_set(tmp_path, capsys):
 
 
 def test_sim_rejects_bad_options(tmp_path, capsys):
-    assert sim_cli.main(["run", "luna1", "--data", str(tmp_path), "--threshold", "2"]) == 2
-    assert "threshold=2.0" in capsys.readouterr().err
+    assert _run(sim_cli.main, ["run", "luna1", "--data", str(tmp_path), "--threshold", "2"]) == 2
+    assert "--threshold: 2.0 is out of range" in capsys.readouterr().err
     assert sim_cli.main(["run", "luna1", "--data", str(tmp_path), "--model", "nope"]) == 2
     assert "shipped models" in capsys.readouterr().err
 
@@ -74,3 +74,41 @@ def test_sheet_command(tmp_path, capsys):
     (tmp_path / "d" / "lro_navigation" / "annotations.txt").write_text("nav_images/0.png\n")
     assert data_cli.main(["sheet", str(tmp_path / "d"), "--out", str(tmp_path / "s" / "y")]) == 2
     assert "no navigation frame has a box" in capsys.readouterr().err
+
+
+def _one_line_exit_2(rc, capsys, match):
+    err = capsys.readouterr().err.strip()
+    assert rc == 2, err
+    assert len(err.splitlines()) == 1 and match in err, err
+
+
+def _run(main, argv):
+    try:
+        return main(argv)
+    except SystemExit as exc:  # argparse-level errors
+        return exc.code
+
+
+def test_out_of_range_numbers_are_one_line_errors(tmp_path, capsys):
+    from trn.cli import train as train_cli
+
+    make_dataset(tmp_path / "d")
+    base = ["run", "luna1", "--data", str(tmp_path / "d"), "--model", "ncc", "--no-progress"]
+    for extra, match in ((["--seed", "-1"], "expected 0 or more"), (["--threads", "-1"], "expected 1 or more"),
+                         (["--max-landmarks", "0"], "expected 2 or more"), (["--threshold", "1.5"], "out of range"),
+                         (["--threads", "two"], "not a whole number")):
+        _one_line_exit_2(_run(sim_cli.main, base + extra), capsys, match)
+    _one_line_exit_2(_run(data_cli.main, ["build", "luna1-synth", "--out", str(tmp_path / "o"), "--workers", "0"]),
+                     capsys, "expected 1 or more")
+    _one_line_exit_2(_run(train_cli.main, ["--config", "x.yaml", "--out", "o", "--stop-after", "0"]), capsys,
+                     "expected 1 or more")
+
+
+def test_os_errors_are_one_line_errors(tmp_path, capsys):
+    from ..sim.test_scenarios import write_dataset
+
+    write_dataset(tmp_path / "d", [[0, 1], [2], [0, 1, 2], [3], [0], [1, 3]])
+    (tmp_path / "taken").write_text("a file, not a directory")
+    rc = _run(sim_cli.main, ["run", "luna1", "--data", str(tmp_path / "d"), "--model", "ncc", "--no-progress",
+                             "--scenario", "moon_navigation", "--threads", "1", "--out", str(tmp_path / "taken")])
+    _one_line_exit_2(rc, capsys, "taken")

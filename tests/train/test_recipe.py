@@ -99,3 +99,39 @@ def test_resuming_mid_run_gives_the_same_weights(tmp_path):
     for k in a["loss"]:
         assert torch.equal(a["loss"][k], b["loss"][k]), k
     assert [h["metric_loss"] for h in whole.history] == [h["metric_loss"] for h in rest.history]
+
+
+@pytest.mark.parametrize("patch, match", [
+    ({"data": {"kind": "folder", "path": "x", "test_fraction": "0.5"}}, "data.test_fraction: expected a number"),
+    ({"data": {"kind": "folder", "path": 123}}, "data.path: expected a string"),
+    ({"model": "flight"}, "must be a mapping"),
+    ({"model": {"preset": "flight", "layers": 3}}, "model.layers: expected a list"),
+    ({"augment": {"angle_deg": 5}}, "augment.angle_deg: expected a list"),
+    ({"augment": {"angle_deg": [1, 2, 3]}}, "expected \\[low, high\\]"),
+    ({"epochs": 1.5}, "epochs: expected a whole number"),
+    ({"batch_size": 4.0}, "batch_size: expected a whole number"),
+    ({"threads": -1}, "threads=-1"),
+    ({"seed": -1}, "seed=-1"),
+    ({"max_batches": 0}, "max_batches=0"),
+    ({"mars": {"gamma_ch": "high"}}, "mars.gamma_ch: expected a number"),
+    ({"mars": {"enabled": "false"}}, "mars.enabled: expected true or false"),
+    ({"lr": float("nan")}, "lr: expected a finite number"),
+])
+def test_config_types_are_checked_at_the_boundary(tmp_path, patch, match):
+    doc = base_doc(tmp_path)
+    doc.update(patch)
+    with pytest.raises(ConfigError, match=match):
+        from_dict(doc)
+
+
+def test_yaml_numbers_in_exponent_form_are_numbers(tmp_path):
+    import yaml
+
+    from trn.train.config import load_config
+
+    doc = base_doc(tmp_path)
+    text = yaml.safe_dump(doc).replace("lr: 0.003", "lr: 1e-4").replace("loss_lr: 0.03", "loss_lr: 3E-2")
+    assert "lr: 1e-4" in text
+    (tmp_path / "c.yaml").write_text(text)
+    cfg = load_config(tmp_path / "c.yaml", ["weight_decay=5e-5"])
+    assert cfg.lr == 1e-4 and cfg.loss_lr == 0.03 and cfg.weight_decay == 5e-5

@@ -133,4 +133,7 @@ def test_model_card(tmp_path):
                                              for e, r in ((1, 0.5), (2, 0.75), (3, 0.7))) + "\n")
     (run / "split.json").write_text(json.dumps({"train": ["a"] * 10, "val": ["b"] * 2, "test": ["c"] * 12}))
     text = write_model_card(run, "Test model", "trn-train --config x.yaml --out run", "tiny").read_text()
-    assert "best 75.00% at epoch 2" in text and "3.0 min" in text and "10 train / 2 validation / 12 test" in text
+    assert "75.00% on the validation gallery at epoch 2" in text and "3.0 min" in text
+    assert "10 train / 2 validation / 12 test" in text and "`weights.pt` (epoch 2" in text
+    last = write_model_card(run, "Test model", "x", "tiny", weights_epoch="last").read_text()
+    assert "70.00% on the validation gallery at epoch 3" in last

@@ -13,7 +13,7 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from trn.cli.common import run_main, setup_logging
+from trn.cli.common import Parser, int_at_least, run_main, setup_logging
 from trn.data.annotate import AnnotateConfig
 from trn.data.build import BuildConfig, build_luna1
 from trn.data.luna1 import check_luna1
@@ -22,12 +22,12 @@ from trn.data.render import RenderConfig
 
 def _add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="output dataset directory (resumable)")
-    p.add_argument("--limit-frames", type=int, default=None, metavar="N", help="only N navigation frames")
-    p.add_argument("--first-frame", type=int, default=0, metavar="K", help="start at frame K (default 0)")
-    p.add_argument("--limit-craters", type=int, default=None, metavar="N",
+    p.add_argument("--limit-frames", type=int_at_least(0), default=None, metavar="N", help="only N navigation frames")
+    p.add_argument("--first-frame", type=int_at_least(0), default=0, metavar="K", help="start at frame K (default 0)")
+    p.add_argument("--limit-craters", type=int_at_least(0), default=None, metavar="N",
                    help="only N crater landmarks (those seen in the frames first)")
-    p.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1), help="parallel render processes")
-    p.add_argument("--seed", type=int, default=0, help="seed of the detail synthesis (and of the synthetic world)")
+    p.add_argument("--workers", type=int_at_least(1), default=max(1, os.cpu_count() or 1), help="parallel render processes")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the detail synthesis (and of the synthetic world)")
     p.add_argument("--nav-size", type=int, default=RenderConfig.nav_size, help="navigation frame size in pixels")
     p.add_argument("--crater-size", type=int, default=RenderConfig.crater_size, help="landmark image size in pixels")
     p.add_argument("--no-detail", action="store_true", help="switch off sub-pixel detail synthesis")
@@ -41,7 +41,7 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-frames", action="store_true",
                    help="landmarks, annotations, poses and metadata only (enough for training); the same command "
                         "without it renders the frames later")
-    p.add_argument("--views", type=int, default=0, metavar="K",
+    p.add_argument("--views", type=int_at_least(0), default=0, metavar="K",
                    help="K extra renders of every crater under other Sun azimuths and elevations, scales and small "
                         "off-nadir tilts (crater_views/, for training; can be added to a finished build)")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -61,7 +61,7 @@ def _print_summary(s) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="trn-data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="trn-data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="build a dataset")
     bsub = b.add_subparsers(dest="what", required=True)

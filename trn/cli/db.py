@@ -16,7 +16,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trn.cli.common import run_main, setup_logging
+from trn.cli.common import Parser, run_main, setup_logging
 
 
 def _check(path: Path) -> int:
@@ -82,7 +82,7 @@ def _repair(path: Path) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="trn-db", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="trn-db", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     for name, text in (("check", "report the state of a database and its journal"),
                        ("repair", "keep the intact part of a damaged journal and report what is discarded")):

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from trn.cli.common import run_main, setup_logging
+from trn.cli.common import Parser, float_between, int_at_least, run_main, setup_logging
 from trn.db.tokens import SEED_METHODS, TokenConfig
 from trn.errors import ConfigError
 from trn.sim import scenarios as sc
@@ -35,21 +35,21 @@ def _common(p: argparse.ArgumentParser, scenarios: tuple[str, ...]) -> None:
     p.add_argument("--scenario", action="append", choices=scenarios, default=None, help="repeat for several (default: all)")
     p.add_argument("--quick", action="store_true", help=f"cap the landmark scenarios at {QUICK_LANDMARKS} test landmarks")
     p.add_argument("--out", type=Path, default=None, help="report directory (default runs/sim/<set>-<time>)")
-    p.add_argument("--seed", type=int, default=0, help="scenario seed: views, orders, detector noise")
-    p.add_argument("--threshold", type=float, default=0.9, help="match threshold (cosine, or late-interaction score with tokens)")
+    p.add_argument("--seed", type=int_at_least(0), default=0, help="scenario seed: views, orders, detector noise")
+    p.add_argument("--threshold", type=float_between(-1.0, 1.0), default=0.9, help="match threshold (cosine, or late-interaction score with tokens)")
     p.add_argument("--tokens", type=int, action="append", default=None, metavar="K",
                    help="instance tokens per landmark for two-stage matching (0: global only); repeat to compare")
     p.add_argument("--shortlist", type=int, action="append", default=None, metavar="S",
                    help="candidates re-ranked by late interaction (default 10); repeat to compare")
     p.add_argument("--token-seeds", choices=SEED_METHODS, default="saliency")
-    p.add_argument("--max-landmarks", type=int, default=None, help="cap on test landmarks")
-    p.add_argument("--threads", type=int, default=max(1, os.cpu_count() or 1), help="torch CPU threads")
+    p.add_argument("--max-landmarks", type=int_at_least(2), default=None, help="cap on test landmarks")
+    p.add_argument("--threads", type=int_at_least(1), default=max(1, os.cpu_count() or 1), help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="trn-sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = Parser(prog="trn-sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="cmd", required=True)
     run = sub.add_parser("run", help="run scenarios")
     rsub = run.add_subparsers(dest="what", required=True)
@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> int:
     l1.add_argument("--data", type=Path, default=None, help="Luna-1-format dataset (default: the built-in world)")
     _common(l1, sc.SCENARIOS)
     l1.add_argument("--nms", choices=sc.NMS_KINDS, default="release", help="release: the authors' variant; standard: IoU")
-    l1.add_argument("--max-frames", type=int, default=None, help="cap on annotated frames (per orbit in Lost-in-Space)")
-    l1.add_argument("--world-seed", type=int, default=0, help="seed of the built-in world")
-    l1.add_argument("--workers", type=int, default=max(1, os.cpu_count() or 1), help="built-in world build workers")
+    l1.add_argument("--max-frames", type=int_at_least(1), default=None, help="cap on annotated frames (per orbit in Lost-in-Space)")
+    l1.add_argument("--world-seed", type=int_at_least(0), default=0, help="seed of the built-in world")
+    l1.add_argument("--workers", type=int_at_least(1), default=max(1, os.cpu_count() or 1), help="built-in world build workers")
     lm = rsub.add_parser("landmarks", help="Recall@1 and Incremental Recall@1 on a landmark dataset")
     lm.add_argument("--data", type=Path, required=True)
     lm.add_argument("--kind", choices=("luna1", "hirise", "folder"), default="folder")

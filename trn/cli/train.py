@@ -11,16 +11,16 @@ import argparse
 import sys
 from pathlib import Path
 
-from trn.cli.common import run_main, setup_logging
+from trn.cli.common import Parser, int_at_least, run_main, setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="trn-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = Parser(prog="trn-train", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--config", type=Path, required=True, help="YAML training config")
     ap.add_argument("--out", type=Path, required=True, help="run directory (checkpoints, logs, curves)")
     ap.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
     ap.add_argument("--check", action="store_true", help="validate the config and the data, then stop")
-    ap.add_argument("--stop-after", type=int, default=None, metavar="EPOCH",
+    ap.add_argument("--stop-after", type=int_at_least(1), default=None, metavar="EPOCH",
                     help="stop once this epoch is done (continue later with --resume); the schedule is unchanged")
     ap.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -28,13 +28,10 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
 
     def go() -> int:
-        from trn.errors import ConfigError
         from trn.train.config import load_config
         from trn.train.loop import train
 
         cfg = load_config(args.config, args.overrides)
-        if args.stop_after is not None and args.stop_after < 1:
-            raise ConfigError(f"--stop-after {args.stop_after}: expected an epoch number >= 1")
         if args.check:
             from trn.train.data import load_landmarks, split_identities
 

@@ -8,6 +8,13 @@ from pathlib import Path
 import yaml
 
 
+def _val(r: dict) -> str:
+    text = f"{100 * r['val_recall_at_1']:.2f}% on the validation gallery"
+    if "val_recall_at_1_distractors" in r:
+        text += f", {100 * r['val_recall_at_1_distractors']:.2f}% with the training identities as distractors"
+    return text
+
+
 def _recipe(cfg: dict) -> str:
     opt = {"adam": "Adam", "adamw": "AdamW"}[cfg.get("optimizer", "adam")]
     text = f"{opt} lr {cfg['lr']} (loss parameters {cfg['loss_lr']})"
@@ -22,11 +29,14 @@ def _recipe(cfg: dict) -> str:
     return text
 
 
-def write_model_card(run: Path, title: str, command: str, data_note: str) -> Path:
+def write_model_card(run: Path, title: str, command: str, data_note: str, weights_epoch: str = "best") -> Path:
     """Write ``run/MODEL_CARD.md`` from the run's config.yaml and log.jsonl."""
     cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
     log = [json.loads(x) for x in (run / "log.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
-    best = max(log, key=lambda r: r["val_recall_at_1"])
+    # the selection rule of the training loop: the distractor figure first, later epochs win ties
+    best = max(reversed(log), key=lambda r: (r.get("val_recall_at_1_distractors", r["val_recall_at_1"]),
+                                             r["val_recall_at_1"]))
+    best = log[-1] if weights_epoch == "last" else best
     wall = sum(r["seconds"] for r in log)
     m = cfg["model"]
     split = json.loads((run / "split.json").read_text(encoding="utf-8"))
@@ -41,9 +51,10 @@ def write_model_card(run: Path, title: str, command: str, data_note: str) -> Pat
         f"- Training: {len(log)} epochs, batch {cfg['batch_size']} ({cfg['views_per_identity']} views per identity), "
         f"{_recipe(cfg)}, seed {cfg['seed']}",
         f"- Wall time: {wall / 60:.1f} min of training on this machine (2-core CPU), validation included",
-        f"- Validation Recall@1 (gallery size one, independent draws from T): best {100 * best['val_recall_at_1']:.2f}% "
-        f"at epoch {best['epoch']}; last {100 * log[-1]['val_recall_at_1']:.2f}%",
-        "- Files: `weights.pt` (best epoch; `trn.train.loop.load_descriptor`), `config.yaml`, `log.jsonl`, "
+        f"- Validation Recall@1 (gallery size one, independent draws from T): {_val(best)} at epoch {best['epoch']} "
+        f"(the shipped weights); last epoch: {_val(log[-1])}",
+        f"- Files: `weights.pt` (epoch {best['epoch']}, with `weights.pt.sha256`; `trn.train.loop.load_descriptor`), "
+        "`config.yaml`, `log.jsonl`, "
         "`split.json`, `curves.png`",
         "", "Reproduce:", "", "```bash", command, "```", "",
     ]

@@ -139,6 +139,12 @@ class TrainConfig:
             raise ConfigError(f"min_lr_ratio={self.min_lr_ratio}: expected 0 to 1")
         if not 0 <= self.weight_decay < 1:
             raise ConfigError(f"weight_decay={self.weight_decay}: expected 0 <= weight decay < 1")
+        if self.max_batches is not None and self.max_batches < 1:
+            raise ConfigError(f"max_batches={self.max_batches}: expected 1 or more (leave it out for no cap)")
+        if not 0 <= self.threads <= 1024:
+            raise ConfigError(f"threads={self.threads}: expected 0 (torch's default) to 1024")
+        if self.seed < 0:
+            raise ConfigError(f"seed={self.seed}: expected 0 or more")
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r}: expected one of {DEVICES}")
 
