@@ -1,6 +1,6 @@
 """``trn-sim``: run the navigation-style scenarios and write reports.
 
-    trn-sim run luna1                                # built-in world, shipped MARs flight model
+    trn-sim run luna1                                # built-in world, shipped default flight model
     trn-sim run luna1 --data data/luna1 --ablation   # every shipped model and the NCC baseline
     trn-sim run luna1 --quick                        # capped run, under two minutes once the world is built
     trn-sim run luna1 --tokens 4 --shortlist 10      # two-stage matching with instance tokens

@@ -24,7 +24,7 @@ from trn.errors import ConfigError, DataError
 from trn.models.descriptor import Descriptor
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
-DEFAULT_MODEL = "flight_ric_ca_mars"
+DEFAULT_MODEL = "flight_conv2d_se"  # the best of the ablation on real data (README)
 
 
 @dataclass(frozen=True)
