@@ -112,3 +112,30 @@ def test_os_errors_are_one_line_errors(tmp_path, capsys):
     rc = _run(sim_cli.main, ["run", "luna1", "--data", str(tmp_path / "d"), "--model", "ncc", "--no-progress",
                              "--scenario", "moon_navigation", "--threads", "1", "--out", str(tmp_path / "taken")])
     _one_line_exit_2(rc, capsys, "taken")
+
+
+def test_check_and_sim_agree_on_faulty_datasets(tmp_path, capsys):
+    from trn.data import luna1
+
+    from ..sim.test_scenarios import write_dataset
+
+    def fresh(name):
+        write_dataset(tmp_path / name, [[0, 1], [2], [0, 1, 2], [3], [0], [1, 3]])
+        return tmp_path / name, tmp_path / name / luna1.ANNOTATIONS
+
+    cases = {}
+    d, ann = fresh("outside")
+    ann.write_text(ann.read_text().replace("nav_images/0.png ", "nav_images/0.png 2,9000,9010,5,30 ", 1))
+    cases[d] = "lies outside"
+    d, ann = fresh("noimage")
+    ann.write_text(ann.read_text().replace("nav_images/0.png ", "nav_images/0.png 77,5,30,5,30 ", 1))
+    cases[d] = "crater id 77 has no"
+    d, ann = fresh("encoding")
+    ann.write_bytes(ann.read_bytes().replace(b"nav_images/1.png", b"nav_images/1.png \xff\xfe", 1))
+    cases[d] = "not UTF-8"
+    for d, match in cases.items():
+        assert data_cli.main(["check", str(d), "--no-decode"]) == 1
+        assert match in capsys.readouterr().out
+        rc = _run(sim_cli.main, ["run", "luna1", "--data", str(d), "--model", "ncc", "--no-progress",
+                                 "--scenario", "moon_navigation", "--threads", "1", "--out", str(tmp_path / "r")])
+        _one_line_exit_2(rc, capsys, match)

@@ -141,7 +141,11 @@ def _read_numeric_rows(path: Path, columns: int, what: str, delimiter: str | Non
     if not path.is_file():
         raise DataError(f"{what} file is missing", path)
     rows = []
-    for i, raw in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as exc:
+        raise DataError(f"{what} file is not UTF-8 text ({exc.reason} at byte {exc.start})", path) from None
+    for i, raw in enumerate(text.splitlines(), start=1):
         if not raw.strip():
             continue
         parts = raw.split(delimiter) if delimiter else raw.split()
@@ -332,9 +336,22 @@ class Problem:
     file: str
     line: int | None
     message: str
+    blocks_scenarios: bool = True  # False for what only some uses need (optional pose files)
 
     def __str__(self) -> str:
         return f"{self.file}:{self.line}: {self.message}" if self.line else f"{self.file}: {self.message}"
+
+
+def png_size(path: Path) -> tuple[int, int] | None:
+    """(height, width) from a PNG's IHDR chunk without decoding it; None if it is not a PNG."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(24)
+    except OSError:
+        return None
+    if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
+        return None
+    return int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big")
 
 
 def check_luna1(root: str | Path, decode_images: bool = True) -> list[Problem]:
@@ -370,7 +387,12 @@ def check_luna1(root: str | Path, decode_images: bool = True) -> list[Problem]:
             add(ANNOTATIONS, None, "missing")
         else:
             seen: set[int] = set()
-            for i, raw in enumerate(ann.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+            for i, raw_bytes in enumerate(ann.read_bytes().splitlines(), start=1):
+                try:
+                    raw = raw_bytes.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    add(ANNOTATIONS, i, f"line is not UTF-8 text (byte {exc.start}); annotations.txt must be UTF-8")
+                    continue
                 tokens = raw.split()
                 if not tokens:
                     continue
@@ -401,6 +423,10 @@ def check_luna1(root: str | Path, decode_images: bool = True) -> list[Problem]:
                         add(f"{NAV_IMAGES}/{f.frame}.png", None, "cannot be decoded (corrupt PNG)")
                     else:
                         size = img.shape[:2]
+                elif f.boxes:
+                    size = png_size(ipath)
+                    if size is None:
+                        add(f"{NAV_IMAGES}/{f.frame}.png", None, "is not a PNG image (bad header)")
                 for b in f.boxes:
                     if known and b.id not in known:
                         add(ANNOTATIONS, None, f"frame {f.frame}: crater id {b.id} has no {CRATER_DIR}/{b.id}.png")
@@ -411,7 +437,8 @@ def check_luna1(root: str | Path, decode_images: bool = True) -> list[Problem]:
         for rel, reader in ((POSES_CSV, read_poses_csv), (POSES_KITTI, read_poses_kitti)):
             p = root / rel
             if not p.is_file():
-                add(rel, None, "missing (optional, but Lost-in-Space orbit splits and metadata use it)")
+                problems.append(Problem(rel, None, "missing (optional, but Lost-in-Space orbit splits and metadata use it)",
+                                        blocks_scenarios=False))
                 continue
             try:
                 arr = reader(p)

@@ -12,6 +12,7 @@ import numpy as np
 from trn.data.build import MANIFEST
 from trn.data.luna1 import Luna1Dataset, read_luna1
 from trn.data.synth import SynthConfig, build_synthetic_luna1
+from trn.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +42,18 @@ def _is_complete(d: Path) -> bool:
         return False
 
 
+def check_before_scenarios(root: Path) -> None:
+    """Refuse a dataset that ``trn-data check`` finds faulty (boxes outside their frame, crater ids
+    without an image, malformed or non-UTF-8 annotations, missing frames), so that the two agree;
+    images are not decoded here (a corrupt one is named when it is read)."""
+    from trn.data.luna1 import check_luna1
+
+    problems = [p for p in check_luna1(root, decode_images=False) if p.blocks_scenarios]
+    if problems:
+        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+        raise DataError(f"dataset has problems: {problems[0]}{more}; `trn-data check {root}` lists them all", root)
+
+
 def prepare_luna1(data: Path | None, seed: int = 0, limit_frames: int | None = None,
                   limit_craters: int | None = None, workers: int = 2,
                   world: SynthConfig | None = None, quick: bool = False) -> tuple[Luna1Dataset, bool]:
@@ -52,6 +65,7 @@ def prepare_luna1(data: Path | None, seed: int = 0, limit_frames: int | None = N
     and 600 craters, a few minutes once) rather than the full one (about 50 minutes once).
     """
     if data is not None:
+        check_before_scenarios(Path(data))
         return read_luna1(data), False
     if quick and world is None and limit_frames is None and limit_craters is None \
             and not _is_complete(builtin_dataset_dir(seed, None, None)):
