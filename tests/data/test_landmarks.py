@@ -62,3 +62,45 @@ def test_folder_and_luna1_errors(tmp_path):
     img(tmp_path / "crater_images" / "3.png")
     img(tmp_path / "crater_images" / "12.png")
     assert read_luna1_landmarks(tmp_path).instances == ["3", "12"]
+
+
+def _hirise(root, names=("ESP_1_RED-0001", "ESP_1_RED-0002")):
+    lines = []
+    for n in names:
+        for suffix in ["", "-r90"]:
+            img(root / "map-proj-v3_2" / f"{n}{suffix}.jpg")
+            lines.append(f"{n}{suffix}.jpg 1")
+    (root / "labels-map-proj_v3_2.txt").write_text("\n".join(lines) + "\n")
+    (root / "landmarks_map-proj-v3_2_classmap.csv").write_text("0,other\n1,crater\n")
+
+
+def test_kinds_are_detected_and_too_few_identities_refused(tmp_path, capsys):
+    from trn.cli import sim as sim_cli
+    from trn.data.landmarks import detect_kind, read_landmarks
+
+    _hirise(tmp_path / "hirise")
+    for i in range(3):
+        img(tmp_path / "folder" / f"lm{i}.png")
+    for i in (1, 2, 3):
+        img(tmp_path / "luna" / "crater_images" / f"{i}.png")
+    assert [detect_kind(tmp_path / k) for k in ("hirise", "folder", "luna")] == ["hirise", "folder", "luna1"]
+    ls, kind = read_landmarks(tmp_path / "hirise")
+    assert kind == "hirise" and len(ls.instances) == 2 and len(ls.items) == 4
+    _hirise(tmp_path / "one", names=("ESP_1_RED-0001",))
+    with pytest.raises(DataError, match="HiRISE v3 layout .*detected kind 'hirise'.* holds 1 landmark identity"):
+        read_landmarks(tmp_path / "one")
+    with pytest.raises(DataError, match="generic folder .*given kind 'folder'.* holds 1"):
+        read_landmarks(tmp_path / "one", "folder")  # the one labels file's folder holds a single image set
+    rc = sim_cli.main(["run", "landmarks", "--data", str(tmp_path / "one"), "--model", "ncc", "--no-progress",
+                       "--out", str(tmp_path / "r")])
+    err = capsys.readouterr().err
+    assert rc == 2 and "HiRISE v3 layout" in err and "training" not in err
+
+
+def test_trn_train_detects_the_kind(tmp_path):
+    from trn.train.config import from_dict, resolve_kind
+
+    _hirise(tmp_path / "h")
+    doc = {"data": {"kind": "auto", "path": str(tmp_path / "h")}, "model": {"preset": "flight"}}
+    assert resolve_kind(from_dict(doc)).data.kind == "hirise"
+    assert from_dict({**doc, "data": {"path": str(tmp_path / "h")}}).data.kind == "auto"  # the default

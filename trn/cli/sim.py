@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> int:
     l1.add_argument("--workers", type=int_at_least(1), default=max(1, os.cpu_count() or 1), help="built-in world build workers")
     lm = rsub.add_parser("landmarks", help="Recall@1 and Incremental Recall@1 on a landmark dataset")
     lm.add_argument("--data", type=Path, required=True)
-    lm.add_argument("--kind", choices=("luna1", "hirise", "folder"), default="folder")
+    lm.add_argument("--kind", choices=("luna1", "hirise", "folder"), default=None,
+                    help="dataset layout (default: detected: crater_images/ = luna1, labels*.txt = hirise, else folder)")
     _common(lm, sc.LANDMARK_SCENARIOS)
     rp = sub.add_parser("report", help="re-render report.md and the plots of a report directory from its report.json")
     rp.add_argument("dir", type=Path)
@@ -139,11 +140,13 @@ def _run(args, argv) -> int:
                    "scenarios": scenarios, "settings": settings.to_dict()}
         rep = run_luna1(ds, embedders, scenarios, settings, context, not args.no_progress)
     else:
-        from trn.data.landmarks import read_folder, read_hirise, read_luna1_landmarks
+        from trn.data.landmarks import read_landmarks
         from trn.sim.run import run_landmarks
 
-        reader = {"luna1": read_luna1_landmarks, "hirise": read_hirise, "folder": read_folder}[args.kind]
-        ls = reader(args.data)
+        ls, kind = read_landmarks(args.data, args.kind)
+        print(f"dataset: {args.data}, {'read as' if args.kind else 'detected as'} {kind}: "
+              f"{len(ls.instances)} identities, {len(ls.items)} images")
+        args.kind = kind
         context = {"dataset": str(args.data), "kind": args.kind, "command": command,
                    "models": [e.name for e in embedders], "scenarios": scenarios, "settings": settings.to_dict()}
         rep = run_landmarks(ls, args.kind, str(args.data), embedders, scenarios, settings, context, not args.no_progress)

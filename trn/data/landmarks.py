@@ -159,3 +159,43 @@ def read_folder(root: str | Path, name: str = "folder") -> LandmarkSet:
     if not items:
         raise DataError(f"no images ({', '.join(IMAGE_SUFFIXES)}) found", root)
     return LandmarkSet(name, tuple(items))
+
+
+KINDS = ("luna1", "hirise", "folder")
+LAYOUTS = {
+    "luna1": "a Luna-1 directory (crater_images/<id>.png, optionally lro_navigation/)",
+    "hirise": "the HiRISE v3 layout (labels*.txt with '<image> <class id>' lines, an optional *classmap*.csv, "
+              "the images beside them or in a folder)",
+    "folder": "a generic folder (<instance>.png, <instance>_<view>.png or <instance>/<view>.png)",
+}
+
+
+def detect_kind(root: str | Path) -> str:
+    """The layout of a landmark dataset: ``luna1`` (a ``crater_images/`` folder), ``hirise`` (a
+    ``labels*.txt`` file), else ``folder``."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError("landmark dataset directory does not exist", root)
+    if (root / CRATER_DIR).is_dir():
+        return "luna1"
+    if any(root.glob("labels*.txt")):
+        return "hirise"
+    return "folder"
+
+
+def read_landmarks(root: str | Path, kind: str | None = None, min_identities: int = 2) -> tuple[LandmarkSet, str]:
+    """(landmark set, kind) of a dataset, detecting the kind when it is not given; a set with
+    fewer than ``min_identities`` identities is refused, naming the layout that was read."""
+    detected = kind is None
+    kind = detect_kind(root) if kind is None else kind
+    if kind not in KINDS:
+        raise DataError(f"unknown dataset kind {kind!r}; expected one of {KINDS}", root)
+    reader = {"luna1": read_luna1_landmarks, "hirise": read_hirise, "folder": read_folder}[kind]
+    ls = reader(root)
+    n = len(ls.instances)
+    if n < min_identities:
+        how = "detected" if detected else "given"
+        raise DataError(f"read as {LAYOUTS[kind]} ({how} kind {kind!r}), it holds {n} landmark identit"
+                        f"{'y' if n == 1 else 'ies'}; at least {min_identities} are needed. If it has another layout, "
+                        "pass --kind", root)
+    return ls, kind

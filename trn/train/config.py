@@ -32,7 +32,7 @@ from trn.train.augment import AugmentConfig
 from trn.train.losses import loss_spec
 from trn.train.mars import MarsConfig
 
-DATA_KINDS = ("luna1", "hirise", "folder")
+DATA_KINDS = ("auto", "luna1", "hirise", "folder")
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 DEVICES = ("cpu", "cuda", "auto")
@@ -40,13 +40,13 @@ DEVICES = ("cpu", "cuda", "auto")
 
 @dataclass(frozen=True)
 class DataConfig:
-    """kind: luna1 | hirise | folder; path: dataset root; test_fraction: instance-disjoint test
+    """kind: auto (detected from the layout) | luna1 | hirise | folder; path: dataset root; test_fraction: instance-disjoint test
     share (Luna-1: navigation craters are forced into it first); val_fraction: share of the train
     identities held out for the per-epoch validation Recall@1; split_seed: seed of the split.
     extra_views: Luna-1 only: train with each crater's extra renders (``trn-data build --views``)
     as further views; validation and test keep the single Luna-1 render (the paper's protocol)."""
 
-    kind: str = "luna1"
+    kind: str = "auto"
     path: str = ""
     test_fraction: float = 0.5
     val_fraction: float = 0.1
@@ -58,7 +58,7 @@ class DataConfig:
             raise ConfigError(f"data.kind={self.kind!r}: expected one of {DATA_KINDS}")
         if not self.path:
             raise ConfigError("data.path is empty: give the dataset directory")
-        if self.extra_views and self.kind != "luna1":
+        if self.extra_views and self.kind not in ("luna1", "auto"):
             raise ConfigError("data.extra_views needs data.kind luna1 (the views come from trn-data build --views)")
         if not 0.0 <= self.test_fraction < 1.0 or not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"data fractions test={self.test_fraction}, val={self.val_fraction}: expected [0, 1)")
@@ -268,6 +268,19 @@ def apply_overrides(doc: dict, overrides: list[str]) -> dict:
         except yaml.YAMLError as exc:
             raise ConfigError(f"override {item!r}: the value is not valid YAML ({exc})") from None
     return doc
+
+
+def resolve_kind(cfg: TrainConfig) -> TrainConfig:
+    """``data.kind: auto`` replaced by the detected layout (logged), checked like a given one."""
+    if cfg.data.kind != "auto":
+        return cfg
+    import logging
+
+    from trn.data.landmarks import detect_kind
+
+    kind = detect_kind(cfg.data.path)
+    logging.getLogger(__name__).info("%s: detected dataset kind %r", cfg.data.path, kind)
+    return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, kind=kind))
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:

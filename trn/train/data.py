@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import torch
 
-from trn.data.landmarks import LandmarkSet, read_folder, read_hirise, read_luna1_landmarks
+from trn.data.landmarks import LandmarkSet, detect_kind, read_landmarks, read_luna1_landmarks
 from trn.data.luna1 import read_annotations, ANNOTATIONS
 from trn.errors import DataError
 from trn.train.augment import AugmentConfig, Draw, apply, sample
@@ -31,12 +31,13 @@ def preprocess(img: np.ndarray, size: int) -> np.ndarray:
 
 
 def load_landmarks(cfg: DataConfig) -> LandmarkSet:
+    """The landmark set of ``cfg`` (kind given or ``auto``); fewer than two identities is refused
+    with the layout that was read."""
     root = Path(cfg.path)
-    if cfg.kind == "luna1":
-        return read_luna1_landmarks(root, extra_views=cfg.extra_views)
-    if cfg.kind == "hirise":
-        return read_hirise(root)
-    return read_folder(root)
+    if cfg.kind == "luna1" and cfg.extra_views:
+        return read_luna1_landmarks(root, extra_views=True)
+    ls, _ = read_landmarks(root, None if cfg.kind == "auto" else cfg.kind)
+    return ls
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,8 @@ def split_identities(ls: LandmarkSet, cfg: DataConfig) -> Split:
     ids = ls.instances
     rng = np.random.default_rng(cfg.split_seed)
     forced: list[str] = []
-    if cfg.kind == "luna1":
+    kind = detect_kind(cfg.path) if cfg.kind == "auto" else cfg.kind
+    if kind == "luna1":
         ann = Path(cfg.path) / ANNOTATIONS
         if ann.is_file():
             seen = {str(b.id) for f in read_annotations(ann) for b in f.boxes}

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from trn.errors import ConfigError, DataError
 from trn.models.descriptor import Descriptor, DescriptorConfig
 from trn.train.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_checked, load_state, save_checked
-from trn.train.config import TrainConfig
+from trn.train.config import TrainConfig, resolve_kind
 from trn.train.data import ImageBank, load_landmarks, make_views, pair_batches, split_identities
 from trn.train.losses import MetricLoss
 from trn.train.mars import Mars, positive_pairs
@@ -193,6 +193,7 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
     ``stop_after``: stop (resumably) once that epoch is done, e.g. to split a long run over
     sessions; the learning-rate schedule still spans ``cfg.epochs``."""
     out = Path(out)
+    cfg = resolve_kind(cfg)
     if not resume and (out / "log.jsonl").exists():
         raise ConfigError(f"{out} already holds a training run; pass --resume to continue it or choose a new --out")
     out.mkdir(parents=True, exist_ok=True)
