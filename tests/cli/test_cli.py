@@ -139,3 +139,14 @@ def test_check_and_sim_agree_on_faulty_datasets(tmp_path, capsys):
         rc = _run(sim_cli.main, ["run", "luna1", "--data", str(d), "--model", "ncc", "--no-progress",
                                  "--scenario", "moon_navigation", "--threads", "1", "--out", str(tmp_path / "r")])
         _one_line_exit_2(rc, capsys, match)
+
+
+def test_stats_on_a_hand_built_dataset_with_known_counts(tmp_path, capsys):
+    make_dataset(tmp_path / "d", n_frames=4)  # frame 1: one box; frame 2: two identical boxes (ids 1, 5)
+    assert data_cli.main(["stats", str(tmp_path / "d"), str(tmp_path / "d")]) == 0
+    out = capsys.readouterr().out
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.split("|")[2:-1]] for line in out.splitlines()[2:]}
+    assert rows["crater landmarks"] == ["3", "3"] and rows["navigation frames"] == ["4", "4"]
+    assert rows["annotated frames"][0] == "2" and rows["boxes"][0] == "3"
+    assert rows["detections after NMS"][0] == "2" and rows["distinct craters in frames"][0] == "1"
+    assert rows["boxes per annotated frame"][0] == "1.50"

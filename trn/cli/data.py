@@ -78,6 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("check", help="validate a Luna-1-format directory and list every problem")
     c.add_argument("dir", type=Path)
     c.add_argument("--no-decode", action="store_true", help="do not decode every image (faster)")
+    st = sub.add_parser("stats", help="navigation statistics of Luna-1 directories, side by side")
+    st.add_argument("dirs", type=Path, nargs="+")
+    st.add_argument("--nms", choices=("release", "standard"), default="release")
     sh = sub.add_parser("sheet", help="contact sheets: crater landmarks and navigation frames with boxes")
     sh.add_argument("dir", type=Path)
     sh.add_argument("--out", type=Path, required=True, help="output prefix: writes PREFIX_craters.png and PREFIX_frames.png")
@@ -94,6 +97,12 @@ def main(argv: list[str] | None = None) -> int:
                 print(p)
             print(f"{args.dir}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
             return 0 if not problems else 1
+        if args.cmd == "stats":
+            from trn.data.luna1 import read_luna1
+            from trn.sim.prepare import navigation_stats, stats_table
+
+            print("\n".join(stats_table([navigation_stats(read_luna1(d), args.nms) for d in args.dirs])))
+            return 0
         if args.cmd == "sheet":
             from trn.data.sheets import write_sheets
 

@@ -110,3 +110,53 @@ def summarize(ds: Luna1Dataset) -> DatasetSummary:
     return DatasetSummary(str(ds.root), len(ds.crater_ids), len(ds.frames), annotated, int(n_boxes.sum()),
                           len(ds.navigation_crater_ids()), float(n_boxes.sum() / max(annotated, 1)),
                           ds.poses is not None, ds.metadata is not None)
+
+
+@dataclass(frozen=True)
+class NavigationStats:
+    """The navigation statistics that decide whether Moon Navigation and Lost-in-Space mean
+    anything: annotated frames, detections after NMS, distinct craters, boxes per annotated
+    frame, and per orbit (for Lost-in-Space)."""
+
+    root: str
+    craters: int
+    frames: int
+    annotated_frames: int
+    boxes: int
+    detections_after_nms: int
+    distinct_craters: int
+    boxes_per_annotated_frame: float
+    annotated_per_orbit: tuple[int, ...]
+
+    ROWS = (("crater landmarks", "craters"), ("navigation frames", "frames"), ("annotated frames", "annotated_frames"),
+            ("boxes", "boxes"), ("detections after NMS", "detections_after_nms"),
+            ("distinct craters in frames", "distinct_craters"),
+            ("boxes per annotated frame", "boxes_per_annotated_frame"),
+            ("annotated frames per orbit", "annotated_per_orbit"))
+
+
+def navigation_stats(ds: Luna1Dataset, nms_kind: str = "release") -> NavigationStats:
+    from trn.sim.scenarios import ScenarioSettings, nms, orbit_ranges
+
+    annotated = [f for f in ds.frames if f.boxes]
+    kept = [b for f in annotated for b in nms(list(f.boxes), 0.5, nms_kind)]
+    n_boxes = sum(len(f.boxes) for f in annotated)
+    try:
+        orbits = orbit_ranges(ds, ScenarioSettings())
+        per_orbit = tuple(sum(1 for f in annotated if a <= f.frame <= b) for a, b in orbits)
+    except (DataError, ValueError):
+        per_orbit = ()
+    return NavigationStats(str(ds.root), len(ds.crater_ids), len(ds.frames), len(annotated), n_boxes, len(kept),
+                           len({b.id for b in kept}), n_boxes / max(len(annotated), 1), per_orbit)
+
+
+def stats_table(stats: list[NavigationStats]) -> list[str]:
+    """Markdown table, one column per dataset."""
+    lines = ["| | " + " | ".join(f"`{s.root}`" for s in stats) + " |", "| --- |" + " --- |" * len(stats)]
+    for title, attr in NavigationStats.ROWS:
+        cells = []
+        for s in stats:
+            v = getattr(s, attr)
+            cells.append(f"{v:.2f}" if isinstance(v, float) else " / ".join(map(str, v)) if isinstance(v, tuple) else str(v))
+        lines.append(f"| {title} | " + " | ".join(cells) + " |")
+    return lines
