@@ -45,7 +45,7 @@ def _check(path: Path) -> int:
 def _repair(path: Path) -> int:
     from trn.db import LandmarkDB
     from trn.db.database import _WriterLock
-    from trn.db.store import create_journal, journal_path, repair_journal
+    from trn.db.store import create_journal, damaged_copy_name, journal_path, repair_journal
     from trn.errors import DataError
 
     snap = LandmarkDB.load(path, read_only=True)
@@ -58,10 +58,7 @@ def _repair(path: Path) -> int:
         except DataError as exc:
             print(f"journal header unusable ({exc.message}); starting an empty journal")
             fresh = True
-            kept, dropped, copy = 0, j.stat().st_size, None
-            n = 0
-            while (copy := j.with_name(f"{j.name}.damaged-{n}")).exists():
-                n += 1
+            kept, dropped, copy = 0, j.stat().st_size, damaged_copy_name(j)
             j.replace(copy)
         if fresh:
             create_journal(j, snap._journal_header())

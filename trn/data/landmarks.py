@@ -183,15 +183,19 @@ def detect_kind(root: str | Path) -> str:
     return "folder"
 
 
-def read_landmarks(root: str | Path, kind: str | None = None, min_identities: int = 2) -> tuple[LandmarkSet, str]:
+def read_landmarks(root: str | Path, kind: str | None = None, min_identities: int = 2,
+                   extra_views: bool = False) -> tuple[LandmarkSet, str]:
     """(landmark set, kind) of a dataset, detecting the kind when it is not given; a set with
-    fewer than ``min_identities`` identities is refused, naming the layout that was read."""
+    fewer than ``min_identities`` identities is refused, naming the layout that was read.
+    ``extra_views``: Luna-1 only, see :func:`read_luna1_landmarks`."""
     detected = kind is None
     kind = detect_kind(root) if kind is None else kind
     if kind not in KINDS:
         raise DataError(f"unknown dataset kind {kind!r}; expected one of {KINDS}", root)
-    reader = {"luna1": read_luna1_landmarks, "hirise": read_hirise, "folder": read_folder}[kind]
-    ls = reader(root)
+    if extra_views and kind != "luna1":
+        raise DataError(f"extra views exist only for Luna-1 datasets; this one is {kind!r}", root)
+    ls = read_luna1_landmarks(root, extra_views) if kind == "luna1" else \
+        {"hirise": read_hirise, "folder": read_folder}[kind](root)
     n = len(ls.instances)
     if n < min_identities:
         how = "detected" if detected else "given"

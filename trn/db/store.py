@@ -341,9 +341,7 @@ def repair_journal(path: Path) -> tuple[int, int, Path | None]:
         return len(scan.records), 0, None
     copy = None
     if scan.damage is not None:
-        n = 0
-        while (copy := path.with_name(f"{path.name}.damaged-{n}")).exists():
-            n += 1
+        copy = damaged_copy_name(path)
         atomic_write_bytes(copy, [path.read_bytes()])
     truncate_to(path, scan.valid)
     write_commit(path, len(scan.records))
@@ -358,6 +356,14 @@ def write_commit(path: Path, count: int) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def damaged_copy_name(path: Path) -> Path:
+    """The first free ``<path>.damaged-<n>``, where a damaged original is kept before a repair."""
+    n = 0
+    while (copy := path.with_name(f"{path.name}.damaged-{n}")).exists():
+        n += 1
+    return copy
 
 
 def truncate_to(path: Path, size: int) -> None:

@@ -34,9 +34,8 @@ def write_model_card(run: Path, title: str, command: str, data_note: str, weight
     cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
     log = [json.loads(x) for x in (run / "log.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
     # the selection rule of the training loop: the distractor figure first, later epochs win ties
-    best = max(reversed(log), key=lambda r: (r.get("val_recall_at_1_distractors", r["val_recall_at_1"]),
-                                             r["val_recall_at_1"]))
-    best = log[-1] if weights_epoch == "last" else best
+    best = log[-1] if weights_epoch == "last" else max(
+        reversed(log), key=lambda r: (r.get("val_recall_at_1_distractors", r["val_recall_at_1"]), r["val_recall_at_1"]))
     wall = sum(r["seconds"] for r in log)
     m = cfg["model"]
     split = json.loads((run / "split.json").read_text(encoding="utf-8"))

@@ -10,7 +10,7 @@ import cv2
 import numpy as np
 import torch
 
-from trn.data.landmarks import LandmarkSet, detect_kind, read_landmarks, read_luna1_landmarks
+from trn.data.landmarks import LandmarkSet, detect_kind, read_landmarks
 from trn.data.luna1 import read_annotations, ANNOTATIONS
 from trn.errors import DataError
 from trn.train.augment import AugmentConfig, Draw, apply, sample
@@ -33,10 +33,7 @@ def preprocess(img: np.ndarray, size: int) -> np.ndarray:
 def load_landmarks(cfg: DataConfig) -> LandmarkSet:
     """The landmark set of ``cfg`` (kind given or ``auto``); fewer than two identities is refused
     with the layout that was read."""
-    root = Path(cfg.path)
-    if cfg.kind == "luna1" and cfg.extra_views:
-        return read_luna1_landmarks(root, extra_views=True)
-    ls, _ = read_landmarks(root, None if cfg.kind == "auto" else cfg.kind)
+    ls, _ = read_landmarks(Path(cfg.path), None if cfg.kind == "auto" else cfg.kind, extra_views=cfg.extra_views)
     return ls
 
 
