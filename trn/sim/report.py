@@ -1,7 +1,11 @@
-"""Scenario reports: report.json (every count and setting), report.md, and plots."""
+"""Scenario reports: report.json (every count and setting), report.md, plots, galleries of
+decisions, and report.html (the same content in one self-contained file: images embedded, no
+script, no network)."""
 
 from __future__ import annotations
 
+import base64
+import html
 import json
 import math
 from dataclasses import dataclass, field
@@ -11,6 +15,7 @@ import numpy as np
 
 from trn.data.luna1 import atomic_write_text
 from trn.errors import DataError
+from trn.sim.gallery import draw_gallery
 from trn.sim.scenarios import ScenarioResult
 
 TITLES = {"recall_at_1": "Recall@1", "incremental_recall_at_1": "Incremental Recall@1",
@@ -105,7 +110,38 @@ class Report:
         atomic_write_text(out / "report.json", json.dumps(self.to_json(), indent=1, allow_nan=True) + "\n")
         atomic_write_text(out / "report.md", self.markdown())
         written += plot_all(self, out)
+        written += write_galleries(self, out)
+        images = [p for p in written if p.suffix == ".png"]
+        # re-rendered from report.json (no thumbnails): keep the galleries the run drew
+        images += [p for p in map(lambda r: out / gallery_name(r), self.results) if p.is_file() and p not in images]
+        atomic_write_text(out / "report.html", self.html(out, images))
+        written.append(out / "report.html")
         return written
+
+    def html(self, out: Path, images: list[Path]) -> str:
+        """report.html: the summary and sweep tables, then every image of ``images`` (read from
+        ``out``) embedded as a data URI, so that the file opens anywhere on its own."""
+        c = self.context
+        parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
+                 "<title>trn-sim report</title>", f"<style>{_CSS}</style></head><body>",
+                 "<h1>trn-sim report</h1>", "<ul>"]
+        for key in ("dataset", "command", "seed", "threshold", "nms", "test_landmarks"):
+            if key in c:
+                parts.append(f"<li><b>{html.escape(key)}</b>: <code>{html.escape(str(c[key]))}</code></li>")
+        parts += ["</ul>", "<h2>Summary</h2>",
+                  "<p>RA in percent; in brackets: correct / incorrect / missed (Lost-in-Space: recognised "
+                  "frames of orbits 2 and 3).</p>", _html_table(self.table(), "summary")]
+        if self.sweep_table():
+            parts += ["<h2>Threshold sweep</h2>", _html_table(self.sweep_table(), "sweep")]
+        order = sorted(images, key=lambda p: (not p.name.startswith("moon_navigation"), not p.name.startswith("gallery"),
+                                              p.name))
+        for p in order:
+            data = base64.b64encode((out / p.name).read_bytes()).decode("ascii")
+            caption = html.escape(_caption(p.stem))
+            parts.append(f'<figure id="{html.escape(p.stem)}"><img alt="{caption}" src="data:image/png;base64,{data}">'
+                         f"<figcaption>{caption}</figcaption></figure>")
+        parts.append("</body></html>")
+        return "\n".join(parts) + "\n"
 
     def markdown(self) -> str:
         c = self.context
@@ -131,6 +167,58 @@ class Report:
                              f"(precision {_fmt(best['precision'])}, recall {_fmt(best['recall'])})")
             lines.append("")
         return "\n".join(lines) + "\n"
+
+
+_CSS = ("body{font-family:sans-serif;margin:2em;max-width:1400px} table{border-collapse:collapse;margin:1em 0}"
+        "td,th{border:1px solid #bbb;padding:4px 8px;text-align:left} th{background:#eee}"
+        "figure{margin:1.5em 0} img{max-width:100%;border:1px solid #ddd} figcaption{font-size:90%;color:#444}")
+
+
+def _caption(stem: str) -> str:
+    if stem.startswith("gallery_"):
+        scen, _, method = stem[len("gallery_"):].partition("__")
+        return (f"{TITLES.get(scen, scen)}, {method}: query crop (left) beside the database crop it matched "
+                "(right); green correct, red wrong, grey new insertion, amber a missed re-observation")
+    if stem == "moon_navigation":
+        return "Moon Navigation: RA along the navigation sequence and the database growth"
+    if stem.startswith("similarity_"):
+        return f"{TITLES.get(stem[len('similarity_'):], stem)}: decision scores"
+    return stem.replace("_", " ")
+
+
+def _html_table(md: list[str], name: str) -> str:
+    """A markdown table (as :meth:`Report.table` writes it) as an HTML table."""
+    rows = [[html.escape(c.strip()) for c in line.strip().strip("|").split("|")] for line in md if "---" not in line]
+    if not rows:
+        return ""
+    head = "".join(f"<th>{c}</th>" for c in rows[0])
+    body = "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in rows[1:])
+    return f'<table class="{name}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def gallery_name(r: ScenarioResult) -> str:
+    safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in r.method)
+    return f"gallery_{r.scenario}__{safe}.png"
+
+
+def write_galleries(rep: Report, out: Path) -> list[Path]:
+    """gallery_<scenario>__<method>.png for every result that kept decisions."""
+    import cv2
+
+    written = []
+    for r in rep.results:
+        if not r.gallery:
+            continue
+        path = out / gallery_name(r)
+        img = draw_gallery(r.gallery, f"{TITLES.get(r.scenario, r.scenario)} - {r.method}: decisions")
+        ok, buf = cv2.imencode(".png", img)
+        if not ok:
+            raise DataError("gallery image could not be encoded", path)
+        tmp = path.with_name(f".{path.name}.tmp")
+        tmp.write_bytes(buf.tobytes())
+        tmp.replace(path)
+        written.append(path)
+    return written
 
 
 def _best(sweep: list[dict]) -> dict:

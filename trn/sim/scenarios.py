@@ -33,6 +33,7 @@ from trn.data.luna1 import Box, Luna1Dataset, read_gray
 from trn.db.database import DBConfig, Decision, LandmarkDB
 from trn.errors import ConfigError, DataError
 from trn.sim.embedders import Embedder, Embeddings
+from trn.sim.gallery import Pick, pick_ranked, pick_stream, thumbnails
 from trn.train.augment import AugmentConfig, Draw, apply, sample
 from trn.train.data import preprocess
 
@@ -270,6 +271,7 @@ class ScenarioResult:
     sweep: list[dict] = field(default_factory=list)
     similarities: dict = field(default_factory=dict)
     wall_s: float = 0.0
+    gallery: list[Pick] = field(default_factory=list)
 
     def summary(self) -> dict:
         d = {k: getattr(self, k) for k in ("scenario", "method", "ra", "correct", "incorrect", "missed", "queries",
@@ -360,7 +362,8 @@ def recall_at_1(bank: LandmarkViews, emb: Embedder, s: ScenarioSettings) -> Scen
         raise DataError(f"Recall@1 needs at least two test landmarks; the dataset has {n}")
     draws = sample(2 * n, bank.images.shape[-1], s.augment, _generator(s.seed, 1))
     rows = np.concatenate([bank.first, bank.second])
-    e = emb(_views(bank, rows, draws))
+    views = _views(bank, rows, draws)
+    e = emb(views)
     gallery, query = e.global_[:n], e.global_[n:]
     sims = query @ gallery.T
     top = sims.argmax(axis=1)
@@ -370,7 +373,8 @@ def recall_at_1(bank: LandmarkViews, emb: Embedder, s: ScenarioSettings) -> Scen
                           s.to_dict(), extra={"gallery": n},
                           similarities={"correct": best[top == np.arange(n)].tolist(),
                                         "incorrect": best[top != np.arange(n)].tolist()},
-                          wall_s=time.perf_counter() - t0)
+                          wall_s=time.perf_counter() - t0,
+                          gallery=pick_ranked(top, best, bank.names, thumbnails(views[n:]), thumbnails(views[:n])))
 
 
 def incremental_recall_at_1(bank: LandmarkViews, emb: Embedder, s: ScenarioSettings) -> ScenarioResult:
@@ -382,7 +386,8 @@ def incremental_recall_at_1(bank: LandmarkViews, emb: Embedder, s: ScenarioSetti
     occurrences = rng.permutation(2 * n)  # k < n: identity k's first appearance, k >= n: its second
     ident = occurrences % n
     draws = sample(2 * n, bank.images.shape[-1], s.augment, _generator(s.seed, 2))
-    e = emb(_views(bank, np.where(occurrences < n, bank.first[ident], bank.second[ident]), draws))
+    views = _views(bank, np.where(occurrences < n, bank.first[ident], bank.second[ident]), draws)
+    e = emb(views)
     labels = [bank.names[k] for k in ident]
     db = LandmarkDB(_db_config(emb, s))
     dec = db.match_or_insert(e.global_, labels=labels, tokens=e.tokens)
@@ -391,7 +396,8 @@ def incremental_recall_at_1(bank: LandmarkViews, emb: Embedder, s: ScenarioSetti
                           s.to_dict(), extra={"landmarks": n, "db_size": len(db), "distinct": db.distinct_labels(),
                                               "matching_accuracy": c.matching_accuracy},
                           series={"db_size": _growth(dec)}, sweep=threshold_sweep(e, labels, emb, s, SWEEP),
-                          similarities=_scores(dec, labels), wall_s=time.perf_counter() - t0)
+                          similarities=_scores(dec, labels), wall_s=time.perf_counter() - t0,
+                          gallery=pick_stream(dec, labels, thumbnails(views)))
 
 
 def _growth(decisions: list[Decision]) -> list[int]:
@@ -412,7 +418,8 @@ def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
     if dets is None:
         dets = detect(ds, frames, s, np.random.default_rng([s.seed, 3]), frame_shape(ds))
     flat = [d for fr in frames for d in dets[fr]]
-    e = _embed_crops(ds, flat, emb)
+    thumbs: list[np.ndarray] = []
+    e = _embed_crops(ds, flat, emb, thumbs)
     labels = [d.label for d in flat]
     db = LandmarkDB(_db_config(emb, s))
     dec = db.match_or_insert(e.global_, labels=labels, tokens=e.tokens)
@@ -440,13 +447,20 @@ def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
                                               "distinct": db.distinct_labels(), "matching_accuracy": c.matching_accuracy},
                           series={"frame": frame_ids, "ra": ra_curve, "db_size": size_curve},
                           sweep=threshold_sweep(e, labels, emb, s, SWEEP), similarities=_scores(dec, labels),
-                          wall_s=time.perf_counter() - t0)
+                          wall_s=time.perf_counter() - t0, gallery=pick_stream(dec, labels, np.concatenate(thumbs)))
 
 
-def _embed_crops(ds: Luna1Dataset, dets: list[Detection], emb: Embedder, chunk: int = 512) -> Embeddings:
+def _embed_crops(ds: Luna1Dataset, dets: list[Detection], emb: Embedder, thumbs: list[np.ndarray] | None = None,
+                 chunk: int = 512) -> Embeddings:
+    """Embeddings of the detections' crops; ``thumbs`` (when given) receives their thumbnails."""
     g, t = [], []
+    if thumbs is not None and not dets:
+        thumbs.append(thumbnails(np.zeros((0, 1, 1), np.float32)))
     for i in range(0, len(dets), chunk):
-        e = emb(crop_images(ds, dets[i:i + chunk], emb.input_size))
+        x = crop_images(ds, dets[i:i + chunk], emb.input_size)
+        if thumbs is not None:
+            thumbs.append(thumbnails(x))
+        e = emb(x)
         g.append(e.global_)
         if e.tokens is not None:
             t.append(e.tokens)
@@ -469,9 +483,12 @@ def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> Scena
     shape = frame_shape(ds)
     seed_dets = detect(ds, per_orbit[0], s, rng, shape)
     flat = [d for fr in per_orbit[0] for d in seed_dets[fr]]
-    e = _embed_crops(ds, flat, emb)
+    seed_thumbs: list[np.ndarray] = []
+    e = _embed_crops(ds, flat, emb, seed_thumbs)
     db = LandmarkDB(_db_config(emb, s))
-    db.match_or_insert(e.global_, labels=[d.label for d in flat], tokens=e.tokens)
+    seeded = db.match_or_insert(e.global_, labels=[d.label for d in flat], tokens=e.tokens)
+    stored = ({d.id: k for k, d in enumerate(seeded) if not d.matched}, np.concatenate(seed_thumbs))
+    query_thumbs: list[np.ndarray] = []
     db.read_only = True
     seen = {d.label for d in flat}  # craters the orbit-1 database can know at all
     orbit_stats, correct, incorrect, unmatched, all_dec, all_lab = [], 0, 0, 0, [], []
@@ -479,7 +496,7 @@ def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> Scena
         order = [frames[i] for i in rng.permutation(len(frames))]
         dets = detect(ds, order, s, rng, shape)
         flat = [d for fr in order for d in dets[fr]]
-        e = _embed_crops(ds, flat, emb)
+        e = _embed_crops(ds, flat, emb, query_thumbs)
         dec = db.query(e.global_, tokens=e.tokens)
         hits = strict = oracle = 0
         i = 0
@@ -506,4 +523,5 @@ def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> Scena
                                  "seed_db_size": len(db),
                                  "strict_ra": float(np.mean([o["strict_accuracy"] for o in orbit_stats])),
                                  "oracle_strict_ra": float(np.mean([o["oracle_strict_accuracy"] for o in orbit_stats]))},
-                          similarities=_scores(all_dec, all_lab), wall_s=time.perf_counter() - t0)
+                          similarities=_scores(all_dec, all_lab), wall_s=time.perf_counter() - t0,
+                          gallery=pick_stream(all_dec, all_lab, np.concatenate(query_thumbs), stored=stored))
