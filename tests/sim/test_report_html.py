@@ -9,11 +9,10 @@ import numpy as np
 import pytest
 
 from trn.db.database import Decision
-from trn.sim import scenarios as sc
 from trn.sim.embedders import NCCEmbedder
 from trn.sim.gallery import COLOURS, THUMB, draw_gallery, pick_ranked, pick_stream, thumbnails
 from trn.sim.run import run_luna1
-from tests.sim.test_scenarios import NAV, SIZE, Oracle, quiet, write_dataset
+from tests.sim.test_scenarios import SIZE, Oracle, quiet, write_dataset
 
 
 def _thumbs(n):
