@@ -151,8 +151,7 @@ class TrainConfig:
     def to_dict(self) -> dict:
         d = dataclasses.asdict(self)
         d["model"] = self.model.to_dict()
-        d["augment"] = {**dataclasses.asdict(self.augment), "brightness": list(self.augment.brightness),
-                        "angle_deg": list(self.augment.angle_deg)}
+        d["augment"] = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self.augment).items()}
         return d
 
 
@@ -241,7 +240,7 @@ def from_dict(doc: dict) -> TrainConfig:
     model = DescriptorConfig.from_dict(m) if preset is None else model_config(preset, **m)
     mars = MarsSection(**_strict(MarsSection, "mars", doc.pop("mars", {})))
     aug = dict(_strict(AugmentConfig, "augment", doc.pop("augment", {})))
-    for k in ("brightness", "angle_deg"):
+    for k in [f.name for f in dataclasses.fields(AugmentConfig) if f.default.__class__ is tuple]:
         if k in aug and len(aug[k]) != 2:
             raise ConfigError(f"augment.{k}: expected [low, high], got {list(aug[k])}")
     try:

@@ -13,7 +13,7 @@ import torch
 from trn.data.landmarks import LandmarkSet, detect_kind, read_landmarks
 from trn.data.luna1 import read_annotations, ANNOTATIONS
 from trn.errors import DataError
-from trn.train.augment import AugmentConfig, Draw, apply, sample
+from trn.train.augment import AugmentConfig, Draw, apply, contrast, crop_resize, sample, sample_boxes
 from trn.train.config import DataConfig
 
 
@@ -92,6 +92,7 @@ class ImageBank:
             self.views[k].append(len(rows))
             rows.append(preprocess(img, size))
         self.names = names
+        self.size = size
         self.images = torch.from_numpy(np.stack(rows)[:, None]) if rows else torch.zeros(0, 1, size, size)
 
     def __len__(self) -> int:
@@ -107,9 +108,12 @@ def pair_batches(n_ids: int, batch_ids: int, generator: torch.Generator, max_bat
 
 
 def make_views(bank: ImageBank, ids: torch.Tensor, views: int, aug: AugmentConfig,
-               generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, Draw]:
+               generator: torch.Generator, size: int | None = None,
+               detector: bool = False) -> tuple[torch.Tensor, torch.Tensor, Draw]:
     """Batch of ``views`` augmented views per identity, view-major: images [views * B, 1, S, S],
-    labels [views * B] (bank identity index), and the draws from T."""
+    labels [views * B] (bank identity index), and the draws from T. ``size``: the output size S
+    (default: the bank's); a bank stored larger is resampled. ``detector``: each view first goes
+    through the detector stage D of ``aug`` (training only; validation keeps the test protocol)."""
     imgs, labels = [], []
     for v in range(views):
         for i in ids.tolist():
@@ -121,5 +125,12 @@ def make_views(bank: ImageBank, ids: torch.Tensor, views: int, aug: AugmentConfi
             imgs.append(bank.images[r])
             labels.append(i)
     x = torch.stack(imgs)
+    size = size or x.shape[-1]
+    if detector and aug.box_probability > 0:
+        x = crop_resize(x, sample_boxes(x.shape[0], aug, generator), size)
+    elif x.shape[-1] != size:
+        x = crop_resize(x, torch.tensor([[0.0, 0.0, 1.0, 1.0]]).expand(x.shape[0], 4), size)
+    if detector:
+        x = contrast(x, aug, generator)
     d = sample(x.shape[0], x.shape[-1], aug, generator)
     return apply(x, d), torch.tensor(labels), d

@@ -108,12 +108,13 @@ def recall_at_1(model: Descriptor, bank: ImageBank, cfg: TrainConfig, seed: int 
         return float("nan")
     g = torch.Generator().manual_seed(seed)
     ids = torch.arange(len(bank))
-    x, labels, _ = make_views(bank, ids, 2, cfg.augment, g)
+    size = cfg.model.input_size
+    x, labels, _ = make_views(bank, ids, 2, cfg.augment, g, size)
     e = embed(model, x)
     n = len(bank)
     gallery, query = e[:n], e[n:]
     if distractors is not None and len(distractors):
-        xd, _, _ = make_views(distractors, torch.arange(len(distractors)), 1, cfg.augment, g)
+        xd, _, _ = make_views(distractors, torch.arange(len(distractors)), 1, cfg.augment, g, size)
         gallery = torch.cat([gallery, embed(model, xd)])
     top = (query @ gallery.T).argmax(dim=1)
     return float(((top < n) & (labels[:n][top.clamp(max=n - 1)] == labels[n:])).float().mean())
@@ -204,7 +205,10 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
     ls = load_landmarks(cfg.data)
     split = split_identities(ls, cfg.data)
     size = cfg.model.input_size
-    train_bank = ImageBank(ls, split.train, size)
+    # the detector stage zooms into the render by up to 1 / box_scale: store the training
+    # images larger so that its crops stay as sharp as a frame crop
+    zoom = 1.0 / cfg.augment.box_scale[0] if cfg.augment.box_probability > 0 else 1.0
+    train_bank = ImageBank(ls, split.train, int(math.ceil(size * min(zoom, 2.0))))
     # validation keeps the test protocol: one image per identity, two draws from T
     val_set = load_landmarks(replace(cfg.data, extra_views=False)) if cfg.data.extra_views else ls
     val_bank = ImageBank(val_set, split.val, size)
@@ -263,7 +267,8 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
         batches = pair_batches(len(train_bank), batch_ids, gen, cfg.max_batches)
         bar = tqdm(batches, desc=f"epoch {epoch}/{cfg.epochs}", unit="batch", disable=None, leave=False)
         for ids in bar:
-            x, labels, draws = make_views(train_bank, ids, cfg.views_per_identity, cfg.augment, gen)
+            x, labels, draws = make_views(train_bank, ids, cfg.views_per_identity, cfg.augment, gen, size,
+                                              detector=True)
             x, labels = x.to(device), labels.to(device)
             if cfg.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
