@@ -158,3 +158,41 @@ def test_extra_views_are_deterministic_added_later_and_leave_luna1_untouched(tin
         build_luna1(cfg(tiny_world, tmp_path / "again", workers=1, views=2))
     with pytest.raises(ConfigError, match="views="):
         cfg(tiny_world, tmp_path / "x", views=99)
+
+
+def test_scenario_parts_first_then_the_rest_give_the_bytes_of_a_full_build(boxed_world, tmp_path):
+    from trn.data.build import MANIFEST, scenario_craters
+    from trn.train.config import DataConfig
+    from trn.train.data import load_landmarks, split_identities
+
+    # craters left out by limit_craters leave some frames without boxes
+    kw = dict(limit_frames=18, limit_craters=10, annotate=AnnotateConfig(min_box_px=2, min_sun_elevation_deg=0))
+    build_luna1(cfg(boxed_world, tmp_path / "full", **kw))
+    full = dataset_bytes(tmp_path / "full")
+    lazy = tmp_path / "lazy"
+    s = build_luna1(cfg(boxed_world, lazy, parts="scenarios", **kw))
+    ds = luna1.read_luna1(tmp_path / "full")
+    annotated = {f.frame for f in ds.frames if f.boxes}
+    assert 0 < len(annotated) < 18  # the test needs frames without boxes
+    test_half = scenario_craters(sorted(ds.crater_ids), ds.frames)
+    assert ds.navigation_crater_ids() <= test_half < set(ds.crater_ids)
+    assert {int(p.stem) for p in (lazy / luna1.NAV_IMAGES).glob("*.png")} == annotated
+    assert {int(p.stem) for p in (lazy / luna1.CRATER_DIR).glob("*.png")} == test_half
+    assert (s.rendered_frames, s.rendered_craters) == (len(annotated), len(test_half))
+    assert json.loads((lazy / MANIFEST).read_text())["complete"] is False
+    # the scenarios can run on it, and its split is the full build's
+    assert not [p for p in luna1.check_luna1(lazy) if p.blocks_scenarios]
+    assert any("no boxes" in p.message for p in luna1.check_luna1(lazy))
+    split = {d: split_identities(load_landmarks(DataConfig(path=str(d))), DataConfig(path=str(d)))
+             for d in (lazy, tmp_path / "full")}
+    assert split[lazy].test == split[tmp_path / "full"].test == sorted(map(str, test_half), key=int)
+    for name, data in dataset_bytes(lazy).items():  # what is there already is what the full build wrote
+        assert data == full[name], name
+    with pytest.raises(DataError, match="parts scenarios"):
+        from trn.train.data import ImageBank
+
+        ImageBank(load_landmarks(DataConfig(path=str(lazy))), split[lazy].train, 16)
+    s = build_luna1(cfg(boxed_world, lazy, **kw))  # the rest, later
+    assert s.rendered_frames == 18 - len(annotated) and s.rendered_craters == 10 - len(test_half)
+    assert dataset_bytes(lazy) == full
+    assert json.loads((lazy / MANIFEST).read_text())["complete"] is True

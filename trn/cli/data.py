@@ -41,6 +41,9 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--no-frames", action="store_true",
                    help="landmarks, annotations, poses and metadata only (enough for training); the same command "
                         "without it renders the frames later")
+    p.add_argument("--parts", choices=("all", "scenarios"), default="all",
+                   help="scenarios: render first only what trn-sim reads (test-half landmarks, annotated frames); "
+                        "the same command with --parts all (the default) renders the rest later")
     p.add_argument("--views", type=int_at_least(0), default=0, metavar="K",
                    help="K extra renders of every crater under other Sun azimuths and elevations, scales and small "
                         "off-nadir tilts (crater_views/, for training; can be added to a finished build)")
@@ -115,7 +118,7 @@ def main(argv: list[str] | None = None) -> int:
             cfg = BuildConfig(source=args.source, out=args.out, catalogue=args.catalogue, limit_frames=args.limit_frames,
                               first_frame=args.first_frame, limit_craters=args.limit_craters, workers=args.workers, seed=args.seed,
                               max_dem_ppd=args.max_dem_ppd, render=render, annotate=annotate,
-                              render_frames=not args.no_frames, views=args.views)
+                              render_frames=not args.no_frames, views=args.views, parts=args.parts)
             _print_summary(build_luna1(cfg))
             return 0
         from trn.data.synth import SynthConfig, build_synthetic_luna1
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
         scfg = SynthConfig(seed=args.seed, orbits=args.orbits)
         summary = build_synthetic_luna1(scfg, args.out, world_dir=args.world_dir, limit_frames=args.limit_frames,
                                         limit_craters=args.limit_craters, workers=args.workers, render=render,
-                                        annotate=annotate)
+                                        annotate=annotate, parts=args.parts)
         _print_summary(summary)
         return 0
 

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from trn.data import luna1
 from trn.data.annotate import AnnotateConfig, annotate_frame
 from trn.data.ephemeris import sun_direction_body
+from trn.data.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION, split_ids
 from trn.data.render import RENDERER_VERSION, CraterView, RenderConfig, Surface, render_crater, render_frame
 from trn.data.sources import Catalogue, Trajectory, find_catalogue, read_catalogue, read_trajectory
 from trn.data.terrain import Albedo, DetailConfig, load_albedo, load_elevation
@@ -34,6 +35,7 @@ from trn.geometry import MOON_RADIUS_KM, xyz_to_latlon
 
 log = logging.getLogger(__name__)
 MANIFEST = ".trn-build.json"
+BUILD_PARTS = ("all", "scenarios")
 BUILD_LOG = "build_log.json"
 
 
@@ -60,6 +62,10 @@ class BuildConfig:
     views: extra renders of every crater under other illumination and viewing geometry (see
         :class:`ViewRanges`), written to ``crater_views/<id>_<k>.png`` for training; the Luna-1
         files and the test protocol are untouched. They can be added to a finished build.
+    parts: "all", or "scenarios": render first only what the four scenarios read (the landmarks
+        of the test half, drawn by the same split as training, and the annotated frames); the
+        build stays marked incomplete and the same command with parts "all" renders the rest,
+        each file byte-identical to a build made in one go.
     """
 
     source: Path
@@ -76,6 +82,7 @@ class BuildConfig:
     use_albedo: bool = True
     render_frames: bool = True
     views: int = 0
+    parts: str = "all"
     view_ranges: "ViewRanges" = None  # type: ignore[assignment]
     render: RenderConfig = field(default_factory=RenderConfig)
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
@@ -93,6 +100,8 @@ class BuildConfig:
             raise ConfigError(f"min_diameter_km={self.min_diameter_km}: expected > 0")
         if not 0 <= self.views <= 16:
             raise ConfigError(f"views={self.views}: expected 0 to 16 extra renders per crater")
+        if self.parts not in BUILD_PARTS:
+            raise ConfigError(f"parts={self.parts!r}: expected one of {BUILD_PARTS}")
         if self.view_ranges is None:
             object.__setattr__(self, "view_ranges", ViewRanges())
 
@@ -284,19 +293,24 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
 
     (out / luna1.CRATER_DIR).mkdir(parents=True, exist_ok=True)
     (out / luna1.NAV_IMAGES).mkdir(parents=True, exist_ok=True)
+    wanted_craters, wanted_frames = set(order), set(frame_ids)
+    if cfg.parts == "scenarios":
+        wanted_craters = scenario_craters(order, frames)
+        wanted_frames = {f.frame for f in frames if f.boxes}
     _STATE.update(out=out, surface=surface, render=cfg.render, trajectory=traj, sun=sun, view_ranges=cfg.view_ranges,
                   seed=cfg.seed)
     try:
         crater_tasks = [(c, float(cat.lat[index[c]]), float(cat.lon[index[c]]), float(cat.diameter_km[index[c]]))
-                        for c in sorted(order) if not (out / luna1.CRATER_DIR / f"{c}.png").is_file()]
+                        for c in sorted(order) if c in wanted_craters and not (out / luna1.CRATER_DIR / f"{c}.png").is_file()]
         t = time.perf_counter()
         _run_parallel(_render_crater_task, crater_tasks, cfg.workers, "craters", (cfg, traj, sun))
         timings["craters_s"] = time.perf_counter() - t
-        view_tasks = _view_tasks(cfg, out, key, cat, index, order)
+        view_tasks = _view_tasks(cfg, out, key, cat, index, order) if cfg.parts == "all" else []
         t = time.perf_counter()
         _run_parallel(_render_view_task, view_tasks, cfg.workers, "views", (cfg, traj, sun))
         timings["views_s"] = time.perf_counter() - t
-        frame_tasks = [i for i in frame_ids if cfg.render_frames and not (out / luna1.NAV_IMAGES / f"{i}.png").is_file()]
+        frame_tasks = [i for i in frame_ids if cfg.render_frames and i in wanted_frames
+                       and not (out / luna1.NAV_IMAGES / f"{i}.png").is_file()]
         t = time.perf_counter()
         _run_parallel(_render_frame_task, frame_tasks, cfg.workers, "frames", (cfg, traj, sun))
         timings["frames_s"] = time.perf_counter() - t
@@ -311,12 +325,21 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     timings["total_s"] = time.perf_counter() - t_all
     n_boxes = sum(len(f.boxes) for f in frames)
     summary = BuildSummary(out, len(order), len(frame_ids), n_boxes, timings, len(crater_tasks), len(frame_tasks))
-    (out / MANIFEST).write_text(json.dumps({"render_key": key, "complete": cfg.render_frames}, indent=1) + "\n",
-                                encoding="utf-8")
+    complete = cfg.render_frames and cfg.parts == "all"
+    (out / MANIFEST).write_text(json.dumps({"render_key": key, "complete": complete, "parts": cfg.parts}, indent=1)
+                                + "\n", encoding="utf-8")
     log_doc = {"craters": len(order), "frames": len(frame_ids), "boxes": n_boxes, "rendered_craters": len(crater_tasks),
                "rendered_frames": len(frame_tasks), "workers": cfg.workers, "seconds": timings}
     (out / BUILD_LOG).write_text(json.dumps(log_doc, indent=1) + "\n", encoding="utf-8")
     return summary
+
+
+def scenario_craters(order: list[int], frames: list[luna1.FrameAnnotation]) -> set[int]:
+    """The craters whose landmark images the scenarios read: the test half of the split that the
+    shipped models and ``trn-sim`` draw (navigation craters first, default fractions and seed)."""
+    forced = {str(b.id) for f in frames for b in f.boxes}
+    split = split_ids([str(c) for c in sorted(order)], forced, TEST_FRACTION, VAL_FRACTION, SPLIT_SEED)
+    return {int(c) for c in split.test}
 
 
 def _view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, index: dict, order: list[int]) -> list:

@@ -15,12 +15,15 @@ Every reader returns a :class:`LandmarkSet`: one entry per image, each tagged wi
 
 from __future__ import annotations
 
+import json
 import re
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from trn.data.luna1 import CRATER_DIR, VIEWS_DIR
+import numpy as np
+
+from trn.data.luna1 import CRATER_DIR, METADATA, VIEWS_DIR, Luna1Metadata
 from trn.errors import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
@@ -203,3 +206,46 @@ def read_landmarks(root: str | Path, kind: str | None = None, min_identities: in
                         f"{'y' if n == 1 else 'ies'}; at least {min_identities} are needed. If it has another layout, "
                         "pass --kind", root)
     return ls, kind
+
+
+@dataclass(frozen=True)
+class Split:
+    """Identity names of each part (instance-disjoint)."""
+
+    train: list[str]
+    val: list[str]
+    test: list[str]
+
+    def to_json(self) -> str:
+        return json.dumps({"train": self.train, "val": self.val, "test": self.test}, indent=0) + "\n"
+
+
+# the split of the shipped models and of trn-sim's test half (DataConfig's defaults)
+TEST_FRACTION, VAL_FRACTION, SPLIT_SEED = 0.5, 0.1, 0
+
+
+def split_ids(ids: list[str], forced: set[str], test_fraction: float, val_fraction: float, seed: int) -> Split:
+    """The split itself, a pure function of the identity list: ``forced`` identities go to the
+    test half first, the rest is shuffled by ``seed``; ``val_fraction`` of the train identities
+    are held out for validation."""
+    rng = np.random.default_rng(seed)
+    first = [i for i in ids if i in forced]
+    rest = [i for i in ids if i not in forced]
+    rest = [rest[k] for k in rng.permutation(len(rest))]
+    n_test = max(int(round(test_fraction * len(ids))), len(first)) if test_fraction > 0 else len(first)
+    test = first + rest[: max(0, n_test - len(first))]
+    train_all = rest[max(0, n_test - len(first)):]
+    n_val = int(round(val_fraction * len(train_all)))
+    val, train = train_all[:n_val], train_all[n_val:]
+    pos = {k: n for n, k in enumerate(ids)}
+    return Split(sorted(train, key=pos.__getitem__), sorted(val, key=pos.__getitem__), sorted(test, key=pos.__getitem__))
+
+
+def luna1_identities(root: str | Path) -> list[str] | None:
+    """Every crater of a Luna-1 build, from its metadata.json (None without one): the identity
+    list that the split is drawn over, so that a build whose landmark images are not all rendered
+    yet (``trn-data build --parts scenarios``) splits exactly as the finished build does."""
+    path = Path(root) / METADATA
+    if not path.is_file():
+        return None
+    return [str(c) for c in sorted(Luna1Metadata.read(path).craters)]

@@ -415,7 +415,12 @@ def check_luna1(root: str | Path, decode_images: bool = True) -> list[Problem]:
             for f in frames:
                 ipath = root / NAV_IMAGES / f"{f.frame}.png"
                 size = None
-                if not ipath.is_file():
+                if not ipath.is_file() and not f.boxes:
+                    # no scenario reads a frame without boxes (a build with --parts scenarios
+                    # leaves them for later): reported, not blocking
+                    problems.append(Problem(f"{NAV_IMAGES}/{f.frame}.png", None, "missing (listed in annotations.txt, no "
+                                            "boxes; `trn-data build` without --parts renders it)", blocks_scenarios=False))
+                elif not ipath.is_file():
                     add(f"{NAV_IMAGES}/{f.frame}.png", None, "missing (listed in annotations.txt)")
                 elif decode_images:
                     img = cv2.imread(str(ipath), cv2.IMREAD_UNCHANGED)

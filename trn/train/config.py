@@ -28,6 +28,7 @@ import yaml
 
 from trn.errors import ConfigError
 from trn.models.descriptor import DescriptorConfig, model_config
+from trn.data.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION
 from trn.train.augment import AugmentConfig
 from trn.train.losses import loss_spec
 from trn.train.mars import MarsConfig
@@ -48,9 +49,9 @@ class DataConfig:
 
     kind: str = "auto"
     path: str = ""
-    test_fraction: float = 0.5
-    val_fraction: float = 0.1
-    split_seed: int = 0
+    test_fraction: float = TEST_FRACTION
+    val_fraction: float = VAL_FRACTION
+    split_seed: int = SPLIT_SEED
     extra_views: bool = False
 
     def __post_init__(self) -> None:

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import json
-from dataclasses import dataclass
 from pathlib import Path
 
 import cv2
 import numpy as np
 import torch
 
-from trn.data.landmarks import LandmarkSet, detect_kind, read_landmarks
-from trn.data.luna1 import read_annotations, ANNOTATIONS
+from trn.data.landmarks import LandmarkSet, Split, detect_kind, luna1_identities, read_landmarks, split_ids
+from trn.data.luna1 import ANNOTATIONS, read_annotations
 from trn.errors import DataError
 from trn.train.augment import AugmentConfig, Draw, apply, contrast, crop_resize, sample, sample_boxes
 from trn.train.config import DataConfig
@@ -37,41 +35,25 @@ def load_landmarks(cfg: DataConfig) -> LandmarkSet:
     return ls
 
 
-@dataclass(frozen=True)
-class Split:
-    """Identity names of each part (instance-disjoint)."""
-
-    train: list[str]
-    val: list[str]
-    test: list[str]
-
-    def to_json(self) -> str:
-        return json.dumps({"train": self.train, "val": self.val, "test": self.test}, indent=0) + "\n"
-
-
 def split_identities(ls: LandmarkSet, cfg: DataConfig) -> Split:
     """50/50 (``test_fraction``) instance-disjoint split; for Luna-1 every crater seen in the
-    navigation sequence goes to the test half first. ``val_fraction`` of the train identities are
-    held out for validation."""
+    navigation sequence goes to the test half first, and the identities are the build's craters
+    (metadata.json) where it lists them. ``val_fraction`` of the train identities are held out for
+    validation."""
     ids = ls.instances
-    rng = np.random.default_rng(cfg.split_seed)
-    forced: list[str] = []
+    forced: set[str] = set()
     kind = detect_kind(cfg.path) if cfg.kind == "auto" else cfg.kind
     if kind == "luna1":
         ann = Path(cfg.path) / ANNOTATIONS
         if ann.is_file():
-            seen = {str(b.id) for f in read_annotations(ann) for b in f.boxes}
-            forced = [i for i in ids if i in seen]
-    rest = [i for i in ids if i not in set(forced)]
-    rest = [rest[k] for k in rng.permutation(len(rest))]
-    n_test = max(int(round(cfg.test_fraction * len(ids))), len(forced)) if cfg.test_fraction > 0 else len(forced)
-    test = forced + rest[: max(0, n_test - len(forced))]
-    train_all = rest[max(0, n_test - len(forced)):]
-    n_val = int(round(cfg.val_fraction * len(train_all)))
-    val, train = train_all[:n_val], train_all[n_val:]
-    if len(train) < 2:
-        raise DataError(f"only {len(train)} training identities after the split; the dataset has {len(ids)}")
-    return Split(sorted(train, key=ids.index), sorted(val, key=ids.index), sorted(test, key=ids.index))
+            forced = {str(b.id) for f in read_annotations(ann) for b in f.boxes}
+        listed = luna1_identities(cfg.path)
+        if listed is not None and set(ids) <= set(listed):
+            ids = listed
+    split = split_ids(ids, forced, cfg.test_fraction, cfg.val_fraction, cfg.split_seed)
+    if len(split.train) < 2:
+        raise DataError(f"only {len(split.train)} training identities after the split; the dataset has {len(ids)}")
+    return split
 
 
 class ImageBank:
@@ -91,6 +73,10 @@ class ImageBank:
                 raise DataError("landmark image cannot be decoded; replace it or rebuild the dataset", item.path)
             self.views[k].append(len(rows))
             rows.append(preprocess(img, size))
+        empty = [names[k] for k, v in enumerate(self.views) if not v]
+        if empty:
+            raise DataError(f"{len(empty)} identities have no image (first: {empty[0]!r}); a Luna-1 build made with "
+                            "--parts scenarios has only its test half: run the same trn-data build without it", ls.name)
         self.names = names
         self.size = size
         self.images = torch.from_numpy(np.stack(rows)[:, None]) if rows else torch.zeros(0, 1, size, size)
