@@ -26,20 +26,35 @@ def cache_root() -> Path:
     return Path(env) if env else Path.home() / ".cache" / "trn"
 
 
+# bumped whenever the built-in world's defaults change, so that an old cache is never reused
+WORLD_VERSION = 2
+
+
 def builtin_dataset_dir(seed: int, limit_frames: int | None, limit_craters: int | None) -> Path:
-    tag = f"luna1-synth-seed{seed}"
+    tag = f"luna1-synth-v{WORLD_VERSION}-seed{seed}"
     if limit_frames is not None or limit_craters is not None:
         tag += f"-f{limit_frames if limit_frames is not None else 'all'}-c{limit_craters if limit_craters is not None else 'all'}"
     return cache_root() / tag
 
 
-def _is_complete(d: Path) -> bool:
+def _manifest(d: Path) -> dict:
     import json
 
     try:
-        return bool(json.loads((d / MANIFEST).read_text(encoding="utf-8")).get("complete"))
+        doc = json.loads((d / MANIFEST).read_text(encoding="utf-8"))
     except (OSError, ValueError):
-        return False
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _is_complete(d: Path) -> bool:
+    return bool(_manifest(d).get("complete"))
+
+
+def _is_ready(d: Path) -> bool:
+    """Everything the scenarios read is there: a finished build, or a finished --parts scenarios one."""
+    m = _manifest(d)
+    return bool(m.get("complete")) or m.get("parts") == "scenarios"
 
 
 def check_before_scenarios(root: Path) -> None:
@@ -68,16 +83,18 @@ def prepare_luna1(data: Path | None, seed: int = 0, limit_frames: int | None = N
         check_before_scenarios(Path(data))
         return read_luna1(data), False
     if quick and world is None and limit_frames is None and limit_craters is None \
-            and not _is_complete(builtin_dataset_dir(seed, None, None)):
+            and not _is_ready(builtin_dataset_dir(seed, None, None)):
         world, limit_craters = SynthConfig(seed=seed, step_s=QUICK_STEP_S), QUICK_CRATERS
         log.info("--quick: the full built-in world is not built yet; using a small one")
     world = world or SynthConfig(seed=seed)
     out = builtin_dataset_dir(world.seed, limit_frames, limit_craters)
     if world != SynthConfig(seed=world.seed):
         out = out.with_name(out.name + "-custom")
-    if not _is_complete(out):
+    if not _is_ready(out):
+        # what the scenarios read first; `trn-data build luna1-synth` renders the rest for training
         log.info("building the built-in synthetic world into %s (once; later runs reuse it)", out)
-        build_synthetic_luna1(world, out, limit_frames=limit_frames, limit_craters=limit_craters, workers=workers)
+        build_synthetic_luna1(world, out, limit_frames=limit_frames, limit_craters=limit_craters, workers=workers,
+                              parts="scenarios")
     return read_luna1(out), True
 
 
