@@ -60,7 +60,7 @@ class SynthConfig:
     orbits: length of the trajectory in orbits; step_s: seconds between frames.
     perilune_km / apolune_km: orbit altitudes; beta_deg: angle between the Sun and the orbit plane.
         The real LRO arc of Luna-1 flies at 74 to 114 km with beta about 12 deg. The built-in
-        world flies the same beta 26 km higher: its catalogue (4,576 craters of 20 km and more
+        world flies the same beta 26 km higher: its catalogue (4,502 craters of 20 km and more
         within 80 deg of the equator, against 5,068 real ones) is sparser and less clustered, and
         100 to 140 km gives navigation statistics like the real build's (``trn-data stats``:
         463 annotated frames, 673 detections after NMS, 76 craters, 1.57 boxes per frame; at the

@@ -88,6 +88,7 @@ class RICConv2d(nn.Module):
     def _weight_maps(self, h: int, w: int, like: torch.Tensor) -> tuple[torch.Tensor, tuple[tuple[int, ...], ...]]:
         """(maps [9, 9, H_out, W_out], per tap the shifts whose map is not all zero). The second
         part is plain Python, decided once per input size, so the traced graph has no branches."""
+        h, w = int(h), int(w)  # plain ints also under tracing (export), so the warm cache is found
         key = (h, w, like.dtype, like.device)
         if key not in self._maps:
             ho, wo = self.out_size(h, w)

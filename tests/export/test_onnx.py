@@ -1,0 +1,103 @@
+"""fp32 ONNX export: BatchNorm folding, standard operators, parity with torch, the CLI."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from trn.errors import DataError
+from trn.models.descriptor import create_model
+
+pytest.importorskip("onnx")
+pytest.importorskip("onnxruntime")
+
+from trn.export.graph import ExportGraph, fold_batchnorm, reference_outputs  # noqa: E402
+from trn.export.to_onnx import check_standard_ops, export_onnx, onnx_session, parity  # noqa: E402
+
+SIZE = 32
+
+
+def trained_looking(conv: str, attention: str, seed: int = 0):
+    """A small flight model whose BatchNorms carry non-trivial statistics (as a trained one does)."""
+    torch.manual_seed(seed)
+    m = create_model("flight", conv=conv, attention=attention, input_size=SIZE)
+    for mod in m.modules():
+        if isinstance(mod, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
+            mod.running_mean.uniform_(-0.2, 0.2)
+            mod.running_var.uniform_(0.5, 2.0)
+            mod.weight.data.uniform_(0.5, 1.5)
+            mod.bias.data.uniform_(-0.1, 0.1)
+    return m.eval()
+
+
+@pytest.mark.parametrize("conv,attention", [("conv2d", "se"), ("ric", "ca")])
+def test_folded_graph_computes_what_the_model_computes(conv, attention):
+    m = trained_looking(conv, attention)
+    x = torch.rand(4, 1, SIZE, SIZE)
+    folded = fold_batchnorm(m)
+    assert not any(isinstance(k, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)) for k in folded.modules())
+    with torch.no_grad():
+        torch.testing.assert_close(folded(x), m(x), atol=2e-5, rtol=0)
+        got = ExportGraph(m)(x)
+    ref = reference_outputs(m, x)
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("conv,attention", [("conv2d", "se"), ("ric", "ca")])
+def test_onnx_export_is_standard_and_matches_torch(tmp_path, conv, attention):
+    import onnx
+
+    m = trained_looking(conv, attention, seed=1)
+    exp = export_onnx(m, tmp_path / "model.onnx")
+    g = onnx.load(str(exp.path))
+    onnx.checker.check_model(g, full_check=True)
+    assert not {"DeformConv", "GridSample", "BatchNormalization", "Atan"} & set(exp.ops)
+    dims = [d.dim_value for d in g.graph.input[0].type.tensor_type.shape.dim]
+    assert dims == [1, 1, SIZE, SIZE] and [o.name for o in g.graph.output] == ["embedding", "token_map", "saliency"]
+    imgs = np.random.default_rng(0).random((9, SIZE, SIZE)).astype(np.float32)
+    p = parity(m, exp.path, imgs)
+    assert p.images == 9 and p.ok(0.9999) and p.max_abs_embedding < 1e-4
+    # a dynamic batch answers several images at once, with the same numbers
+    dyn = export_onnx(m, tmp_path / "dyn.onnx", dynamic_batch=True)
+    out = onnx_session(dyn.path).run(None, {"image": imgs[:, None]})
+    assert out[0].shape == (9, 512) and out[1].shape[0] == 9 and out[2].shape[0] == 9
+    np.testing.assert_allclose(out[0], reference_outputs(m, torch.from_numpy(imgs[:, None]))[0].numpy(), atol=1e-4)
+
+
+def test_unmapped_operators_are_refused(tmp_path):
+    with pytest.raises(DataError, match="GridSample"):
+        check_standard_ops({"Conv": 3, "GridSample": 1}, tmp_path / "m.onnx")
+    with pytest.raises(DataError, match="com.microsoft::FusedConv"):
+        check_standard_ops({"com.microsoft::FusedConv": 1}, tmp_path / "m.onnx")
+
+
+def test_parity_refuses_wrong_shapes(tmp_path):
+    m = trained_looking("conv2d", "se")
+    exp = export_onnx(m, tmp_path / "model.onnx")
+    with pytest.raises(DataError, match="expected"):
+        parity(m, exp.path, np.zeros((2, SIZE + 1, SIZE + 1), np.float32))
+    (tmp_path / "broken.onnx").write_bytes(b"not a model")
+    with pytest.raises(DataError, match="cannot load"):
+        onnx_session(tmp_path / "broken.onnx")
+
+
+def test_cli_exports_and_reports_parity_on_real_looking_crops(tmp_path, capsys):
+    from trn.cli import export as export_cli
+    from trn.train.checkpoint import CHECKPOINT_FORMAT, save_checked
+    from tests.sim.test_scenarios import write_dataset
+
+    m = trained_looking("ric", "ca", seed=2)
+    ck = save_checked({"format": CHECKPOINT_FORMAT, "version": 1, "model_config": m.cfg.to_dict(),
+                       "model": m.state_dict()}, tmp_path / "weights.pt")
+    write_dataset(tmp_path / "d", [[0, 1], [2], [3]])  # 4 boxes and 4 landmark images: 8 of the 12 crops asked
+    rc = export_cli.main(["onnx", "--model", str(ck), "--out", str(tmp_path / "x"), "--data", str(tmp_path / "d"),
+                          "--crops", "12", "--threads", "1"])
+    assert rc == 0
+    rep = json.loads((tmp_path / "x" / "onnx_report.json").read_text())
+    assert rep["parity"]["images"] == 8 and rep["parity"]["min_cosine_embedding"] >= 0.9999
+    assert "frame crops" in rep["parity_images"] and rep["export"]["sha256"]
+    capsys.readouterr()
+    assert export_cli.main(["onnx", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "y")]) == 2
+    assert "neither a checkpoint" in capsys.readouterr().err

@@ -1,0 +1,202 @@
+"""fp32 ONNX export of a flight descriptor, its checks, and its parity with torch.
+
+The graph is :class:`trn.export.graph.ExportGraph`, exported with torch's TorchScript-based
+exporter at opset 17 with a fixed input [1, 1, S, S] (what the Edge TPU and FPGA toolchains
+need), or a dynamic batch dimension when asked. The file is then checked by ``onnx.checker``,
+and its operator set is refused if it holds anything outside the standard ``ai.onnx`` domain or
+an operator no flight toolchain maps (DeformConv, GridSample and their kin).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import warnings
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from trn.errors import DataError
+from trn.export.graph import OUTPUTS, ExportGraph, reference_outputs
+from trn.models.descriptor import Descriptor
+
+OPSET = 17
+FORBIDDEN_OPS = frozenset({"DeformConv", "GridSample", "AffineGrid", "Loop", "If", "Scan", "NonZero", "Unique"})
+
+
+@dataclass(frozen=True)
+class OnnxExport:
+    path: Path
+    input_size: int
+    dynamic_batch: bool
+    ops: dict[str, int]
+    sha256: str
+    bytes: int
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["path"] = self.path.name
+        return d
+
+
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def op_counts(model) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for n in model.graph.node:
+        key = n.op_type if n.domain in ("", "ai.onnx") else f"{n.domain}::{n.op_type}"
+        out[key] = out.get(key, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def check_standard_ops(ops: dict[str, int], path: Path) -> None:
+    """Refuse custom domains and the operators no flight toolchain maps."""
+    bad = sorted(k for k in ops if "::" in k or k in FORBIDDEN_OPS)
+    if bad:
+        raise DataError(f"exported graph uses operators outside the standard flight set: {bad}", path)
+
+
+def export_onnx(model: Descriptor, path: str | Path, dynamic_batch: bool = False) -> OnnxExport:
+    """Write ``path`` (written to a temporary name and renamed, so a failed export leaves nothing)."""
+    import onnx
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    graph = ExportGraph(model)
+    s = graph.input_size
+    tmp = path.with_name(f".{path.name}.tmp")
+    axes = {"image": {0: "batch"}, **{k: {0: "batch"} for k in OUTPUTS}} if dynamic_batch else None
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(graph, (torch.zeros(1, 1, s, s),), str(tmp), dynamo=False, opset_version=OPSET,
+                          input_names=["image"], output_names=list(OUTPUTS), dynamic_axes=axes,
+                          do_constant_folding=True)
+    m = onnx.load(str(tmp))
+    try:
+        onnx.checker.check_model(m, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"onnx.checker refused the exported graph: {exc}", path) from None
+    ops = op_counts(m)
+    try:
+        check_standard_ops(ops, path)
+    except DataError:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
+    return OnnxExport(path, s, dynamic_batch, ops, _sha256(path), path.stat().st_size)
+
+
+def onnx_session(path: str | Path, threads: int = 1):
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.intra_op_num_threads = threads
+    opts.inter_op_num_threads = 1
+    opts.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # onnxruntime raises its own exception types
+        raise DataError(f"onnxruntime cannot load the model ({exc})", path) from None
+
+
+@dataclass(frozen=True)
+class Parity:
+    """torch (original model) against onnxruntime (exported file) on the same images."""
+
+    images: int
+    max_abs_embedding: float
+    min_cosine_embedding: float
+    max_abs_token_map: float
+    min_cosine_token_map: float
+    max_abs_saliency: float
+
+    def ok(self, min_cosine: float = 0.9999) -> bool:
+        return self.min_cosine_embedding >= min_cosine and self.min_cosine_token_map >= min_cosine
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    a = a.reshape(len(a), -1).astype(np.float64)
+    b = b.reshape(len(b), -1).astype(np.float64)
+    return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
+
+
+def parity(model: Descriptor, onnx_path: str | Path, images: np.ndarray, threads: int = 1) -> Parity:
+    """Run ``images`` float32 [N, S, S] through both; the token map is compared per location."""
+    if images.ndim != 3 or images.shape[1:] != (model.cfg.input_size,) * 2:
+        raise DataError(f"parity images have shape {images.shape}; expected [N, {model.cfg.input_size}, "
+                        f"{model.cfg.input_size}]")
+    sess = onnx_session(onnx_path, threads)
+    batch = sess.get_inputs()[0].shape[0]
+    step = batch if isinstance(batch, int) else 64
+    got: list[list[np.ndarray]] = [[], [], []]
+    ref: list[list[np.ndarray]] = [[], [], []]
+    for i in range(0, len(images), step):
+        x = images[i:i + step, None].astype(np.float32)
+        if isinstance(batch, int) and len(x) != batch:
+            outs = [sess.run(None, {"image": x[j:j + 1]}) for j in range(len(x))]
+            outs = [np.concatenate([o[k] for o in outs]) for k in range(3)]
+        else:
+            outs = sess.run(None, {"image": x})
+        r = reference_outputs(model, torch.from_numpy(x))
+        for k in range(3):
+            got[k].append(outs[k])
+            ref[k].append(r[k].numpy())
+    g = [np.concatenate(v) for v in got]
+    r = [np.concatenate(v) for v in ref]
+    loc = lambda t: np.moveaxis(t, 1, -1).reshape(-1, t.shape[1])  # noqa: E731
+    return Parity(len(images), float(np.abs(g[0] - r[0]).max()), float(_cos_rows(g[0], r[0]).min()),
+                  float(np.abs(g[1] - r[1]).max()), float(_cos_rows(loc(g[1]), loc(r[1])).min()),
+                  float(np.abs(g[2] - r[2]).max()))
+
+
+def write_report(out: Path, export: OnnxExport, model_spec: str, par: Parity | None, crops_source: str | None) -> Path:
+    doc = {"format": "trn-export-onnx", "version": 1, "model": model_spec, "opset": OPSET, "export": export.to_dict(),
+           "parity": par.to_dict() if par else None, "parity_images": crops_source}
+    path = out / "onnx_report.json"
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(path)
+    return path
+
+
+def real_crops(root: str | Path, size: int, n: int = 1000, seed: int = 0) -> tuple[np.ndarray, str]:
+    """Up to ``n`` preprocessed real crater crops [N, size, size] from a dataset: for a Luna-1
+    build, half from the navigation frames' boxes (the crops a board sees in flight) and the rest
+    landmark renders; for other layouts, landmark images. Seeded. Returns (crops, description)."""
+    from trn.data.landmarks import detect_kind, read_landmarks
+    from trn.data.luna1 import read_gray, read_luna1
+    from trn.train.data import preprocess
+
+    root = Path(root)
+    rng = np.random.default_rng(seed)
+    crops: list[np.ndarray] = []
+    frames_used = 0
+    if detect_kind(root) == "luna1":
+        ds = read_luna1(root)
+        boxes = [(f.frame, b) for f in ds.frames if f.boxes for b in f.boxes]
+        if boxes:
+            pick = sorted(rng.permutation(len(boxes))[: n // 2].tolist())
+            for fr, b in (boxes[i] for i in pick):
+                img = ds.load_frame(fr)
+                if b.r - b.l >= 4 and b.b - b.t >= 4:
+                    crops.append(preprocess(img[b.t:b.b, b.l:b.r], size))
+            frames_used = len(crops)
+    ls, kind = read_landmarks(root)
+    items = ls.items
+    for i in rng.permutation(len(items))[: n - len(crops)].tolist():
+        crops.append(preprocess(read_gray(items[i].path), size))
+    if not crops:
+        raise DataError("no crater images to check parity on", root)
+    return np.stack(crops).astype(np.float32), f"{root} ({kind}): {frames_used} frame crops, {len(crops) - frames_used} landmark images"
