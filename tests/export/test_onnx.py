@@ -101,3 +101,39 @@ def test_cli_exports_and_reports_parity_on_real_looking_crops(tmp_path, capsys):
     capsys.readouterr()
     assert export_cli.main(["onnx", "--model", str(tmp_path / "nope"), "--out", str(tmp_path / "y")]) == 2
     assert "neither a checkpoint" in capsys.readouterr().err
+
+
+def test_host_side_tokens_from_the_exported_graph_match_torch(tmp_path):
+    from trn.db.tokens import TokenConfig
+    from trn.sim.embedders import OnnxEmbedder, TorchEmbedder
+
+    m = trained_looking("ric", "ca", seed=3)
+    exp = export_onnx(m, tmp_path / "model.onnx")
+    imgs = np.random.default_rng(1).random((5, SIZE, SIZE)).astype(np.float32)
+    for seeds in ("saliency", "fps"):
+        cfg = TokenConfig(k=1, seeds=seeds)  # a 32 px input leaves a 1 x 1 map: one token
+        a = TorchEmbedder(m, "t", cfg)(imgs)
+        b = OnnxEmbedder(exp.path, "o", cfg)(imgs)
+        np.testing.assert_allclose(b.global_, a.global_, atol=1e-5)
+        np.testing.assert_allclose(b.tokens, a.tokens, atol=1e-4)
+    with pytest.raises(Exception, match="projected"):
+        OnnxEmbedder(exp.path, "o", TokenConfig(k=1, project=False))
+
+
+def test_trn_sim_runs_the_scenarios_through_onnxruntime(tmp_path, capsys):
+    from trn.cli import sim as sim_cli
+    from tests.sim.test_scenarios import write_dataset
+
+    m = trained_looking("conv2d", "se", seed=4)
+    export_onnx(m, tmp_path / "exp" / "model.onnx")
+    write_dataset(tmp_path / "d", [[0, 1], [2], [0, 1, 2], [3], [0], [1, 3]])
+    rc = sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--backend", "onnx", "--model",
+                       str(tmp_path / "exp"), "--scenario", "moon_navigation", "--no-progress", "--threads", "1",
+                       "--out", str(tmp_path / "r")])
+    assert rc == 0
+    rep = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert rep["results"][0]["method"] == "exp@onnx" and rep["results"][0]["queries"] == 10
+    capsys.readouterr()
+    assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--backend", "onnx", "--model",
+                         str(tmp_path / "missing"), "--no-progress"]) == 2
+    assert "trn-export onnx" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from trn.cli.common import Parser, float_between, int_at_least, run_main, setup_
 from trn.db.tokens import SEED_METHODS, TokenConfig
 from trn.errors import ConfigError
 from trn.sim import scenarios as sc
-from trn.sim.embedders import DEFAULT_MODEL, MODELS_DIR, make_embedder
+from trn.sim.embedders import BACKENDS, DEFAULT_MODEL, MODELS_DIR, make_embedder
 from trn.sim.prepare import cache_root, prepare_luna1, summarize
 
 ABLATION = ["flight_conv2d_se", "flight_ric_ca", "flight_ric_ca_mars", "ncc"]
@@ -42,6 +42,9 @@ def _common(p: argparse.ArgumentParser, scenarios: tuple[str, ...]) -> None:
     p.add_argument("--shortlist", type=int, action="append", default=None, metavar="S",
                    help="candidates re-ranked by late interaction (default 10); repeat to compare")
     p.add_argument("--token-seeds", choices=SEED_METHODS, default="saliency")
+    p.add_argument("--backend", choices=BACKENDS, default="torch",
+                   help="torch: the checkpoint; onnx: an exported graph (trn-export onnx) run by onnxruntime, "
+                        "--model then names a .onnx file or a trn-export directory")
     p.add_argument("--max-landmarks", type=int_at_least(2), default=None, help="cap on test landmarks")
     p.add_argument("--threads", type=int_at_least(1), default=max(1, os.cpu_count() or 1), help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true")
@@ -105,10 +108,10 @@ def _embedders(args) -> list:
             if k == 0 or m == "ncc":
                 if (m, 0) not in seen:
                     seen.add((m, 0))
-                    out.append(make_embedder(m, None, args.threads))
+                    out.append(make_embedder(m, None, args.threads, args.backend))
                 continue
             for s in shortlists:
-                e = make_embedder(m, TokenConfig(k=k, seeds=args.token_seeds), args.threads)
+                e = make_embedder(m, TokenConfig(k=k, seeds=args.token_seeds), args.threads, args.backend)
                 e.shortlist = s
                 e.name = f"{e.name}+tok{k}s{s}"
                 out.append(e)

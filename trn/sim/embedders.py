@@ -101,6 +101,50 @@ class TorchEmbedder:
         return Embeddings(glob, toks)
 
 
+class OnnxEmbedder:
+    """An exported descriptor (``trn-export onnx``: outputs embedding, token_map, saliency) run by
+    onnxruntime on the CPU; with ``token_cfg`` the host aggregates instance tokens from the token
+    map in numpy, as a board does (the projected map only: ``token_cfg.project`` must be set)."""
+
+    def __init__(self, path: Path, name: str, token_cfg: TokenConfig | None = None, threads: int = 1):
+        from trn.export.to_onnx import onnx_session
+
+        self.session = onnx_session(path, threads)
+        inp = self.session.get_inputs()[0]
+        outs = [o.name for o in self.session.get_outputs()]
+        if inp.name != "image" or outs[:3] != ["embedding", "token_map", "saliency"]:
+            raise DataError(f"not a trn-export graph (input {inp.name!r}, outputs {outs}); export it with trn-export onnx",
+                            path)
+        self.batch = inp.shape[0] if isinstance(inp.shape[0], int) else 64
+        self.input_size = int(inp.shape[2])
+        self.name = name
+        self.dim = int(self.session.get_outputs()[0].shape[1])
+        self.token_cfg = token_cfg
+        self.tokens = token_cfg.k if token_cfg else 0
+        self.token_dim = self.dim if token_cfg else 0
+        if token_cfg is not None and not token_cfg.project:
+            raise ConfigError("an exported graph gives the projected token map only: use projected tokens")
+
+    def __call__(self, images: np.ndarray) -> Embeddings:
+        x = _check_images(images, self.input_size)[:, None]
+        g, t = [], []
+        for i in range(0, len(x), self.batch):
+            xb = x[i:i + self.batch]
+            if len(xb) != self.batch:  # a fixed-batch graph takes its own batch size only
+                outs = [self.session.run(None, {"image": xb[j:j + 1]}) for j in range(len(xb))]
+                emb, tmap, sal = (np.concatenate([o[k] for o in outs]) for k in range(3))
+            else:
+                emb, tmap, sal = self.session.run(None, {"image": xb})
+            g.append(emb)
+            if self.token_cfg is not None:
+                n, d = tmap.shape[:2]
+                loc = np.moveaxis(tmap.reshape(n, d, -1), 1, 2)
+                t.append(instance_tokens(loc, sal.reshape(n, -1), self.token_cfg))
+        glob = np.concatenate(g) if g else np.zeros((0, self.dim), np.float32)
+        toks = (np.concatenate(t) if t else np.zeros((0, self.tokens, self.token_dim), np.float32)) if self.token_cfg else None
+        return Embeddings(glob.astype(np.float32), toks)
+
+
 class NCCEmbedder:
     """Normalised cross-correlation template matching as an embedding: a template resized to
     ``template`` pixels, mean removed, L2-normalised. The cosine of two such vectors is exactly
@@ -139,16 +183,38 @@ def resolve_model(spec: str) -> Path:
                     f"model; shipped models: {shipped + ['ncc']}")
 
 
-def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int | None = None) -> Embedder:
-    """An embedder from a model spec: "ncc" or anything :func:`resolve_model` accepts."""
+BACKENDS = ("torch", "onnx")
+
+
+def resolve_onnx(spec: str) -> Path:
+    """An ONNX file, or a ``trn-export`` output directory (``model.onnx``), or a shipped model's
+    export under ``export/<name>/``."""
+    p = Path(spec)
+    for cand in (p if p.suffix == ".onnx" else None, p / "model.onnx", MODELS_DIR.parent / "export" / spec / "model.onnx"):
+        if cand is not None and cand.is_file():
+            return cand
+    raise DataError(f"no ONNX model at {spec!r}: pass a .onnx file or a trn-export directory; export one with "
+                    f"trn-export onnx --model {p.name or spec} --out export/{p.name or spec}")
+
+
+def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int | None = None,
+                  backend: str = "torch") -> Embedder:
+    """An embedder from a model spec: "ncc", or for the torch backend anything
+    :func:`resolve_model` accepts, for the onnx backend anything :func:`resolve_onnx` accepts."""
     from trn.train.loop import load_descriptor
 
+    if backend not in BACKENDS:
+        raise ConfigError(f"backend {backend!r}: expected one of {BACKENDS}")
     if threads:
         torch.set_num_threads(threads)
     if spec == "ncc":
         if token_cfg is not None:
             raise ConfigError("the NCC baseline has no instance tokens")
         return NCCEmbedder()
+    if backend == "onnx":
+        path = resolve_onnx(spec)
+        base = path.parent.name if path.name == "model.onnx" else path.stem
+        return OnnxEmbedder(path, f"{base}@onnx", token_cfg, threads or 1)
     path = resolve_model(spec)
     name = path.parent.name if path.name == "weights.pt" else path.stem
     return TorchEmbedder(load_descriptor(path), name, token_cfg)
