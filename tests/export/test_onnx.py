@@ -137,3 +137,29 @@ def test_trn_sim_runs_the_scenarios_through_onnxruntime(tmp_path, capsys):
     assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--backend", "onnx", "--model",
                          str(tmp_path / "missing"), "--no-progress"]) == 2
     assert "trn-export onnx" in capsys.readouterr().err
+
+
+def test_int8_qdq_is_calibrated_on_the_training_half_only_and_tracks_fp32(tmp_path):
+    from trn.cli import export as export_cli
+    from trn.export.to_onnx import calibration_crops
+    from trn.train.checkpoint import CHECKPOINT_FORMAT, save_checked
+    from tests.sim.test_scenarios import write_dataset
+
+    write_dataset(tmp_path / "d", [[0, 1], [2], [3]])
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "split.json").write_text(json.dumps({"train": ["0", "1"], "val": [], "test": ["2", "3"]}))
+    x, source, used = calibration_crops(tmp_path / "d", tmp_path / "run" / "split.json", SIZE, n=50)
+    assert used == {"0", "1"} and x.shape == (2, SIZE, SIZE) and "training-half" in source
+    (tmp_path / "other.json").write_text(json.dumps({"train": ["99"], "val": [], "test": []}))
+    with pytest.raises(DataError, match="none of the model's training identities"):
+        calibration_crops(tmp_path / "d", tmp_path / "other.json", SIZE)
+    m = trained_looking("conv2d", "se", seed=5)
+    save_checked({"format": CHECKPOINT_FORMAT, "version": 1, "model_config": m.cfg.to_dict(), "model": m.state_dict()},
+                 tmp_path / "run" / "weights.pt")
+    rc = export_cli.main(["onnx-int8", "--model", str(tmp_path / "run"), "--out", str(tmp_path / "x"), "--data",
+                          str(tmp_path / "d"), "--threads", "1"])
+    assert rc == 0
+    rep = json.loads((tmp_path / "x" / "onnx_int8_report.json").read_text())
+    ops = rep["export"]["ops"]
+    assert ops["QuantizeLinear"] > 10 and ops["DequantizeLinear"] > 10
+    assert rep["agreement_with_fp32"]["images"] == 8 and rep["agreement_with_fp32"]["median_cosine"] > 0.9

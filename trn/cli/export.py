@@ -2,10 +2,15 @@
 
     trn-export onnx --model flight_conv2d_se --out export/flight_conv2d_se --data data/luna1
 
+    trn-export onnx-int8 --model flight_conv2d_se --out export/flight_conv2d_se --data data/luna1
+
 ``onnx`` writes ``model.onnx`` (fp32, BatchNorm folded, standard operators, input
 [1, 1, S, S] or a dynamic batch with --dynamic-batch; outputs embedding, token_map, saliency) and
 ``onnx_report.json`` (operator counts, hash, and the parity with torch on real crater crops:
 largest absolute difference and smallest cosine; the export fails below --min-cosine).
+``onnx-int8`` writes it too, then ``model_int8.onnx``: static int8 QDQ (per-channel int8 weights,
+int8 activations) calibrated on landmark images of the model's training half only, and
+``onnx_int8_report.json`` (operators, and agreement with the fp32 graph on real crater crops).
 """
 
 from __future__ import annotations
@@ -31,6 +36,10 @@ def build_parser() -> Parser:
     p.add_argument("--no-parity", action="store_true", help="skip the parity check (the report says so)")
     p.add_argument("--threads", type=int_at_least(1), default=2)
     p.add_argument("-v", "--verbose", action="store_true")
+    q = sub.add_parser("onnx-int8", help="static int8 QDQ ONNX for FPGA toolchains (and the fp32 graph it starts from)")
+    for a in p._actions[1:]:  # the same options as onnx
+        q._add_action(a)
+    q.add_argument("--calib", type=int_at_least(1), default=500, help="calibration images (default 500)")
     return ap
 
 
@@ -53,7 +62,7 @@ def _onnx(args) -> int:
     print(f"wrote {exp.path} ({exp.bytes / 1e6:.1f} MB, input [1, 1, {exp.input_size}, {exp.input_size}]"
           f"{' with a dynamic batch' if exp.dynamic_batch else ''}); operators: "
           + ", ".join(f"{k} {v}" for k, v in exp.ops.items()))
-    par, source = None, None
+    par, source, crops = None, None, None
     if not args.no_parity:
         crops, source = real_crops(data, exp.input_size, args.crops)
         par = parity(model, exp.path, crops, args.threads)
@@ -65,7 +74,41 @@ def _onnx(args) -> int:
     if par is not None and not par.ok(args.min_cosine):
         print(f"error: parity below the minimum cosine {args.min_cosine}", file=sys.stderr)
         return 1
+    if args.cmd == "onnx-int8":
+        return _int8(args, exp.path, data, crops if not args.no_parity else None)
     return 0
+
+
+def _int8(args, fp32: Path, data: Path | None, crops) -> int:
+    import json
+
+    from trn.errors import DataError
+    from trn.export.to_onnx import agreement, calibration_crops, quantize_int8
+    from trn.sim.embedders import resolve_model
+
+    if data is None:
+        raise DataError("int8 calibration needs the training data: pass --data DIR (the dataset the model was trained on)")
+    split = resolve_model(args.model).parent / "split.json"
+    calib, source, _ = calibration_crops(data, split if split.is_file() else None, int(crops.shape[-1]) if crops is not None
+                                      else _input_size(fp32), args.calib)
+    q = quantize_int8(fp32, args.out / "model_int8.onnx", calib, source)
+    print(f"wrote {q.path} ({q.bytes / 1e6:.1f} MB), calibrated on {source}")
+    agree = agreement(fp32, q.path, crops, args.threads) if crops is not None else None
+    if agree:
+        print(f"int8 against fp32 on {agree['images']} real crops: min cosine {agree['min_cosine']:.4f}, median "
+              f"{agree['median_cosine']:.4f}, nearest-neighbour agreement {agree['nearest_neighbour_agreement']:.3f}")
+    doc = {"format": "trn-export-onnx-int8", "version": 1, "model": args.model, "export": q.to_dict(),
+           "agreement_with_fp32": agree}
+    path = args.out / "onnx_int8_report.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    print(f"report: {path}")
+    return 0
+
+
+def _input_size(path: Path) -> int:
+    from trn.export.to_onnx import onnx_session
+
+    return int(onnx_session(path).get_inputs()[0].shape[2])
 
 
 def main(argv: list[str] | None = None) -> int:

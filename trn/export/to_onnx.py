@@ -200,3 +200,107 @@ def real_crops(root: str | Path, size: int, n: int = 1000, seed: int = 0) -> tup
     if not crops:
         raise DataError("no crater images to check parity on", root)
     return np.stack(crops).astype(np.float32), f"{root} ({kind}): {frames_used} frame crops, {len(crops) - frames_used} landmark images"
+
+
+def calibration_crops(root: str | Path, split_json: str | Path | None, size: int, n: int = 500,
+                      seed: int = 0) -> tuple[np.ndarray, str, set[str]]:
+    """Calibration images for int8 quantisation, from the **training half only** (the model's own
+    ``split.json`` when given, else the default split of the dataset): its landmark images, each
+    under a draw from T (rotation, brightness, translation), so the ranges seen cover what T
+    trained for. Test identities never enter calibration. Returns (images, description, the
+    identities the images show)."""
+    import torch as _torch
+
+    from trn.data.landmarks import read_landmarks
+    from trn.data.luna1 import read_gray
+    from trn.train.augment import AugmentConfig, apply, sample
+    from trn.train.config import DataConfig
+    from trn.train.data import preprocess, split_identities
+
+    ls, kind = read_landmarks(Path(root))
+    if split_json is not None and Path(split_json).is_file():
+        doc = json.loads(Path(split_json).read_text(encoding="utf-8"))
+        train = set(doc["train"])
+        missing = train - set(ls.instances)
+        if len(missing) == len(train):
+            raise DataError("none of the model's training identities are in this dataset; calibrate on the data the "
+                            "model was trained on", root)
+    else:
+        train = set(split_identities(ls, DataConfig(kind=kind, path=str(root))).train)
+    items = [it for it in ls.items if it.instance in train]
+    if not items:
+        raise DataError("no training-half images to calibrate on", root)
+    rng = np.random.default_rng(seed)
+    pick = rng.permutation(len(items))[:n].tolist()
+    x = np.stack([preprocess(read_gray(items[i].path), size) for i in pick]).astype(np.float32)
+    g = _torch.Generator().manual_seed(seed)
+    x = apply(_torch.from_numpy(x[:, None]), sample(len(x), size, AugmentConfig(), g))[:, 0].numpy()
+    used = {items[i].instance for i in pick}
+    return x.astype(np.float32), f"{root} ({kind}): {len(x)} training-half landmark images under draws from T", used
+
+
+@dataclass(frozen=True)
+class Int8Export:
+    path: Path
+    calibration: str
+    ops: dict[str, int]
+    sha256: str
+    bytes: int
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["path"] = self.path.name
+        return d
+
+
+def quantize_int8(fp32: str | Path, out: str | Path, calib: np.ndarray, calib_source: str) -> Int8Export:
+    """Static int8 QDQ ONNX (per-channel symmetric int8 weights, int8 activations, min-max
+    calibration), the form Vitis-AI-style FPGA toolchains take."""
+    import onnx
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class _Reader(CalibrationDataReader):
+        def __init__(self) -> None:
+            self.i = 0
+
+        def get_next(self):
+            if self.i >= len(calib):
+                return None
+            self.i += 1
+            return {"image": calib[self.i - 1:self.i, None]}
+
+    out = Path(out)
+    tmp = out.with_name(f".{out.name}.tmp")
+    # the backbone in int8; the head (GeM's root, the Linear, PReLU, the L2 normalisation, the
+    # per-location projection) stays in float at the end of the graph, where it runs on the host
+    head = [n.name for n in onnx.load(str(fp32)).graph.node if not n.name.startswith("/backbone/")]
+    quantize_static(str(fp32), str(tmp), _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, nodes_to_exclude=head,
+                    extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
+    m = onnx.load(str(tmp))
+    try:
+        onnx.checker.check_model(m, full_check=True)
+    except onnx.checker.ValidationError as exc:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"onnx.checker refused the int8 graph: {exc}", out) from None
+    ops = op_counts(m)
+    tmp.replace(out)
+    return Int8Export(out, calib_source, ops, _sha256(out), out.stat().st_size)
+
+
+def agreement(a_path: str | Path, b_path: str | Path, images: np.ndarray, threads: int = 1) -> dict:
+    """Embedding agreement of two exported graphs (e.g. int8 against fp32) on the same images:
+    min / median cosine, and how often both agree on each image's nearest neighbour among the
+    others (retrieval agreement)."""
+    outs = []
+    for p in (a_path, b_path):
+        s = onnx_session(p, threads)
+        outs.append(np.concatenate([s.run(None, {"image": images[i:i + 1, None]})[0] for i in range(len(images))]))
+    cos = (outs[0] * outs[1]).sum(1)
+    nn = []
+    for e in outs:
+        sim = e @ e.T
+        np.fill_diagonal(sim, -np.inf)
+        nn.append(sim.argmax(1))
+    return {"images": len(images), "min_cosine": float(cos.min()), "median_cosine": float(np.median(cos)),
+            "nearest_neighbour_agreement": float((nn[0] == nn[1]).mean())}
