@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -64,14 +65,23 @@ def main() -> int:
         if k:
             times.append(time.perf_counter() - t)
     _stats(f"landmark {render.crater_size}px", times)
-    times = []
-    for k, i in enumerate(frames):
-        kk = traj.kitti[i]
-        t = time.perf_counter()
-        render_frame(surface, kk[:, :3], kk[:, 3], sun[i], render)
-        if k:
-            times.append(time.perf_counter() - t)
-    _stats(f"frame {render.nav_size}px (day)", times)
+    images = {}
+    for step in sorted({1, render.shadow_step}):
+        rs = replace(render, shadow_step=step)
+        times, images[step] = [], []
+        for k, i in enumerate(frames):
+            kk = traj.kitti[i]
+            t = time.perf_counter()
+            img, _ = render_frame(surface, kk[:, :3], kk[:, 3], sun[i], rs)
+            if k:
+                times.append(time.perf_counter() - t)
+                images[step].append(img)
+        _stats(f"frame {render.nav_size}px, shadow_step {step}{' (before)' if step == 1 else ''}", times)
+    if len(images) == 2:
+        a, b = images[1], images[render.shadow_step]
+        diff = [np.abs(x.astype(int) - y.astype(int)) for x, y in zip(a, b)]
+        print(f"shadow_step {render.shadow_step} against 1: {np.mean([(d > 0).mean() for d in diff]) * 100:.4f} % of "
+              f"pixels differ, mean |difference| {np.mean([d.mean() for d in diff]):.5f} grey levels")
     return 0
 
 
