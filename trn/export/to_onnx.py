@@ -9,7 +9,6 @@ an operator no flight toolchain maps (DeformConv, GridSample and their kin).
 
 from __future__ import annotations
 
-import hashlib
 import json
 import warnings
 from dataclasses import asdict, dataclass
@@ -21,6 +20,7 @@ import torch
 from trn.errors import DataError
 from trn.export.graph import OUTPUTS, ExportGraph, reference_outputs
 from trn.models.descriptor import Descriptor
+from trn.train.checkpoint import file_sha256
 
 OPSET = 17
 FORBIDDEN_OPS = frozenset({"DeformConv", "GridSample", "AffineGrid", "Loop", "If", "Scan", "NonZero", "Unique"})
@@ -28,25 +28,21 @@ FORBIDDEN_OPS = frozenset({"DeformConv", "GridSample", "AffineGrid", "Loop", "If
 
 @dataclass(frozen=True)
 class OnnxExport:
+    """An exported file: its operators, hash and size; ``note`` says how it was made (the int8
+    graph: what it was calibrated on)."""
+
     path: Path
     input_size: int
     dynamic_batch: bool
     ops: dict[str, int]
     sha256: str
     bytes: int
+    note: str = ""
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["path"] = self.path.name
         return d
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def op_counts(model) -> dict[str, int]:
@@ -64,10 +60,28 @@ def check_standard_ops(ops: dict[str, int], path: Path) -> None:
         raise DataError(f"exported graph uses operators outside the standard flight set: {bad}", path)
 
 
-def export_onnx(model: Descriptor, path: str | Path, dynamic_batch: bool = False) -> OnnxExport:
-    """Write ``path`` (written to a temporary name and renamed, so a failed export leaves nothing)."""
+def _checked(tmp: Path, path: Path):
+    """Check the graph written to ``tmp`` (onnx.checker, standard operators), then rename it to
+    ``path``; on failure remove it, so that a refused export leaves no file. (model, op counts)."""
     import onnx
 
+    m = onnx.load(str(tmp))
+    try:
+        onnx.checker.check_model(m, full_check=True)
+        ops = op_counts(m)
+        check_standard_ops(ops, path)
+    except onnx.checker.ValidationError as exc:
+        tmp.unlink(missing_ok=True)
+        raise DataError(f"onnx.checker refused the exported graph: {exc}", path) from None
+    except DataError:
+        tmp.unlink(missing_ok=True)
+        raise
+    tmp.replace(path)
+    return m, ops
+
+
+def export_onnx(model: Descriptor, path: str | Path, dynamic_batch: bool = False) -> OnnxExport:
+    """Write ``path`` (written to a temporary name and renamed, so a failed export leaves nothing)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     graph = ExportGraph(model)
@@ -79,20 +93,8 @@ def export_onnx(model: Descriptor, path: str | Path, dynamic_batch: bool = False
         torch.onnx.export(graph, (torch.zeros(1, 1, s, s),), str(tmp), dynamo=False, opset_version=OPSET,
                           input_names=["image"], output_names=list(OUTPUTS), dynamic_axes=axes,
                           do_constant_folding=True)
-    m = onnx.load(str(tmp))
-    try:
-        onnx.checker.check_model(m, full_check=True)
-    except onnx.checker.ValidationError as exc:
-        tmp.unlink(missing_ok=True)
-        raise DataError(f"onnx.checker refused the exported graph: {exc}", path) from None
-    ops = op_counts(m)
-    try:
-        check_standard_ops(ops, path)
-    except DataError:
-        tmp.unlink(missing_ok=True)
-        raise
-    tmp.replace(path)
-    return OnnxExport(path, s, dynamic_batch, ops, _sha256(path), path.stat().st_size)
+    m, ops = _checked(tmp, path)
+    return OnnxExport(path, s, dynamic_batch, ops, file_sha256(path), path.stat().st_size)
 
 
 def onnx_session(path: str | Path, threads: int = 1):
@@ -239,21 +241,7 @@ def calibration_crops(root: str | Path, split_json: str | Path | None, size: int
     return x.astype(np.float32), f"{root} ({kind}): {len(x)} training-half landmark images under draws from T", used
 
 
-@dataclass(frozen=True)
-class Int8Export:
-    path: Path
-    calibration: str
-    ops: dict[str, int]
-    sha256: str
-    bytes: int
-
-    def to_dict(self) -> dict:
-        d = asdict(self)
-        d["path"] = self.path.name
-        return d
-
-
-def quantize_int8(fp32: str | Path, out: str | Path, calib: np.ndarray, calib_source: str) -> Int8Export:
+def quantize_int8(fp32: str | Path, out: str | Path, calib: np.ndarray, calib_source: str) -> OnnxExport:
     """Static int8 QDQ ONNX (per-channel symmetric int8 weights, int8 activations, min-max
     calibration), the form Vitis-AI-style FPGA toolchains take."""
     import onnx
@@ -277,15 +265,10 @@ def quantize_int8(fp32: str | Path, out: str | Path, calib: np.ndarray, calib_so
     quantize_static(str(fp32), str(tmp), _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, nodes_to_exclude=head,
                     extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
-    m = onnx.load(str(tmp))
-    try:
-        onnx.checker.check_model(m, full_check=True)
-    except onnx.checker.ValidationError as exc:
-        tmp.unlink(missing_ok=True)
-        raise DataError(f"onnx.checker refused the int8 graph: {exc}", out) from None
-    ops = op_counts(m)
-    tmp.replace(out)
-    return Int8Export(out, calib_source, ops, _sha256(out), out.stat().st_size)
+    m, ops = _checked(tmp, out)
+    shape = m.graph.input[0].type.tensor_type.shape.dim
+    return OnnxExport(out, int(shape[2].dim_value), not shape[0].dim_value, ops, file_sha256(out), out.stat().st_size,
+                      f"calibrated on {calib_source}")
 
 
 def agreement(a_path: str | Path, b_path: str | Path, images: np.ndarray, threads: int = 1) -> dict:
