@@ -97,7 +97,6 @@ class ExportGraph(nn.Module):
         self.head = nn.Conv2d(c, d, 1)
         self.head.weight.data.copy_(folded.fc.weight.detach().reshape(d, c, 1, 1))
         self.head.bias.data.copy_(folded.fc.bias.detach())
-        self.fc = folded.fc
         self.act = folded.act
         self.eval()
         with torch.no_grad():  # fix RIC-C's weight maps for the input size: constants in the graph
@@ -107,7 +106,8 @@ class ExportGraph(nn.Module):
         feat = self.backbone(image).clamp(min=self.eps)
         powered = feat * feat * feat if self.p == 3.0 else feat.pow(self.p)
         pooled = powered.mean(dim=(2, 3)).pow(1.0 / self.p)
-        emb = self.act(self.fc(pooled))
+        # the same 1x1 convolution on the pooled vector: one copy of the head's weights
+        emb = self.act(self.head(pooled[:, :, None, None])).flatten(1)
         emb = emb / torch.sqrt((emb * emb).sum(dim=1, keepdim=True)).clamp(min=1e-12)
         return emb, self.act(self.head(feat)), powered.mean(dim=1)
 
