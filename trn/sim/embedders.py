@@ -183,18 +183,21 @@ def resolve_model(spec: str) -> Path:
                     f"model; shipped models: {shipped + ['ncc']}")
 
 
-BACKENDS = ("torch", "onnx")
+BACKENDS = ("torch", "onnx", "onnx-int8")
+_ONNX_FILES = {"onnx": "model.onnx", "onnx-int8": "model_int8.onnx"}
 
 
-def resolve_onnx(spec: str) -> Path:
-    """An ONNX file, or a ``trn-export`` output directory (``model.onnx``), or a shipped model's
-    export under ``export/<name>/``."""
+def resolve_onnx(spec: str, backend: str = "onnx") -> Path:
+    """An ONNX file, or a ``trn-export`` output directory (``model.onnx``, or ``model_int8.onnx``
+    for the int8 backend), or a shipped model's export under ``export/<name>/``."""
     p = Path(spec)
-    for cand in (p if p.suffix == ".onnx" else None, p / "model.onnx", MODELS_DIR.parent / "export" / spec / "model.onnx"):
+    name = _ONNX_FILES[backend]
+    for cand in (p if p.suffix == ".onnx" else None, p / name, MODELS_DIR.parent / "export" / spec / name):
         if cand is not None and cand.is_file():
             return cand
-    raise DataError(f"no ONNX model at {spec!r}: pass a .onnx file or a trn-export directory; export one with "
-                    f"trn-export onnx --model {p.name or spec} --out export/{p.name or spec}")
+    cmd = "onnx" if backend == "onnx" else "onnx-int8"
+    raise DataError(f"no {name} at {spec!r}: pass a .onnx file or a trn-export directory; export one with "
+                    f"trn-export {cmd} --model {p.name or spec} --out export/{p.name or spec}")
 
 
 def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int | None = None,
@@ -211,10 +214,10 @@ def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int 
         if token_cfg is not None:
             raise ConfigError("the NCC baseline has no instance tokens")
         return NCCEmbedder()
-    if backend == "onnx":
-        path = resolve_onnx(spec)
-        base = path.parent.name if path.name == "model.onnx" else path.stem
-        return OnnxEmbedder(path, f"{base}@onnx", token_cfg, threads or 1)
+    if backend in _ONNX_FILES:
+        path = resolve_onnx(spec, backend)
+        base = path.parent.name if path.name == _ONNX_FILES[backend] else path.stem
+        return OnnxEmbedder(path, f"{base}@{backend}", token_cfg, threads or 1)
     path = resolve_model(spec)
     name = path.parent.name if path.name == "weights.pt" else path.stem
     return TorchEmbedder(load_descriptor(path), name, token_cfg)
