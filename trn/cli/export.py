@@ -40,7 +40,58 @@ def build_parser() -> Parser:
     for a in p._actions[1:]:  # the same options as onnx
         q._add_action(a)
     q.add_argument("--calib", type=int_at_least(1), default=500, help="calibration images (default 500)")
+    k = sub.add_parser("keygen", help="an Ed25519 key pair for signing bundles (keep the .pem out of the repository)")
+    k.add_argument("--out", required=True, type=Path, help="directory for trn_signing_key.pem (0600) and .pub")
+    b = sub.add_parser("bundle", help="a signed deployment bundle (directory and tar) of a trn-export directory")
+    b.add_argument("--model", required=True, metavar="NAME|PATH", help="the model the export was made from")
+    b.add_argument("--export", required=True, type=Path, help="the trn-export output directory")
+    b.add_argument("--key", required=True, type=Path, help="private key (trn-export keygen)")
+    b.add_argument("--out", required=True, type=Path, help="bundle directory to create (a .tar is written beside it)")
+    b.add_argument("--threshold", type=float_between(-1.0, 1.0), default=0.9, help="match threshold recorded in the manifest")
+    v = sub.add_parser("verify", help="check a bundle's signature and files")
+    v.add_argument("bundle", type=Path)
+    v.add_argument("--pub", required=True, help="public key: a .pub file or 64 hex digits")
+    for x in (k, b, v):
+        x.add_argument("-v", "--verbose", action="store_true")
     return ap
+
+
+def _keys(args) -> int:
+    from trn.export.bundle import keygen
+
+    priv, pub = keygen(args.out)
+    print(f"private key: {priv} (mode 0600; never commit it)\npublic key:  {pub}")
+    return 0
+
+
+def _bundle(args) -> int:
+    import json
+
+    from trn.export.bundle import make_bundle
+    from trn.sim.embedders import resolve_model
+    from trn.train.loop import load_descriptor
+
+    ckpt = resolve_model(args.model)
+    cfg = load_descriptor(ckpt).cfg
+    quant = {}
+    rep = args.export / "onnx_int8_report.json"
+    if rep.is_file():
+        doc = json.loads(rep.read_text(encoding="utf-8"))
+        quant = {"model_int8.onnx": {"scheme": "static QDQ, per-channel symmetric int8 weights, int8 activations, "
+                                               "min-max calibration; head in float", "calibration": doc["export"].get("note"),
+                                     "agreement_with_fp32": doc.get("agreement_with_fp32")}}
+    b = make_bundle(args.export, args.out, args.key, Path(args.model).name or args.model, cfg.input_size, cfg.embed_dim,
+                    args.threshold, ckpt.parent / "MODEL_CARD.md", quant)
+    print(f"bundle: {b.directory} ({len(b.manifest['files'])} files, signed) and {b.tar}")
+    return 0
+
+
+def _verify(args) -> int:
+    from trn.export.bundle import read_public_key, verify_bundle
+
+    m = verify_bundle(args.bundle, read_public_key(args.pub))
+    print(f"{args.bundle}: signature and {len(m['files'])} files OK ({m['model']}, made {m['created_utc']})")
+    return 0
 
 
 def _onnx(args) -> int:
@@ -114,7 +165,8 @@ def _input_size(path: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
-    return run_main(lambda: _onnx(args))
+    fn = {"keygen": _keys, "bundle": _bundle, "verify": _verify}.get(args.cmd, _onnx)
+    return run_main(lambda: fn(args))
 
 
 if __name__ == "__main__":
