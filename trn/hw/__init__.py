@@ -1,0 +1,1 @@
+"""Board-side deployment: flashing signed bundles (``trn-hw flash``) and rolling back."""
