@@ -30,25 +30,24 @@ from pathlib import Path
 from trn.errors import DataError
 from trn.train.checkpoint import file_sha256
 
-MANIFEST = "manifest.json"
-SIGNATURE = "manifest.sig"
-BUNDLE_FORMAT = "trn-bundle"
+from trn_board.bundle import BUNDLE_FORMAT, MANIFEST, SIGNATURE  # noqa: F401  (re-exported)
+
 PAYLOAD = ("model.onnx", "model_int8.onnx", "model_int8.tflite", "model_int8_edgetpu.tflite", "MODEL_CARD.md")
 
 
 def _crypto():
     try:
         from cryptography.hazmat.primitives import serialization
-        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+        from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
     except ImportError:  # pragma: no cover - the export extra installs it
         raise DataError("signing needs the 'cryptography' package: pip install -e '.[export]'") from None
-    return serialization, Ed25519PrivateKey, Ed25519PublicKey
+    return serialization, Ed25519PrivateKey
 
 
 def keygen(out: str | Path, name: str = "trn_signing_key") -> tuple[Path, Path]:
     """Write ``<name>.pem`` (private, 0600) and ``<name>.pub`` (public, hex) into ``out``; refuses
     to overwrite an existing private key."""
-    serialization, priv_cls, _ = _crypto()
+    serialization, priv_cls = _crypto()
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     priv_path, pub_path = out / f"{name}.pem", out / f"{name}.pub"
@@ -65,7 +64,7 @@ def keygen(out: str | Path, name: str = "trn_signing_key") -> tuple[Path, Path]:
 
 
 def load_private_key(path: str | Path):
-    serialization, priv_cls, _ = _crypto()
+    serialization, priv_cls = _crypto()
     path = Path(path)
     try:
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
@@ -115,7 +114,7 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
                 input_size: int, embedding_dim: int, threshold: float, card: Path | None = None,
                 quantisation: dict | None = None) -> Bundle:
     """Write the bundle directory ``out`` (refused when it exists) and ``out``.tar."""
-    serialization, _, _ = _crypto()
+    serialization, _ = _crypto()
     key = load_private_key(key_path)
     export_dir, out = Path(export_dir), Path(out)
     if out.exists():
@@ -162,40 +161,12 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
 
 def verify_bundle(directory: str | Path, public_key: bytes) -> dict:
     """The manifest of a bundle directory, after checking its signature with ``public_key`` and
-    every file against it; :class:`DataError` naming the problem otherwise."""
-    _, _, pub_cls = _crypto()
-    from cryptography.exceptions import InvalidSignature
+    every file against it, by the board's own code (:mod:`trn_board.bundle`, pure Python), so the
+    ground and the board refuse exactly the same bundles; :class:`DataError` otherwise."""
+    from trn_board.bundle import BundleError
+    from trn_board.bundle import verify_bundle as board_verify
 
-    d = Path(directory)
-    man, sig = d / MANIFEST, d / SIGNATURE
-    if not man.is_file():
-        raise DataError("bundle has no manifest.json", d)
-    if not sig.is_file():
-        raise DataError("bundle is not signed (no manifest.sig); sign it with trn-export bundle --key", d)
-    data, signature = man.read_bytes(), sig.read_bytes()
     try:
-        pub_cls.from_public_bytes(public_key).verify(signature, data)
-    except (InvalidSignature, ValueError):
-        raise DataError("signature does not match: the manifest was changed or signed by another key", man) from None
-    try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:  # signed garbage: still refused
-        raise DataError(f"manifest is not JSON ({exc})", man) from None
-    if manifest.get("format") != BUNDLE_FORMAT:
-        raise DataError(f"manifest format {manifest.get('format')!r} is not {BUNDLE_FORMAT!r}", man)
-    listed = manifest.get("files", {})
-    present = {p.name for p in d.iterdir() if p.is_file()} - {MANIFEST, SIGNATURE}
-    extra = sorted(present - set(listed))
-    if extra:
-        raise DataError(f"files not in the manifest: {extra}", d)
-    for name, meta in listed.items():
-        f = d / name
-        if not f.is_file():
-            raise DataError("file listed in the manifest is missing", f)
-        size = f.stat().st_size
-        if size != meta["bytes"]:
-            raise DataError(f"has {size} bytes, the manifest says {meta['bytes']} (truncated or replaced)", f)
-        if file_sha256(f) != meta["sha256"]:
-            raise DataError("sha256 differs from the manifest (the file was changed)", f)
-    return manifest
-
+        return board_verify(directory, public_key)
+    except BundleError as exc:
+        raise DataError(exc.message, exc.path) from None

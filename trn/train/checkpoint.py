@@ -10,11 +10,12 @@ shape mismatch) is a one-line :class:`DataError` naming the file.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from pathlib import Path
 
 import torch
+
+from trn_board.bundle import sha256_file
 
 from trn.errors import DataError
 
@@ -26,12 +27,7 @@ def sidecar(path: Path) -> Path:
     return path.with_name(path.name + ".sha256")
 
 
-def file_sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
+file_sha256 = sha256_file  # one implementation, the board's (trn_board has no dependencies)
 
 
 def _fsync_write(path: Path, data: bytes) -> None:
