@@ -40,7 +40,7 @@ def test_flash_switches_keeps_previous_and_rolls_back_exactly(tmp_path, keys):
     a, b = _bundle(tmp_path, "a", 5000, priv), _bundle(tmp_path, "b", 7000, priv)
     root = tmp_path / "board"
     r = flash(a, root, pub)
-    assert live(root) == r.live and _files(r.live) == _files(a) and r.previous is None
+    assert str(live(root)) == r.live and _files(live(root)) == _files(a) and r.previous is None
     r = flash(b, root, pub)
     assert _files(live(root)) == _files(b) and _files(live(root, PREVIOUS)) == _files(a)
     rollback(root, pub)
@@ -56,7 +56,17 @@ def test_a_bad_bundle_never_reaches_the_live_link(tmp_path, keys):
     flash(a, root, pub)
     (b / "model.onnx").write_bytes(b"evil" + (b / "model.onnx").read_bytes()[4:])
     with pytest.raises(DataError, match="sha256"):
-        flash(b, root, pub)
+        flash(b, root, pub)  # refused on the ground
+    incoming = root / "bundles" / ".incoming-test"
+    import shutil
+
+    shutil.copytree(b, incoming)  # and by the board, had it arrived anyway
+    from trn_board.bundle import BundleError
+    from trn_board.install import install
+
+    with pytest.raises(BundleError, match="sha256"):
+        install(root, incoming, pub)
+    assert not incoming.exists()
     _, other = keygen(tmp_path / "other")
     c = _bundle(tmp_path, "c", 5000, priv)
     with pytest.raises(DataError, match="another key"):

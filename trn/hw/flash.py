@@ -1,124 +1,158 @@
-"""Flashing a signed bundle onto a board's file system, atomically, with rollback.
+"""``trn-hw flash``: the ground side of putting a signed bundle on a board.
 
-The board side is a directory (an SD card, a mounted root file system, or the directory an SSH
-target exposes)::
-
-    <root>/bundles/<model>-<manifest sha256[:12]>/   one immutable directory per bundle
-    <root>/current  -> bundles/<...>                 what the board runs
-    <root>/previous -> bundles/<...>                 what `rollback` goes back to
-
-A flash copies the bundle into ``bundles/.incoming-*``, verifies signature and hashes *there*
-(what will run is what was checked), renames it into place, points ``previous`` at the bundle
-that is live, and only then switches ``current`` by renaming a new link over it: one atomic
-``rename``. Interrupted at any moment before that rename, ``current`` still names the old bundle,
-intact; after it, the new one, verified. Leftover ``.incoming-*`` directories are removed by the
-next flash. ``rollback`` swaps ``current`` and ``previous`` the same way.
+Targets are a directory (an SD card, a mounted root file system) or ``ssh://user@host[:port]/path``.
+The ground verifies the bundle first (refusing early), copies it to ``bundles/.incoming-*`` on
+the target, and then the board's own code (:mod:`trn_board.install`, run in-process for a
+directory, or with the target's ``python3`` over SSH) verifies the copy where it lies and switches
+``current`` with one atomic rename. See :mod:`trn_board.install` for the layout and the argument
+that an interruption at any point leaves the old bundle live.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import os
-import shutil
+import shlex
+import subprocess
+import tarfile
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
-from trn.errors import DataError
-from trn.export.bundle import MANIFEST, verify_bundle
+import trn_board
+from trn_board import install as board
+from trn_board.bundle import BundleError
 
-BUNDLES = "bundles"
-CURRENT = "current"
-PREVIOUS = "previous"
+from trn.errors import ConfigError, DataError
+from trn.export.bundle import verify_bundle
+
+CURRENT, PREVIOUS = board.CURRENT, board.PREVIOUS
+live = board.live
 
 
 @dataclass(frozen=True)
 class FlashResult:
-    live: Path
-    previous: Path | None
+    live: str
+    previous: str | None
     reused: bool
 
 
-def _fsync_dir(d: Path) -> None:
-    fd = os.open(d, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+@dataclass(frozen=True)
+class SshTarget:
+    user: str | None
+    host: str
+    port: int
+    root: str
+    options: tuple[str, ...] = ()
+
+    def command(self, remote: str) -> list[str]:
+        dest = f"{self.user}@{self.host}" if self.user else self.host
+        opts = [x for o in self.options for x in ("-o", o)]
+        return ["ssh", "-p", str(self.port), "-o", "BatchMode=yes", *opts, dest, remote]
+
+    def run(self, remote: str, data: bytes | None = None, timeout: float = 600) -> str:
+        try:
+            r = subprocess.run(self.command(remote), input=data, capture_output=True, timeout=timeout)
+        except FileNotFoundError:
+            raise DataError("no ssh client on PATH (OpenSSH's ssh is needed for ssh:// targets)") from None
+        except subprocess.TimeoutExpired:
+            raise DataError(f"ssh to {self.host}:{self.port} timed out after {timeout:.0f} s") from None
+        out, err = r.stdout.decode("utf-8", "replace"), r.stderr.decode("utf-8", "replace").strip()
+        if r.returncode != 0:
+            msg = err.splitlines()[-1] if err else f"exit status {r.returncode}"
+            raise DataError(f"on {self.host}:{self.port}: {msg}")
+        return out
 
 
-def _link(root: Path, name: str, target: Path) -> None:
-    """Point ``root/name`` at ``target`` (relative) atomically: a new link renamed over the old."""
-    tmp = root / f".{name}.tmp-{os.getpid()}"
-    if tmp.is_symlink() or tmp.exists():
-        tmp.unlink()
-    os.symlink(os.path.relpath(target, root), tmp)
-    os.replace(tmp, root / name)
-    _fsync_dir(root)
+def parse_target(spec: str | Path, ssh_options: tuple[str, ...] = ()) -> Path | SshTarget:
+    text = str(spec)
+    if not text.startswith("ssh://"):
+        return Path(text)
+    u = urlparse(text)
+    if not u.hostname or not u.path or u.path == "/":
+        raise ConfigError(f"target {text!r}: expected ssh://user@host[:port]/path")
+    return SshTarget(u.username, u.hostname, u.port or 22, u.path, tuple(ssh_options))
 
 
-def live(root: str | Path, name: str = CURRENT) -> Path | None:
-    """The bundle directory ``current`` (or ``previous``) names, or None."""
-    link = Path(root) / name
-    if not link.is_symlink():
-        return None
-    return (link.parent / os.readlink(link)).resolve()
+def _tar(directory: Path, arcname: str) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as t:
+        t.add(directory, arcname=arcname, filter=lambda ti: None if "__pycache__" in ti.name else ti)
+    return buf.getvalue()
 
 
-def _copy_tree(src: Path, dst: Path) -> None:
-    dst.mkdir(parents=True)
-    for p in sorted(src.iterdir()):
+def _board_package() -> tuple[bytes, str]:
+    """trn_board as a tar, and a hash of its sources (the remote copy is content-addressed)."""
+    pkg = Path(trn_board.__file__).parent
+    h = hashlib.sha256()
+    for p in sorted(pkg.glob("*.py")):
+        h.update(p.name.encode() + p.read_bytes())
+    return _tar(pkg, "trn_board"), h.hexdigest()[:12]
+
+
+def _copy_local(bundle: Path, incoming: Path) -> None:
+    incoming.mkdir(parents=True)
+    for p in sorted(bundle.iterdir()):
         if not p.is_file():
             raise DataError("a bundle holds plain files only", p)
-        with open(p, "rb") as a, open(dst / p.name, "wb") as b:
-            shutil.copyfileobj(a, b, 1 << 20)
+        with open(p, "rb") as a, open(incoming / p.name, "wb") as b:
+            while block := a.read(1 << 20):
+                b.write(block)
             b.flush()
             os.fsync(b.fileno())
-    _fsync_dir(dst)
+    board.fsync_dir(incoming)
 
 
-def flash(bundle: str | Path, root: str | Path, public_key: bytes) -> FlashResult:
-    """Install ``bundle`` (a bundle directory) under ``root`` and make it live; see the module."""
-    bundle, root = Path(bundle), Path(root)
+def flash(bundle: str | Path, target: str | Path | SshTarget, public_key: bytes) -> FlashResult:
+    """Install ``bundle`` on ``target`` and make it live (see the module)."""
+    bundle = Path(bundle)
     verify_bundle(bundle, public_key)  # refuse early; the copy on the target is verified again
-    (root / BUNDLES).mkdir(parents=True, exist_ok=True)
-    for old in (root / BUNDLES).glob(".incoming-*"):  # an interrupted flash's leftovers
-        shutil.rmtree(old, ignore_errors=True)
-    digest = hashlib.sha256((bundle / MANIFEST).read_bytes()).hexdigest()[:12]
-    manifest = verify_bundle(bundle, public_key)
-    final = root / BUNDLES / f"{_safe(manifest['model'])}-{digest}"
-    reused = final.is_dir()
-    if reused:
-        verify_bundle(final, public_key)
-    else:
-        incoming = root / BUNDLES / f".incoming-{final.name}-{os.getpid()}"
-        _copy_tree(bundle, incoming)
-        try:
-            verify_bundle(incoming, public_key)
-        except DataError:
-            shutil.rmtree(incoming, ignore_errors=True)
-            raise
-        os.replace(incoming, final)
-        _fsync_dir(root / BUNDLES)
-    was = live(root)
-    if was is not None and was != final.resolve():
-        _link(root, PREVIOUS, was)
-    _link(root, CURRENT, final)
-    return FlashResult(final, live(root, PREVIOUS), reused)
+    tgt = target if isinstance(target, SshTarget) else parse_target(target)
+    if isinstance(tgt, SshTarget):
+        return _flash_ssh(bundle, tgt, public_key)
+    root = Path(tgt)
+    (root / board.BUNDLES).mkdir(parents=True, exist_ok=True)
+    board.clear_incoming(root)
+    incoming = root / board.BUNDLES / f"{board.INCOMING}{bundle.name}-{uuid.uuid4().hex[:8]}"
+    _copy_local(bundle, incoming)
+    try:
+        new, old, reused = board.install(root, incoming, public_key)
+    except BundleError as exc:
+        raise DataError(exc.message, exc.path) from None
+    return FlashResult(str(new), str(old) if old else None, reused)
 
 
-def rollback(root: str | Path, public_key: bytes | None = None) -> FlashResult:
-    """Make ``previous`` live again (and the bundle it replaces the new ``previous``)."""
-    root = Path(root)
-    cur, prev = live(root), live(root, PREVIOUS)
-    if prev is None or not prev.is_dir():
-        raise DataError("nothing to roll back to (no previous bundle)", root)
-    if public_key is not None:
-        verify_bundle(prev, public_key)
-    if cur is not None:
-        _link(root, PREVIOUS, cur)
-    _link(root, CURRENT, prev)
-    return FlashResult(prev, cur, True)
+def _flash_ssh(bundle: Path, t: SshTarget, public_key: bytes) -> FlashResult:
+    pkg, tag = _board_package()
+    root = shlex.quote(t.root)
+    agent = f"{t.root}/.trn_board-{tag}"
+    incoming = f"{t.root}/{board.BUNDLES}/{board.INCOMING}{bundle.name}-{uuid.uuid4().hex[:8]}"
+    t.run(f"mkdir -p {root}/{board.BUNDLES} && rm -rf {root}/{board.BUNDLES}/{board.INCOMING}* && "
+          f"if [ ! -d {shlex.quote(agent)} ]; then mkdir -p {shlex.quote(agent)}.tmp && "
+          f"tar -x -C {shlex.quote(agent)}.tmp && mv -T {shlex.quote(agent)}.tmp {shlex.quote(agent)}; "
+          f"else cat > /dev/null; fi", data=pkg)
+    t.run(f"mkdir -p {shlex.quote(incoming)} && tar -x -C {shlex.quote(incoming)} --strip-components=1 && sync",
+          data=_tar(bundle, bundle.name))
+    out = t.run(f"PYTHONPATH={shlex.quote(agent)} python3 -m trn_board.install {root} {shlex.quote(incoming)} "
+                f"{public_key.hex()}")
+    lines = dict(line.split(" ", 1) for line in out.strip().splitlines() if " " in line)
+    prev = lines.get("previous")
+    return FlashResult(lines.get("live", "?"), None if prev in (None, "None") else prev, lines.get("reused") == "True")
 
 
-def _safe(name: str) -> str:
-    return "".join(c if c.isalnum() or c in "-_." else "_" for c in name) or "bundle"
+def rollback(target: str | Path | SshTarget, public_key: bytes | None = None) -> FlashResult:
+    tgt = target if isinstance(target, SshTarget) else parse_target(target)
+    if isinstance(tgt, SshTarget):
+        _, tag = _board_package()
+        agent = shlex.quote(f"{tgt.root}/.trn_board-{tag}")
+        key = f" {public_key.hex()}" if public_key else ""
+        out = tgt.run(f"PYTHONPATH={agent} python3 -m trn_board.install --rollback {shlex.quote(tgt.root)}{key}")
+        lines = dict(line.split(" ", 1) for line in out.strip().splitlines() if " " in line)
+        return FlashResult(lines.get("live", "?"), lines.get("previous"), True)
+    try:
+        new, old = board.rollback(tgt, public_key)
+    except BundleError as exc:
+        raise DataError(exc.message, exc.path) from None
+    return FlashResult(str(new), str(old) if old else None, True)
