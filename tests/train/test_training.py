@@ -137,3 +137,31 @@ def test_model_card(tmp_path):
     assert "10 train / 2 validation / 12 test" in text and "`weights.pt` (epoch 2" in text
     last = write_model_card(run, "Test model", "x", "tiny", weights_epoch="last").read_text()
     assert "70.00% on the validation gallery at epoch 3" in last
+
+
+def test_union_training_set_keeps_every_test_half_out(tmp_path):
+    from trn.train.config import DataConfig
+    from trn.train.data import split_identities, load_landmarks, training_set
+
+    a, b = tiny_folder(tmp_path / "a", n=20), tiny_folder(tmp_path / "b", n=16)
+    cfg = DataConfig(kind="folder", path=str(a), test_fraction=0.5, val_fraction=0.2, also=(str(b),))
+    ls, split = training_set(cfg)
+    own_a = split_identities(load_landmarks(DataConfig(kind="folder", path=str(a), test_fraction=0.5, val_fraction=0.2)),
+                             DataConfig(kind="folder", path=str(a), test_fraction=0.5, val_fraction=0.2))
+    own_b = split_identities(load_landmarks(DataConfig(path=str(b))), DataConfig(path=str(b), val_fraction=0.2))
+    # each dataset is split exactly as it is on its own (trn-sim's test half), the extra one prefixed
+    assert split.train == own_a.train + [f"1:{i}" for i in own_b.train]
+    assert split.val == own_a.val + [f"1:{i}" for i in own_b.val]
+    assert not (set(split.train) | set(split.val)) & (set(own_a.test) | {f"1:{i}" for i in own_b.test})
+    assert len(ls.instances) == 36 and all(i in ls.instances for i in split.train)
+    doc = base_doc(a)
+    doc["data"]["also"] = [str(b)]
+    doc["epochs"] = 1
+    state = train(from_dict(doc), tmp_path / "run")
+    assert state.epoch == 1
+    saved = json.loads((tmp_path / "run" / "split.json").read_text())
+    assert any(i.startswith("1:") for i in saved["train"])
+    for bad in ([str(a)], ["", str(b)], [str(b), str(b)]):
+        doc["data"]["also"] = bad
+        with pytest.raises(ConfigError, match="data.also"):
+            from_dict(doc)

@@ -34,14 +34,13 @@ def main(argv: list[str] | None = None) -> int:
         cfg = load_config(args.config, args.overrides)
         if args.check:
             from trn.train.config import resolve_kind
-            from trn.train.data import load_landmarks, split_identities
+            from trn.train.data import training_set
 
             given = cfg.data.kind
             cfg = resolve_kind(cfg)
             if given == "auto":
                 print(f"{cfg.data.path}: detected dataset kind {cfg.data.kind!r}")
-            ls = load_landmarks(cfg.data)
-            s = split_identities(ls, cfg.data)
+            ls, s = training_set(cfg.data)
             print(f"config OK; {len(ls.instances)} identities: {len(s.train)} train, {len(s.val)} val, {len(s.test)} test")
             return 0
         state = train(cfg, args.out, resume=args.resume, stop_after=args.stop_after)

@@ -45,7 +45,11 @@ class DataConfig:
     share (Luna-1: navigation craters are forced into it first); val_fraction: share of the train
     identities held out for the per-epoch validation Recall@1; split_seed: seed of the split.
     extra_views: Luna-1 only: train with each crater's extra renders (``trn-data build --views``)
-    as further views; validation and test keep the single Luna-1 render (the paper's protocol)."""
+    as further views; validation and test keep the single Luna-1 render (the paper's protocol).
+    also: further datasets (for instance the built-in world beside the real build) whose
+    training and validation halves join this one's. Each is split on its own, exactly as trn-sim
+    splits it, so the union is identity-disjoint from every test half; their identities are
+    prefixed ``<k>:`` (k = 1, 2, ...) to stay distinct."""
 
     kind: str = "auto"
     path: str = ""
@@ -53,8 +57,11 @@ class DataConfig:
     val_fraction: float = VAL_FRACTION
     split_seed: int = SPLIT_SEED
     extra_views: bool = False
+    also: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        if any(not p for p in self.also) or len(set(self.also)) != len(self.also) or self.path in self.also:
+            raise ConfigError(f"data.also={list(self.also)}: expected distinct non-empty dataset paths other than data.path")
         if self.kind not in DATA_KINDS:
             raise ConfigError(f"data.kind={self.kind!r}: expected one of {DATA_KINDS}")
         if not self.path:

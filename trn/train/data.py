@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import cv2
 import numpy as np
 import torch
 
-from trn.data.landmarks import LandmarkSet, Split, detect_kind, luna1_identities, read_landmarks, split_ids
+from trn.data.landmarks import LandmarkItem, LandmarkSet, Split, detect_kind, luna1_identities, read_landmarks, split_ids
 from trn.data.luna1 import ANNOTATIONS, read_annotations
 from trn.errors import DataError
 from trn.train.augment import AugmentConfig, Draw, apply, contrast, crop_resize, sample, sample_boxes
@@ -33,6 +34,30 @@ def load_landmarks(cfg: DataConfig) -> LandmarkSet:
     with the layout that was read."""
     ls, _ = read_landmarks(Path(cfg.path), None if cfg.kind == "auto" else cfg.kind, extra_views=cfg.extra_views)
     return ls
+
+
+def training_set(cfg: DataConfig, extra_views: bool | None = None) -> tuple[LandmarkSet, Split]:
+    """The landmark set and split that training uses: ``cfg.path`` split on its own, joined by the
+    training and validation halves of every ``cfg.also`` dataset (each split on its own, with its
+    identities prefixed ``<k>:``). The test part lists every dataset's test half, prefixed alike,
+    for the record; none of it is trained on."""
+    views = cfg.extra_views if extra_views is None else extra_views
+    ls = load_landmarks(replace(cfg, extra_views=views))
+    split = split_identities(ls, cfg)
+    if not cfg.also:
+        return ls, split
+    items, train, val, test = list(ls.items), list(split.train), list(split.val), list(split.test)
+    for k, path in enumerate(cfg.also, start=1):
+        sub = DataConfig(kind="auto", path=path, test_fraction=cfg.test_fraction, val_fraction=cfg.val_fraction,
+                         split_seed=cfg.split_seed)
+        other = load_landmarks(sub)
+        s = split_identities(other, sub)
+        items += [LandmarkItem(it.path, f"{k}:{it.instance}", it.view) for it in other.items]
+        train += [f"{k}:{i}" for i in s.train]
+        val += [f"{k}:{i}" for i in s.val]
+        test += [f"{k}:{i}" for i in s.test]
+    name = " + ".join([ls.name, *cfg.also])
+    return LandmarkSet(name, tuple(items)), Split(train, val, test)
 
 
 def split_identities(ls: LandmarkSet, cfg: DataConfig) -> Split:

@@ -17,7 +17,7 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -30,7 +30,7 @@ from trn.errors import ConfigError, DataError
 from trn.models.descriptor import Descriptor, DescriptorConfig
 from trn.train.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_checked, load_state, save_checked
 from trn.train.config import TrainConfig, resolve_kind
-from trn.train.data import ImageBank, load_landmarks, make_views, pair_batches, split_identities
+from trn.train.data import ImageBank, make_views, pair_batches, training_set
 from trn.train.losses import MetricLoss
 from trn.train.mars import Mars, positive_pairs
 
@@ -202,15 +202,14 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
         torch.set_num_threads(cfg.threads)
     device = resolve_device(cfg.device)
     seed_everything(cfg.seed)
-    ls = load_landmarks(cfg.data)
-    split = split_identities(ls, cfg.data)
+    ls, split = training_set(cfg.data)
     size = cfg.model.input_size
     # the detector stage zooms into the render by up to 1 / box_scale: store the training
     # images larger so that its crops stay as sharp as a frame crop
     zoom = 1.0 / cfg.augment.box_scale[0] if cfg.augment.box_probability > 0 else 1.0
     train_bank = ImageBank(ls, split.train, int(math.ceil(size * min(zoom, 2.0))))
     # validation keeps the test protocol: one image per identity, two draws from T
-    val_set = load_landmarks(replace(cfg.data, extra_views=False)) if cfg.data.extra_views else ls
+    val_set = training_set(cfg.data, extra_views=False)[0] if cfg.data.extra_views else ls
     val_bank = ImageBank(val_set, split.val, size)
     if len(train_bank) < cfg.batch_size // cfg.views_per_identity:
         raise ConfigError(f"batch_size={cfg.batch_size} needs {cfg.batch_size // cfg.views_per_identity} identities; "
