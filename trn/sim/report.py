@@ -111,7 +111,7 @@ class Report:
         atomic_write_text(out / "report.md", self.markdown())
         written += plot_all(self, out)
         written += write_galleries(self, out)
-        images = [p for p in written if p.suffix == ".png"]
+        images = [p for p in written if p.suffix in (".png", ".jpg")]
         # re-rendered from report.json (no thumbnails): keep the galleries the run drew
         images += [p for p in map(lambda r: out / gallery_name(r), self.results) if p.is_file() and p not in images]
         atomic_write_text(out / "report.html", self.html(out, images))
@@ -138,7 +138,8 @@ class Report:
         for p in order:
             data = base64.b64encode((out / p.name).read_bytes()).decode("ascii")
             caption = html.escape(_caption(p.stem))
-            parts.append(f'<figure id="{html.escape(p.stem)}"><img alt="{caption}" src="data:image/png;base64,{data}">'
+            mime = "image/jpeg" if p.suffix == ".jpg" else "image/png"
+            parts.append(f'<figure id="{html.escape(p.stem)}"><img alt="{caption}" src="data:{mime};base64,{data}">'
                          f"<figcaption>{caption}</figcaption></figure>")
         parts.append("</body></html>")
         return "\n".join(parts) + "\n"
@@ -198,11 +199,12 @@ def _html_table(md: list[str], name: str) -> str:
 
 def gallery_name(r: ScenarioResult) -> str:
     safe = "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in r.method)
-    return f"gallery_{r.scenario}__{safe}.png"
+    return f"gallery_{r.scenario}__{safe}.jpg"
 
 
 def write_galleries(rep: Report, out: Path) -> list[Path]:
-    """gallery_<scenario>__<method>.png for every result that kept decisions."""
+    """gallery_<scenario>__<method>.jpg for every result that kept decisions (JPEG at quality 90:
+    the crops are photographs, and PNG made each gallery five times larger)."""
     import cv2
 
     written = []
@@ -211,7 +213,7 @@ def write_galleries(rep: Report, out: Path) -> list[Path]:
             continue
         path = out / gallery_name(r)
         img = draw_gallery(r.gallery, f"{TITLES.get(r.scenario, r.scenario)} - {r.method}: decisions")
-        ok, buf = cv2.imencode(".png", img)
+        ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, 90])
         if not ok:
             raise DataError("gallery image could not be encoded", path)
         tmp = path.with_name(f".{path.name}.tmp")
