@@ -196,3 +196,16 @@ def test_scenario_parts_first_then_the_rest_give_the_bytes_of_a_full_build(boxed
     assert s.rendered_frames == 18 - len(annotated) and s.rendered_craters == 10 - len(test_half)
     assert dataset_bytes(lazy) == full
     assert json.loads((lazy / MANIFEST).read_text())["complete"] is True
+
+
+@pytest.mark.slow
+def test_synthetic_build_honours_no_frames_and_views(tmp_path):
+    # the built-in world's builder passes --no-frames and --views through to the common builder
+    from trn.data.synth import SynthConfig, build_synthetic_luna1
+
+    out = tmp_path / "sy"
+    build_synthetic_luna1(SynthConfig(seed=3, ppd=4, n20=300, orbits=0.05, step_s=60), out, limit_frames=2,
+                          limit_craters=2, workers=1, render_frames=False, views=1)
+    assert sorted(p.name for p in (out / "crater_images").glob("*.png")) == ["1.png", "2.png"]
+    assert sorted(p.name for p in (out / "crater_views").glob("*.png")) == ["1_0.png", "2_0.png"]
+    assert not list((out / "lro_navigation" / "nav_images").glob("*.png"))

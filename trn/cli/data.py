@@ -126,7 +126,8 @@ def main(argv: list[str] | None = None) -> int:
         scfg = SynthConfig(seed=args.seed, orbits=args.orbits)
         summary = build_synthetic_luna1(scfg, args.out, world_dir=args.world_dir, limit_frames=args.limit_frames,
                                         limit_craters=args.limit_craters, workers=args.workers, render=render,
-                                        annotate=annotate, parts=args.parts)
+                                        annotate=annotate, parts=args.parts, render_frames=not args.no_frames,
+                                        views=args.views)
         _print_summary(summary)
         return 0
 

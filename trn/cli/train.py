@@ -44,7 +44,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"config OK; {len(ls.instances)} identities: {len(s.train)} train, {len(s.val)} val, {len(s.test)} test")
             return 0
         state = train(cfg, args.out, resume=args.resume, stop_after=args.stop_after)
-        print(f"trained {state.epoch} epochs; best validation Recall@1 {100 * state.best_recall:.2f}%; run in {args.out}")
+        from trn.train.loop import selected_epoch
+
+        sel = selected_epoch(state.history)
+        if sel is None:
+            print(f"trained {state.epoch} epochs; no epoch was validated; run in {args.out}")
+        else:
+            hard = sel.get("val_recall_at_1_distractors")
+            extra = f", {100 * hard:.2f}% with distractors" if hard is not None else ""
+            print(f"trained {state.epoch} epochs; selected epoch {sel['epoch']}: validation Recall@1 "
+                  f"{100 * sel['val_recall_at_1']:.2f}%{extra}; run in {args.out}")
         return 0
 
     return run_main(go)

@@ -144,6 +144,19 @@ def _selection_score(rec: dict) -> float:
     return float(hard + 1e-3 * rec["val_recall_at_1"])
 
 
+def selected_epoch(history: list[dict]) -> dict | None:
+    """The history record of the epoch ``best.pt`` holds (the last of the best-scoring epochs, as
+    the loop keeps it), or None when no epoch was validated."""
+    best, best_score = None, -math.inf
+    for rec in history:
+        if "val_recall_at_1" not in rec:
+            continue
+        score = _selection_score(rec)
+        if not math.isnan(score) and score >= best_score:
+            best, best_score = rec, score
+    return best
+
+
 def _cpu(state: dict) -> dict:
     """A state dict with every tensor on the CPU and contiguous (NCHW), so that files do not
     depend on the device or memory format a run used."""
