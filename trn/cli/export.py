@@ -11,6 +11,14 @@ largest absolute difference and smallest cosine; the export fails below --min-co
 ``onnx-int8`` writes it too, then ``model_int8.onnx``: static int8 QDQ (per-channel int8 weights,
 int8 activations) calibrated on landmark images of the model's training half only, and
 ``onnx_int8_report.json`` (operators, and agreement with the fp32 graph on real crater crops).
+
+    trn-export tflite --model flight_conv2d_se --out export/flight_conv2d_se --data data/luna1
+
+``tflite`` writes ``model_int8.tflite`` (full integer: int8 input, int8 feature-map output,
+calibrated on the training half only), ``model_float.tflite`` (the same graph in float32),
+``head.npz`` (the host part: GeM root, head, L2), ``tflite_report.json`` (parity of both with torch
+on real crater crops) and ``edgetpu_report.json`` / ``.md`` (each operator mapped or not and why,
+parameters against the 8 MiB cache, the verdict; edgetpu_compiler's own log when it is on PATH).
 """
 
 from __future__ import annotations
@@ -40,6 +48,18 @@ def build_parser() -> Parser:
     for a in p._actions[1:]:  # the same options as onnx
         q._add_action(a)
     q.add_argument("--calib", type=int_at_least(1), default=500, help="calibration images (default 500)")
+    t = sub.add_parser("tflite", help="full-integer int8 TFLite (and float TFLite) with the Edge TPU compatibility report")
+    t.add_argument("--model", required=True, metavar="NAME|PATH", help="shipped model name, run directory or checkpoint")
+    t.add_argument("--out", required=True, type=Path, help="output directory")
+    t.add_argument("--data", type=Path, default=None,
+                   help="the dataset the model was trained on: calibration (training half) and parity crops "
+                        "(default: data/luna1 when present)")
+    t.add_argument("--calib", type=int_at_least(1), default=500, help="calibration images (default 500)")
+    t.add_argument("--crops", type=int_at_least(1), default=1000, help="crops in the parity check (default 1000)")
+    t.add_argument("--min-cosine", type=float_between(0.0, 1.0), default=0.99,
+                   help="smallest acceptable embedding cosine of the int8 model against torch (default 0.99)")
+    t.add_argument("--threads", type=int_at_least(1), default=2)
+    t.add_argument("-v", "--verbose", action="store_true")
     k = sub.add_parser("keygen", help="an Ed25519 key pair for signing bundles (keep the .pem out of the repository)")
     k.add_argument("--out", required=True, type=Path, help="directory for trn_signing_key.pem (0600) and .pub")
     b = sub.add_parser("bundle", help="a signed deployment bundle (directory and tar) of a trn-export directory")
@@ -156,6 +176,49 @@ def _int8(args, fp32: Path, data: Path | None, crops) -> int:
     return 0
 
 
+def _tflite(args) -> int:
+    import numpy as np
+    import torch
+
+    from trn.errors import DataError
+    from trn.export.edgetpu import edgetpu_report, write_report as write_edgetpu
+    from trn.export.tflite import TfliteRunner, export_tflite, tflite_parity, write_report
+    from trn.export.to_onnx import calibration_crops, real_crops
+    from trn.sim.embedders import resolve_model
+    from trn.train.loop import load_descriptor
+
+    torch.set_num_threads(args.threads)
+    weights = resolve_model(args.model)
+    model = load_descriptor(weights)
+    data = args.data if args.data is not None else (Path("data/luna1") if Path("data/luna1").is_dir() else None)
+    if data is None:
+        raise DataError("int8 calibration needs the training data: pass --data DIR (the dataset the model was trained on)")
+    s = model.cfg.input_size
+    split = weights.parent / "split.json"
+    calib, source, _ = calibration_crops(data, split if split.is_file() else None, s, args.calib)
+    exports, head = export_tflite(model, args.out, calib, source)
+    for e in exports:
+        print(f"wrote {e.path} ({e.bytes / 1e6:.2f} MB, {e.kind}, {e.param_bytes / 2 ** 20:.2f} MiB of parameters); "
+              "operators: " + ", ".join(f"{k} {v}" for k, v in e.ops.items()))
+    crops, csource = real_crops(data, s, args.crops)
+    pars = []
+    for e in exports:
+        par = tflite_parity(model, TfliteRunner(e.path, head, args.threads), crops, e.kind)
+        pars.append(par)
+        print(f"{e.kind} TFLite against torch on {par.images} crops of {csource}: embedding min cosine "
+              f"{par.min_cosine_embedding:.5f} (median {par.median_cosine_embedding:.5f}), token map min cosine "
+              f"{par.min_cosine_token_map:.5f}, nearest-neighbour agreement {par.nearest_neighbour_agreement:.3f}")
+    rep = edgetpu_report(args.out / "model_int8.tflite")
+    j, md = write_edgetpu(rep, args.out)
+    print(f"Edge TPU: {rep.verdict}. Report: {md}")
+    print(f"report: {write_report(args.out, exports, args.model, pars, csource, {'verdict': rep.verdict, 'ready': rep.ready})}")
+    worst = min(p.min_cosine_embedding for p in pars if p.kind == "int8")
+    if not np.isfinite(worst) or worst < args.min_cosine:
+        print(f"error: int8 embedding cosine {worst:.5f} below --min-cosine {args.min_cosine}", file=sys.stderr)
+        return 1
+    return 0
+
+
 def _input_size(path: Path) -> int:
     from trn.export.to_onnx import onnx_session
 
@@ -165,7 +228,7 @@ def _input_size(path: Path) -> int:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     setup_logging(args.verbose)
-    fn = {"keygen": _keys, "bundle": _bundle, "verify": _verify}.get(args.cmd, _onnx)
+    fn = {"keygen": _keys, "bundle": _bundle, "verify": _verify, "tflite": _tflite}.get(args.cmd, _onnx)
     return run_main(lambda: fn(args))
 
 

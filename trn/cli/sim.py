@@ -44,7 +44,9 @@ def _common(p: argparse.ArgumentParser, scenarios: tuple[str, ...]) -> None:
     p.add_argument("--token-seeds", choices=SEED_METHODS, default="saliency")
     p.add_argument("--backend", choices=BACKENDS, default="torch",
                    help="torch: the checkpoint; onnx / onnx-int8: an exported graph (trn-export onnx / onnx-int8) "
-                        "run by onnxruntime, --model then names a .onnx file or a trn-export directory")
+                        "run by onnxruntime; tflite / tflite-float: the int8 / float TFLite backbone (trn-export "
+                        "tflite) run by a TFLite interpreter with the head on the host. For an export backend "
+                        "--model names the file or a trn-export directory")
     p.add_argument("--max-landmarks", type=int_at_least(2), default=None, help="cap on test landmarks")
     p.add_argument("--threads", type=int_at_least(1), default=max(1, os.cpu_count() or 1), help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true")

@@ -183,27 +183,59 @@ def resolve_model(spec: str) -> Path:
                     f"model; shipped models: {shipped + ['ncc']}")
 
 
-BACKENDS = ("torch", "onnx", "onnx-int8")
-_ONNX_FILES = {"onnx": "model.onnx", "onnx-int8": "model_int8.onnx"}
+BACKENDS = ("torch", "onnx", "onnx-int8", "tflite", "tflite-float")
+_EXPORT_FILES = {"onnx": "model.onnx", "onnx-int8": "model_int8.onnx", "tflite": "model_int8.tflite",
+                 "tflite-float": "model_float.tflite"}
+_EXPORT_CMD = {"onnx": "onnx", "onnx-int8": "onnx-int8", "tflite": "tflite", "tflite-float": "tflite"}
 
 
-def resolve_onnx(spec: str, backend: str = "onnx") -> Path:
-    """An ONNX file, or a ``trn-export`` output directory (``model.onnx``, or ``model_int8.onnx``
-    for the int8 backend), or a shipped model's export under ``export/<name>/``."""
+def resolve_export(spec: str, backend: str = "onnx") -> Path:
+    """An exported file (.onnx / .tflite), or a ``trn-export`` output directory holding the
+    backend's file (``model.onnx``, ``model_int8.onnx``, ``model_int8.tflite``,
+    ``model_float.tflite``), or a shipped model's export under ``export/<name>/``."""
     p = Path(spec)
-    name = _ONNX_FILES[backend]
-    for cand in (p if p.suffix == ".onnx" else None, p / name, MODELS_DIR.parent / "export" / spec / name):
+    name = _EXPORT_FILES[backend]
+    suffix = Path(name).suffix
+    for cand in (p if p.suffix == suffix else None, p / name, MODELS_DIR.parent / "export" / spec / name):
         if cand is not None and cand.is_file():
             return cand
-    cmd = "onnx" if backend == "onnx" else "onnx-int8"
-    raise DataError(f"no {name} at {spec!r}: pass a .onnx file or a trn-export directory; export one with "
-                    f"trn-export {cmd} --model {p.name or spec} --out export/{p.name or spec}")
+    raise DataError(f"no {name} at {spec!r}: pass a {suffix} file or a trn-export directory; export one with "
+                    f"trn-export {_EXPORT_CMD[backend]} --model {p.name or spec} --out export/{p.name or spec}")
+
+
+class TfliteEmbedder:
+    """A ``trn-export tflite`` backbone run by a TFLite interpreter, with the descriptor's host part
+    (``head.npz``) and the instance-token aggregation in numpy, as a board runs it."""
+
+    def __init__(self, path: Path, name: str, token_cfg: TokenConfig | None = None, threads: int = 1):
+        from trn.export.tflite import TfliteRunner
+
+        self.runner = TfliteRunner(path, None, threads)
+        self.name = name
+        self.input_size = self.runner.input_size
+        self.dim = int(self.runner.head.weight.shape[0])
+        self.token_cfg = token_cfg
+        self.tokens = token_cfg.k if token_cfg else 0
+        self.token_dim = self.dim if token_cfg else 0
+        if token_cfg is not None and not token_cfg.project:
+            raise ConfigError("an exported graph gives the projected token map only: use projected tokens")
+
+    def __call__(self, images: np.ndarray) -> Embeddings:
+        x = _check_images(images, self.input_size)
+        emb, tmap, sal = self.runner(x)
+        toks = None
+        if self.token_cfg is not None:
+            n, d = tmap.shape[:2]
+            loc = np.moveaxis(tmap.reshape(n, d, -1), 1, 2)
+            toks = instance_tokens(loc, sal.reshape(n, -1), self.token_cfg) if n else \
+                np.zeros((0, self.tokens, self.token_dim), np.float32)
+        return Embeddings(emb.astype(np.float32), toks)
 
 
 def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int | None = None,
                   backend: str = "torch") -> Embedder:
     """An embedder from a model spec: "ncc", or for the torch backend anything
-    :func:`resolve_model` accepts, for the onnx backend anything :func:`resolve_onnx` accepts."""
+    :func:`resolve_model` accepts, for an export backend anything :func:`resolve_export` accepts."""
     from trn.train.loop import load_descriptor
 
     if backend not in BACKENDS:
@@ -214,10 +246,11 @@ def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int 
         if token_cfg is not None:
             raise ConfigError("the NCC baseline has no instance tokens")
         return NCCEmbedder()
-    if backend in _ONNX_FILES:
-        path = resolve_onnx(spec, backend)
-        base = path.parent.name if path.name == _ONNX_FILES[backend] else path.stem
-        return OnnxEmbedder(path, f"{base}@{backend}", token_cfg, threads or 1)
+    if backend in _EXPORT_FILES:
+        path = resolve_export(spec, backend)
+        base = path.parent.name if path.name == _EXPORT_FILES[backend] else path.stem
+        cls = TfliteEmbedder if backend.startswith("tflite") else OnnxEmbedder
+        return cls(path, f"{base}@{backend}", token_cfg, threads or 1)
     path = resolve_model(spec)
     name = path.parent.name if path.name == "weights.pt" else path.stem
     return TorchEmbedder(load_descriptor(path), name, token_cfg)
