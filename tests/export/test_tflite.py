@@ -231,3 +231,27 @@ def test_cli_exports_tflite_with_reports_and_trn_sim_runs_it(tmp_path, capsys):
     assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--backend", "tflite", "--model",
                          str(tmp_path / "missing"), "--no-progress"]) == 2
     assert "trn-export tflite" in capsys.readouterr().err
+
+
+def test_a_bundle_carries_the_tflite_backbone_its_head_and_how_to_feed_it(tmp_path):
+    pytest.importorskip("cryptography")
+    from trn.export.bundle import keygen, make_bundle, read_public_key, verify_bundle
+    from trn.export.tflite import Head
+
+    m = _model("conv2d", "se", 6)
+    export_tflite(m, tmp_path / "x", np.random.default_rng(0).random((8, 32, 32)).astype(np.float32), "random")
+    priv, pub = keygen(tmp_path / "keys")
+    b = make_bundle(tmp_path / "x", tmp_path / "bundle", priv, "m", 32, 512, 0.9)
+    man = verify_bundle(b.directory, read_public_key(pub))
+    assert {"model_int8.tflite", "head.npz"} <= set(man["files"]) and "model_float.tflite" not in man["files"]
+    t = man["tflite"]
+    assert t["input"]["shape"] == [1, 32, 32, 1] and t["input"]["dtype"] == "int8"
+    assert t["input"]["zero_point"] == [-128] and t["output"]["shape"] == [1, 1, 1, 1024]
+    # the board's files run as the ground's do
+    imgs = np.random.default_rng(1).random((3, 32, 32)).astype(np.float32)
+    a = TfliteRunner(tmp_path / "x" / "model_int8.tflite")(imgs)[0]
+    z = TfliteRunner(b.directory / "model_int8.tflite", Head.load(b.directory / "head.npz"))(imgs)[0]
+    np.testing.assert_array_equal(a, z)
+    (tmp_path / "x" / "head.npz").unlink()
+    with pytest.raises(DataError, match="head.npz"):
+        make_bundle(tmp_path / "x", tmp_path / "bundle2", priv, "m", 32, 512, 0.9)

@@ -4,6 +4,8 @@ A bundle is a directory (and the same content as a tar)::
 
     <name>/model.onnx              the exported graphs present in the export directory
     <name>/model_int8.onnx
+    <name>/model_int8.tflite       the full-integer backbone (trn-export tflite) and the host part
+    <name>/head.npz                it needs (GeM root, head, L2; numpy only)
     <name>/MODEL_CARD.md           the model card, when the model has one
     <name>/manifest.json           sha256 and size of every file above; the input specification
                                    (preprocessing included); outputs; embedding size; match
@@ -32,7 +34,8 @@ from trn.train.checkpoint import file_sha256
 
 from trn_board.bundle import BUNDLE_FORMAT, MANIFEST, SIGNATURE  # noqa: F401  (re-exported)
 
-PAYLOAD = ("model.onnx", "model_int8.onnx", "model_int8.tflite", "model_int8_edgetpu.tflite", "MODEL_CARD.md")
+PAYLOAD = ("model.onnx", "model_int8.onnx", "model_int8.tflite", "model_int8_edgetpu.tflite", "head.npz",
+           "MODEL_CARD.md")
 
 
 def _crypto():
@@ -101,13 +104,34 @@ class Bundle:
 
 def _versions() -> dict:
     out = {"python": platform.python_version()}
-    for mod in ("trn", "onnx", "onnxruntime", "numpy"):
+    for mod in ("trn", "onnx", "onnxruntime", "numpy", "ai_edge_litert"):
         try:
             m = __import__(mod)
             out[mod] = getattr(m, "__version__", "unknown")
         except ImportError:
             out[mod] = None
     return out
+
+
+def _tflite_spec(export_dir: Path) -> dict | None:
+    """How a board feeds and reads the int8 TFLite backbone, from the file itself."""
+    path = export_dir / "model_int8.tflite"
+    if not path.is_file():
+        return None
+    if not (export_dir / "head.npz").is_file():
+        raise DataError("model_int8.tflite has no head.npz beside it (the host part of the descriptor); re-run "
+                        "trn-export tflite", export_dir)
+    from trn.export.tflite_format import read_tflite
+
+    info = read_tflite(path)
+    i, o = info.tensors[info.inputs[0]], info.tensors[info.outputs[0]]
+    return {"file": path.name, "head": "head.npz",
+            "input": {"shape": list(i.shape), "layout": "NHWC", "dtype": i.dtype.lower(), "scale": list(i.scale),
+                      "zero_point": list(i.zero_point), "from": "the preprocessed image in [0, 1]: "
+                      "q = clip(round(x / scale) + zero_point, -128, 127)"},
+            "output": {"name": "feature map", "shape": list(o.shape), "dtype": o.dtype.lower(), "scale": list(o.scale),
+                       "zero_point": list(o.zero_point),
+                       "then": "dequantise, GeM (clamp eps, power p, mean, root), head.npz Linear, PReLU, L2"}}
 
 
 def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, model_name: str,
@@ -125,6 +149,7 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     if not any(f.suffix in (".onnx", ".tflite") for f in files):
         raise DataError("no exported model (model.onnx, model_int8.onnx, *.tflite) to bundle; run trn-export first",
                         export_dir)
+    tfl = _tflite_spec(export_dir)
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -146,6 +171,8 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
         "embedding_dim": embedding_dim, "match_threshold": threshold,
         "quantisation": quantisation or {}, "versions": _versions(), "public_key": pub,
     }
+    if tfl:
+        manifest["tflite"] = tfl
     data = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8")
     (tmp / MANIFEST).write_bytes(data)
     (tmp / SIGNATURE).write_bytes(key.sign(data))
