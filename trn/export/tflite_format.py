@@ -19,7 +19,8 @@ _ACT = {"NONE": 0, "RELU": 1, "RELU6": 3}
 _PAD = {"SAME": 0, "VALID": 1}
 # operator versions for int8 kernels (per-channel CONV_2D is version 3); float kernels are version 1
 _INT8_VERSION = {"CONV_2D": 3, "MAX_POOL_2D": 2, "PAD": 2, "STRIDED_SLICE": 2, "MEAN": 2, "LOGISTIC": 2, "MUL": 2,
-                 "ADD": 2, "CONCATENATION": 2, "GATHER": 2}
+                 "ADD": 2, "CONCATENATION": 2, "GATHER": 2, "DEPTHWISE_CONV_2D": 3, "AVERAGE_POOL_2D": 2,
+                 "FULLY_CONNECTED": 4, "RESHAPE": 1}
 
 
 def _mod(name: str):
@@ -61,7 +62,17 @@ def _options(b, kind: str, opts: dict) -> tuple[int, int | None]:
         return bo.Conv2DOptions, _table(b, "Conv2DOptions", Padding=_PAD[opts["padding"]], StrideW=opts["stride"],
                                         StrideH=opts["stride"], FusedActivationFunction=_ACT[opts["act"]],
                                         DilationWFactor=1, DilationHFactor=1)
-    if kind == "MAX_POOL_2D":
+    if kind == "DEPTHWISE_CONV_2D":
+        return bo.DepthwiseConv2DOptions, _table(b, "DepthwiseConv2DOptions", Padding=_PAD[opts["padding"]],
+                                                 StrideW=opts["stride"], StrideH=opts["stride"], DepthMultiplier=1,
+                                                 FusedActivationFunction=_ACT[opts["act"]], DilationWFactor=1,
+                                                 DilationHFactor=1)
+    if kind == "FULLY_CONNECTED":
+        return bo.FullyConnectedOptions, _table(b, "FullyConnectedOptions", FusedActivationFunction=_ACT[opts["act"]],
+                                                KeepNumDims=False)
+    if kind == "RESHAPE":
+        return bo.NONE, None  # the new shape is the operator's second input
+    if kind in ("MAX_POOL_2D", "AVERAGE_POOL_2D"):
         return bo.Pool2DOptions, _table(b, "Pool2DOptions", Padding=_PAD[opts["padding"]], StrideW=opts["stride"],
                                         StrideH=opts["stride"], FilterWidth=opts["k"], FilterHeight=opts["k"],
                                         FusedActivationFunction=_ACT[opts["act"]])
@@ -205,9 +216,14 @@ class TfliteInfo:
 def _conv_options(op, kind: str) -> dict:
     import tflite
 
-    if kind not in ("CONV_2D", "DEPTHWISE_CONV_2D") or op.BuiltinOptions() is None:
+    if kind not in ("CONV_2D", "DEPTHWISE_CONV_2D", "MAX_POOL_2D", "AVERAGE_POOL_2D") or op.BuiltinOptions() is None:
         return {}
     tab = op.BuiltinOptions()
+    if kind.endswith("POOL_2D"):
+        o = tflite.Pool2DOptions()
+        o.Init(tab.Bytes, tab.Pos)
+        return {"stride": (o.StrideH(), o.StrideW()), "filter": (o.FilterHeight(), o.FilterWidth()),
+                "padding": "SAME" if o.Padding() == 0 else "VALID"}
     o = (tflite.Conv2DOptions if kind == "CONV_2D" else tflite.DepthwiseConv2DOptions)()
     o.Init(tab.Bytes, tab.Pos)
     return {"stride": (o.StrideH(), o.StrideW()), "dilation": (o.DilationHFactor(), o.DilationWFactor()),

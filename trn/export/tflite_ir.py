@@ -43,7 +43,9 @@ from trn.errors import DataError
 
 ACTIVATIONS = ("NONE", "RELU", "RELU6")
 # operators that keep their input's quantisation parameters
-SAME_QUANT = frozenset({"PAD", "STRIDED_SLICE", "MAX_POOL_2D", "GATHER", "RESHAPE"})
+SAME_QUANT = frozenset({"PAD", "STRIDED_SLICE", "MAX_POOL_2D", "AVERAGE_POOL_2D", "GATHER", "RESHAPE"})
+# operators with a per-channel int8 weight and an int32 bias at scale input x weight
+WEIGHTED = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"})
 
 
 @dataclass
@@ -58,7 +60,7 @@ class Tensor:
     data: np.ndarray | None = None
     scale: np.ndarray | None = None
     zero_point: np.ndarray | None = None
-    qdim: int = 0
+    qdim: int = 0  # the per-channel axis of a weight (0 for CONV_2D's OHWI, 3 for DEPTHWISE_CONV_2D's 1HWC)
     tie: int | None = None  # quantise with the parameters of this tensor (RIC-C blocks)
 
 
@@ -115,9 +117,12 @@ def _same_pads(size: int, k: int, s: int) -> tuple[int, int, int]:
 
 
 class _Lowering:
-    def __init__(self, g: Graph):
+    def __init__(self, g: Graph, grouped: str = "dense"):
+        if grouped not in ("dense", "split"):
+            raise DataError(f"grouped convolutions are written 'dense' or 'split', not {grouped!r}")
         self.g = g
         self.n = 0
+        self.grouped = grouped
 
     def name(self, base: str) -> str:
         self.n += 1
@@ -137,6 +142,8 @@ class _Lowering:
         _, h, wd, c = self.g.shape(x)
         if ig * groups != c:
             raise DataError(f"{name}: convolution expects {ig * groups} input channels, the graph has {c}")
+        if groups > 1 and self.grouped == "split":
+            return self._split_conv(x, weight, bias, stride, padding, groups, act, name)
         if groups > 1:  # block-diagonal dense kernel
             dense = np.zeros((o, c, kh, kw))
             og = o // groups
@@ -159,6 +166,26 @@ class _Lowering:
                       act=act)
         self.g.tensors[y].tie = tie
         return y
+
+    def _split_conv(self, x: int, weight: torch.Tensor, bias: torch.Tensor | None, stride: int, padding: int,
+                    groups: int, act: str, name: str) -> int:
+        """A grouped convolution as one STRIDED_SLICE, CONV_2D per group and a CONCATENATION."""
+        o, ig = weight.shape[:2]
+        og = o // groups
+        c = self.g.shape(x)[3]
+        outs = []
+        for gi in range(groups):
+            h, w = self.g.shape(x)[1:3]
+            begin = self.g.const(self.name(f"{name}/g{gi}/begin"), np.array([0, 0, 0, gi * ig]), "param")
+            end = self.g.const(self.name(f"{name}/g{gi}/end"), np.array([1, h, w, (gi + 1) * ig]), "param")
+            step = self.g.const(self.name(f"{name}/g{gi}/strides"), np.array([1, 1, 1, 1]), "param")
+            part = self.g.op("STRIDED_SLICE", [x, begin, end, step], (1, h, w, ig), self.name(f"{name}/g{gi}/in"))
+            b = bias[gi * og:(gi + 1) * og] if bias is not None else None
+            outs.append(self.conv(part, weight[gi * og:(gi + 1) * og], b, stride, padding, 1, act, f"{name}/g{gi}"))
+        if c != groups * ig:
+            raise DataError(f"{name}: {groups} groups of {ig} channels do not cover {c}")
+        _, ho, wo, _ = self.g.shape(outs[0])
+        return self.g.op("CONCATENATION", outs, (1, ho, wo, o), self.name(f"{name}/concat"), axis=3, act="NONE")
 
     def ric(self, x: int, m: nn.Module, act: str, name: str) -> int:
         """RIC-C (folded bias) as PAD, STRIDED_SLICE, MUL, ADD, CONCATENATION and a 1x1 CONV_2D."""
@@ -240,14 +267,17 @@ class _Lowering:
         return self.g.op("MUL", [y, gates[1]], (1, h, w, c), self.name(f"{name}/scale_w"), act="NONE")
 
 
-def lower_backbone(graph: nn.Module) -> Graph:
+def lower_backbone(graph: nn.Module, grouped: str = "dense") -> Graph:
     """The backbone of an :class:`~trn.export.graph.ExportGraph` (BatchNorm folded) as a
-    :class:`Graph`: image [1, S, S, 1] -> feature map [1, h, w, C]."""
+    :class:`Graph`: image [1, S, S, 1] -> feature map [1, h, w, C]. ``grouped``: grouped
+    convolutions as one block-diagonal CONV_2D (``dense``, what the flight models ship: fewer
+    operators, more parameter bytes) or a slice, convolution and concatenation per group
+    (``split``)."""
     from trn.models.descriptor import Bottleneck
     from trn.models.layers import CoordinateAttention, RICConv2d, SqueezeExcitation
 
     g = Graph()
-    lo = _Lowering(g)
+    lo = _Lowering(g, grouped)
     s = graph.input_size
     x = g.tensor("image", (1, s, s, 1))
     g.inputs = [x]
@@ -415,14 +445,14 @@ def quantize(g: Graph, ranges: dict[int, tuple[float, float]]) -> None:
             if ti.data is None or ti.role == "param" or ti.scale is not None:
                 continue
             if ti.role == "weight":
-                m = np.abs(ti.data.reshape(ti.shape[0], -1)).max(axis=1).astype(np.float64)
+                per = np.moveaxis(ti.data, ti.qdim, 0).reshape(ti.shape[ti.qdim], -1)
+                m = np.abs(per).max(axis=1).astype(np.float64)
                 ti.scale = np.where(m > 0, m / 127.0, 1.0)
-                ti.zero_point = np.zeros(ti.shape[0], np.int64)
-                ti.qdim = 0
+                ti.zero_point = np.zeros(ti.shape[ti.qdim], np.int64)
             elif ti.role == "const":
                 s, z = _asym(float(ti.data.min()), float(ti.data.max()))
                 ti.scale, ti.zero_point = np.array([s]), np.array([z])
-        if op.kind == "CONV_2D":
+        if op.kind in WEIGHTED:
             x, w, b = (t[i] for i in op.inputs)
             t[op.inputs[2]].scale = x.scale[0] * w.scale
             t[op.inputs[2]].zero_point = np.zeros(len(w.scale), np.int64)

@@ -1,0 +1,211 @@
+"""The latency model against published measurements, its predictions for the flight models on
+every timing profile, and (``--measure``) this machine's measured latencies beside the model's.
+
+    python benchmarks/latency_model.py [--models export/flight_conv2d_se/model_int8.tflite ...] \
+        [--measure] [--threads 1 2] [--out docs/bench_latency_model.json]
+
+1. Builds the reference networks (:mod:`trn.hw.zoo`: MobileNet v1 / v2, Inception v4, ResNet-50,
+   ResNeXt-101 f) as int8 TFLite with random weights, through the project's own writer.
+2. Fits the Edge TPU's efficiency and per-operator cost and each host's invoke cost and link rate
+   on the calibration figures of :mod:`trn.hw.reference` and checks that the profiles under
+   ``hw/profiles`` hold those numbers (the profiles are what every prediction uses).
+3. Prints every published figure beside its prediction, calibration and validation rows marked,
+   and a leave-one-out check over the Coral figures (each predicted by a fit without it).
+4. Predicts every ``--models`` TFLite file (the flight models' int8 backbones, with the 512-d head
+   on the host) on every profile: per landmark, and per frame of 10 landmarks searched in a
+   5,000-landmark database.
+5. ``--measure``: times the reference networks and the ``--models`` files on this CPU with the
+   TFLite interpreter (p50 / p95 / p99 / max after warm-up), fits a CPU-only profile of this
+   machine on the reference networks only and compares its predictions for the flight models with
+   their measured latency. Both cores should be otherwise idle.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _hw import hardware  # noqa: E402
+
+from trn.export.tflite_format import read_tflite  # noqa: E402
+from trn.hw import zoo  # noqa: E402
+from trn.hw.latency import Observation, features, fit, fit_cpu, predict  # noqa: E402
+from trn.hw.profiles import all_profiles, load_accelerator  # noqa: E402
+from trn.hw.reference import EMBED_DIM, PUBLISHED  # noqa: E402
+
+FRAME_LANDMARKS, DB_SIZE = 10, 5000
+
+
+def _coral_fit(rows, feats, acc) -> dict:
+    obs = [Observation(r.network, r.profile, r.ms, feats[r.network]) for r in rows]
+    return fit(obs, acc["peak_int8_tops"], int(acc["usable_cache_bytes"]))
+
+
+def _fitted_prediction(res: dict, f, profile: str, acc) -> float:
+    h = res["hosts"][profile]
+    streamed = max(0, f.param_bytes - int(acc["usable_cache_bytes"]))
+    return (h["invoke_ms"] + (f.transfer_bytes + streamed) / (h["bandwidth_mb_s"] * 1e6) * 1e3
+            + 2.0 * f.mapped_macs / (acc["peak_int8_tops"] * 1e12 * res["efficiency"]) * 1e3
+            + f.mapped_ops * res["per_op_us"] * 1e-3)
+
+
+def _time(fn, warmup: int, n: int) -> dict:
+    for _ in range(warmup):
+        fn()
+    t = np.empty(n)
+    for i in range(n):
+        t0 = time.perf_counter()
+        fn()
+        t[i] = (time.perf_counter() - t0) * 1e3
+    return {"p50": float(np.percentile(t, 50)), "p95": float(np.percentile(t, 95)), "p99": float(np.percentile(t, 99)),
+            "max": float(t.max())}
+
+
+def _interp(path: Path, threads: int, head: bool):
+    """A function running one inference (with the host head for the flight models)."""
+    if head:
+        from trn.export.tflite import Head, TfliteRunner
+
+        hp = path.parent / "head.npz"
+        r = TfliteRunner(path, Head.load(hp) if hp.exists() else None, threads)
+        x = np.random.default_rng(0).random((1, r.input_size, r.input_size), dtype=np.float32)
+        return lambda: r(x)
+    from trn.export.tflite import load_interpreter
+
+    it = load_interpreter(path, threads)
+    it.allocate_tensors()
+    d = it.get_input_details()[0]
+    it.set_tensor(d["index"], np.random.default_rng(0).integers(-128, 128, d["shape"], dtype=np.int8))
+    return it.invoke
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="*", type=Path, default=[], help="int8 TFLite backbones of flight models")
+    ap.add_argument("--measure", action="store_true", help="also time everything on this CPU")
+    ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--n", type=int, default=100, help="timed inferences per file and thread count")
+    ap.add_argument("--zoo", type=Path, default=Path("runs/zoo"), help="where the reference networks are written")
+    ap.add_argument("--out", type=Path, default=None, help="write every figure as JSON here")
+    args = ap.parse_args()
+    print(f"hardware: {hardware()}")
+    record: dict = {"hardware": hardware()}
+
+    feats, infos = {}, {}
+    for name in zoo.ZOO:
+        p = zoo.build(name, args.zoo)
+        infos[name] = read_tflite(p)
+        feats[name] = features(infos[name])
+        f = feats[name]
+        print(f"  {name:13s} {f.mapped_ops:5d} ops {f.mapped_macs / 1e9:6.2f} GMAC {f.param_bytes / 2 ** 20:6.2f} MiB "
+              f"parameters  ({zoo.ZOO[name][1]})")
+    acc = load_accelerator("coral-edge-tpu")
+    profiles = {p.name: p for p in all_profiles()}
+
+    # 2. the Coral calibration, and the profiles checked against it
+    coral = [r for r in PUBLISHED if profiles[r.profile].accelerator is not None and r.network != "resnext101"]
+    res = _coral_fit([r for r in coral if r.role == "calibration"], feats, acc)
+    print(f"\nEdge TPU fit on {sum(r.role == 'calibration' for r in coral)} Coral figures: efficiency "
+          f"{res['efficiency']:.4f}, per operator {res['per_op_us']:.2f} us")
+    mismatch = []
+    for host, v in res["hosts"].items():
+        print(f"  {host:22s} invoke {v['invoke_ms']:.3f} ms, link {v['bandwidth_mb_s']:.1f} MB/s")
+        prof = profiles[host]
+        for k, got in (("invoke_ms", prof.h("invoke_ms")), ("bandwidth_mb_s", prof.l("bandwidth_mb_s"))):
+            if abs(got - v[k]) > 0.02 * max(abs(v[k]), 0.05):
+                mismatch.append(f"{host}.{k}: profile {got}, fit {v[k]:.4g}")
+    for k in ("efficiency", "per_op_us"):
+        if abs(acc[k] - res[k]) > 0.02 * res[k]:
+            mismatch.append(f"coral-edge-tpu.{k}: profile {acc[k]}, fit {res[k]:.4g}")
+    print("profiles agree with the fit" if not mismatch else "PROFILES DIFFER FROM THE FIT: " + "; ".join(mismatch))
+    record["fit"] = res
+    record["profile_mismatch"] = mismatch
+
+    # 3. every published figure beside the profiles' prediction, and leave-one-out
+    print("\n| network | platform | role | predicted ms | published ms | error |")
+    print("| --- | --- | --- | ---: | ---: | ---: |")
+    rows = []
+    for r in PUBLISHED:
+        pr = predict(infos[r.network], profiles[r.profile], EMBED_DIM if r.head else 0, r.precision)
+        err = pr.per_landmark_ms / r.ms - 1
+        rows.append({"network": r.network, "profile": r.profile, "role": r.role, "predicted_ms": pr.per_landmark_ms,
+                     "published_ms": r.ms, "error": err, "parts": pr.parts, "source": r.source})
+        print(f"| {r.network} | {r.profile} | {r.role} | {pr.per_landmark_ms:.2f} | {r.ms:g} | {err * 100:+.1f} % |")
+    record["published"] = rows
+    print("\nleave-one-out over the Coral figures (each predicted by a fit on the others):")
+    print("| network | platform | predicted ms | published ms | error |")
+    print("| --- | --- | ---: | ---: | ---: |")
+    loo = []
+    for r in coral:
+        try:
+            rr = _coral_fit([o for o in coral if o is not r], feats, acc)
+        except Exception as exc:  # noqa: BLE001 - a fit that cannot be made without this figure
+            print(f"| {r.network} | {r.profile} | not determined: {exc} | {r.ms:g} | |")
+            loo.append({"network": r.network, "profile": r.profile, "published_ms": r.ms, "note": str(exc)})
+            continue
+        p = _fitted_prediction(rr, feats[r.network], r.profile, acc)
+        loo.append({"network": r.network, "profile": r.profile, "predicted_ms": p, "published_ms": r.ms,
+                    "error": p / r.ms - 1})
+        print(f"| {r.network} | {r.profile} | {p:.2f} | {r.ms:g} | {(p / r.ms - 1) * 100:+.1f} % |")
+    record["leave_one_out"] = loo
+
+    # 4. the flight models on every profile
+    flight = {}
+    if args.models:
+        print(f"\nflight models: per landmark, and per frame of {FRAME_LANDMARKS} landmarks searched in a "
+              f"{DB_SIZE:,}-landmark database (ms)")
+        print("| model | profile | per landmark | streamed MiB | per frame | 10 s cadence |")
+        print("| --- | --- | ---: | ---: | ---: | --- |")
+        for path in args.models:
+            info = read_tflite(path)
+            for prof in profiles.values():
+                pr = predict(info, prof, EMBED_DIM, "int8")
+                fr = pr.frame_ms(FRAME_LANDMARKS, DB_SIZE)
+                flight.setdefault(str(path), {})[prof.name] = {**pr.to_dict(), "frame": fr}
+                print(f"| {path.parent.name} | {prof.name} | {pr.per_landmark_ms:.2f} | {pr.streamed_bytes / 2 ** 20:.2f} "
+                      f"| {fr['total_ms']:.1f} | {'yes' if fr['total_ms'] < 10_000 else 'NO'} |")
+    record["flight"] = flight
+
+    # 5. this machine
+    if args.measure:
+        measured: dict = {}
+        print("\nthis machine, TFLite interpreter (XNNPACK), ms:")
+        print("| graph | threads | p50 | p95 | p99 | max | predicted p50 |")
+        print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+        graphs = [(n, zoo.build(n, args.zoo), False) for n in ("mobilenet_v1", "mobilenet_v2", "resnet50")]
+        graphs += [(f"{p.parent.name}/{p.name}", p, True) for p in args.models]
+        for threads in args.threads:
+            for name, path, head in graphs:
+                measured.setdefault(str(threads), {})[name] = _time(_interp(path, threads, head), args.warmup, args.n)
+            obs = []
+            for name, path, head in graphs[:3]:
+                f = features(read_tflite(path), accelerated=False)
+                obs.append((f.host_macs, f.host_ops, measured[str(threads)][name]["p50"]))
+            cpu = fit_cpu(obs)
+            measured[str(threads)]["fit"] = cpu
+            for name, path, head in graphs:
+                f = features(read_tflite(path), accelerated=False)
+                pred = cpu["invoke_ms"] + 2.0 * f.host_macs / (cpu["gops"] * 1e9) * 1e3 + f.host_ops * cpu["per_op_us"] * 1e-3
+                m = measured[str(threads)][name]
+                m["predicted_ms"] = pred
+                role = "calibration" if not head else "validation"
+                print(f"| {name} ({role}) | {threads} | {m['p50']:.2f} | {m['p95']:.2f} | {m['p99']:.2f} | {m['max']:.2f} "
+                      f"| {pred:.2f} ({(pred / m['p50'] - 1) * 100:+.1f} %) |")
+            print(f"  fit at {threads} thread(s): {cpu['gops']:.1f} int8 GOPS, {cpu['per_op_us']:.1f} us per operator, "
+                  f"invoke {cpu['invoke_ms']:.3f} ms")
+        record["measured"] = measured
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(record, indent=1, default=float) + "\n", encoding="utf-8")
+        print(f"\nwrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
