@@ -1,0 +1,85 @@
+"""The agent's wire protocol: versioned, length-prefixed binary messages over TCP.
+
+Every message, both ways, is a 16-byte header and a payload::
+
+    magic  4 bytes  b"TRNB"
+    version 1 byte  PROTOCOL_VERSION
+    type   1 byte   a request type, or (request type | 0x80) for its answer, or ERROR
+    flags  2 bytes  0 (reserved)
+    id     4 bytes  the request id, echoed in the answer
+    length 4 bytes  payload bytes that follow (at most the server's limit)
+
+(network byte order). Requests and their answers:
+
+- INFO (payload empty) -> JSON: protocol version, model name, backend, input size, embedding size,
+  match threshold, the bundle manifest's sha256, limits.
+- HEALTH (empty) -> JSON: uptime, requests, errors, open connections, peak resident memory.
+- INFER: ``n`` (u16), ``size`` (u16), then n x size x size float32 crops, min-max normalised to
+  [0, 1], row-major -> ``t_received``, ``t_start``, ``t_end`` (u64 nanoseconds of the board's
+  monotonic clock: the request fully read, inference started, inference done), ``n`` (u16),
+  ``dim`` (u16), then n x dim float32 L2-normalised embeddings.
+- SHUTDOWN (empty) -> empty; the agent then stops accepting and exits cleanly.
+- ERROR (an answer only): ``code`` (u16) and a UTF-8 message. After BAD_MAGIC, BAD_VERSION or
+  TOO_LARGE the stream cannot be trusted and the agent closes the connection.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+
+MAGIC = b"TRNB"
+PROTOCOL_VERSION = 1
+HEADER = struct.Struct("!4sBBHII")
+INFO, HEALTH, INFER, SHUTDOWN = 0x01, 0x02, 0x03, 0x04
+REPLY = 0x80
+ERROR = 0x7F
+REQUESTS = {INFO: "INFO", HEALTH: "HEALTH", INFER: "INFER", SHUTDOWN: "SHUTDOWN"}
+INFER_HEAD = struct.Struct("!HH")
+INFER_REPLY = struct.Struct("!QQQHH")
+ERROR_HEAD = struct.Struct("!H")
+
+# error codes
+BAD_MAGIC, BAD_VERSION, UNKNOWN_TYPE, TOO_LARGE, BAD_PAYLOAD, NON_FINITE, BUSY, INTERNAL = range(1, 9)
+ERROR_NAMES = {BAD_MAGIC: "BAD_MAGIC", BAD_VERSION: "BAD_VERSION", UNKNOWN_TYPE: "UNKNOWN_TYPE",
+               TOO_LARGE: "TOO_LARGE", BAD_PAYLOAD: "BAD_PAYLOAD", NON_FINITE: "NON_FINITE", BUSY: "BUSY",
+               INTERNAL: "INTERNAL"}
+FATAL = frozenset({BAD_MAGIC, BAD_VERSION, TOO_LARGE})
+
+
+class ProtocolError(Exception):
+    """A malformed message, or an ERROR answer (``code`` set)."""
+
+    def __init__(self, message: str, code: int | None = None):
+        super().__init__(message if code is None else f"{ERROR_NAMES.get(code, code)}: {message}")
+        self.code = code
+        self.message = message
+
+
+def pack(mtype: int, rid: int, payload: bytes = b"") -> bytes:
+    return HEADER.pack(MAGIC, PROTOCOL_VERSION, mtype, 0, rid & 0xFFFFFFFF, len(payload)) + payload
+
+
+def error_payload(code: int, message: str) -> bytes:
+    return ERROR_HEAD.pack(code) + message.encode("utf-8")[:1024]
+
+
+def recv_exact(sock: socket.socket, n: int) -> bytes:
+    """``n`` bytes, or ConnectionError when the peer closes first."""
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise ConnectionError(f"peer closed after {got} of {n} bytes")
+        got += k
+    return bytes(buf)
+
+
+def read_header(sock: socket.socket) -> tuple[int, int, int, int, int]:
+    """(version, type, flags, id, length) of the next message; ProtocolError for a bad magic."""
+    magic, version, mtype, flags, rid, length = HEADER.unpack(recv_exact(sock, HEADER.size))
+    if magic != MAGIC:
+        raise ProtocolError(f"bad magic {magic!r}; expected {MAGIC!r} (not a trn agent client?)", BAD_MAGIC)
+    return version, mtype, flags, rid, length
