@@ -63,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     _common(l1, sc.SCENARIOS)
     l1.add_argument("--nms", choices=sc.NMS_KINDS, default="release", help="release: the authors' variant; standard: IoU")
     l1.add_argument("--max-frames", type=int_at_least(1), default=None, help="cap on annotated frames (per orbit in Lost-in-Space)")
+    l1.add_argument("--profile", default=None, metavar="NAME",
+                    help="add each Moon Navigation frame's predicted latency on a timing profile (hw/profiles) and "
+                         "check the 10 s frame cadence")
+    l1.add_argument("--board", default=None, metavar="HOST:PORT",
+                    help="the same, measured on a board agent (trn-hw agent / python3 -m trn_board.agent)")
     l1.add_argument("--world-seed", type=int_at_least(0), default=0, help="seed of the built-in world")
     l1.add_argument("--workers", type=int_at_least(1), default=max(1, os.cpu_count() or 1), help="built-in world build workers")
     lm = rsub.add_parser("landmarks", help="Recall@1 and Incremental Recall@1 on a landmark dataset")
@@ -143,7 +148,19 @@ def _run(args, argv) -> int:
             print(line)
         context = {"dataset": str(ds.root), "command": command, "models": [e.name for e in embedders],
                    "scenarios": scenarios, "settings": settings.to_dict()}
-        rep = run_luna1(ds, embedders, scenarios, settings, context, not args.no_progress)
+        from trn.sim.timing import make_timing
+
+        timing = make_timing(args.profile, args.board)
+        if timing is not None and "moon_navigation" not in scenarios:
+            raise ConfigError("--profile / --board time the Moon Navigation frames: include --scenario moon_navigation")
+        rep = run_luna1(ds, embedders, scenarios, settings, context, not args.no_progress, timing=timing)
+        for r in rep.results:
+            t = r.extra.get("timing")
+            if t:
+                print(f"{r.method}: {t['source']}: {t['per_landmark_ms']:.2f} ms per landmark; worst frame "
+                      f"{t['worst_frame_ms']:.1f} ms, mean {t['mean_frame_ms']:.1f} ms, {t['frames_over_budget']} "
+                      f"frames over the {t['cadence_s']:.0f} s cadence, margin {t['margin_ms'] / 1e3:.2f} s: "
+                      f"{'keeps' if t['keeps_cadence'] else 'DOES NOT keep'} the cadence")
     else:
         from trn.data.landmarks import read_landmarks
         from trn.sim.run import run_landmarks

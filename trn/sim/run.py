@@ -42,7 +42,7 @@ def _check(scenarios: Sequence[str], allowed: Sequence[str]) -> None:
 
 def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequence[str],
               s: sc.ScenarioSettings, context: dict, progress: bool = True,
-              on_result: Callable[[sc.ScenarioResult], None] | None = None) -> Report:
+              on_result: Callable[[sc.ScenarioResult], None] | None = None, timing=None) -> Report:
     """Every requested scenario for every embedder on a Luna-1-format dataset. Landmark views,
     detections and their noise are drawn once and shared by all embedders."""
     _check(scenarios, sc.SCENARIOS)
@@ -71,7 +71,7 @@ def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequen
             fn = sc.recall_at_1 if name == "recall_at_1" else sc.incremental_recall_at_1
             r = fn(banks[emb.input_size], emb, s)
         elif name == "moon_navigation":
-            r = sc.moon_navigation(ds, emb, s, dets)
+            r = sc.moon_navigation(ds, emb, s, dets, timing if emb.name != "ncc" else None)
         else:
             r = sc.lost_in_space(ds, emb, s)
         rep.results.append(r)

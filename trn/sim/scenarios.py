@@ -410,7 +410,9 @@ def navigation_frames(ds: Luna1Dataset, s: ScenarioSettings) -> list[int]:
 
 
 def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
-                    dets: dict[int, list[Detection]] | None = None) -> ScenarioResult:
+                    dets: dict[int, list[Detection]] | None = None, timing=None) -> ScenarioResult:
+    """Frame-to-frame recognition along the navigation sequence; with ``timing``
+    (:mod:`trn.sim.timing`) also each frame's latency against the frame cadence."""
     t0 = time.perf_counter()
     frames = navigation_frames(ds, s)
     if not frames:
@@ -442,10 +444,16 @@ def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
         frame_ids.append(fr)
         ra_curve.append(100.0 * ok / (ok + bad + dup) if ok + bad + dup else float("nan"))
         size_curve.append(ins)
+    extra = {"frames": len(frames), "detections": len(flat), "db_size": len(db), "distinct": db.distinct_labels(),
+             "matching_accuracy": c.matching_accuracy}
+    series = {"frame": frame_ids, "ra": ra_curve, "db_size": size_curve}
+    if timing is not None:
+        counts = [len(dets[fr]) for fr in frames]
+        before = [0] + size_curve[:-1]  # the database as each frame arrives
+        extra["timing"], series["latency_ms"] = timing.frames(
+            emb, counts, before, lambda i: crop_images(ds, dets[frames[i]], emb.input_size))
     return ScenarioResult("moon_navigation", emb.name, c.ra, c.correct, c.incorrect, c.missed, len(flat), s.seed,
-                          s.to_dict(), extra={"frames": len(frames), "detections": len(flat), "db_size": len(db),
-                                              "distinct": db.distinct_labels(), "matching_accuracy": c.matching_accuracy},
-                          series={"frame": frame_ids, "ra": ra_curve, "db_size": size_curve},
+                          s.to_dict(), extra=extra, series=series,
                           sweep=threshold_sweep(e, labels, emb, s, SWEEP), similarities=_scores(dec, labels),
                           wall_s=time.perf_counter() - t0, gallery=pick_stream(dec, labels, np.concatenate(thumbs)))
 

@@ -1,0 +1,114 @@
+"""Per-frame latency of the navigation pipeline in Moon Navigation: predicted on a timing profile
+(``trn-sim run luna1 --profile NAME``) or measured on a board agent (``--board HOST:PORT``).
+
+A frame's time is the embedding of its detections plus one database search per detection, against
+the database as it stands when the frame arrives. Predicted: the latency model
+(:mod:`trn.hw.latency`) over the embedder's int8 TFLite backbone (an exported file, or the torch
+model lowered on the spot with fixed activation ranges: timing does not depend on them) and the
+profile's exact-scan search. Measured: the frame's crops sent to the board in one request (the
+board's own clock, request read to inference done) plus an exact inner-product scan of the
+database's size timed on this machine. The budget is the frame cadence (10 s on Luna-1's orbit).
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from trn.errors import ConfigError
+
+CADENCE_S = 10.0
+
+
+def _tflite_of(emb) -> Path:
+    """An int8 TFLite backbone for the embedder: its own file, or its torch model lowered now."""
+    runner = getattr(emb, "runner", None)
+    if runner is not None and getattr(runner, "int8", False):
+        return Path(runner.path)
+    model = getattr(emb, "model", None)
+    if model is None:
+        raise ConfigError(f"{emb.name}: latency needs a descriptor (a torch model or an int8 TFLite export), "
+                          "not this method")
+    from trn.export.graph import ExportGraph
+    from trn.export.tflite_format import write_tflite
+    from trn.export.tflite_ir import lower_backbone, quantize
+
+    g = lower_backbone(ExportGraph(model))
+    quantize(g, {i: (-8.0, 8.0) for i, t in enumerate(g.tensors) if t.role == "act"})
+    path = Path(tempfile.mkdtemp(prefix="trn-timing-")) / f"{emb.name}.tflite"
+    return write_tflite(g, path, quantized=True, description=f"{emb.name}, timing only")
+
+
+def _summary(frame_ms: list[float], source: str, per_landmark_ms: float, extra: dict) -> dict:
+    budget = CADENCE_S * 1e3
+    v = np.asarray(frame_ms, float)
+    worst = float(v.max()) if len(v) else 0.0
+    return {"source": source, "cadence_s": CADENCE_S, "per_landmark_ms": per_landmark_ms,
+            "mean_frame_ms": float(v.mean()) if len(v) else 0.0, "worst_frame_ms": worst,
+            "frames_over_budget": int((v > budget).sum()), "margin_ms": budget - worst,
+            "keeps_cadence": bool(worst <= budget), **extra}
+
+
+class ProfileTiming:
+    def __init__(self, profile: str):
+        from trn.hw.profiles import load_profile
+
+        self.profile = load_profile(profile)
+        self._cache: dict[str, object] = {}
+
+    def frames(self, emb, counts: list[int], db_sizes: list[int], crops=None) -> tuple[dict, list[float]]:
+        from trn.hw.latency import predict
+
+        if emb.name not in self._cache:
+            self._cache[emb.name] = predict(_tflite_of(emb), self.profile, emb.dim, "int8")
+        pr = self._cache[emb.name]
+        ms = [n * pr.per_landmark_ms + n * pr.search_ms(m) for n, m in zip(counts, db_sizes)]
+        return _summary(ms, f"predicted: profile {self.profile.name}", pr.per_landmark_ms,
+                        {"parts_ms": pr.parts, "streamed_bytes": pr.streamed_bytes}), ms
+
+
+class BoardTiming:
+    def __init__(self, board: str):
+        from trn.hw.client import BoardClient
+
+        self.board = board
+        self.client = BoardClient(board)
+        self.info = self.client.info()
+
+    def frames(self, emb, counts: list[int], db_sizes: list[int], crops=None) -> tuple[dict, list[float]]:
+        size = int(self.info["input_size"])
+        if size != emb.input_size:
+            raise ConfigError(f"the board at {self.board} runs {self.info.get('model')} at {size} px; "
+                              f"{emb.name} takes {emb.input_size} px: flash the bundle of the model you evaluate")
+        rng = np.random.default_rng(0)
+        db = rng.standard_normal((max(db_sizes + [1]), emb.dim)).astype(np.float32)
+        ms, board = [], []
+        limit = int(self.info.get("max_batch", 64))
+        for i, (n, m) in enumerate(zip(counts, db_sizes)):
+            x = crops(i)
+            t_board = 0.0
+            for j in range(0, n, limit):
+                t_board += self.client.infer(x[j:j + limit]).board_total_ms
+            q = rng.standard_normal((n, emb.dim)).astype(np.float32)
+            t0 = time.perf_counter()
+            if m and n:
+                np.argmax(q @ db[:m].T, axis=1)
+            t_search = (time.perf_counter() - t0) * 1e3
+            board.append(t_board / max(n, 1))
+            ms.append(t_board + t_search)
+        per = float(np.median([b for b, n in zip(board, counts) if n])) if any(counts) else 0.0
+        return _summary(ms, f"measured: board agent at {self.board} ({self.info.get('backend')})", per,
+                        {"board_model": self.info.get("model")}), ms
+
+
+def make_timing(profile: str | None, board: str | None):
+    if profile and board:
+        raise ConfigError("--profile (predicted) and --board (measured) are exclusive; choose one")
+    if profile:
+        return ProfileTiming(profile)
+    if board:
+        return BoardTiming(board)
+    return None
