@@ -85,9 +85,29 @@ def _interp(path: Path, threads: int, head: bool):
     return it.invoke
 
 
+def _shipped(out: Path) -> list[Path]:
+    """Timing-only int8 TFLite backbones of the shipped models (models/<name>/weights.pt)."""
+    from trn.sim.embedders import MODELS_DIR, TorchEmbedder
+    from trn.sim.timing import _tflite_of
+    from trn.train.loop import load_descriptor
+
+    paths = []
+    for w in sorted(Path(MODELS_DIR).glob("*/weights.pt")):
+        target = out / w.parent.name / "model_int8.tflite"
+        if not target.exists():
+            tmp = _tflite_of(TorchEmbedder(load_descriptor(w), w.parent.name))
+            target.parent.mkdir(parents=True, exist_ok=True)
+            tmp.replace(target)
+        paths.append(target)
+    return paths
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", nargs="*", type=Path, default=[], help="int8 TFLite backbones of flight models")
+    ap.add_argument("--shipped", action="store_true",
+                    help="also every shipped model under models/, lowered now for timing (the operators and "
+                         "parameter bytes of its trn-export tflite file; activation ranges fixed, not calibrated)")
     ap.add_argument("--measure", action="store_true", help="also time everything on this CPU")
     ap.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     ap.add_argument("--warmup", type=int, default=10)
@@ -157,6 +177,8 @@ def main() -> None:
     record["leave_one_out"] = loo
 
     # 4. the flight models on every profile
+    if args.shipped:
+        args.models = list(args.models) + _shipped(args.zoo)
     flight = {}
     if args.models:
         print(f"\nflight models: per landmark, and per frame of {FRAME_LANDMARKS} landmarks searched in a "
