@@ -1,0 +1,1 @@
+"""Map-relative navigation: position fixes from recognised craters and a navigation filter."""

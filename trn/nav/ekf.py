@@ -1,0 +1,127 @@
+"""An extended Kalman filter for a lunar orbiter, updated by position fixes.
+
+State: position and velocity [km, km/s] in the Moon's principal-axes frame (body-fixed, the frame
+of the Luna-1 poses), taken to rotate uniformly about its z axis. Dynamics: two-body plus J2
+(GRAIL gravity, below) with the Coriolis and centrifugal terms of the rotating frame; white
+acceleration noise covers what is left out (higher-degree gravity, third bodies, radiation
+pressure, libration; :mod:`trn.nav.sensors`). Propagation: fixed-step RK4, the transition
+matrix by central differences of the step. Update: a position fix (H = [I 0]) gated by its
+normalised innovation squared (chi-square, 3 degrees of freedom).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from statistics import NormalDist
+
+import numpy as np
+
+from trn.errors import ConfigError
+
+MU_KM3_S2 = 4902.800066  # GRAIL GL0660B GM of the Moon
+J2 = 2.0330e-4  # -C20 sqrt(5) of GL0660B (unnormalised), reference radius below
+R_REF_KM = 1738.0
+OMEGA_RAD_S = 2.6616995e-6  # mean rotation rate (one sidereal month)
+
+
+def chi2_quantile(p: float, dof: int) -> float:
+    """Wilson-Hilferty approximation of the chi-square quantile (within 1 % for dof >= 3)."""
+    z = NormalDist().inv_cdf(p)
+    return dof * (1.0 - 2.0 / (9 * dof) + z * np.sqrt(2.0 / (9 * dof))) ** 3
+
+
+def accel(r: np.ndarray, v: np.ndarray, j2: bool = True) -> np.ndarray:
+    """Acceleration in the rotating principal-axes frame (km/s^2)."""
+    x, y, z = r
+    rn2 = float(r @ r)
+    rn = np.sqrt(rn2)
+    a = -MU_KM3_S2 * r / (rn2 * rn)
+    if j2:
+        k = -1.5 * J2 * MU_KM3_S2 * R_REF_KM ** 2 / rn ** 5
+        f = 5.0 * z * z / rn2
+        a = a + k * np.array([x * (1.0 - f), y * (1.0 - f), z * (3.0 - f)])
+    w = np.array([0.0, 0.0, OMEGA_RAD_S])
+    return a - 2.0 * np.cross(w, v) - np.cross(w, np.cross(w, r))
+
+
+def _f(x: np.ndarray, j2: bool) -> np.ndarray:
+    return np.concatenate([x[3:], accel(x[:3], x[3:], j2)])
+
+
+def rk4(x: np.ndarray, dt: float, j2: bool = True, max_step: float = 10.0) -> np.ndarray:
+    n = max(1, int(np.ceil(abs(dt) / max_step)))
+    h = dt / n
+    for _ in range(n):
+        k1 = _f(x, j2)
+        k2 = _f(x + 0.5 * h * k1, j2)
+        k3 = _f(x + 0.5 * h * k2, j2)
+        k4 = _f(x + h * k3, j2)
+        x = x + h / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
+    return x
+
+
+def transition(x: np.ndarray, dt: float, j2: bool = True) -> np.ndarray:
+    """d rk4(x, dt) / dx by central differences (6 x 6)."""
+    phi = np.empty((6, 6))
+    for i, e in enumerate((1e-3, 1e-3, 1e-3, 1e-6, 1e-6, 1e-6)):
+        d = np.zeros(6)
+        d[i] = e
+        phi[:, i] = (rk4(x + d, dt, j2) - rk4(x - d, dt, j2)) / (2 * e)
+    return phi
+
+
+def process_noise(dt: float, q: float) -> np.ndarray:
+    """Discrete noise of white acceleration of spectral density q (km^2/s^3) over dt."""
+    dt = abs(dt)
+    i = np.eye(3)
+    return np.block([[dt ** 3 / 3 * q * i, dt ** 2 / 2 * q * i], [dt ** 2 / 2 * q * i, dt * q * i]])
+
+
+@dataclass
+class Ekf:
+    x: np.ndarray  # [6]
+    p: np.ndarray  # [6, 6]
+    t: float  # seconds
+    accel_sigma: float  # km/s^2 / sqrt(Hz)
+    gate_probability: float = 0.999
+    j2: bool = True
+    history: list = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.x = np.asarray(self.x, np.float64).reshape(6)
+        self.p = np.asarray(self.p, np.float64).reshape(6, 6)
+        if not np.all(np.isfinite(self.x)) or not np.all(np.isfinite(self.p)):
+            raise ConfigError("the filter's initial state or covariance is not finite")
+        self.gate = chi2_quantile(self.gate_probability, 3)
+
+    def predict(self, t: float) -> None:
+        dt = t - self.t
+        if dt == 0:
+            return
+        phi = transition(self.x, dt, self.j2)
+        self.x = rk4(self.x, dt, self.j2)
+        self.p = phi @ self.p @ phi.T + process_noise(dt, self.accel_sigma ** 2)
+        self.p = 0.5 * (self.p + self.p.T)
+        self.t = t
+
+    def nis(self, z: np.ndarray, r: np.ndarray) -> float:
+        s = self.p[:3, :3] + r
+        y = np.asarray(z, np.float64) - self.x[:3]
+        return float(y @ np.linalg.solve(s, y))
+
+    def update(self, z: np.ndarray, r: np.ndarray, gate: bool = True) -> tuple[bool, float]:
+        """Apply a position fix (km, covariance km^2); refused when its NIS exceeds the gate.
+        Returns (applied, NIS)."""
+        z, r = np.asarray(z, np.float64).reshape(3), np.asarray(r, np.float64).reshape(3, 3)
+        if not (np.all(np.isfinite(z)) and np.all(np.isfinite(r))):
+            return False, float("nan")
+        nis = self.nis(z, r)
+        if gate and nis > self.gate:
+            return False, nis
+        h = np.hstack([np.eye(3), np.zeros((3, 3))])
+        s = h @ self.p @ h.T + r
+        k = self.p @ h.T @ np.linalg.inv(s)
+        self.x = self.x + k @ (z - self.x[:3])
+        ikh = np.eye(6) - k @ h
+        self.p = ikh @ self.p @ ikh.T + k @ r @ k.T  # Joseph form
+        return True, nis
