@@ -60,7 +60,12 @@ def main(argv: list[str] | None = None) -> int:
     rsub = run.add_subparsers(dest="what", required=True)
     l1 = rsub.add_parser("luna1", help="Recall@1, Incremental Recall@1, Moon Navigation, Lost-in-Space")
     l1.add_argument("--data", type=Path, default=None, help="Luna-1-format dataset (default: the built-in world)")
-    _common(l1, sc.SCENARIOS)
+    _common(l1, sc.SCENARIOS + ("map_navigation",))
+    l1.add_argument("--map", type=Path, default=None,
+                    help="onboard map for --scenario map_navigation (trn-sim map build; default: built into the "
+                         "report directory from the dataset's catalogue)")
+    l1.add_argument("--map-source", type=Path, default=None,
+                    help="elevation source for a map built on the fly (e.g. ../shared/data/moon)")
     l1.add_argument("--nms", choices=sc.NMS_KINDS, default="release", help="release: the authors' variant; standard: IoU")
     l1.add_argument("--max-frames", type=int_at_least(1), default=None, help="cap on annotated frames (per orbit in Lost-in-Space)")
     l1.add_argument("--profile", default=None, metavar="NAME",
@@ -75,12 +80,25 @@ def main(argv: list[str] | None = None) -> int:
     lm.add_argument("--kind", choices=("luna1", "hirise", "folder"), default=None,
                     help="dataset layout (default: detected: crater_images/ = luna1, labels*.txt = hirise, else folder)")
     _common(lm, sc.LANDMARK_SCENARIOS)
+    mp = sub.add_parser("map", help="onboard landmark maps")
+    msub = mp.add_subparsers(dest="map_cmd", required=True)
+    mb = msub.add_parser("build", help="embed every catalogue crater of a Luna-1 directory into a read-only map")
+    mb.add_argument("--data", type=Path, required=True)
+    mb.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME|PATH")
+    mb.add_argument("--out", type=Path, required=True)
+    mb.add_argument("--source", type=Path, default=None,
+                    help="elevation source (../shared/data/moon, or a built-in world's source) for the craters' "
+                         "surface radius; without it the reference sphere")
+    mb.add_argument("--threads", type=int_at_least(1), default=max(1, os.cpu_count() or 1))
+    mb.add_argument("-v", "--verbose", action="store_true")
     rp = sub.add_parser("report", help="re-render report.md and the plots of a report directory from its report.json")
     rp.add_argument("dir", type=Path)
     args = parser.parse_args(argv)
     setup_logging(getattr(args, "verbose", False))
     if args.cmd == "report":
         return run_main(lambda: _rerender(args.dir))
+    if args.cmd == "map":
+        return run_main(lambda: _map_build(args))
     return run_main(lambda: _run(args, argv))
 
 
@@ -101,6 +119,46 @@ def _rerender(d: Path) -> int:
     rep.write(d)
     print("\n".join(rep.table() + [""] + rep.sweep_table()))
     return 0
+
+
+def _map_build(args) -> int:
+    from trn.data.luna1 import read_luna1
+    from trn.nav.onboard_map import build_map
+
+    m = build_map(read_luna1(args.data), make_embedder(args.model, None, args.threads), args.out, args.source)
+    print(f"map {args.out}: {len(m.ids)} craters embedded by {m.info['model']} ({m.info['surface']})")
+    return 0
+
+
+def _map_navigation(ds, embedders, settings, args, out: Path) -> None:
+    import json
+
+    from trn.nav.onboard_map import OnboardMap, build_map
+    from trn.nav.scenario import map_navigation, plot_navigation
+
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {}
+    for emb in embedders:
+        if emb.name == "ncc":
+            continue
+        omap = OnboardMap.load(args.map) if args.map else build_map(ds, emb, out / f"map_{emb.name}", args.map_source)
+        rep = map_navigation(ds, emb, omap, settings)
+        plot_navigation(rep, out / f"map_navigation__{emb.name}.png",
+                        f"{emb.name}: map navigation at threshold {settings.threshold:g}")
+        for r in rep["runs"].values():
+            r.pop("result")
+        doc[emb.name] = rep
+        print(f"\nmap navigation, {emb.name} ({rep['detections']} detections, {rep['in_map']} of their craters in "
+              f"the map, top-1 correct {rep['top1_correct']}):")
+        print("| threshold | matches (correct) | precision | frames with a fix | RMS km | 95th km | max km | "
+              "dead reckoning RMS km | max km |")
+        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        for thr, r in rep["runs"].items():
+            n, g = r["navigation"], r["recognition"]
+            print(f"| {thr} | {g['matched']} ({g['correct']}) | {100 * g['precision']:.1f} | {n['frames_with_fix']} / "
+                  f"{n['frames']} | {n['trn']['rms_km']:.3f} | {n['trn']['p95_km']:.3f} | {n['trn']['max_km']:.3f} | "
+                  f"{n['dead_reckoning']['rms_km']:.3f} | {n['dead_reckoning']['max_km']:.3f} |")
+    (out / "map_navigation.json").write_text(json.dumps(doc, indent=1, default=float) + "\n", encoding="utf-8")
 
 
 def _embedders(args) -> list:
@@ -149,6 +207,14 @@ def _run(args, argv) -> int:
         context = {"dataset": str(ds.root), "command": command, "models": [e.name for e in embedders],
                    "scenarios": scenarios, "settings": settings.to_dict()}
         from trn.sim.timing import make_timing
+
+        do_map = "map_navigation" in scenarios
+        scenarios = [x for x in scenarios if x != "map_navigation"]
+        if do_map:
+            _map_navigation(ds, embedders, settings, args, out)
+            if not scenarios:
+                print(f"\nreport: {out / 'map_navigation.json'} in {time.perf_counter() - t0:.0f} s")
+                return 0
 
         timing = make_timing(args.profile, args.board)
         if timing is not None and "moon_navigation" not in scenarios:

@@ -143,3 +143,89 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
         sig3[i] = 3.0 * np.sqrt(np.trace(f.p[:3, :3]) / 3.0)
         dr_err[i] = np.linalg.norm(dr.x[:3] - pos[i])
     return NavResult(t, err, sig3, dr_err, fixed, day, c)
+
+
+def detector_pixel_sigma(shift_px: int, shrink_px: int, centroid_px: float) -> float:
+    """1-sigma error of a detected box's centre per axis: the scenario's uniform shift
+    U{-shift..shift}, half the difference of two uniform edge shrinks U{0..shrink}, and centroiding."""
+    shift_var = ((2 * shift_px + 1) ** 2 - 1) / 12.0
+    shrink_var = 2.0 * ((shrink_px + 1) ** 2 - 1) / 12.0 / 4.0
+    return float(np.sqrt(shift_var + shrink_var + centroid_px ** 2))
+
+
+def map_matches(ds: Luna1Dataset, emb, omap, s) -> tuple[list, np.ndarray, np.ndarray]:
+    """Every annotated frame's detections (the scenario's seeded detector noise) searched in the
+    map: (detections, best map crater per detection, its score)."""
+    from trn.sim import scenarios as sc
+
+    frames = sc.navigation_frames(ds, s)
+    if not frames:
+        raise DataError("map navigation needs annotated navigation frames; this dataset has none", ds.root)
+    dets = sc.detect(ds, frames, s, np.random.default_rng([s.seed, 3]), sc.frame_shape(ds))
+    flat = [d for fr in frames for d in dets[fr]]
+    labels = np.array([int(x) for x in omap.db.labels])
+    best, score = np.zeros(len(flat), int), np.zeros(len(flat))
+    for i in range(0, len(flat), 512):
+        e = emb(sc.crop_images(ds, flat[i:i + 512], emb.input_size)).global_
+        sims, ids = omap.db.search(e, 1)
+        row = {int(k): j for j, k in enumerate(omap.db.ids)}
+        best[i:i + len(e)] = [labels[row[int(k)]] for k in ids[:, 0]]
+        score[i:i + len(e)] = sims[:, 0]
+    return flat, best, score
+
+
+def matches_at(flat: list, best: np.ndarray, score: np.ndarray, threshold: float) -> dict[int, list[Match]]:
+    out: dict[int, list[Match]] = {}
+    for d, b, sc_ in zip(flat, best, score):
+        if sc_ >= threshold:
+            l, r, t, bt = d.box
+            out.setdefault(d.frame, []).append(Match(int(b), int(d.label), ((l + r) / 2.0, (t + bt) / 2.0), float(sc_)))
+    return out
+
+
+def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None,
+                   thresholds: tuple[float, ...] = (0.8, 0.85, 0.9, 0.95)) -> dict:
+    """Navigation with TRN at ``s.threshold`` and at each of ``thresholds``, against dead
+    reckoning; recognition against the map beside it."""
+    sensors = sensors or SensorModel()
+    flat, best, score = map_matches(ds, emb, omap, s)
+    truth = np.array([int(d.label) for d in flat])
+    in_map = np.isin(truth, np.array(omap.ids))
+    pix = detector_pixel_sigma(s.shift_px, s.shrink_px, sensors.pixel_sigma)
+    runs = {}
+    for thr in sorted(set(thresholds) | {s.threshold}):
+        res = navigate(ds, matches_at(flat, best, score, thr), omap.positions, sensors, s.seed, pixel_sigma=pix)
+        m = score >= thr
+        rec = {"matched": int(m.sum()), "correct": int((m & (best == truth)).sum()),
+               "precision": float((best == truth)[m].mean()) if m.any() else float("nan"),
+               "recall": float((m & (best == truth))[in_map].mean()) if in_map.any() else float("nan")}
+        runs[f"{thr:g}"] = {"recognition": rec, "navigation": res.summary(), "result": res}
+    return {"detections": len(flat), "in_map": int(in_map.sum()), "top1_correct": int((best == truth).sum()),
+            "pixel_sigma": pix, "sensors": sensors.to_dict(), "threshold": s.threshold, "runs": runs}
+
+
+def plot_navigation(report: dict, path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res: NavResult = report["runs"][f"{report['threshold']:g}"]["result"]
+    t = res.times_s / 60.0
+    fig, ax = plt.subplots(figsize=(9, 4))
+    ax.fill_between(t, 0, res.sigma3_km, color="tab:blue", alpha=0.15, label="3-sigma (filter)")
+    ax.plot(t, res.error_km, color="tab:blue", lw=1, label="TRN position error")
+    ax.plot(t, res.dr_error_km, color="tab:red", lw=1, label="dead reckoning")
+    ax.plot(t[res.fixed], res.error_km[res.fixed], "k|", ms=6, label="fix applied")
+    night = ~res.day
+    if night.any():
+        ax.fill_between(t, 0, 1, where=night, transform=ax.get_xaxis_transform(), color="grey", alpha=0.15,
+                        label="night side")
+    ax.set_yscale("log")
+    ax.set_xlabel("minutes since the first frame")
+    ax.set_ylabel("position error, km")
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
