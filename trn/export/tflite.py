@@ -86,21 +86,16 @@ def head_of(graph) -> Head:
 
 def load_interpreter(path: str | Path, threads: int = 1, edgetpu: bool = False):
     """A TFLite interpreter: tflite-runtime when installed, else ai-edge-litert; with ``edgetpu``
-    the Edge TPU delegate (libedgetpu), as PyCoral's make_interpreter does."""
+    the Edge TPU delegate (libedgetpu), as PyCoral's make_interpreter does. The board agent loads
+    models the same way (:func:`trn_board.agent.tflite_interpreter`)."""
+    from trn_board.agent import ModelError, tflite_interpreter
+
     try:
-        from tflite_runtime.interpreter import Interpreter, load_delegate  # type: ignore[import-not-found]
-    except ImportError:
-        try:
-            from ai_edge_litert.interpreter import Interpreter, load_delegate
-        except ImportError:
-            raise DataError("no TFLite runtime: pip install -e '.[export]' (ai-edge-litert) or tflite-runtime") from None
-    delegates = [load_delegate("libedgetpu.so.1")] if edgetpu else None
-    try:
-        it = Interpreter(model_path=str(path), num_threads=threads, experimental_delegates=delegates)
-        it.allocate_tensors()
+        return tflite_interpreter(Path(path), threads, edgetpu)
+    except ModelError as exc:
+        raise DataError(f"{exc}: pip install -e '.[export]' (ai-edge-litert) or tflite-runtime") from None
     except (ValueError, RuntimeError) as exc:
         raise DataError(f"the TFLite interpreter cannot load the model ({exc})", path) from None
-    return it
 
 
 class TfliteRunner:

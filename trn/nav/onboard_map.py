@@ -14,7 +14,6 @@ the reference sphere (then the fix must allow a few km of height error: ``landma
 
 from __future__ import annotations
 
-import hashlib
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,19 +24,12 @@ from trn.data.luna1 import Luna1Dataset, Luna1Metadata, atomic_write_text
 from trn.db.database import DBConfig, LandmarkDB
 from trn.errors import DataError
 from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz
+from trn_board.bundle import sha256_file as _sha256
 
 MAP_FORMAT = "trn-map"
 MAP_VERSION = 1
 DB_FILE = "landmarks.db"
 MAP_FILE = "map.json"
-
-
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 @dataclass

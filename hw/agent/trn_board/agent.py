@@ -38,7 +38,8 @@ class ModelError(Exception):
     pass
 
 
-def _tflite_interpreter(path: Path, threads: int, edgetpu: bool):
+def tflite_interpreter(path: Path, threads: int = 1, edgetpu: bool = False):
+    """tflite-runtime when installed, else ai-edge-litert; with the Edge TPU delegate on request."""
     try:
         from tflite_runtime.interpreter import Interpreter, load_delegate  # type: ignore[import-not-found]
     except ImportError:
@@ -85,7 +86,7 @@ class BoardModel:
             if name not in files or "head.npz" not in files:
                 raise ModelError(f"{self.dir}: backend {backend} needs {name} and head.npz in the bundle")
             self.model_file = name
-            self.it = _tflite_interpreter(self.dir / name, threads, backend == "edgetpu")
+            self.it = tflite_interpreter(self.dir / name, threads, backend == "edgetpu")
             self.inp = self.it.get_input_details()[0]
             self.out = self.it.get_output_details()[0]
             with np.load(self.dir / "head.npz", allow_pickle=False) as z:
