@@ -51,7 +51,7 @@ def test_sim_default_model_and_landmarks_set(tmp_path, capsys):
                        "--out", str(tmp_path / "r"), "--no-progress", "--threads", "1"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "| flight_conv2d_se |" in out and "Incremental Recall@1" in out  # the shipped default model
+    assert "| flight_conv2d_se_union |" in out and "Incremental Recall@1" in out  # the shipped default model
     assert (tmp_path / "r" / "report.json").is_file()
 
 

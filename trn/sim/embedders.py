@@ -24,7 +24,7 @@ from trn.errors import ConfigError, DataError
 from trn.models.descriptor import Descriptor
 
 MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
-DEFAULT_MODEL = "flight_conv2d_se"  # the best of the ablation on real data (README)
+DEFAULT_MODEL = "flight_conv2d_se_union"  # first on the navigation scenarios of the real-data ablation, and trained on both worlds (README)
 
 
 @dataclass(frozen=True)
