@@ -16,7 +16,8 @@ every timing profile, and (``--measure``) this machine's measured latencies besi
    5,000-landmark database.
 5. ``--measure``: times the reference networks and the ``--models`` files on this CPU with the
    TFLite interpreter (p50 / p95 / p99 / max after warm-up), fits a CPU-only profile of this
-   machine on the reference networks only and compares its predictions for the flight models with
+   machine (int8 rate, memory rate, per-operator and invoke costs) on three reference networks and
+   a micro-graph of 400 element-wise operators only and compares its predictions for the flight models with
    their measured latency. Both cores should be otherwise idle.
 """
 
@@ -35,7 +36,7 @@ from _hw import hardware  # noqa: E402
 
 from trn.export.tflite_format import read_tflite  # noqa: E402
 from trn.hw import zoo  # noqa: E402
-from trn.hw.latency import Observation, features, fit, fit_cpu, predict  # noqa: E402
+from trn.hw.latency import Observation, cpu_prediction, features, fit, fit_cpu, predict  # noqa: E402
 from trn.hw.profiles import all_profiles, load_accelerator  # noqa: E402
 from trn.hw.reference import EMBED_DIM, PUBLISHED  # noqa: E402
 
@@ -201,27 +202,28 @@ def main() -> None:
         print("\nthis machine, TFLite interpreter (XNNPACK), ms:")
         print("| graph | threads | p50 | p95 | p99 | max | predicted p50 |")
         print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
-        graphs = [(n, zoo.build(n, args.zoo), False) for n in ("mobilenet_v1", "mobilenet_v2", "resnet50")]
+        calib = ("mobilenet_v1", "mobilenet_v2", "resnet50", "eltwise_chain")
+        graphs = [(n, zoo.build(n, args.zoo), False) for n in calib]
         graphs += [(f"{p.parent.name}/{p.name}", p, True) for p in args.models]
         for threads in args.threads:
             for name, path, head in graphs:
                 measured.setdefault(str(threads), {})[name] = _time(_interp(path, threads, head), args.warmup, args.n)
             obs = []
-            for name, path, head in graphs[:3]:
+            for name, path, head in graphs[:len(calib)]:
                 f = features(read_tflite(path), accelerated=False)
-                obs.append((f.host_macs, f.host_ops, measured[str(threads)][name]["p50"]))
+                obs.append((f.host_macs, f.host_act_bytes, f.host_ops, measured[str(threads)][name]["p50"]))
             cpu = fit_cpu(obs)
             measured[str(threads)]["fit"] = cpu
             for name, path, head in graphs:
                 f = features(read_tflite(path), accelerated=False)
-                pred = cpu["invoke_ms"] + 2.0 * f.host_macs / (cpu["gops"] * 1e9) * 1e3 + f.host_ops * cpu["per_op_us"] * 1e-3
+                pred = cpu_prediction(cpu, f)
                 m = measured[str(threads)][name]
                 m["predicted_ms"] = pred
                 role = "calibration" if not head else "validation"
                 print(f"| {name} ({role}) | {threads} | {m['p50']:.2f} | {m['p95']:.2f} | {m['p99']:.2f} | {m['max']:.2f} "
                       f"| {pred:.2f} ({(pred / m['p50'] - 1) * 100:+.1f} %) |")
-            print(f"  fit at {threads} thread(s): {cpu['gops']:.1f} int8 GOPS, {cpu['per_op_us']:.1f} us per operator, "
-                  f"invoke {cpu['invoke_ms']:.3f} ms")
+            print(f"  fit at {threads} thread(s): {cpu['gops']:.1f} int8 GOPS, {cpu['memory_gb_s']:.2f} GB/s, "
+                  f"{cpu['per_op_us']:.2f} us per operator, invoke {cpu['invoke_ms']:.3f} ms")
         record["measured"] = measured
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -34,6 +34,7 @@ host:
   clock_ghz: {value: 1.0, kind: published, source: "s"}
   int8_gops: {value: 2.0, kind: assumed, source: "s"}
   fp32_gflops: {value: 1.0, kind: assumed, source: "s"}
+  memory_gb_s: {value: 1000.0, kind: assumed, source: "s"}
   per_op_us: {value: 100.0, kind: assumed, source: "s"}
   invoke_ms: {value: 1.0, kind: calibrated, source: "s"}
 """
@@ -105,7 +106,9 @@ def test_cpu_fallback_after_an_unmapped_operator(tmp_path):
     assert f.transfer_bytes == 256 + 1024  # the input, and the conv output crossing to the host
     pr = predict(path, prof)
     host_macs = 8 * 8 * 8 * 16
-    assert pr.parts["host_ops"] == pytest.approx(2 * host_macs / 2e9 * 1e3 + 2 * 100e-3)
+    act = (1024 + 1024) + (1024 + 512)  # GATHER in and out, the 1x1 conv in and out (int8)
+    assert f.host_act_bytes == act
+    assert pr.parts["host_ops"] == pytest.approx(2 * host_macs / 2e9 * 1e3 + act / 1000e9 * 1e3 + 2 * 100e-3)
     assert pr.parts["accelerator_ops"] == pytest.approx(10e-3)
 
 
@@ -114,7 +117,7 @@ def test_cpu_only_profile_and_frame_time(tmp_path):
     pr = predict(_one_conv(tmp_path), prof, embed_dim=4, precision="fp32")
     macs = 8 * 8 * 16 * 9 * 4
     assert set(pr.parts) == {"invoke", "host_ops", "host_head"}
-    assert pr.parts["host_ops"] == pytest.approx(2 * macs / 1e9 * 1e3 + 100e-3)
+    assert pr.parts["host_ops"] == pytest.approx(2 * macs / 1e9 * 1e3 + (256 + 1024) / 1000e9 * 1e3 + 100e-3)
     fr = pr.frame_ms(landmarks=3, db_size=1000)
     assert fr["search_ms"] == pytest.approx(3 * 2 * 1000 * 4 / 1e9 * 1e3)
     assert fr["total_ms"] == pytest.approx(3 * pr.per_landmark_ms + fr["search_ms"])
@@ -144,10 +147,15 @@ def test_fit_recovers_known_parameters(tmp_path):
         assert res["hosts"][host]["bandwidth_mb_s"] == pytest.approx(bw, rel=1e-6)
     with pytest.raises(ConfigError, match="observations"):
         fit(obs[:3], 4.0, 5_000_000)
-    cpu = fit_cpu([(1e9, 10, 2 * 1e9 / 5e9 * 1e3 + 10 * 0.02 + 0.5), (4e9, 50, 2 * 4e9 / 5e9 * 1e3 + 50 * 0.02 + 0.5),
-                   (2e8, 200, 2 * 2e8 / 5e9 * 1e3 + 200 * 0.02 + 0.5)])
+    def ms(m, b, n):  # 5 GOPS, 2 GB/s, 20 us per operator, 0.5 ms per inference
+        return 2 * m / 5e9 * 1e3 + b / 2e9 * 1e3 + n * 0.02 + 0.5
+
+    graphs = [(1e9, 1e6, 10), (4e9, 3e7, 50), (2e8, 2e6, 200), (1e7, 5e7, 400), (3e9, 1e5, 30)]
+    cpu = fit_cpu([(m, b, n, ms(m, b, n)) for m, b, n in graphs])
     assert cpu["gops"] == pytest.approx(5.0) and cpu["per_op_us"] == pytest.approx(20.0)
-    assert cpu["invoke_ms"] == pytest.approx(0.5)
+    assert cpu["memory_gb_s"] == pytest.approx(2.0) and cpu["invoke_ms"] == pytest.approx(0.5)
+    with pytest.raises(ConfigError, match="at least 4"):
+        fit_cpu([(m, b, n, ms(m, b, n)) for m, b, n in graphs[:3]])
 
 
 @pytest.mark.parametrize("edit, match", [

@@ -23,6 +23,7 @@ host:
   clock_ghz: {value: 0.01, kind: assumed, source: "t"}
   int8_gops: {value: 0.0001, kind: assumed, source: "t"}
   fp32_gflops: {value: 0.001, kind: assumed, source: "t"}
+  memory_gb_s: {value: 0.001, kind: assumed, source: "t"}
   per_op_us: {value: 1.0, kind: assumed, source: "t"}
   invoke_ms: {value: 1.0, kind: assumed, source: "t"}
 """

@@ -5,7 +5,8 @@ Per inference (one landmark crop) on a board with an accelerator:
     t = host.invoke_ms                                           fixed runtime and driver cost
       + (input bytes + output bytes + streamed bytes) / link     transfers over the link
       + sum over mapped operators of 2 MACs / (peak x efficiency) + accelerator.per_op_us
-      + sum over operators after the partition of 2 MACs / host.int8_gops + host.per_op_us
+      + sum over operators after the partition of 2 MACs / host.int8_gops + their activation bytes /
+    host.memory_gb_s + host.per_op_us
       + the host head (GeM root, Linear, PReLU, L2) at host.fp32_gflops
 
 The partition is the Edge TPU compiler's (:func:`trn.export.edgetpu.check_op`): the first operator
@@ -112,6 +113,7 @@ class Features:
     param_bytes: int  # parameters of the mapped part
     host_ops: int
     host_macs: int
+    host_act_bytes: int = 0  # activation bytes read and written by the host's operators
 
 
 def features(info: TfliteInfo, accelerated: bool = True) -> Features:
@@ -126,7 +128,7 @@ def features(info: TfliteInfo, accelerated: bool = True) -> Features:
     elif mapped:
         transfer += sum(_tensor_bytes(info, j) for j in info.outputs)
     return Features(len(mapped), sum(c.macs for c in mapped), transfer, sum(c.param_bytes for c in mapped), len(host),
-                    sum(c.macs for c in host))
+                    sum(c.macs for c in host), sum(c.act_bytes for c in host))
 
 
 @dataclass
@@ -182,7 +184,8 @@ def predict(model: str | Path | TfliteInfo, profile: Profile, embed_dim: int = 0
         parts["streamed_parameters"] = streamed / bw * 1e3
         parts["accelerator_compute"] = 2.0 * f.mapped_macs / (acc["peak_int8_tops"] * 1e12 * acc["efficiency"]) * 1e3
         parts["accelerator_ops"] = f.mapped_ops * acc["per_op_us"] * 1e-3
-    parts["host_ops"] = 2.0 * f.host_macs / host_rate * 1e3 + f.host_ops * profile.h("per_op_us") * 1e-3
+    parts["host_ops"] = (2.0 * f.host_macs / host_rate * 1e3 + f.host_act_bytes / (profile.h("memory_gb_s") * 1e9) * 1e3
+                         + f.host_ops * profile.h("per_op_us") * 1e-3)
     if embed_dim:
         feat = info.tensors[info.outputs[0]].shape
         parts["host_head"] = head_flops(feat, embed_dim) / (profile.h("fp32_gflops") * 1e9) * 1e3
@@ -254,15 +257,22 @@ def fit(observations: list[Observation], peak_tops: float, usable_cache: int) ->
             "fitted_ms": [float(v) for v in fitted]}
 
 
-def fit_cpu(observations: list[tuple[int, int, float]]) -> dict:
-    """Calibrate a CPU-only profile on measured latencies ``(MACs, operators, ms)``: int8_gops (or
-    fp32_gflops), per_op_us and invoke_ms by non-negative least squares on relative errors."""
-    if len(observations) < 3:
-        raise ConfigError(f"{len(observations)} measurements cannot determine 3 parameters; measure at least 3 graphs")
-    a = np.array([[2.0 * m / 1e9 * 1e3, n * 1e-3, 1.0] for m, n, _ in observations])
+def fit_cpu(observations: list[tuple[int, int, int, float]]) -> dict:
+    """Calibrate a CPU-only profile on measured latencies ``(MACs, activation bytes, operators,
+    ms)``: the int8 (or fp32) rate, memory_gb_s, per_op_us and invoke_ms by non-negative least
+    squares on relative errors."""
+    if len(observations) < 4:
+        raise ConfigError(f"{len(observations)} measurements cannot determine 4 parameters; measure at least 4 graphs")
+    a = np.array([[2.0 * m / 1e9 * 1e3, b / 1e9 * 1e3, n * 1e-3, 1.0] for m, b, n, _ in observations])
     y = np.array([ms for *_, ms in observations], float)
     sol = _nnls(a / y[:, None], np.ones(len(y)))
     if sol[0] <= 0:
         raise ConfigError("the fit leaves the arithmetic without a cost: measure graphs of different sizes")
-    return {"gops": float(1.0 / sol[0]), "per_op_us": float(sol[1]), "invoke_ms": float(sol[2]),
-            "fitted_ms": [float(v) for v in a @ sol]}
+    return {"gops": float(1.0 / sol[0]), "memory_gb_s": float(1.0 / sol[1]) if sol[1] > 0 else float("inf"),
+            "per_op_us": float(sol[2]), "invoke_ms": float(sol[3]), "fitted_ms": [float(v) for v in a @ sol]}
+
+
+def cpu_prediction(fit_: dict, f: Features) -> float:
+    """A fitted CPU profile's latency (ms) for a graph run wholly on the host."""
+    mem = 0.0 if not np.isfinite(fit_["memory_gb_s"]) else f.host_act_bytes / (fit_["memory_gb_s"] * 1e9) * 1e3
+    return fit_["invoke_ms"] + 2.0 * f.host_macs / (fit_["gops"] * 1e9) * 1e3 + mem + f.host_ops * fit_["per_op_us"] * 1e-3

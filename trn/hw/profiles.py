@@ -28,6 +28,7 @@ HOST_FIELDS = {
     "clock_ghz": ("core clock, GHz", 0.0, 10.0),
     "int8_gops": ("effective int8 throughput of the host for operators that fall back to it, GOPS", 0.0, 1e5),
     "fp32_gflops": ("effective fp32 throughput: the head, the database search, CPU-only inference, GFLOPS", 0.0, 1e5),
+    "memory_gb_s": ("effective memory bandwidth of the host for the activations of operators it runs, GB/s", 0.0, 1e4),
     "per_op_us": ("host runtime cost per operator it runs, microseconds", 0.0, 1e6),
     "invoke_ms": ("fixed host cost per inference (runtime and driver), milliseconds", 0.0, 1e6),
 }

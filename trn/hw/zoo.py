@@ -200,6 +200,21 @@ def resnext101(size: int = 128, seed: int = 0, grouped: str = "split") -> Graph:
     return g
 
 
+def eltwise_chain(size: int = 24, channels: int = 64, ops: int = 400, seed: int = 0) -> Graph:
+    """A calibration micro-graph for CPU profiles: ``ops`` small MUL and ADD operators with a
+    constant, as RIC-C's sampling is made of (timing only, no published figure)."""
+    b = Builder(size, channels, seed)
+    k = b.g.const("k", np.full((1, 1, 1, channels), 0.5, np.float32))
+    x = b.input
+    for i in range(ops):
+        x = b.g.op("MUL" if i % 2 == 0 else "ADD", [x, k], b.shape(x), b._name("eltwise"), act="NONE")
+    return b.finish(x)
+
+
+MICRO: dict[str, tuple[Callable[[], Graph], str]] = {
+    "eltwise_chain": (eltwise_chain, "400 element-wise MUL/ADD on [1, 24, 24, 64] (CPU calibration micro-graph)"),
+}
+
 ZOO: dict[str, tuple[Callable[[], Graph], str]] = {
     "mobilenet_v1": (mobilenet_v1, "MobileNet v1 1.0, 224 px"),
     "mobilenet_v2": (mobilenet_v2, "MobileNet v2 1.0, 224 px"),
@@ -213,9 +228,10 @@ def build(name: str, out_dir: str | Path) -> Path:
     """Write ``<name>.tflite`` (int8, random weights) into ``out_dir`` unless it is there."""
     from trn.export.tflite_format import write_tflite
 
-    if name not in ZOO:
-        raise ConfigError(f"unknown reference network {name!r}; available: {sorted(ZOO)}")
+    nets = {**ZOO, **MICRO}
+    if name not in nets:
+        raise ConfigError(f"unknown reference network {name!r}; available: {sorted(nets)}")
     path = Path(out_dir) / f"{name}.tflite"
     if not path.exists():
-        write_tflite(ZOO[name][0](), path, quantized=True, description=f"trn reference network: {ZOO[name][1]}")
+        write_tflite(nets[name][0](), path, quantized=True, description=f"trn reference network: {nets[name][1]}")
     return path
