@@ -89,16 +89,14 @@ def _interp(path: Path, threads: int, head: bool):
 def _shipped(out: Path) -> list[Path]:
     """Timing-only int8 TFLite backbones of the shipped models (models/<name>/weights.pt)."""
     from trn.sim.embedders import MODELS_DIR, TorchEmbedder
-    from trn.sim.timing import _tflite_of
+    from trn.sim.timing import write_timing_tflite
     from trn.train.loop import load_descriptor
 
     paths = []
     for w in sorted(Path(MODELS_DIR).glob("*/weights.pt")):
         target = out / w.parent.name / "model_int8.tflite"
         if not target.exists():
-            tmp = _tflite_of(TorchEmbedder(load_descriptor(w), w.parent.name))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            tmp.replace(target)
+            write_timing_tflite(TorchEmbedder(load_descriptor(w), w.parent.name), target)
         paths.append(target)
     return paths
 

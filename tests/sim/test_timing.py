@@ -39,13 +39,13 @@ def model():
 def test_profile_timing_is_the_latency_model_per_frame(tmp_path, model):
     from trn.hw.latency import predict
     from trn.hw.profiles import load_profile
-    from trn.sim.timing import _tflite_of
+    from trn.sim.timing import _tflite_info
 
     ds = write_dataset(tmp_path / "d", NAV)
     emb = TorchEmbedder(model, "tiny")
     r = sc.moon_navigation(ds, emb, quiet(), timing=ProfileTiming("pynq-z2-coral-usb2"))
     t = r.extra["timing"]
-    pr = predict(_tflite_of(emb), load_profile("pynq-z2-coral-usb2"), emb.dim)
+    pr = predict(_tflite_info(emb), load_profile("pynq-z2-coral-usb2"), emb.dim)
     counts = [len(f) for f in NAV]
     before = [0] + r.series["db_size"][:-1]
     want = [n * pr.per_landmark_ms + n * pr.search_ms(m) for n, m in zip(counts, before)]

@@ -139,8 +139,6 @@ def _map_navigation(ds, embedders, settings, args, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     doc = {}
     for emb in embedders:
-        if emb.name == "ncc":
-            continue
         omap = OnboardMap.load(args.map) if args.map else build_map(ds, emb, out / f"map_{emb.name}", args.map_source)
         rep = map_navigation(ds, emb, omap, settings)
         plot_navigation(rep, out / f"map_navigation__{emb.name}.png",

@@ -172,18 +172,15 @@ class _Lowering:
         """A grouped convolution as one STRIDED_SLICE, CONV_2D per group and a CONCATENATION."""
         o, ig = weight.shape[:2]
         og = o // groups
-        c = self.g.shape(x)[3]
+        h, w = self.g.shape(x)[1:3]
         outs = []
         for gi in range(groups):
-            h, w = self.g.shape(x)[1:3]
             begin = self.g.const(self.name(f"{name}/g{gi}/begin"), np.array([0, 0, 0, gi * ig]), "param")
             end = self.g.const(self.name(f"{name}/g{gi}/end"), np.array([1, h, w, (gi + 1) * ig]), "param")
             step = self.g.const(self.name(f"{name}/g{gi}/strides"), np.array([1, 1, 1, 1]), "param")
             part = self.g.op("STRIDED_SLICE", [x, begin, end, step], (1, h, w, ig), self.name(f"{name}/g{gi}/in"))
             b = bias[gi * og:(gi + 1) * og] if bias is not None else None
             outs.append(self.conv(part, weight[gi * og:(gi + 1) * og], b, stride, padding, 1, act, f"{name}/g{gi}"))
-        if c != groups * ig:
-            raise DataError(f"{name}: {groups} groups of {ig} channels do not cover {c}")
         _, ho, wo, _ = self.g.shape(outs[0])
         return self.g.op("CONCATENATION", outs, (1, ho, wo, o), self.name(f"{name}/concat"), axis=3, act="NONE")
 

@@ -84,15 +84,9 @@ def graph_costs(info: TfliteInfo, accelerated: bool = True) -> list[OpCost]:
         first = next((i for i in range(len(info.ops)) if not check_op(info, i).mapped), None)
     out = []
     for i, op in enumerate(info.ops):
-        params = act = 0
-        for j in op.inputs + op.outputs:
-            if j < 0:
-                continue
-            tj = info.tensors[j]
-            if tj.constant:
-                params += tj.bytes
-            else:
-                act += _numel(tj.shape) * (1 if tj.dtype in ("INT8", "UINT8") else 4)
+        used = [j for j in op.inputs + op.outputs if j >= 0]
+        params = sum(info.tensors[j].bytes for j in used if info.tensors[j].constant)
+        act = sum(_tensor_bytes(info, j) for j in used if not info.tensors[j].constant)
         mapped = accelerated and (first is None or i < first)
         out.append(OpCost(i, op.kind, op_macs(info, i), params, act, mapped))
     return out

@@ -163,13 +163,12 @@ def map_matches(ds: Luna1Dataset, emb, omap, s) -> tuple[list, np.ndarray, np.nd
         raise DataError("map navigation needs annotated navigation frames; this dataset has none", ds.root)
     dets = sc.detect(ds, frames, s, np.random.default_rng([s.seed, 3]), sc.frame_shape(ds))
     flat = [d for fr in frames for d in dets[fr]]
-    labels = np.array([int(x) for x in omap.db.labels])
+    crater_of = {int(k): int(lab) for k, lab in zip(omap.db.ids, omap.db.labels)}  # entry id -> crater id
     best, score = np.zeros(len(flat), int), np.zeros(len(flat))
     for i in range(0, len(flat), 512):
         e = emb(sc.crop_images(ds, flat[i:i + 512], emb.input_size)).global_
         sims, ids = omap.db.search(e, 1)
-        row = {int(k): j for j, k in enumerate(omap.db.ids)}
-        best[i:i + len(e)] = [labels[row[int(k)]] for k in ids[:, 0]]
+        best[i:i + len(e)] = [crater_of[int(k)] for k in ids[:, 0]]
         score[i:i + len(e)] = sims[:, 0]
     return flat, best, score
 

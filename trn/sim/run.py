@@ -71,7 +71,7 @@ def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequen
             fn = sc.recall_at_1 if name == "recall_at_1" else sc.incremental_recall_at_1
             r = fn(banks[emb.input_size], emb, s)
         elif name == "moon_navigation":
-            r = sc.moon_navigation(ds, emb, s, dets, timing if emb.name != "ncc" else None)
+            r = sc.moon_navigation(ds, emb, s, dets, timing)
         else:
             r = sc.lost_in_space(ds, emb, s)
         rep.results.append(r)

@@ -34,6 +34,7 @@ from trn.db.database import DBConfig, Decision, LandmarkDB
 from trn.errors import ConfigError, DataError
 from trn.sim.embedders import Embedder, Embeddings
 from trn.sim.gallery import Pick, pick_ranked, pick_stream, thumbnails
+from trn.sim.timing import timeable
 from trn.train.augment import AugmentConfig, Draw, apply, sample
 from trn.train.data import preprocess
 
@@ -412,7 +413,8 @@ def navigation_frames(ds: Luna1Dataset, s: ScenarioSettings) -> list[int]:
 def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
                     dets: dict[int, list[Detection]] | None = None, timing=None) -> ScenarioResult:
     """Frame-to-frame recognition along the navigation sequence; with ``timing``
-    (:mod:`trn.sim.timing`) also each frame's latency against the frame cadence."""
+    (:mod:`trn.sim.timing`) also each frame's latency against the frame cadence, for every
+    method that is a descriptor."""
     t0 = time.perf_counter()
     frames = navigation_frames(ds, s)
     if not frames:
@@ -447,7 +449,7 @@ def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
     extra = {"frames": len(frames), "detections": len(flat), "db_size": len(db), "distinct": db.distinct_labels(),
              "matching_accuracy": c.matching_accuracy}
     series = {"frame": frame_ids, "ra": ra_curve, "db_size": size_curve}
-    if timing is not None:
+    if timing is not None and timeable(emb):
         counts = [len(dets[fr]) for fr in frames]
         before = [0] + size_curve[:-1]  # the database as each frame arrives
         extra["timing"], series["latency_ms"] = timing.frames(

@@ -23,23 +23,37 @@ from trn.errors import ConfigError
 CADENCE_S = 10.0
 
 
-def _tflite_of(emb) -> Path:
-    """An int8 TFLite backbone for the embedder: its own file, or its torch model lowered now."""
+def timeable(emb) -> bool:
+    """Whether an embedder is a descriptor whose latency can be modelled or measured (a torch
+    model or an int8 TFLite export; not NCC template matching)."""
     runner = getattr(emb, "runner", None)
-    if runner is not None and getattr(runner, "int8", False):
-        return Path(runner.path)
-    model = getattr(emb, "model", None)
-    if model is None:
-        raise ConfigError(f"{emb.name}: latency needs a descriptor (a torch model or an int8 TFLite export), "
-                          "not this method")
+    return getattr(emb, "model", None) is not None or (runner is not None and getattr(runner, "int8", False))
+
+
+def write_timing_tflite(emb, path: Path) -> Path:
+    """The embedder's torch model lowered to an int8 TFLite backbone at ``path``, with fixed
+    activation ranges: its operators and parameter bytes, for timing only."""
     from trn.export.graph import ExportGraph
     from trn.export.tflite_format import write_tflite
     from trn.export.tflite_ir import lower_backbone, quantize
 
-    g = lower_backbone(ExportGraph(model))
+    g = lower_backbone(ExportGraph(emb.model))
     quantize(g, {i: (-8.0, 8.0) for i, t in enumerate(g.tensors) if t.role == "act"})
-    path = Path(tempfile.mkdtemp(prefix="trn-timing-")) / f"{emb.name}.tflite"
     return write_tflite(g, path, quantized=True, description=f"{emb.name}, timing only")
+
+
+def _tflite_info(emb):
+    """The parsed int8 TFLite backbone of the embedder: its own file, or its torch model lowered now."""
+    from trn.export.tflite_format import read_tflite
+
+    if not timeable(emb):
+        raise ConfigError(f"{emb.name}: latency needs a descriptor (a torch model or an int8 TFLite export), "
+                          "not this method")
+    runner = getattr(emb, "runner", None)
+    if runner is not None and getattr(runner, "int8", False):
+        return read_tflite(runner.path)
+    with tempfile.TemporaryDirectory(prefix="trn-timing-") as tmp:
+        return read_tflite(write_timing_tflite(emb, Path(tmp) / f"{emb.name}.tflite"))
 
 
 def _summary(frame_ms: list[float], source: str, per_landmark_ms: float, extra: dict) -> dict:
@@ -63,7 +77,7 @@ class ProfileTiming:
         from trn.hw.latency import predict
 
         if emb.name not in self._cache:
-            self._cache[emb.name] = predict(_tflite_of(emb), self.profile, emb.dim, "int8")
+            self._cache[emb.name] = predict(_tflite_info(emb), self.profile, emb.dim, "int8")
         pr = self._cache[emb.name]
         ms = [n * pr.per_landmark_ms + n * pr.search_ms(m) for n, m in zip(counts, db_sizes)]
         return _summary(ms, f"predicted: profile {self.profile.name}", pr.per_landmark_ms,
