@@ -163,3 +163,54 @@ def test_int8_qdq_is_calibrated_on_the_training_half_only_and_tracks_fp32(tmp_pa
     ops = rep["export"]["ops"]
     assert ops["QuantizeLinear"] > 10 and ops["DequantizeLinear"] > 10
     assert rep["agreement_with_fp32"]["images"] == 8 and rep["agreement_with_fp32"]["median_cosine"] > 0.9
+
+
+def _qdq_conv(path, w_q, w_scale, x_scale, y_scale):
+    """image (float) -> Q -> DQ -> Conv (weights DQ'd from int8, per output channel) -> Q -> DQ."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    c = len(w_scale)
+    inits = [numpy_helper.from_array(w_q, "w_q"), numpy_helper.from_array(w_scale.astype(np.float32), "w_s"),
+             numpy_helper.from_array(np.zeros(c, np.int8), "w_z"),
+             numpy_helper.from_array(np.array(x_scale, np.float32), "x_s"), numpy_helper.from_array(np.array(-128, np.int8), "x_z"),
+             numpy_helper.from_array(np.array(y_scale, np.float32), "y_s"), numpy_helper.from_array(np.array(0, np.int8), "y_z")]
+    nodes = [helper.make_node("QuantizeLinear", ["image", "x_s", "x_z"], ["xq"]),
+             helper.make_node("DequantizeLinear", ["xq", "x_s", "x_z"], ["xd"]),
+             helper.make_node("DequantizeLinear", ["w_q", "w_s", "w_z"], ["wd"], axis=0),
+             helper.make_node("Conv", ["xd", "wd"], ["y"], kernel_shape=list(w_q.shape[2:])),
+             helper.make_node("QuantizeLinear", ["y", "y_s", "y_z"], ["yq"]),
+             helper.make_node("DequantizeLinear", ["yq", "y_s", "y_z"], ["out"])]
+    s = w_q.shape
+    g = helper.make_graph(nodes, "qdq", [helper.make_tensor_value_info("image", TensorProto.FLOAT, [1, s[1], 8, 8])],
+                          [helper.make_tensor_value_info("out", TensorProto.FLOAT, [1, c, 8 - s[2] + 1, 8 - s[3] + 1])],
+                          inits)
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def test_reference_numerics_compute_the_qdq_arithmetic_exactly(tmp_path):
+    """The int8 graph's accuracy is measured with the arithmetic its QDQ nodes specify (int8 inputs
+    and weights, an exact sum, requantised output): large inputs against large weights of
+    opposite signs, where a kernel with 16-bit intermediate sums saturates, still give the exact
+    result in reference numerics."""
+    rng = np.random.default_rng(0)
+    w_q = rng.choice(np.array([-128, -127, 127], np.int8), size=(4, 8, 3, 3)).astype(np.int8)
+    w_scale = np.array([0.01, 0.02, 0.005, 0.015])
+    x = rng.uniform(0.9, 1.0, (1, 8, 8, 8)).astype(np.float32)
+    x_scale, y_scale = 1.0 / 255, 0.05
+    _qdq_conv(tmp_path / "q.onnx", w_q, w_scale, x_scale, y_scale)
+    xq = np.clip(np.round(x / x_scale) - 128, -128, 127)
+    xd = (xq + 128) * x_scale
+    wd = w_q.astype(np.float64) * w_scale[:, None, None, None]
+    y = np.zeros((1, 4, 6, 6))
+    for o in range(4):
+        for i in range(6):
+            for j in range(6):
+                y[0, o, i, j] = (xd[0, :, i:i + 3, j:j + 3] * wd[o]).sum()
+    want = np.clip(np.round(y / y_scale), -128, 127) * y_scale
+    got = onnx_session(tmp_path / "q.onnx", numerics="reference").run(None, {"image": x})[0]
+    np.testing.assert_allclose(got, want, atol=1e-6)
+    kernels = onnx_session(tmp_path / "q.onnx", numerics="kernels").run(None, {"image": x})[0]
+    assert kernels.shape == want.shape  # the fast path runs; on CPUs without VNNI it may saturate
+    with pytest.raises(DataError, match="numerics"):
+        onnx_session(tmp_path / "q.onnx", numerics="fast")

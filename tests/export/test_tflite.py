@@ -50,6 +50,23 @@ def test_lowering_to_tflite_builtins_computes_the_backbone(conv, attention, size
     np.testing.assert_allclose(got, ref, atol=2e-5 * max(1.0, np.abs(ref).max()))
 
 
+def test_int8_input_range_covers_calibration_brighter_than_one(tmp_path):
+    """Images brighter than 1 (the evaluation protocol's T scales brightness up to 1.25 after the
+    min-max normalisation) are not clipped by the int8 input: its range comes from calibration."""
+    m = _model("conv2d", "se", 0)
+    rng = np.random.default_rng(1)
+    calib = (rng.random((48, 32, 32)) * 1.25).astype(np.float32)
+    exports, _ = export_tflite(m, tmp_path, calib, "bright test images", float_model=False)
+    q = TfliteRunner(tmp_path / "model_int8.tflite")
+    scale, zp = q.inp["quantization"]
+    assert zp == -128 and scale == pytest.approx(float(calib.max()) / 255, rel=1e-6)
+    assert exports[0].input_scale == pytest.approx(scale)
+    bright = np.full((1, 32, 32), 1.2, np.float32)
+    assert q.quantize_input(bright).max() < 127  # inside the range, not saturated
+    dark = TfliteRunner(tmp_path / "model_int8.tflite")
+    np.testing.assert_array_equal(dark.quantize_input(np.zeros((1, 32, 32), np.float32)), -128)
+
+
 @pytest.mark.parametrize("conv,attention", VARIANTS)
 def test_float_and_int8_tflite_run_in_the_interpreter_and_track_torch(tmp_path, conv, attention):
     m = _model(conv, attention, 1)

@@ -44,7 +44,8 @@ def _common(p: argparse.ArgumentParser, scenarios: tuple[str, ...]) -> None:
     p.add_argument("--token-seeds", choices=SEED_METHODS, default="saliency")
     p.add_argument("--backend", choices=BACKENDS, default="torch",
                    help="torch: the checkpoint; onnx / onnx-int8: an exported graph (trn-export onnx / onnx-int8) "
-                        "run by onnxruntime; tflite / tflite-float: the int8 / float TFLite backbone (trn-export "
+                        "run by onnxruntime, the int8 graph with the arithmetic its QDQ nodes specify; "
+                        "onnx-int8-kernels: the int8 graph through onnxruntime's fused int8 CPU kernels; tflite / tflite-float: the int8 / float TFLite backbone (trn-export "
                         "tflite) run by a TFLite interpreter with the head on the host. For an export backend "
                         "--model names the file or a trn-export directory")
     p.add_argument("--max-landmarks", type=int_at_least(2), default=None, help="cap on test landmarks")

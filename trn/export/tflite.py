@@ -4,8 +4,8 @@ of the descriptor in numpy, and the TFLite runner.
 Route (no TensorFlow, works on a CPU-only machine): :func:`trn.export.tflite_ir.lower_backbone`
 lowers the folded export graph to TFLite builtin operators, :mod:`trn.export.tflite_format`
 writes the flatbuffer, the float graph is calibrated on crops of the training half only, and the
-int8 flatbuffer is written with int8 input (the min-max normalised image at scale 1/255, zero
-point -128) and int8 output (the last feature map [1, h, w, C]). The rest of the descriptor runs on
+int8 flatbuffer is written with int8 input (the min-max normalised image, zero point -128, scale
+hi / 255 with hi the calibration maximum and at least 1) and int8 output (the last feature map [1, h, w, C]). The rest of the descriptor runs on
 the host, in numpy, from ``head.npz``: GeM (clamp, power p, mean, root), the Linear (BatchNorm
 folded), PReLU and the L2 normalisation; the same head on every location gives the token map, and
 the per-location share of the GeM pool gives the saliency, which the instance-token aggregation
@@ -161,6 +161,7 @@ class TfliteExport:
     sha256: str
     param_bytes: int
     note: str = ""
+    input_scale: float | None = None  # the int8 input's scale (zero point -128); None for float
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -199,9 +200,9 @@ def export_tflite(model, out_dir: str | Path, calib: np.ndarray, calib_source: s
         made.append(TfliteExport(p, "float", s, _ops(g), p.stat().st_size, file_sha256(p), g.param_bytes(False)))
     quantize(g, calibrate(g, calib[..., None].astype(np.float32)))
     p = write_tflite(g, out_dir / INT8_FILE, quantized=True,
-                     description="trn descriptor backbone, full-integer int8 (input 1/255, -128)")
+                     description="trn descriptor backbone, full-integer int8 (input [0, hi] at zero point -128)")
     made.append(TfliteExport(p, "int8", s, _ops(g), p.stat().st_size, file_sha256(p), g.param_bytes(True),
-                             f"calibrated on {calib_source}"))
+                             f"calibrated on {calib_source}", float(g.tensors[g.inputs[0]].scale[0])))
     return made, head
 
 
@@ -246,7 +247,8 @@ def write_report(out_dir: Path, exports: list[TfliteExport], model_spec: str, pa
     doc = {"format": "trn-export-tflite", "version": 1, "model": model_spec,
            "input": {"shape": [1, exports[0].input_size, exports[0].input_size, 1], "layout": "NHWC",
                      "preprocess": "min-max normalisation to [0, 1], resize to the input size",
-                     "int8": {"scale": 1.0 / 255.0, "zero_point": -128}},
+                     "int8": {"scale": next((e.input_scale for e in exports if e.input_scale), None),
+                              "zero_point": -128}},
            "output": "last feature map [1, h, w, C]; GeM root, head, L2 and tokens on the host from head.npz",
            "exports": [e.to_dict() for e in exports], "parity": [p.to_dict() for p in parity],
            "parity_images": parity_source, "edgetpu": edgetpu}

@@ -97,13 +97,31 @@ def export_onnx(model: Descriptor, path: str | Path, dynamic_batch: bool = False
     return OnnxExport(path, s, dynamic_batch, ops, file_sha256(path), path.stat().st_size)
 
 
-def onnx_session(path: str | Path, threads: int = 1):
+NUMERICS = ("reference", "kernels")
+
+
+def onnx_session(path: str | Path, threads: int = 1, numerics: str = "kernels"):
+    """An onnxruntime CPU session. ``numerics`` matters for QDQ (int8) graphs only:
+
+    - ``reference``: graph optimisations off, so every QuantizeLinear / DequantizeLinear runs as
+      written and each operator between them in float: the arithmetic the QDQ graph specifies, and
+      what an FPGA toolchain's int8 engine with int32 accumulators computes. Accuracy of an int8
+      artefact is measured this way.
+    - ``kernels``: onnxruntime fuses DQ -> op -> Q into its int8 kernels (QLinearConv and kin), the
+      fast path a CPU host runs. On x86 CPUs without VNNI these kernels multiply u8 by s8 with
+      VPMADDUBSW, whose int16 pair sums saturate (onnxruntime's quantisation guide, "reduce_range");
+      on this machine (AMD EPYC, AVX2, no VNNI) that alone quadruples the int8 graph's embedding
+      error (docs/export.md). Latency is measured this way."""
     import onnxruntime as ort
 
+    if numerics not in NUMERICS:
+        raise DataError(f"numerics {numerics!r}: expected one of {NUMERICS}")
     opts = ort.SessionOptions()
     opts.intra_op_num_threads = threads
     opts.inter_op_num_threads = 1
     opts.log_severity_level = 3
+    if numerics == "reference":
+        opts.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
     try:
         return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
     except Exception as exc:  # onnxruntime raises its own exception types
@@ -271,13 +289,14 @@ def quantize_int8(fp32: str | Path, out: str | Path, calib: np.ndarray, calib_so
                       f"calibrated on {calib_source}")
 
 
-def agreement(a_path: str | Path, b_path: str | Path, images: np.ndarray, threads: int = 1) -> dict:
+def agreement(a_path: str | Path, b_path: str | Path, images: np.ndarray, threads: int = 1,
+              numerics: str = "reference") -> dict:
     """Embedding agreement of two exported graphs (e.g. int8 against fp32) on the same images:
     min / median cosine, and how often both agree on each image's nearest neighbour among the
-    others (retrieval agreement)."""
+    others (retrieval agreement). ``numerics``: see :func:`onnx_session`."""
     outs = []
     for p in (a_path, b_path):
-        s = onnx_session(p, threads)
+        s = onnx_session(p, threads, numerics)
         outs.append(np.concatenate([s.run(None, {"image": images[i:i + 1, None]})[0] for i in range(len(images))]))
     cos = (outs[0] * outs[1]).sum(1)
     nn = []

@@ -106,10 +106,11 @@ class OnnxEmbedder:
     onnxruntime on the CPU; with ``token_cfg`` the host aggregates instance tokens from the token
     map in numpy, as a board does (the projected map only: ``token_cfg.project`` must be set)."""
 
-    def __init__(self, path: Path, name: str, token_cfg: TokenConfig | None = None, threads: int = 1):
+    def __init__(self, path: Path, name: str, token_cfg: TokenConfig | None = None, threads: int = 1,
+                 numerics: str = "reference"):
         from trn.export.to_onnx import onnx_session
 
-        self.session = onnx_session(path, threads)
+        self.session = onnx_session(path, threads, numerics)
         inp = self.session.get_inputs()[0]
         outs = [o.name for o in self.session.get_outputs()]
         if inp.name != "image" or outs[:3] != ["embedding", "token_map", "saliency"]:
@@ -183,10 +184,11 @@ def resolve_model(spec: str) -> Path:
                     f"model; shipped models: {shipped + ['ncc']}")
 
 
-BACKENDS = ("torch", "onnx", "onnx-int8", "tflite", "tflite-float")
-_EXPORT_FILES = {"onnx": "model.onnx", "onnx-int8": "model_int8.onnx", "tflite": "model_int8.tflite",
-                 "tflite-float": "model_float.tflite"}
-_EXPORT_CMD = {"onnx": "onnx", "onnx-int8": "onnx-int8", "tflite": "tflite", "tflite-float": "tflite"}
+BACKENDS = ("torch", "onnx", "onnx-int8", "onnx-int8-kernels", "tflite", "tflite-float")
+_EXPORT_FILES = {"onnx": "model.onnx", "onnx-int8": "model_int8.onnx", "onnx-int8-kernels": "model_int8.onnx",
+                 "tflite": "model_int8.tflite", "tflite-float": "model_float.tflite"}
+_EXPORT_CMD = {"onnx": "onnx", "onnx-int8": "onnx-int8", "onnx-int8-kernels": "onnx-int8", "tflite": "tflite",
+               "tflite-float": "tflite"}
 
 
 def resolve_export(spec: str, backend: str = "onnx") -> Path:
@@ -249,8 +251,10 @@ def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int 
     if backend in _EXPORT_FILES:
         path = resolve_export(spec, backend)
         base = path.parent.name if path.name == _EXPORT_FILES[backend] else path.stem
-        cls = TfliteEmbedder if backend.startswith("tflite") else OnnxEmbedder
-        return cls(path, f"{base}@{backend}", token_cfg, threads or 1)
+        if backend.startswith("tflite"):
+            return TfliteEmbedder(path, f"{base}@{backend}", token_cfg, threads or 1)
+        return OnnxEmbedder(path, f"{base}@{backend}", token_cfg, threads or 1,
+                            "kernels" if backend.endswith("-kernels") else "reference")
     path = resolve_model(spec)
     name = path.parent.name if path.name == "weights.pt" else path.stem
     return TorchEmbedder(load_descriptor(path), name, token_cfg)
