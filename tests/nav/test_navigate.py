@@ -70,3 +70,33 @@ def test_without_matches_the_filter_is_dead_reckoning():
     res = navigate(ds, {}, lambda ids: craters[ids], SensorModel(), seed=2)
     np.testing.assert_allclose(res.error_km, res.dr_error_km)
     assert res.summary()["frames_with_fix"] == 0
+
+
+def test_search_window_picks_the_predicted_crater_over_a_better_scoring_one_far_away():
+    """A detection of crater A scores 0.80 against A and 0.95 against a crater 300 km away: the
+    window around A's predicted pixel (5 km, 3 sigma) keeps only A; with a covariance of 1,000 km
+    the window covers the visible map and the far crater wins, as in a search of the whole map."""
+    from types import SimpleNamespace
+
+    from trn.nav.scenario import SearchWindow
+
+    ds, states, rots, craters = synthetic(n=3)
+    pc = world_to_camera(craters, rots[0], states[0, :3])
+    u, v, z = CAM.project(pc)
+    vis = np.flatnonzero((z > 0) & (u > 100) & (u < 412) & (v > 100) & (v < 412))
+    a = int(vis[0])
+    far = int(np.argmax(np.linalg.norm(craters - craters[a], axis=1) * (np.linalg.norm(craters - craters[a], axis=1) < 330)))
+    box = (int(u[a]) - 10, int(u[a]) + 10, int(v[a]) - 10, int(v[a]) + 10)
+    det = SimpleNamespace(frame=0, box=box, label=str(a))
+    sims = np.full((1, len(craters)), 0.1, np.float32)
+    sims[0, a], sims[0, far] = 0.80, 0.95
+    ids = list(range(len(craters)))
+    w = SearchWindow([det], sims, ids, craters, CAM, threshold=0.7)
+    got = w(0, states[0, :3] + np.array([1.0, -1.0, 0.5]), np.eye(3) * 25.0, rots[0])
+    assert [(m.crater, m.true_crater) for m in got] == [(a, a)] and got[0].score == np.float32(0.80)
+    assert w.candidates[-1] < 10
+    wide = w(0, states[0, :3], np.eye(3) * 1e6, rots[0])
+    assert [m.crater for m in wide] == [far] and w.candidates[-1] > 50
+    high = SearchWindow([det], sims, ids, craters, CAM, threshold=0.9)
+    assert high(0, states[0, :3], np.eye(3) * 25.0, rots[0]) == []  # A is below the threshold
+    assert w(1, states[1, :3], np.eye(3), rots[1]) == []  # no detection in that frame

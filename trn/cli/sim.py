@@ -67,6 +67,8 @@ def main(argv: list[str] | None = None) -> int:
                          "report directory from the dataset's catalogue)")
     l1.add_argument("--map-source", type=Path, default=None,
                     help="elevation source for a map built on the fly (e.g. ../shared/data/moon)")
+    l1.add_argument("--map-appearance", choices=("catalogue", "predicted"), default="catalogue",
+                    help="landmark appearance of a map built on the fly (predicted needs --map-source)")
     l1.add_argument("--nms", choices=sc.NMS_KINDS, default="release", help="release: the authors' variant; standard: IoU")
     l1.add_argument("--max-frames", type=int_at_least(1), default=None, help="cap on annotated frames (per orbit in Lost-in-Space)")
     l1.add_argument("--profile", default=None, metavar="NAME",
@@ -90,6 +92,9 @@ def main(argv: list[str] | None = None) -> int:
     mb.add_argument("--source", type=Path, default=None,
                     help="elevation source (../shared/data/moon, or a built-in world's source) for the craters' "
                          "surface radius; without it the reference sphere")
+    mb.add_argument("--appearance", choices=("catalogue", "predicted"), default="catalogue",
+                    help="catalogue: the dataset's landmark renders; predicted: each crater rendered from --source "
+                         "under the Sun of the planned trajectory's pass, cut to its rim (docs/navigation.md)")
     mb.add_argument("--threads", type=int_at_least(1), default=max(1, os.cpu_count() or 1))
     mb.add_argument("-v", "--verbose", action="store_true")
     rp = sub.add_parser("report", help="re-render report.md and the plots of a report directory from its report.json")
@@ -126,8 +131,10 @@ def _map_build(args) -> int:
     from trn.data.luna1 import read_luna1
     from trn.nav.onboard_map import build_map
 
-    m = build_map(read_luna1(args.data), make_embedder(args.model, None, args.threads), args.out, args.source)
-    print(f"map {args.out}: {len(m.ids)} craters embedded by {m.info['model']} ({m.info['surface']})")
+    m = build_map(read_luna1(args.data), make_embedder(args.model, None, args.threads), args.out, args.source,
+                  appearance=args.appearance, workers=args.threads)
+    print(f"map {args.out}: {len(m.ids)} craters embedded by {m.info['model']} ({m.info['appearance']} appearance, "
+          f"{m.info['surface']})")
     return 0
 
 
@@ -139,8 +146,13 @@ def _map_navigation(ds, embedders, settings, args, out: Path) -> None:
 
     out.mkdir(parents=True, exist_ok=True)
     doc = {}
+    source = args.map_source
+    if source is None and args.data is None and (ds.root / ".world").is_dir():
+        source = ds.root / ".world"  # the built-in world's terrain, from which its frames were rendered
     for emb in embedders:
-        omap = OnboardMap.load(args.map) if args.map else build_map(ds, emb, out / f"map_{emb.name}", args.map_source)
+        omap = OnboardMap.load(args.map) if args.map else build_map(ds, emb, out / f"map_{emb.name}", source,
+                                                                    appearance=args.map_appearance,
+                                                                    workers=args.threads)
         rep = map_navigation(ds, emb, omap, settings)
         plot_navigation(rep, out / f"map_navigation__{emb.name}.png",
                         f"{emb.name}: map navigation at threshold {settings.threshold:g}")
@@ -148,14 +160,20 @@ def _map_navigation(ds, embedders, settings, args, out: Path) -> None:
             r.pop("result")
         doc[emb.name] = rep
         print(f"\nmap navigation, {emb.name} ({rep['detections']} detections, {rep['in_map']} of their craters in "
-              f"the map, top-1 correct {rep['top1_correct']}):")
-        print("| threshold | matches (correct) | precision | frames with a fix | RMS km | 95th km | max km | "
+              f"the map of {rep['map_size']}, {rep['appearance']} appearance; against the whole map: top-1 correct "
+              f"{rep['top1_correct']}, the true crater's median similarity {rep['true_similarity_median']:.3f} and "
+              f"median rank {rep['true_rank_median']:.0f}):")
+        print("| threshold | whole map: matches (correct) | search window: matches (correct) | precision | "
+              "frames with a fix | RMS km | 95th km | max km | after the first fix: day RMS km, night max km | "
               "dead reckoning RMS km | max km |")
-        print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
         for thr, r in rep["runs"].items():
             n, g = r["navigation"], r["recognition"]
-            print(f"| {thr} | {g['matched']} ({g['correct']}) | {100 * g['precision']:.1f} | {n['frames_with_fix']} / "
-                  f"{n['frames']} | {n['trn']['rms_km']:.3f} | {n['trn']['p95_km']:.3f} | {n['trn']['max_km']:.3f} | "
+            w = g["whole_map"]
+            print(f"| {thr} | {w['matched']} ({w['correct']}) | {g['matched']} ({g['correct']}) | "
+                  f"{100 * g['precision']:.1f} | {n['frames_with_fix']} / {n['frames']} | {n['trn']['rms_km']:.3f} | "
+                  f"{n['trn']['p95_km']:.3f} | {n['trn']['max_km']:.3f} | {n['trn_day_after_first_fix']['rms_km']:.3f}, "
+                  f"{n['trn_night_after_first_fix']['max_km']:.3f} (first fix at {(n['first_fix_s'] or float('nan')) / 60:.0f} min) | "
                   f"{n['dead_reckoning']['rms_km']:.3f} | {n['dead_reckoning']['max_km']:.3f} |")
     (out / "map_navigation.json").write_text(json.dumps(doc, indent=1, default=float) + "\n", encoding="utf-8")
 

@@ -15,7 +15,7 @@ the reference sphere (then the fix must allow a few km of height error: ``landma
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -78,10 +78,82 @@ class OnboardMap:
         return cls(db, ids, arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], {k: v for k, v in doc.items() if k != "craters"})
 
 
-def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None = None, batch: int = 256) -> OnboardMap:
-    """Embed every crater render of ``ds`` with ``emb`` and write the map to ``out``."""
+APPEARANCES = ("catalogue", "predicted")
+
+# per-process render state of a predicted-appearance build (set by _init_render in each worker)
+_RENDER: dict = {}
+
+
+def _init_render(source: str, renderer: dict, seed: int) -> None:
+    import cv2
+
+    from trn.data.render import RenderConfig, Surface
+    from trn.data.terrain import load_albedo, load_elevation
+
+    cv2.setNumThreads(1)
+    cfg = RenderConfig.from_dict({k: v for k, v in renderer.items() if k != "annotate"})
+    _RENDER.update(cfg=cfg, surface=Surface(load_elevation(Path(source)), load_albedo(Path(source), cfg.albedo_strength),
+                                             replace(cfg.detail, seed=seed)))
+
+
+def _render_predicted(task: tuple[int, float, float, float, float, float]) -> tuple[int, np.ndarray]:
+    from trn.data.render import CraterView, crater_window_km, render_crater
+    from trn.nav.appearance import rim_window
+
+    cid, lat, lon, dia, az, el = task
+    cfg = _RENDER["cfg"]
+    img = render_crater(_RENDER["surface"], lat, lon, dia, cfg, CraterView(light_azimuth_deg=az, light_elevation_deg=el))
+    return cid, rim_window(img, dia, crater_window_km(dia, cfg))
+
+
+def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], source: Path, workers: int = 2):
+    """Yield (crater id, image) for every crater of ``ids``: rendered from ``source`` under the Sun
+    of the planned trajectory's closest pass (:func:`trn.nav.appearance.pass_illumination`), cut
+    to the rim's window. A crater whose pass is in the dark (Sun below 1 degree) is never seen
+    lit on this trajectory; it keeps its catalogue render, cut the same way."""
+    import multiprocessing as mp
+
+    from trn.data.render import RenderConfig, crater_window_km
+    from trn.nav.appearance import pass_illumination, rim_window
+
+    if ds.kitti is None or len(meta.frames) != len(ds.kitti):
+        raise DataError("a predicted-appearance map needs the planned trajectory: poses and metadata.json frames "
+                        "(epochs, Sun directions) for every pose; rebuild the dataset with trn-data build", ds.root)
+    renderer = dict(meta.renderer)
+    seed = int(meta.source.get("seed", 0)) if isinstance(meta.source, dict) else 0
+    lat = np.array([meta.craters[c]["lat"] for c in ids], np.float64)
+    lon = np.array([meta.craters[c]["lon"] for c in ids], np.float64)
+    dia = np.array([meta.craters[c]["diameter_km"] for c in ids], np.float64)
+    sun = np.array([f["sun_dir_body"] for f in meta.frames], np.float64)
+    az, el, _ = pass_illumination(lat, lon, ds.kitti[:, :, 3], sun)
+    cfg = RenderConfig.from_dict({k: v for k, v in renderer.items() if k != "annotate"})
+    lit = [(c, float(a), float(b), float(d), float(z), float(min(e, 90.0)))
+           for c, a, b, d, z, e in zip(ids, lat, lon, dia, az, el) if e >= 1.0]
+    dark = {c: float(d) for c, d, e in zip(ids, dia, el) if e < 1.0}
+    for c, d in dark.items():
+        yield c, rim_window(ds.load_crater(c), d, crater_window_km(d, cfg))
+    if workers <= 1:
+        _init_render(str(source), renderer, seed)
+        for t in lit:
+            yield _render_predicted(t)
+        return
+    with mp.get_context("spawn").Pool(workers, initializer=_init_render, initargs=(str(source), renderer, seed)) as pool:
+        yield from pool.imap(_render_predicted, lit, chunksize=8)
+
+
+def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None = None, batch: int = 256,
+              appearance: str = "catalogue", workers: int = 2) -> OnboardMap:
+    """Embed every crater of ``ds`` with ``emb`` and write the map to ``out``. ``appearance``:
+    "catalogue" embeds the dataset's landmark renders as they are; "predicted" renders each
+    crater from ``source`` under the illumination of the planned pass and cuts it to the rim
+    (:func:`predicted_renders`)."""
     from trn.train.data import preprocess
 
+    if appearance not in APPEARANCES:
+        raise DataError(f"map appearance {appearance!r}: expected one of {APPEARANCES}")
+    if appearance == "predicted" and source is None:
+        raise DataError("a predicted-appearance map renders the craters: pass the terrain source (--source / "
+                        "--map-source, e.g. ../shared/data/moon, or the built-in world's directory)")
     out = Path(out)
     meta_path = ds.root / "metadata.json"
     if not meta_path.is_file():
@@ -91,6 +163,21 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     ids = [c for c in ds.crater_ids if c in meta.craters]
     if not ids:
         raise DataError("no crater of crater_images/ is in metadata.json; nothing to map", ds.root)
+    if appearance == "predicted":
+        images = predicted_renders(ds, meta, ids, Path(source), workers)
+    else:
+        images = ((c, ds.load_crater(c)) for c in ids)
+    order: list[int] = []
+    db = LandmarkDB(DBConfig(dim=emb.dim, threshold=0.9))
+    chunk: list[tuple[int, np.ndarray]] = []
+    for item in images:
+        chunk.append(item)
+        if len(chunk) == batch:
+            _embed_into(db, emb, chunk, preprocess, order)
+            chunk = []
+    if chunk:
+        _embed_into(db, emb, chunk, preprocess, order)
+    ids = order
     lat = np.array([meta.craters[c]["lat"] for c in ids], np.float64)
     lon = np.array([meta.craters[c]["lon"] for c in ids], np.float64)
     diam = np.array([meta.craters[c]["diameter_km"] for c in ids], np.float64)
@@ -102,16 +189,19 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     else:
         radius = np.full(len(ids), MOON_RADIUS_KM)
         surface = f"reference sphere of {MOON_RADIUS_KM} km"
-    db = LandmarkDB(DBConfig(dim=emb.dim, threshold=0.9))
-    for i in range(0, len(ids), batch):
-        x = np.stack([preprocess(ds.load_crater(c), emb.input_size) for c in ids[i:i + batch]]).astype(np.float32)
-        db.add(emb(x).global_, labels=[str(c) for c in ids[i:i + batch]])
     out.mkdir(parents=True, exist_ok=True)
     (out / MAP_FILE).unlink(missing_ok=True)  # no map.json until both files are complete
     db.save(out / DB_FILE)
     doc = {"format": MAP_FORMAT, "version": MAP_VERSION, "model": emb.name, "input_size": emb.input_size,
-           "embedding_dim": emb.dim, "dataset": str(ds.root), "surface": surface, "db_sha256": _sha256(out / DB_FILE),
+           "embedding_dim": emb.dim, "dataset": str(ds.root), "surface": surface, "appearance": appearance,
+           "db_sha256": _sha256(out / DB_FILE),
            "columns": ["lat_deg", "lon_deg_east", "radius_km", "diameter_km"],
            "craters": {str(c): [float(a), float(b), float(r), float(d)] for c, a, b, r, d in zip(ids, lat, lon, radius, diam)}}
     atomic_write_text(out / MAP_FILE, json.dumps(doc) + "\n")
     return OnboardMap.load(out)
+
+
+def _embed_into(db: LandmarkDB, emb, chunk: list[tuple[int, np.ndarray]], preprocess, order: list[int]) -> None:
+    x = np.stack([preprocess(img, emb.input_size) for _, img in chunk]).astype(np.float32)
+    db.add(emb(x).global_, labels=[str(c) for c, _ in chunk])
+    order.extend(c for c, _ in chunk)

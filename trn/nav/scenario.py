@@ -48,7 +48,12 @@ class NavResult:
             return {"rms_km": float(np.sqrt(np.mean(e ** 2))), "p95_km": float(np.percentile(e, 95)),
                     "max_km": float(e.max())}
 
+        first = int(np.argmax(self.fixed)) if self.fixed.any() else len(self.fixed)
+        after = np.arange(len(self.fixed)) >= first  # from the first fix on: the filter has converged
         out = {"frames": int(len(self.times_s)), "frames_with_fix": int(self.fixed.sum()),
+               "first_fix_s": float(self.times_s[first] - self.times_s[0]) if first < len(self.fixed) else None,
+               "trn_day_after_first_fix": stats(self.error_km[self.day & after]),
+               "trn_night_after_first_fix": stats(self.error_km[~self.day & after]),
                "share_with_fix": float(self.fixed.mean()) if len(self.fixed) else 0.0,
                "trn": stats(self.error_km), "dead_reckoning": stats(self.dr_error_km),
                "trn_day": stats(self.error_km[self.day]), "trn_night": stats(self.error_km[~self.day]),
@@ -76,9 +81,11 @@ def _small_rotation(rng: np.random.Generator, sigma_rad: float) -> np.ndarray:
 
 
 def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, sensors: SensorModel, seed: int = 0,
-             pixel_sigma: float | None = None) -> NavResult:
+             pixel_sigma: float | None = None, matcher=None) -> NavResult:
     """Run the filter along every frame of ``ds`` with the given matches per frame number;
-    ``positions(ids)`` gives the map's body-fixed positions [n, 3]."""
+    ``positions(ids)`` gives the map's body-fixed positions [n, 3]. With ``matcher`` the matches
+    are made in flight instead: ``matcher(frame, predicted position, its 3x3 covariance,
+    estimated attitude)`` returns the frame's matches (:class:`SearchWindow`)."""
     if ds.poses is None or ds.metadata is None or not ds.metadata.camera:
         raise DataError("map navigation needs poses and metadata.json (camera, frame epochs)", ds.root)
     rng = np.random.default_rng([seed, 13])
@@ -105,12 +112,17 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
     for i in range(n):
         f.predict(float(t[i]))
         dr.predict(float(t[i]))
-        ms = matches.get(i, [])
+        if matcher is not None:
+            rot_est = _small_rotation(rng, np.radians(s.attitude_sigma_arcsec / 3600.0)) @ rot[i]
+            ms = matcher(i, f.x[:3].copy(), f.p[:3, :3].copy(), rot_est)
+        else:
+            ms = matches.get(i, [])
+            if ms:
+                rot_est = _small_rotation(rng, np.radians(s.attitude_sigma_arcsec / 3600.0)) @ rot[i]
         if ms:
             c["matches"] += len(ms)
             c["correct_matches"] += sum(m.crater == m.true_crater for m in ms)
             c["wrong_matches"] += sum(m.crater != m.true_crater for m in ms)
-            rot_est = _small_rotation(rng, np.radians(s.attitude_sigma_arcsec / 3600.0)) @ rot[i]
             px = np.array([m.pixel for m in ms], np.float64) + rng.normal(0.0, s.pixel_sigma, (len(ms), 2))
             b = pixel_bearings(px, cam, rot_est)
             lm = positions([m.crater for m in ms])
@@ -153,9 +165,10 @@ def detector_pixel_sigma(shift_px: int, shrink_px: int, centroid_px: float) -> f
     return float(np.sqrt(shift_var + shrink_var + centroid_px ** 2))
 
 
-def map_matches(ds: Luna1Dataset, emb, omap, s) -> tuple[list, np.ndarray, np.ndarray]:
-    """Every annotated frame's detections (the scenario's seeded detector noise) searched in the
-    map: (detections, best map crater per detection, its score)."""
+def map_matches(ds: Luna1Dataset, emb, omap, s) -> tuple[list, np.ndarray]:
+    """Every annotated frame's detections (the scenario's seeded detector noise) embedded, each as
+    the square centred on its box (not stretched to the network's input), and compared with every
+    map entry: (detections, similarities [detections, map entries] in the order of ``omap.ids``)."""
     from trn.sim import scenarios as sc
 
     frames = sc.navigation_frames(ds, s)
@@ -163,43 +176,104 @@ def map_matches(ds: Luna1Dataset, emb, omap, s) -> tuple[list, np.ndarray, np.nd
         raise DataError("map navigation needs annotated navigation frames; this dataset has none", ds.root)
     dets = sc.detect(ds, frames, s, np.random.default_rng([s.seed, 3]), sc.frame_shape(ds))
     flat = [d for fr in frames for d in dets[fr]]
-    crater_of = {int(k): int(lab) for k, lab in zip(omap.db.ids, omap.db.labels)}  # entry id -> crater id
-    best, score = np.zeros(len(flat), int), np.zeros(len(flat))
+    emb_map = omap.db.embeddings  # rows in the order of omap.ids (the map is written in that order)
+    sims = np.zeros((len(flat), len(omap.ids)), np.float32)
     for i in range(0, len(flat), 512):
-        e = emb(sc.crop_images(ds, flat[i:i + 512], emb.input_size)).global_
-        sims, ids = omap.db.search(e, 1)
-        best[i:i + len(e)] = [crater_of[int(k)] for k in ids[:, 0]]
-        score[i:i + len(e)] = sims[:, 0]
-    return flat, best, score
+        e = emb(sc.crop_images(ds, flat[i:i + 512], emb.input_size, square=True)).global_
+        sims[i:i + len(e)] = e @ emb_map.T
+    return flat, sims
 
 
-def matches_at(flat: list, best: np.ndarray, score: np.ndarray, threshold: float) -> dict[int, list[Match]]:
-    out: dict[int, list[Match]] = {}
-    for d, b, sc_ in zip(flat, best, score):
-        if sc_ >= threshold:
-            l, r, t, bt = d.box
-            out.setdefault(d.frame, []).append(Match(int(b), int(d.label), ((l + r) / 2.0, (t + bt) / 2.0), float(sc_)))
-    return out
+class SearchWindow:
+    """Matching in flight against the map's craters predicted to be near each detection, as flown
+    terrain-relative navigation does (the Lander Vision System and Natural Feature Tracking search
+    only where the navigation state predicts a landmark): each map crater is projected into the
+    frame from the filter's predicted position and the estimated attitude, and a detection is
+    compared only with the craters whose predicted pixel lies within ``n_sigma`` of the position
+    uncertainty (projected at the crater's range) plus the box's half size; the best of those at or
+    above ``threshold`` is its match. With a large covariance the window covers the whole visible
+    map. ``sims`` [detections, map craters]: the detections' similarities to every map entry."""
+
+    def __init__(self, flat: list, sims: np.ndarray, map_ids: list[int], map_positions: np.ndarray,
+                 cam: PinholeCamera, threshold: float, n_sigma: float = 3.0, pixel_sigma: float = 2.0):
+        self.flat, self.sims, self.threshold, self.n_sigma = flat, sims, threshold, n_sigma
+        self.ids = np.asarray(map_ids)
+        self.pos = np.asarray(map_positions, np.float64)
+        self.cam, self.pixel_sigma = cam, pixel_sigma
+        self.by_frame: dict[int, list[int]] = {}
+        for k, d in enumerate(flat):
+            self.by_frame.setdefault(d.frame, []).append(k)
+        self.candidates: list[int] = []  # window sizes, for the report
+
+    def __call__(self, frame: int, x: np.ndarray, p: np.ndarray, rot: np.ndarray) -> list[Match]:
+        dets = self.by_frame.get(frame)
+        if not dets:
+            return []
+        rel = self.pos - x
+        q = rel @ rot  # camera frame (x right, y down, z along the boresight)
+        facing = (rel * self.pos).sum(1) < 0.0  # the crater's side of the Moon faces the camera
+        ok = facing & (q[:, 2] > 1e-6)
+        fpx = self.cam.focal_px
+        cx, cy = self.cam.principal_point
+        z = np.where(ok, q[:, 2], 1.0)
+        u = fpx * q[:, 0] / z + cx
+        v = fpx * q[:, 1] / z + cy
+        sig_km = float(np.sqrt(max(np.linalg.eigvalsh(p).max(), 0.0)))
+        radius = self.n_sigma * (sig_km * fpx / z + self.pixel_sigma)
+        out = []
+        for k in dets:
+            d = self.flat[k]
+            l, r, t, b = d.box
+            px, py = (l + r) / 2.0, (t + b) / 2.0
+            near = ok & (np.hypot(u - px, v - py) <= radius + max(r - l, b - t) / 2.0)
+            self.candidates.append(int(near.sum()))
+            if not near.any():
+                continue
+            cand = np.flatnonzero(near)
+            j = cand[int(np.argmax(self.sims[k, cand]))]
+            if self.sims[k, j] >= self.threshold:
+                out.append(Match(int(self.ids[j]), int(d.label), (px, py), float(self.sims[k, j])))
+        return out
 
 
 def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None,
-                   thresholds: tuple[float, ...] = (0.8, 0.85, 0.9, 0.95)) -> dict:
+                   thresholds: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9, 0.95), n_sigma: float = 3.0) -> dict:
     """Navigation with TRN at ``s.threshold`` and at each of ``thresholds``, against dead
-    reckoning; recognition against the map beside it."""
+    reckoning: each detection matched within its search window (:class:`SearchWindow`).
+    Recognition against the whole map (no window) is reported beside it."""
     sensors = sensors or SensorModel()
-    flat, best, score = map_matches(ds, emb, omap, s)
+    if [str(c) for c in omap.ids] != [str(x) for x in omap.db.labels]:
+        raise DataError("the map's entries are not in the order of its crater list; rebuild the map")
+    flat, sims = map_matches(ds, emb, omap, s)
+    ids = np.asarray(omap.ids)
+    best = ids[sims.argmax(1)] if len(flat) else np.zeros(0, int)
+    score = sims.max(1) if len(flat) else np.zeros(0)
     truth = np.array([int(d.label) for d in flat])
-    in_map = np.isin(truth, np.array(omap.ids))
+    in_map = np.isin(truth, ids)
+    row = {c: k for k, c in enumerate(omap.ids)}
+    true_sim = np.array([sims[k, row[t]] if t in row else np.nan for k, t in enumerate(truth)])
+    rank = np.array([1 + int((sims[k] > true_sim[k]).sum()) if t in row else -1 for k, t in enumerate(truth)])
     pix = detector_pixel_sigma(s.shift_px, s.shrink_px, sensors.pixel_sigma)
+    cam = PinholeCamera(int(ds.metadata.camera["width"]), int(ds.metadata.camera["height"]),
+                        float(ds.metadata.camera["fov_deg"]))
+    positions = omap.positions(list(omap.ids))
     runs = {}
     for thr in sorted(set(thresholds) | {s.threshold}):
-        res = navigate(ds, matches_at(flat, best, score, thr), omap.positions, sensors, s.seed, pixel_sigma=pix)
+        window = SearchWindow(flat, sims, list(omap.ids), positions, cam, thr, n_sigma, pix)
+        res = navigate(ds, {}, omap.positions, sensors, s.seed, pixel_sigma=pix, matcher=window)
         m = score >= thr
-        rec = {"matched": int(m.sum()), "correct": int((m & (best == truth)).sum()),
-               "precision": float((best == truth)[m].mean()) if m.any() else float("nan"),
-               "recall": float((m & (best == truth))[in_map].mean()) if in_map.any() else float("nan")}
+        cnt = res.counts
+        rec = {"matched": int(cnt["matches"]), "correct": int(cnt["correct_matches"]),
+               "precision": cnt["correct_matches"] / cnt["matches"] if cnt["matches"] else float("nan"),
+               "window_median_candidates": float(np.median(window.candidates)) if window.candidates else float("nan"),
+               "whole_map": {"matched": int(m.sum()), "correct": int((m & (best == truth)).sum()),
+                             "precision": float((best == truth)[m].mean()) if m.any() else float("nan")}}
         runs[f"{thr:g}"] = {"recognition": rec, "navigation": res.summary(), "result": res}
+    ok = in_map & np.isfinite(true_sim)
     return {"detections": len(flat), "in_map": int(in_map.sum()), "top1_correct": int((best == truth).sum()),
+            "true_similarity_median": float(np.median(true_sim[ok])) if ok.any() else float("nan"),
+            "true_rank_median": float(np.median(rank[ok])) if ok.any() else float("nan"),
+            "map_size": len(omap.ids), "appearance": omap.info.get("appearance", "catalogue"),
             "pixel_sigma": pix, "sensors": sensors.to_dict(), "threshold": s.threshold, "runs": runs}
 
 

@@ -209,8 +209,12 @@ def detect(ds: Luna1Dataset, frames: list[int], s: ScenarioSettings, rng: np.ran
     return out
 
 
-def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int) -> np.ndarray:
-    """Preprocessed, augmented crops float32 [N, size, size] in detection order."""
+def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, square: bool = False) -> np.ndarray:
+    """Preprocessed, augmented crops float32 [N, size, size] in detection order: the boxes (the
+    protocol's crops), or with ``square`` the squares centred on them with their longer side
+    (:func:`trn.nav.appearance.square_crop`; the map queries)."""
+    from trn.nav.appearance import square_crop
+
     crops, cache = [], {}
     for d in dets:
         if d.frame not in cache:
@@ -221,7 +225,7 @@ def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int) -> np.ndarra
         if r > img.shape[1] or b > img.shape[0]:
             raise DataError(f"box {d.box} of crater {d.label} lies outside the {img.shape[1]}x{img.shape[0]} frame",
                             ds.frame_path(d.frame))
-        x = preprocess(img[t:b, l:r], size)
+        x = preprocess(square_crop(img, d.box) if square else img[t:b, l:r], size)
         m = float(x.mean())
         crops.append(np.clip(((x - m) * d.contrast + m) * d.brightness, 0.0, None))
     if not crops:

@@ -1,0 +1,142 @@
+"""Predicted landmark appearance: the Sun of the planned pass, the rim window, the square query
+crop, and a map built from renders under the predicted illumination."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trn.errors import DataError
+from trn.geometry import east_north_up, latlon_to_xyz
+from trn.nav.appearance import pass_illumination, rim_window, square_crop
+
+
+def test_pass_illumination_takes_the_sun_of_the_closest_pose():
+    lat, lon = np.array([10.0, -40.0]), np.array([20.0, 100.0])
+    east, north, up = east_north_up(lat, lon)
+    # pose 1 flies over crater 0, pose 2 over crater 1; pose 0 is far from both
+    pos = np.stack([latlon_to_xyz(np.array(70.0), np.array(-150.0), 1800.0),
+                    latlon_to_xyz(lat[0], lon[0], 1800.0), latlon_to_xyz(lat[1], lon[1], 1800.0)])
+    e30 = np.radians(30.0)
+    sun0 = np.cos(e30) * east[0] + np.sin(e30) * up[0]  # from the east, 30 degrees up, at crater 0
+    sun1 = -north[1] * np.cos(np.radians(60)) + up[1] * np.sin(np.radians(60))  # from the south, 60 up, at crater 1
+    sun = np.stack([north[0], sun0, sun1])
+    az, el, k = pass_illumination(lat, lon, pos, sun)
+    assert k.tolist() == [1, 2]
+    np.testing.assert_allclose(az, [90.0, 180.0], atol=1e-9)
+    np.testing.assert_allclose(el, [30.0, 60.0], atol=1e-9)
+    with pytest.raises(DataError, match="NaN"):
+        pass_illumination(lat, lon, np.full((3, 3), np.nan), sun)
+    with pytest.raises(DataError, match=r"\[N>0, 3\]"):
+        pass_illumination(lat, lon, pos[:, :2], sun)
+
+
+def test_rim_window_keeps_the_square_the_diameter_spans():
+    img = np.arange(100 * 100, dtype=np.uint8).reshape(100, 100)
+    w = rim_window(img, 30.0, 40.0)  # the crater spans 75 of the 100 pixels
+    assert w.shape == (75, 75) and w[0, 0] == img[12, 12]
+    with pytest.raises(DataError, match="diameter"):
+        rim_window(img, 50.0, 40.0)
+    with pytest.raises(DataError, match="square"):
+        rim_window(img[:, :50], 30.0, 40.0)
+
+
+def test_square_crop_is_centred_on_the_box_with_its_longer_side():
+    frame = np.arange(64 * 64, dtype=np.int64).reshape(64, 64)
+    c = square_crop(frame, (10, 30, 20, 26))  # 20 wide, 6 tall: a 20 x 20 square around the centre (20, 23)
+    assert c.shape == (20, 20)
+    np.testing.assert_array_equal(c, frame[13:33, 10:30])
+    edge = square_crop(frame, (0, 10, 0, 30))  # leaves the frame on the left: mirrored, still square
+    assert edge.shape == (30, 30)
+    np.testing.assert_array_equal(edge[:, 10:], frame[0:30, 0:20])
+    np.testing.assert_array_equal(edge[:, 9], frame[0:30, 1])  # reflection about column 0
+    with pytest.raises(DataError, match="empty"):
+        square_crop(frame, (5, 5, 0, 10))
+
+
+def test_a_predicted_appearance_map_renders_under_the_pass_sun(boxed_world, tmp_path):
+    """A small build of the procedural world: the predicted map renders each lit crater under its
+    pass's Sun from the source terrain and cuts it to the rim; a dark-pass crater keeps its
+    catalogue render; the map records its appearance and refuses to build without a source."""
+    from tests.data.test_build import cfg
+    from trn.data.annotate import AnnotateConfig
+    from trn.data.build import build_luna1
+    from trn.data.luna1 import Luna1Metadata, read_luna1
+    from trn.data.render import CraterView, RenderConfig, crater_window_km, render_crater
+    from trn.models.descriptor import create_model
+    from trn.nav.onboard_map import build_map, predicted_renders
+    from trn.sim.embedders import TorchEmbedder
+
+    build_luna1(cfg(boxed_world, tmp_path / "d", limit_frames=18, limit_craters=6,
+                    annotate=AnnotateConfig(min_box_px=2, min_sun_elevation_deg=0)))
+    ds = read_luna1(tmp_path / "d")
+    meta = Luna1Metadata.read(ds.root / "metadata.json")
+    ids = ds.crater_ids
+    got = dict(predicted_renders(ds, meta, ids, boxed_world, workers=1))
+    assert sorted(got) == sorted(ids)
+    rc = RenderConfig.from_dict({k: v for k, v in meta.renderer.items() if k != "annotate"})
+    lat = np.array([meta.craters[c]["lat"] for c in ids])
+    lon = np.array([meta.craters[c]["lon"] for c in ids])
+    sun = np.array([f["sun_dir_body"] for f in meta.frames])
+    az, el, _ = pass_illumination(lat, lon, ds.kitti[:, :, 3], sun)
+    assert (el >= 1.0).any()  # some craters are rendered, not copied
+    from dataclasses import replace
+
+    from trn.data.render import Surface
+    from trn.data.terrain import load_albedo, load_elevation
+
+    surface = Surface(load_elevation(boxed_world), load_albedo(boxed_world, rc.albedo_strength),
+                      replace(rc.detail, seed=meta.source["seed"]))
+    for i, c in enumerate(ids):
+        d = meta.craters[c]["diameter_km"]
+        if el[i] >= 1.0:
+            want = render_crater(surface, lat[i], lon[i], d, rc, CraterView(light_azimuth_deg=az[i],
+                                                                             light_elevation_deg=min(el[i], 90.0)))
+        else:
+            want = ds.load_crater(c)
+        np.testing.assert_array_equal(got[c], rim_window(want, d, crater_window_km(d, rc)))
+    emb = TorchEmbedder(create_model("flight", input_size=48).eval(), "tiny")
+    m = build_map(ds, emb, tmp_path / "map", boxed_world, appearance="predicted", workers=1)
+    assert m.info["appearance"] == "predicted" and sorted(m.ids) == sorted(ids)
+    with pytest.raises(DataError, match="terrain source"):
+        build_map(ds, emb, tmp_path / "map2", None, appearance="predicted")
+    with pytest.raises(DataError, match="appearance"):
+        build_map(ds, emb, tmp_path / "map3", boxed_world, appearance="sketched")
+
+
+def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path, capsys):
+    """End to end through the commands: trn-sim map build --appearance predicted, then the
+    map_navigation scenario on that map, whose report has the search window's and the whole map's
+    recognition and the navigation figures for every threshold."""
+    import json
+
+    from tests.data.test_build import cfg
+    from tests.export.test_onnx import trained_looking
+    from trn.cli import sim as sim_cli
+    from trn.data.annotate import AnnotateConfig
+    from trn.data.build import build_luna1
+    from trn.train.checkpoint import CHECKPOINT_FORMAT, save_checked
+
+    build_luna1(cfg(boxed_world, tmp_path / "d", limit_frames=18, limit_craters=6,
+                    annotate=AnnotateConfig(min_box_px=2, min_sun_elevation_deg=0)))
+    m = trained_looking("conv2d", "se", seed=2)
+    (tmp_path / "run").mkdir()
+    save_checked({"format": CHECKPOINT_FORMAT, "version": 1, "model_config": m.cfg.to_dict(), "model": m.state_dict()},
+                 tmp_path / "run" / "weights.pt")
+    assert sim_cli.main(["map", "build", "--data", str(tmp_path / "d"), "--model", str(tmp_path / "run"), "--out",
+                         str(tmp_path / "map"), "--source", str(boxed_world), "--appearance", "predicted",
+                         "--threads", "1"]) == 0
+    assert "predicted appearance" in capsys.readouterr().out
+    assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--scenario", "map_navigation", "--map",
+                         str(tmp_path / "map"), "--model", str(tmp_path / "run"), "--threads", "1", "--no-progress",
+                         "--out", str(tmp_path / "r")]) == 0
+    doc = json.loads((tmp_path / "r" / "map_navigation.json").read_text())
+    rep = next(iter(doc.values()))
+    assert rep["appearance"] == "predicted" and rep["detections"] > 0
+    for r in rep["runs"].values():
+        g, n = r["recognition"], r["navigation"]
+        assert g["matched"] <= rep["detections"] and g["correct"] <= g["matched"] and n["frames"] == 18
+        assert "trn_day_after_first_fix" in n
+    assert sim_cli.main(["map", "build", "--data", str(tmp_path / "d"), "--model", str(tmp_path / "run"), "--out",
+                         str(tmp_path / "map2"), "--appearance", "predicted", "--threads", "1"]) == 2
+    assert "terrain source" in capsys.readouterr().err
