@@ -213,6 +213,10 @@ def eltwise_chain(size: int = 24, channels: int = 64, ops: int = 400, seed: int 
 
 MICRO: dict[str, tuple[Callable[[], Graph], str]] = {
     "eltwise_chain": (eltwise_chain, "400 element-wise MUL/ADD on [1, 24, 24, 64] (CPU calibration micro-graph)"),
+    # the reference architectures at the flight models' input size: small graphs, where the fixed
+    # cost per inference and per operator shows (CPU calibration, no published figure)
+    "mobilenet_v1_96": (lambda: mobilenet_v1(96), "MobileNet v1 1.0 at 96 px (CPU calibration)"),
+    "resnet50_96": (lambda: resnet50(96), "ResNet-50 v1 at 96 px (CPU calibration)"),
 }
 
 ZOO: dict[str, tuple[Callable[[], Graph], str]] = {
