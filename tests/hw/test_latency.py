@@ -115,7 +115,7 @@ def test_cpu_fallback_after_an_unmapped_operator(tmp_path):
 def test_cpu_only_profile_and_frame_time(tmp_path):
     prof = _profile(tmp_path, accelerated=False)
     pr = predict(_one_conv(tmp_path), prof, embed_dim=4, precision="fp32")
-    macs = 8 * 8 * 16 * 9 * 4
+    macs = 8 * 8 * 16 * 9 * 4  # fp32: counted as written (int8 kernels pad the depth to 8)
     assert set(pr.parts) == {"invoke", "host_ops", "host_head"}
     assert pr.parts["host_ops"] == pytest.approx(2 * macs / 1e9 * 1e3 + (256 + 1024) / 1000e9 * 1e3 + 100e-3)
     fr = pr.frame_ms(landmarks=3, db_size=1000)
@@ -201,3 +201,21 @@ def test_reference_networks_match_published_sizes(tmp_path):
     assert f1.mapped_macs == pytest.approx(569e6, rel=0.01) and f2.mapped_macs == pytest.approx(300e6, rel=0.01)
     assert f1.param_bytes == pytest.approx(4.2e6, rel=0.03)
     assert f2.param_bytes == pytest.approx(3.5e6, rel=0.03)
+
+
+def test_cpu_macs_pad_a_convolution_input_depth_to_the_kernel_tile(tmp_path):
+    """A 7x7 convolution over 1 input channel costs a CPU what one over 8 does (measured: XNNPACK
+    pads the depth); the accelerator's and the arithmetic MAC counts stay unpadded."""
+    from trn.hw.latency import CPU_CHANNEL_TILE, graph_costs
+
+    paths = {}
+    for cin in (1, 8, 9):
+        b = Builder(16, cin, seed=0)
+        paths[cin] = write_tflite(b.finish(b.conv(b.input, 4, 7, act="NONE")), tmp_path / f"c{cin}.tflite",
+                                  quantized=True)
+    f = {c: features(read_tflite(p), accelerated=False) for c, p in paths.items()}
+    per_channel = 16 * 16 * 4 * 49
+    assert CPU_CHANNEL_TILE == 8
+    assert f[1].host_macs == f[8].host_macs == 8 * per_channel and f[9].host_macs == 16 * per_channel
+    assert graph_costs(read_tflite(paths[1]), accelerated=False)[0].macs == per_channel
+    assert features(read_tflite(paths[1])).mapped_macs == per_channel
