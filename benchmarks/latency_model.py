@@ -203,6 +203,7 @@ def main() -> None:
         calib = ("mobilenet_v1", "mobilenet_v2", "resnet50", "eltwise_chain", "mobilenet_v1_96", "resnet50_96")
         graphs = [(n, zoo.build(n, args.zoo), False) for n in calib]
         graphs += [(f"{p.parent.name}/{p.name}", p, True) for p in args.models]
+        feats_cpu = {name: features(read_tflite(path), accelerated=False) for name, path, _ in graphs}
         for threads in args.threads:
             for name, path, head in graphs:
                 # the interpreter alone, like the calibration graphs: the prediction is the backbone's
@@ -212,13 +213,12 @@ def main() -> None:
                                                                            args.n)
             obs = []
             for name, path, head in graphs[:len(calib)]:
-                f = features(read_tflite(path), accelerated=False)
+                f = feats_cpu[name]
                 obs.append((f.host_macs, f.host_act_bytes, f.host_ops, measured[str(threads)][name]["p50"]))
             cpu = fit_cpu(obs)
             measured[str(threads)]["fit"] = cpu
             for name, path, head in graphs:
-                f = features(read_tflite(path), accelerated=False)
-                pred = cpu_prediction(cpu, f)
+                pred = cpu_prediction(cpu, feats_cpu[name])
                 m = measured[str(threads)][name]
                 m["predicted_ms"] = pred
                 role = "calibration" if not head else "validation"

@@ -62,7 +62,8 @@ def test_a_predicted_appearance_map_renders_under_the_pass_sun(boxed_world, tmp_
     from trn.data.annotate import AnnotateConfig
     from trn.data.build import build_luna1
     from trn.data.luna1 import Luna1Metadata, read_luna1
-    from trn.data.render import CraterView, RenderConfig, crater_window_km, render_crater
+    from trn.data.build import built_render_config, built_surface
+    from trn.data.render import CraterView, crater_window_km, render_crater
     from trn.models.descriptor import create_model
     from trn.nav.onboard_map import build_map, predicted_renders
     from trn.sim.embedders import TorchEmbedder
@@ -74,19 +75,16 @@ def test_a_predicted_appearance_map_renders_under_the_pass_sun(boxed_world, tmp_
     ids = ds.crater_ids
     got = dict(predicted_renders(ds, meta, ids, boxed_world, workers=1))
     assert sorted(got) == sorted(ids)
-    rc = RenderConfig.from_dict({k: v for k, v in meta.renderer.items() if k != "annotate"})
+    rc = built_render_config(meta)
     lat = np.array([meta.craters[c]["lat"] for c in ids])
     lon = np.array([meta.craters[c]["lon"] for c in ids])
     sun = np.array([f["sun_dir_body"] for f in meta.frames])
     az, el, _ = pass_illumination(lat, lon, ds.kitti[:, :, 3], sun)
     assert (el >= 1.0).any()  # some craters are rendered, not copied
-    from dataclasses import replace
-
-    from trn.data.render import Surface
-    from trn.data.terrain import load_albedo, load_elevation
-
-    surface = Surface(load_elevation(boxed_world), load_albedo(boxed_world, rc.albedo_strength),
-                      replace(rc.detail, seed=meta.source["seed"]))
+    surface = built_surface(meta, boxed_world)
+    for i, c in enumerate(ids):  # the surface is the build's: its default renders are the dataset's bytes
+        np.testing.assert_array_equal(render_crater(surface, lat[i], lon[i], meta.craters[c]["diameter_km"], rc),
+                                      ds.load_crater(c))
     for i, c in enumerate(ids):
         d = meta.craters[c]["diameter_km"]
         if el[i] >= 1.0:

@@ -29,7 +29,7 @@ from trn.data.ephemeris import sun_direction_body
 from trn.data.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION, split_ids
 from trn.data.render import RENDERER_VERSION, CraterView, RenderConfig, Surface, render_crater, render_frame
 from trn.data.sources import Catalogue, Trajectory, find_catalogue, read_catalogue, read_trajectory
-from trn.data.terrain import Albedo, DetailConfig, load_albedo, load_elevation
+from trn.data.terrain import Albedo, load_albedo, load_elevation
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, xyz_to_latlon
 
@@ -156,10 +156,29 @@ class BuildSummary:
 _STATE: dict = {}
 
 
+def surface_of(source: str | Path, render: RenderConfig, seed: int, use_albedo: bool = True,
+               max_dem_ppd: int | None = None) -> Surface:
+    """The surface a build renders from: the source's elevation and albedo, detail seeded by ``seed``."""
+    elevation = load_elevation(Path(source), max_dem_ppd)
+    albedo = load_albedo(Path(source), render.albedo_strength) if use_albedo else Albedo.uniform()
+    return Surface(elevation, albedo, replace(render.detail, seed=seed))
+
+
 def _load_surface(cfg: "BuildConfig") -> Surface:
-    elevation = load_elevation(Path(cfg.source), cfg.max_dem_ppd)
-    albedo = load_albedo(Path(cfg.source), cfg.render.albedo_strength) if cfg.use_albedo else Albedo.uniform()
-    return Surface(elevation, albedo, _seeded(cfg))
+    return surface_of(cfg.source, cfg.render, cfg.seed, cfg.use_albedo, cfg.max_dem_ppd)
+
+
+def built_render_config(meta: luna1.Luna1Metadata) -> RenderConfig:
+    """The renderer settings a dataset was built with, from its metadata.json."""
+    return RenderConfig.from_dict({k: v for k, v in meta.renderer.items() if k != "annotate"})
+
+
+def built_surface(meta: luna1.Luna1Metadata, source: str | Path) -> Surface:
+    """The surface a dataset's images were rendered from (``source``: its terrain directory), with
+    the build's detail seed, albedo and DEM settings: a render made on it matches the build's."""
+    src = meta.source if isinstance(meta.source, dict) else {}
+    return surface_of(source, built_render_config(meta), int(src.get("seed", 0)), bool(src.get("use_albedo", True)),
+                      src.get("max_dem_ppd"))
 
 
 def _init_worker(cfg: "BuildConfig", trajectory: "Trajectory", sun: np.ndarray) -> None:
@@ -361,10 +380,6 @@ def _view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, index: di
     luna1.atomic_write_text(man, json.dumps(doc, indent=1) + "\n")
     return [(c, k, float(cat.lat[index[c]]), float(cat.lon[index[c]]), float(cat.diameter_km[index[c]]))
             for c in sorted(order) for k in range(cfg.views) if not (vdir / f"{c}_{k}.png").is_file()]
-
-
-def _seeded(cfg: BuildConfig) -> DetailConfig:
-    return replace(cfg.render.detail, seed=cfg.seed)
 
 
 def _metadata(cfg: BuildConfig, cat: Catalogue, cat_path: Path, order: list[int], traj: Trajectory,

@@ -15,7 +15,7 @@ the reference sphere (then the fix must allow a few km of height error: ``landma
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -84,16 +84,13 @@ APPEARANCES = ("catalogue", "predicted")
 _RENDER: dict = {}
 
 
-def _init_render(source: str, renderer: dict, seed: int) -> None:
+def _init_render(meta: Luna1Metadata, source: str) -> None:
     import cv2
 
-    from trn.data.render import RenderConfig, Surface
-    from trn.data.terrain import load_albedo, load_elevation
+    from trn.data.build import built_render_config, built_surface
 
     cv2.setNumThreads(1)
-    cfg = RenderConfig.from_dict({k: v for k, v in renderer.items() if k != "annotate"})
-    _RENDER.update(cfg=cfg, surface=Surface(load_elevation(Path(source)), load_albedo(Path(source), cfg.albedo_strength),
-                                             replace(cfg.detail, seed=seed)))
+    _RENDER["cfg"], _RENDER["surface"] = built_render_config(meta), built_surface(meta, source)
 
 
 def _render_predicted(task: tuple[int, float, float, float, float, float]) -> tuple[int, np.ndarray]:
@@ -107,37 +104,36 @@ def _render_predicted(task: tuple[int, float, float, float, float, float]) -> tu
 
 
 def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], source: Path, workers: int = 2):
-    """Yield (crater id, image) for every crater of ``ids``: rendered from ``source`` under the Sun
-    of the planned trajectory's closest pass (:func:`trn.nav.appearance.pass_illumination`), cut
-    to the rim's window. A crater whose pass is in the dark (Sun below 1 degree) is never seen
-    lit on this trajectory; it keeps its catalogue render, cut the same way."""
+    """Yield (crater id, image) for every crater of ``ids``: rendered from ``source`` with the
+    dataset's own renderer settings under the Sun of the planned trajectory's closest pass
+    (:func:`trn.nav.appearance.pass_illumination`), cut to the rim's window. A crater whose pass
+    is in the dark (Sun below 1 degree) is never seen lit on this trajectory; it keeps its
+    catalogue render, cut the same way."""
     import multiprocessing as mp
 
-    from trn.data.render import RenderConfig, crater_window_km
+    from trn.data.build import built_render_config
+    from trn.data.render import crater_window_km
     from trn.nav.appearance import pass_illumination, rim_window
 
     if ds.kitti is None or len(meta.frames) != len(ds.kitti):
         raise DataError("a predicted-appearance map needs the planned trajectory: poses and metadata.json frames "
                         "(epochs, Sun directions) for every pose; rebuild the dataset with trn-data build", ds.root)
-    renderer = dict(meta.renderer)
-    seed = int(meta.source.get("seed", 0)) if isinstance(meta.source, dict) else 0
     lat = np.array([meta.craters[c]["lat"] for c in ids], np.float64)
     lon = np.array([meta.craters[c]["lon"] for c in ids], np.float64)
     dia = np.array([meta.craters[c]["diameter_km"] for c in ids], np.float64)
     sun = np.array([f["sun_dir_body"] for f in meta.frames], np.float64)
     az, el, _ = pass_illumination(lat, lon, ds.kitti[:, :, 3], sun)
-    cfg = RenderConfig.from_dict({k: v for k, v in renderer.items() if k != "annotate"})
+    window = built_render_config(meta)
     lit = [(c, float(a), float(b), float(d), float(z), float(min(e, 90.0)))
            for c, a, b, d, z, e in zip(ids, lat, lon, dia, az, el) if e >= 1.0]
-    dark = {c: float(d) for c, d, e in zip(ids, dia, el) if e < 1.0}
-    for c, d in dark.items():
-        yield c, rim_window(ds.load_crater(c), d, crater_window_km(d, cfg))
+    for c, d, e in zip(ids, dia, el):
+        if e < 1.0:
+            yield c, rim_window(ds.load_crater(c), float(d), crater_window_km(float(d), window))
     if workers <= 1:
-        _init_render(str(source), renderer, seed)
-        for t in lit:
-            yield _render_predicted(t)
+        _init_render(meta, str(source))
+        yield from map(_render_predicted, lit)
         return
-    with mp.get_context("spawn").Pool(workers, initializer=_init_render, initargs=(str(source), renderer, seed)) as pool:
+    with mp.get_context("spawn").Pool(workers, initializer=_init_render, initargs=(meta, str(source))) as pool:
         yield from pool.imap(_render_predicted, lit, chunksize=8)
 
 

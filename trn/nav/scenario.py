@@ -176,7 +176,7 @@ def map_matches(ds: Luna1Dataset, emb, omap, s) -> tuple[list, np.ndarray]:
         raise DataError("map navigation needs annotated navigation frames; this dataset has none", ds.root)
     dets = sc.detect(ds, frames, s, np.random.default_rng([s.seed, 3]), sc.frame_shape(ds))
     flat = [d for fr in frames for d in dets[fr]]
-    emb_map = omap.db.embeddings  # rows in the order of omap.ids (the map is written in that order)
+    emb_map = omap.db.embeddings  # rows in the order of omap.ids (OnboardMap.load checks it)
     sims = np.zeros((len(flat), len(omap.ids)), np.float32)
     for i in range(0, len(flat), 512):
         e = emb(sc.crop_images(ds, flat[i:i + 512], emb.input_size, square=True)).global_
@@ -242,8 +242,6 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     reckoning: each detection matched within its search window (:class:`SearchWindow`).
     Recognition against the whole map (no window) is reported beside it."""
     sensors = sensors or SensorModel()
-    if [str(c) for c in omap.ids] != [str(x) for x in omap.db.labels]:
-        raise DataError("the map's entries are not in the order of its crater list; rebuild the map")
     flat, sims = map_matches(ds, emb, omap, s)
     ids = np.asarray(omap.ids)
     best = ids[sims.argmax(1)] if len(flat) else np.zeros(0, int)

@@ -32,6 +32,7 @@ from trn.data.landmarks import LandmarkSet
 from trn.data.luna1 import Box, Luna1Dataset, read_gray
 from trn.db.database import DBConfig, Decision, LandmarkDB
 from trn.errors import ConfigError, DataError
+from trn.nav.appearance import square_crop
 from trn.sim.embedders import Embedder, Embeddings
 from trn.sim.gallery import Pick, pick_ranked, pick_stream, thumbnails
 from trn.sim.timing import timeable
@@ -213,8 +214,6 @@ def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, square: bool
     """Preprocessed, augmented crops float32 [N, size, size] in detection order: the boxes (the
     protocol's crops), or with ``square`` the squares centred on them with their longer side
     (:func:`trn.nav.appearance.square_crop`; the map queries)."""
-    from trn.nav.appearance import square_crop
-
     crops, cache = [], {}
     for d in dets:
         if d.frame not in cache:
