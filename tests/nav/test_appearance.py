@@ -8,7 +8,8 @@ import pytest
 
 from trn.errors import DataError
 from trn.geometry import east_north_up, latlon_to_xyz
-from trn.nav.appearance import pass_illumination, rim_window, square_crop
+from trn.data.crops import square_crop
+from trn.nav.appearance import pass_illumination, rim_window
 
 
 def test_pass_illumination_takes_the_sun_of_the_closest_pose():

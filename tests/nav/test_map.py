@@ -12,7 +12,7 @@ from trn.errors import DataError, TrnError
 from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz
 from trn.nav.onboard_map import DB_FILE, MAP_FILE, OnboardMap, build_map
 from trn.sim.embedders import TorchEmbedder
-from trn.train.data import preprocess
+from trn.data.crops import preprocess
 
 
 def _dataset(tmp_path):

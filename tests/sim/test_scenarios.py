@@ -217,3 +217,27 @@ def test_run_writes_a_report(tmp_path):
     from trn.sim.report import Report
 
     assert json.loads(json.dumps(Report.from_json(doc).to_json())) == doc  # report.json alone re-renders the report
+
+
+def test_uninformative_crops_are_declined_never_matched(tmp_path):
+    # frames 0..3: crater 0, then 0 again (its frame blacked out: the night side), 1, and 0 in a
+    # saturated frame; both broken crops are declined, counted and listed, never matched
+    ds = write_dataset(tmp_path / "d", [[0], [0], [1], [0]])
+    cv2.imwrite(str(tmp_path / "d" / luna1.NAV_IMAGES / "1.png"), np.zeros((100, 300), np.uint8))
+    cv2.imwrite(str(tmp_path / "d" / luna1.NAV_IMAGES / "3.png"), np.full((100, 300), 255, np.uint8))
+    r = sc.moon_navigation(ds, Oracle(), quiet())
+    assert (r.correct, r.incorrect, r.missed, r.queries) == (0, 0, 0, 2)
+    assert r.extra["declined"]["count"] == 2 and r.extra["declined"]["by_reason"] == {"black": 1, "saturated": 1}
+    assert [e["frame"] for e in r.extra["declined"]["examples"]] == [1, 3]
+    # without declining, the black crop reaches the database (the paper's protocol)
+    r = sc.moon_navigation(ds, Oracle(), quiet(decline=False))
+    assert r.queries == 4
+    # Lost-in-Space: a query frame whose only crop is declined is not counted as recognised; an
+    # orbit left with no frame is not scored, and the mean is over the other
+    r = sc.lost_in_space(ds, Oracle(), quiet(orbits=((0, 0), (1, 2), (3, 3))))
+    assert [o["frames"] for o in r.extra["per_orbit"]] == [1, 0]
+    assert np.isnan(r.extra["per_orbit"][1]["accuracy"]) and r.ra == 100.0
+    s = quiet(orbits=((0, 0), (1, 2), (2, 3)))
+    r = sc.lost_in_space(ds, Oracle(), s)
+    assert r.extra["frames_all_declined"] == 2 and r.extra["declined"]["count"] == 2
+    assert [o["frames"] for o in r.extra["per_orbit"]] == [1, 1]

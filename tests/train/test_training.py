@@ -165,3 +165,91 @@ def test_union_training_set_keeps_every_test_half_out(tmp_path):
         doc["data"]["also"] = bad
         with pytest.raises(ConfigError, match="data.also"):
             from_dict(doc)
+
+
+def tiny_luna1_with_frame_views(root: Path, n: int = 24, k: int = 3, test_too: bool = False) -> Path:
+    """A Luna-1 layout of ``n`` craters (tiny_folder's patterns) with ``k`` frame views of every
+    training and validation crater: each pattern shifted, scaled and darkened, as a frame crop is."""
+    from trn.data.landmarks import split_ids
+
+    tiny_folder(root / "crater_images", n=n)
+    for p in (root / "crater_images").glob("lm*.png"):
+        p.rename(p.with_name(f"{int(p.stem[2:]) + 1}.png"))
+    ids = [str(i) for i in range(1, n + 1)]
+    split = split_ids(ids, set(), 0.25, 0.25, 0)
+    (root / "frame_views").mkdir()
+    rng = np.random.default_rng(5)
+    for cid in ids if test_too else split.train + split.val:
+        img = cv2.imread(str(root / "crater_images" / f"{cid}.png"), cv2.IMREAD_GRAYSCALE).astype(np.float32)
+        for v in range(k):
+            m = np.float32([[rng.uniform(0.85, 1.1), 0, rng.uniform(-3, 3)], [0, rng.uniform(0.85, 1.1), rng.uniform(-3, 3)]])
+            warped = cv2.warpAffine(img, m, (40, 44), borderMode=cv2.BORDER_REFLECT) * rng.uniform(0.6, 1.0)
+            cv2.imwrite(str(root / "frame_views" / f"{cid}_{v}.png"), np.clip(warped, 0, 255).astype(np.uint8))
+    return root
+
+
+def test_frame_view_pairs_follow_the_mix():
+    from trn.data.landmarks import LandmarkItem, LandmarkSet
+    from trn.train.data import ImageBank, pair_rows
+
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        root = tiny_luna1_with_frame_views(Path(d) / "l", n=8, k=3, test_too=True)
+        from trn.data.landmarks import read_luna1_landmarks
+
+        ls = read_luna1_landmarks(root, frame_views=True)
+        assert [it.view for it in ls.items if it.instance == "1"] == ["render", "frame0", "frame1", "frame2"]
+        bank = ImageBank(ls, ls.instances, 32)
+        g = torch.Generator().manual_seed(0)
+        ids = list(range(8))
+        a, b = pair_rows(bank, ids, (1, 0, 0), g)
+        assert all(x == y == bank.views[i][0] for i, x, y in zip(ids, a, b))
+        a, b = pair_rows(bank, ids, (0, 1, 0), g)
+        assert all(x == bank.views[i][0] and y in bank.frames[i] for i, x, y in zip(ids, a, b))
+        a, b = pair_rows(bank, ids, (0, 0, 1), g)
+        assert all(x in bank.frames[i] and y in bank.frames[i] and x != y for i, x, y in zip(ids, a, b))
+        # an identity without frame views gets a render pair whatever the mix
+        only = LandmarkSet("x", tuple(it for it in ls.items if it.instance != "2" or it.view == "render"))
+        bank2 = ImageBank(only, only.instances, 32)
+        k2 = only.instances.index("2")
+        a, b = pair_rows(bank2, [k2], (0, 0, 1), g)
+        assert a == b == [bank2.views[k2][0]]
+
+
+def test_training_with_frame_views_validates_on_them_and_starts_from_weights(tmp_path):
+    root = tiny_luna1_with_frame_views(tmp_path / "l", n=24, k=3)
+    doc = base_doc(root)
+    doc["data"] = {"kind": "luna1", "path": str(root), "test_fraction": 0.25, "val_fraction": 0.25,
+                   "frame_views": True}
+    doc.update(epochs=2, pair_mix=[0.2, 0.4, 0.4], select="both")
+    state = train(from_dict(doc), tmp_path / "a")
+    rec = state.history[-1]
+    for key in ("val_frame_auc", "val_frame_same_at_threshold", "val_frame_different_p999", "val_frame_ra",
+                "val_frame_render_top1"):
+        assert key in rec and np.isfinite(rec[key])
+    assert 0.0 <= rec["val_frame_auc"] <= 1.0 and 0.0 <= rec["val_frame_ra"] <= 100.0
+    # a run that starts from those weights starts where they are
+    doc2 = dict(doc, init=str(tmp_path / "a" / "weights.pt"), epochs=1, lr=1e-9, loss_lr=1e-9, pair_mix=[1, 0, 0])
+    first = load_descriptor(tmp_path / "a" / "weights.pt")
+    train(from_dict(doc2), tmp_path / "b")
+    after = load_descriptor(tmp_path / "b" / "weights.pt")
+    w0, w1 = dict(first.named_parameters()), dict(after.named_parameters())  # BN running statistics still move
+    assert max(float((w0[k] - w1[k]).abs().max()) for k in w0) < 1e-4
+    bad = dict(doc2, model=dict(doc["model"], embed_dim=16))
+    with pytest.raises(ConfigError, match="architecture differs"):
+        train(from_dict(bad), tmp_path / "c")
+    with pytest.raises(ConfigError, match="select"):
+        from_dict(dict(doc, data=dict(doc["data"], frame_views=False)))
+    with pytest.raises(ConfigError, match="pair_mix"):
+        from_dict(dict(doc, pair_mix=[0, 0, 0]))
+
+
+def test_frame_views_of_test_craters_are_refused(tmp_path):
+    from trn.errors import DataError
+    from trn.train.config import DataConfig
+    from trn.train.data import training_set
+
+    root = tiny_luna1_with_frame_views(tmp_path / "l", n=12, k=2, test_too=True)
+    with pytest.raises(DataError, match="test-half"):
+        training_set(DataConfig(kind="luna1", path=str(root), test_fraction=0.25, val_fraction=0.25, frame_views=True))

@@ -47,6 +47,11 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--views", type=int_at_least(0), default=0, metavar="K",
                    help="K extra renders of every crater under other Sun azimuths and elevations, scales and small "
                         "off-nadir tilts (crater_views/, for training; can be added to a finished build)")
+    p.add_argument("--frame-views", type=int_at_least(0), default=0, metavar="K",
+                   help="K frame-domain views of every training and validation crater: the navigation camera's "
+                        "perspective and photometry at 30-200 km, the crater anywhere in the field of view, the Sun "
+                        "drawn over it, cut by the annotation rule's box with detector noise (frame_views/, for "
+                        "training; can be added to a finished build)")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -118,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
             cfg = BuildConfig(source=args.source, out=args.out, catalogue=args.catalogue, limit_frames=args.limit_frames,
                               first_frame=args.first_frame, limit_craters=args.limit_craters, workers=args.workers, seed=args.seed,
                               max_dem_ppd=args.max_dem_ppd, render=render, annotate=annotate,
-                              render_frames=not args.no_frames, views=args.views, parts=args.parts)
+                              render_frames=not args.no_frames, views=args.views, parts=args.parts,
+                              frame_views=args.frame_views)
             _print_summary(build_luna1(cfg))
             return 0
         from trn.data.synth import SynthConfig, build_synthetic_luna1
@@ -127,7 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = build_synthetic_luna1(scfg, args.out, world_dir=args.world_dir, limit_frames=args.limit_frames,
                                         limit_craters=args.limit_craters, workers=args.workers, render=render,
                                         annotate=annotate, parts=args.parts, render_frames=not args.no_frames,
-                                        views=args.views)
+                                        views=args.views, frame_views=args.frame_views)
         _print_summary(summary)
         return 0
 

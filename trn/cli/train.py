@@ -46,12 +46,15 @@ def main(argv: list[str] | None = None) -> int:
         state = train(cfg, args.out, resume=args.resume, stop_after=args.stop_after)
         from trn.train.loop import selected_epoch
 
-        sel = selected_epoch(state.history)
+        sel = selected_epoch(state.history, cfg.select)
         if sel is None:
             print(f"trained {state.epoch} epochs; no epoch was validated; run in {args.out}")
         else:
             hard = sel.get("val_recall_at_1_distractors")
             extra = f", {100 * hard:.2f}% with distractors" if hard is not None else ""
+            if "val_frame_ra" in sel:
+                extra += (f"; validation frame views: match-or-insert RA {sel['val_frame_ra']:.2f}, "
+                          f"AUC {sel['val_frame_auc']:.4f}")
             print(f"trained {state.epoch} epochs; selected epoch {sel['epoch']}: validation Recall@1 "
                   f"{100 * sel['val_recall_at_1']:.2f}%{extra}; run in {args.out}")
         return 0

@@ -66,27 +66,39 @@ def annotate_frame(cat: Catalogue, rotation: np.ndarray, position_km: np.ndarray
                       & (y > -margin) & (y < camera.height + margin))[0]
     boxes: list[Box] = []
     for k in near:
-        lat, lon, dia = float(cat.lat[k]), float(cat.lon[k]), float(cat.diameter_km[k])
-        up = up_all[k]
-        centre = up * (MOON_RADIUS_KM + float(height(np.array([lat]), np.array([lon]))[0]))
-        if (pos - centre) @ up <= 0:
-            continue  # behind the limb
-        if sun_dir is not None and np.degrees(np.arcsin(np.clip(up @ sun_dir, -1, 1))) < cfg.min_sun_elevation_deg:
-            continue
-        cx, cy, cz = camera.project(world_to_camera(centre, rotation, pos))
-        if cz <= 0 or not (0 <= cx < camera.width and 0 <= cy < camera.height):
-            continue
-        rim = rim_points(lat, lon, dia, cfg.rim_points)
-        rlat, rlon, _ = xyz_to_latlon(rim)
-        rim_xyz = rim * (MOON_RADIUS_KM + height(rlat, rlon))[:, None]
-        x, y, z = camera.project(world_to_camera(rim_xyz, rotation, pos))
-        if (z <= 0).any():
-            continue
-        l = int(np.clip(np.floor(x.min()), 0, camera.width))
-        r = int(np.clip(np.ceil(x.max()), 0, camera.width))
-        t = int(np.clip(np.floor(y.min()), 0, camera.height))
-        b = int(np.clip(np.ceil(y.max()), 0, camera.height))
-        if min(r - l, b - t) < cfg.min_box_px:
-            continue
-        boxes.append(Box(int(cat.ids[k]), l, r, t, b))
+        box = crater_box(float(cat.lat[k]), float(cat.lon[k]), float(cat.diameter_km[k]), rotation, pos, camera, height,
+                         sun_dir, cfg, up=up_all[k])
+        if box is not None:
+            boxes.append(Box(int(cat.ids[k]), *box))
     return sorted(boxes, key=lambda bx: bx.id)
+
+
+def crater_box(lat: float, lon: float, diameter_km: float, rotation: np.ndarray, position_km: np.ndarray,
+               camera: PinholeCamera, height: HeightFn, sun_dir: np.ndarray | None,
+               cfg: AnnotateConfig, up: np.ndarray | None = None) -> tuple[int, int, int, int] | None:
+    """The annotation rule for one crater: its box (l, r, t, b) in the frame, or None when it
+    gets none (see :func:`annotate_frame`). Frames and frame-domain training views both use it.
+    ``up``: the centre's unit vector when the caller has it."""
+    pos = np.asarray(position_km, dtype=np.float64)
+    up = latlon_to_xyz(lat, lon, 1.0) if up is None else up
+    centre = up * (MOON_RADIUS_KM + float(height(np.array([lat]), np.array([lon]))[0]))
+    if (pos - centre) @ up <= 0:
+        return None  # behind the limb
+    if sun_dir is not None and np.degrees(np.arcsin(np.clip(up @ sun_dir, -1, 1))) < cfg.min_sun_elevation_deg:
+        return None
+    cx, cy, cz = camera.project(world_to_camera(centre, rotation, pos))
+    if cz <= 0 or not (0 <= cx < camera.width and 0 <= cy < camera.height):
+        return None
+    rim = rim_points(lat, lon, diameter_km, cfg.rim_points)
+    rlat, rlon, _ = xyz_to_latlon(rim)
+    rim_xyz = rim * (MOON_RADIUS_KM + height(rlat, rlon))[:, None]
+    x, y, z = camera.project(world_to_camera(rim_xyz, rotation, pos))
+    if (z <= 0).any():
+        return None
+    l = int(np.clip(np.floor(x.min()), 0, camera.width))
+    r = int(np.clip(np.ceil(x.max()), 0, camera.width))
+    t = int(np.clip(np.floor(y.min()), 0, camera.height))
+    b = int(np.clip(np.ceil(y.max()), 0, camera.height))
+    if min(r - l, b - t) < cfg.min_box_px:
+        return None
+    return l, r, t, b

@@ -26,6 +26,7 @@ from tqdm import tqdm
 from trn.data import luna1
 from trn.data.annotate import AnnotateConfig, annotate_frame
 from trn.data.ephemeris import sun_direction_body
+from trn.data.frame_views import FrameViewRanges, render_frame_view
 from trn.data.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION, split_ids
 from trn.data.render import RENDERER_VERSION, CraterView, RenderConfig, Surface, render_crater, render_frame
 from trn.data.sources import Catalogue, Trajectory, find_catalogue, read_catalogue, read_trajectory
@@ -62,6 +63,11 @@ class BuildConfig:
     views: extra renders of every crater under other illumination and viewing geometry (see
         :class:`ViewRanges`), written to ``crater_views/<id>_<k>.png`` for training; the Luna-1
         files and the test protocol are untouched. They can be added to a finished build.
+    frame_views: K frame-domain views of every crater of the training and validation halves
+        (never the test half): the crater as the navigation camera records it, cut by the
+        annotation rule's box with detector noise (:mod:`trn.data.frame_views`), written to
+        ``frame_views/<id>_<k>.png`` with their settings in ``frame_views/<id>.json``; for
+        training. They can be added to a finished build and K raised later.
     parts: "all", or "scenarios": render first only what the four scenarios read (the landmarks
         of the test half, drawn by the same split as training, and the annotated frames); the
         build stays marked incomplete and the same command with parts "all" renders the rest,
@@ -84,6 +90,8 @@ class BuildConfig:
     views: int = 0
     parts: str = "all"
     view_ranges: "ViewRanges" = None  # type: ignore[assignment]
+    frame_views: int = 0
+    frame_view_ranges: FrameViewRanges = field(default_factory=FrameViewRanges)
     render: RenderConfig = field(default_factory=RenderConfig)
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
 
@@ -100,6 +108,8 @@ class BuildConfig:
             raise ConfigError(f"min_diameter_km={self.min_diameter_km}: expected > 0")
         if not 0 <= self.views <= 16:
             raise ConfigError(f"views={self.views}: expected 0 to 16 extra renders per crater")
+        if not 0 <= self.frame_views <= 64:
+            raise ConfigError(f"frame_views={self.frame_views}: expected 0 to 64 frame-domain views per crater")
         if self.parts not in BUILD_PARTS:
             raise ConfigError(f"parts={self.parts!r}: expected one of {BUILD_PARTS}")
         if self.view_ranges is None:
@@ -184,7 +194,13 @@ def built_surface(meta: luna1.Luna1Metadata, source: str | Path) -> Surface:
 def _init_worker(cfg: "BuildConfig", trajectory: "Trajectory", sun: np.ndarray) -> None:
     cv2.setNumThreads(1)
     _STATE.update(out=Path(cfg.out), surface=_load_surface(cfg), render=cfg.render, trajectory=trajectory, sun=sun,
-                  view_ranges=cfg.view_ranges, seed=cfg.seed)
+                  view_ranges=cfg.view_ranges, seed=cfg.seed, annotate=cfg.annotate,
+                  frame_view_ranges=cfg.frame_view_ranges)
+
+
+def _rule_height(surface: Surface):
+    """The elevation the annotation rule places centres and rims with (1 km: no sub-km detail)."""
+    return lambda la, lo: surface.elevation.height(la, lo, 1.0)
 
 
 def _render_crater_task(task: tuple[int, float, float, float]) -> int:
@@ -200,6 +216,22 @@ def _render_view_task(task: tuple[int, int, float, float, float]) -> int:
     view = _STATE["view_ranges"].draw(_STATE["seed"], cid, k)
     img = render_crater(_STATE["surface"], lat, lon, dia, _STATE["render"], view)
     _write_png(_STATE["out"] / luna1.VIEWS_DIR / f"{cid}_{k}.png", img)
+    return cid
+
+
+def _render_frame_view_task(task: tuple[int, float, float, float, int, int]) -> int:
+    """Views k0..k1-1 of one crater; its record file is written last, so it marks them done."""
+    cid, lat, lon, dia, k0, k1 = task
+    out = _STATE["out"] / luna1.FRAME_VIEWS_DIR
+    surface = _STATE["surface"]
+    rec_path = out / f"{cid}.json"
+    records = json.loads(rec_path.read_text(encoding="utf-8")) if k0 > 0 else []
+    for k in range(k0, k1):
+        crop, rec = render_frame_view(surface, _rule_height(surface), cid, lat, lon, dia, k, _STATE["seed"],
+                                      _STATE["render"], _STATE["annotate"], _STATE["frame_view_ranges"])
+        _write_png(out / f"{cid}_{k}.png", crop)
+        records.append(rec.to_dict())
+    luna1.atomic_write_text(rec_path, json.dumps(records) + "\n")
     return cid
 
 
@@ -317,7 +349,7 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
         wanted_craters = scenario_craters(order, frames)
         wanted_frames = {f.frame for f in frames if f.boxes}
     _STATE.update(out=out, surface=surface, render=cfg.render, trajectory=traj, sun=sun, view_ranges=cfg.view_ranges,
-                  seed=cfg.seed)
+                  seed=cfg.seed, annotate=cfg.annotate, frame_view_ranges=cfg.frame_view_ranges)
     try:
         crater_tasks = [(c, float(cat.lat[index[c]]), float(cat.lon[index[c]]), float(cat.diameter_km[index[c]]))
                         for c in sorted(order) if c in wanted_craters and not (out / luna1.CRATER_DIR / f"{c}.png").is_file()]
@@ -333,6 +365,10 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
         t = time.perf_counter()
         _run_parallel(_render_frame_task, frame_tasks, cfg.workers, "frames", (cfg, traj, sun))
         timings["frames_s"] = time.perf_counter() - t
+        fv_tasks = _frame_view_tasks(cfg, out, key, cat, index, order, frames) if cfg.parts == "all" else []
+        t = time.perf_counter()
+        _run_parallel(_render_frame_view_task, fv_tasks, cfg.workers, "frame views", (cfg, traj, sun))
+        timings["frame_views_s"] = time.perf_counter() - t
     finally:
         _STATE.clear()
 
@@ -380,6 +416,45 @@ def _view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, index: di
     luna1.atomic_write_text(man, json.dumps(doc, indent=1) + "\n")
     return [(c, k, float(cat.lat[index[c]]), float(cat.lon[index[c]]), float(cat.diameter_km[index[c]]))
             for c in sorted(order) for k in range(cfg.views) if not (vdir / f"{c}_{k}.png").is_file()]
+
+
+def _frame_view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, index: dict, order: list[int],
+                      frames: list[luna1.FrameAnnotation]) -> list:
+    """The frame-domain views still missing, per crater of the training and validation halves;
+    records (and checks) their settings in frame_views/frame_views.json."""
+    if cfg.frame_views == 0:
+        return []
+    vdir = out / luna1.FRAME_VIEWS_DIR
+    vdir.mkdir(parents=True, exist_ok=True)
+    doc = {"render_key": key, "seed": cfg.seed, "ranges": asdict(cfg.frame_view_ranges),
+           "annotate": asdict(cfg.annotate), "halves": "train+val (test half excluded)"}
+    man = out / luna1.FRAME_VIEWS_MANIFEST
+    old = {}
+    if man.is_file():
+        try:
+            old = json.loads(man.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            raise DataError("frame views manifest is unreadable; delete frame_views/ and build the views again", man) from None
+        if {k: old.get(k) for k in doc} != json.loads(json.dumps(doc)):
+            raise DataError("frame_views/ was rendered with other settings; delete it to render it again", man)
+    doc["views"] = max(cfg.frame_views, int(old.get("views", 0)))
+    luna1.atomic_write_text(man, json.dumps(doc, indent=1) + "\n")
+    test = scenario_craters(order, frames)
+    tasks = []
+    for c in sorted(order):
+        if c in test:
+            continue
+        rec = vdir / f"{c}.json"
+        have = 0
+        if rec.is_file():
+            try:
+                have = len(json.loads(rec.read_text(encoding="utf-8")))
+            except (OSError, json.JSONDecodeError):
+                have = 0  # a damaged record: render the crater's views again
+        if have < cfg.frame_views:
+            tasks.append((c, float(cat.lat[index[c]]), float(cat.lon[index[c]]), float(cat.diameter_km[index[c]]),
+                          have, cfg.frame_views))
+    return tasks
 
 
 def _metadata(cfg: BuildConfig, cat: Catalogue, cat_path: Path, order: list[int], traj: Trajectory,

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trn.data.luna1 import CRATER_DIR, METADATA, VIEWS_DIR, Luna1Metadata
+from trn.data.luna1 import CRATER_DIR, FRAME_VIEWS_DIR, METADATA, VIEWS_DIR, Luna1Metadata
 from trn.errors import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
@@ -55,32 +55,55 @@ class LandmarkSet:
         return len(self.items)
 
 
-def read_luna1_landmarks(root: str | Path, extra_views: bool = False) -> LandmarkSet:
+FRAME_VIEW_PREFIX = "frame"  # view name of a frame-domain view: frame<k>
+
+
+def is_frame_view(view: str) -> bool:
+    """Whether a landmark item's view is a frame-domain view (a crop as the navigation camera
+    records it) rather than a landmark render."""
+    return view.startswith(FRAME_VIEW_PREFIX)
+
+
+def _numbered_views(vdir: Path) -> dict[str, list[Path]]:
+    """``<id>_<k>.png`` files of a folder, per crater id, in k order."""
+    out: dict[str, list[Path]] = {}
+    for p in vdir.glob("*.png"):
+        cid, _, k = p.stem.partition("_")
+        if cid.isdigit() and k.isdigit():
+            out.setdefault(cid, []).append(p)
+    return {c: sorted(v, key=lambda q: int(q.stem.partition("_")[2])) for c, v in out.items()}
+
+
+def read_luna1_landmarks(root: str | Path, extra_views: bool = False, frame_views: bool = False) -> LandmarkSet:
     """Crater landmark images of a Luna-1 directory; instance = crater id. With ``extra_views``,
     each crater's extra renders in ``crater_views/<id>_<k>.png`` (``trn-data build --views``)
-    follow its Luna-1 render as further views of the same instance."""
+    follow its Luna-1 render as further views of the same instance (views ``view<k>``); with
+    ``frame_views``, its frame-domain views ``frame_views/<id>_<k>.png`` (``trn-data build
+    --frame-views``, training and validation craters only) follow as views ``frame<k>``."""
     cdir = Path(root) / CRATER_DIR
     if not cdir.is_dir():
         raise DataError(f"no {CRATER_DIR}/ folder: not a Luna-1 dataset", root)
     paths = sorted((p for p in cdir.glob("*.png") if p.stem.isdigit()), key=lambda p: int(p.stem))
     if not paths:
         raise DataError("no <id>.png crater images", cdir)
-    views: dict[str, list[Path]] = {}
-    if extra_views:
-        vdir = Path(root) / VIEWS_DIR
+    extra: list[tuple[str, dict[str, list[Path]]]] = []
+    for wanted, folder, prefix, how in ((extra_views, VIEWS_DIR, "view", "--views K"),
+                                        (frame_views, FRAME_VIEWS_DIR, FRAME_VIEW_PREFIX, "--frame-views K")):
+        if not wanted:
+            continue
+        vdir = Path(root) / folder
         if not vdir.is_dir():
-            raise DataError(f"no {VIEWS_DIR}/ folder; render the extra views with trn-data build ... --views K", root)
-        for p in vdir.glob("*.png"):
-            cid, _, k = p.stem.partition("_")
-            if cid.isdigit() and k.isdigit():
-                views.setdefault(cid, []).append(p)
-        if not views:
-            raise DataError("no <id>_<k>.png extra views", vdir)
+            raise DataError(f"no {folder}/ folder; render the views with trn-data build ... {how}", root)
+        found = _numbered_views(vdir)
+        if not found:
+            raise DataError("no <id>_<k>.png views", vdir)
+        extra.append((prefix, found))
     items = []
     for p in paths:
         items.append(LandmarkItem(p, p.stem, "render"))
-        for v in sorted(views.get(p.stem, []), key=lambda q: int(q.stem.partition("_")[2])):
-            items.append(LandmarkItem(v, p.stem, f"view{v.stem.partition('_')[2]}"))
+        for prefix, found in extra:
+            for v in found.get(p.stem, []):
+                items.append(LandmarkItem(v, p.stem, f"{prefix}{v.stem.partition('_')[2]}"))
     return LandmarkSet("luna1", tuple(items))
 
 
@@ -187,7 +210,7 @@ def detect_kind(root: str | Path) -> str:
 
 
 def read_landmarks(root: str | Path, kind: str | None = None, min_identities: int = 2,
-                   extra_views: bool = False) -> tuple[LandmarkSet, str]:
+                   extra_views: bool = False, frame_views: bool = False) -> tuple[LandmarkSet, str]:
     """(landmark set, kind) of a dataset, detecting the kind when it is not given; a set with
     fewer than ``min_identities`` identities is refused, naming the layout that was read.
     ``extra_views``: Luna-1 only, see :func:`read_luna1_landmarks`."""
@@ -195,9 +218,9 @@ def read_landmarks(root: str | Path, kind: str | None = None, min_identities: in
     kind = detect_kind(root) if kind is None else kind
     if kind not in KINDS:
         raise DataError(f"unknown dataset kind {kind!r}; expected one of {KINDS}", root)
-    if extra_views and kind != "luna1":
-        raise DataError(f"extra views exist only for Luna-1 datasets; this one is {kind!r}", root)
-    ls = read_luna1_landmarks(root, extra_views) if kind == "luna1" else \
+    if (extra_views or frame_views) and kind != "luna1":
+        raise DataError(f"extra and frame-domain views exist only for Luna-1 datasets; this one is {kind!r}", root)
+    ls = read_luna1_landmarks(root, extra_views, frame_views) if kind == "luna1" else \
         {"hirise": read_hirise, "folder": read_folder}[kind](root)
     n = len(ls.instances)
     if n < min_identities:

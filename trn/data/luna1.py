@@ -31,6 +31,8 @@ from trn.geometry import quat_to_matrix
 CRATER_DIR = "crater_images"
 VIEWS_DIR = "crater_views"  # ours, optional: extra renders <id>_<k>.png of each crater (training only)
 VIEWS_MANIFEST = f"{VIEWS_DIR}/views.json"
+FRAME_VIEWS_DIR = "frame_views"  # ours, optional: frame-domain views <id>_<k>.png + <id>.json records (training only)
+FRAME_VIEWS_MANIFEST = f"{FRAME_VIEWS_DIR}/frame_views.json"
 NAV_DIR = "lro_navigation"
 NAV_IMAGES = f"{NAV_DIR}/nav_images"
 ANNOTATIONS = f"{NAV_DIR}/annotations.txt"

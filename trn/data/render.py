@@ -326,20 +326,39 @@ def _local_height_bounds(surface: Surface, rays: np.ndarray, origin: np.ndarray,
     return max(e.min_km, float(hh.min()) - margin), min(e.max_km, float(hh.max()) + margin)
 
 
+Window = tuple[int, int, int, int]  # (x0, y0, x1, y1): columns x0..x1-1, rows y0..y1-1 of a frame
+
+
+def check_window(window: Window, camera: PinholeCamera) -> Window:
+    """A pixel window inside the frame, as ints; refused with the frame size when it is not."""
+    x0, y0, x1, y1 = (int(v) for v in window)
+    if not (0 <= x0 < x1 <= camera.width and 0 <= y0 < y1 <= camera.height):
+        raise ConfigError(f"pixel window {window} (x0, y0, x1, y1) must lie inside the "
+                          f"{camera.width}x{camera.height} frame with x0 < x1 and y0 < y1")
+    return x0, y0, x1, y1
+
+
 def cast_rays(surface: Surface, camera: PinholeCamera, rotation: np.ndarray, position_km: np.ndarray,
-              lipschitz: float = 1.0, tol_km: float = 0.002, max_iter: int = 200) -> FrameGeometry:
+              lipschitz: float = 1.0, tol_km: float = 0.002, max_iter: int = 200,
+              window: Window | None = None) -> FrameGeometry:
     """First intersection of every pixel's ray with the height field (occlusion-correct).
 
     Height-field sphere tracing: with the terrain slope bounded by ``lipschitz`` (tan of the
     steepest slope, 1 = 45 degrees), a ray whose vertical clearance above the terrain is f can
     advance f / (cos(theta) + L sin(theta)) without passing through it, theta being the ray's angle
     from the local vertical. Near nadir this converges in about ten steps.
+
+    ``window``: trace only the pixels of that window of the frame (the result has the window's
+    shape). The height bounds still come from the whole frame's footprint and every ray is traced
+    on its own, so each pixel's hit is the one the whole frame gives.
     """
-    rays = camera.rays().reshape(-1, 3) @ np.asarray(rotation).T
+    full = camera.rays() @ np.asarray(rotation).T
     origin = np.asarray(position_km, dtype=np.float64)
     gsd = float(np.linalg.norm(origin) - MOON_RADIUS_KM) / camera.focal_px
-    sub = rays.reshape(camera.height, camera.width, 3)[::8, ::8].reshape(-1, 3)
+    sub = full[::8, ::8].reshape(-1, 3)
     hmin, hmax = _local_height_bounds(surface, sub, origin, gsd)
+    x0, y0, x1, y1 = check_window(window, camera) if window is not None else (0, 0, camera.width, camera.height)
+    rays = full[y0:y1, x0:x1].reshape(-1, 3)
     t_top, t_top_far = ray_sphere_intersection(origin, rays, MOON_RADIUS_KM + hmax)
     t_bot, _ = ray_sphere_intersection(origin, rays, MOON_RADIUS_KM + hmin)
     n = rays.shape[0]
@@ -370,7 +389,7 @@ def cast_rays(surface: Surface, camera: PinholeCamera, rotation: np.ndarray, pos
     p = origin + t_hit[j, None] * rays[j]
     lat[j], lon[j], r = xyz_to_latlon(p)
     hgt[j] = r - MOON_RADIUS_KM
-    shape = (camera.height, camera.width)
+    shape = (y1 - y0, x1 - x0)
     return FrameGeometry(hit.reshape(shape), lat.reshape(shape), lon.reshape(shape), hgt.reshape(shape))
 
 
@@ -446,16 +465,49 @@ def _one_sided_min(d_fwd: np.ndarray, d_bwd: np.ndarray) -> np.ndarray:
     return np.where(use_fwd[..., None], d_fwd, d_bwd)
 
 
+def window_pad(cfg: RenderConfig) -> int:
+    """Pixels a window render adds on each side so that its inner part equals the frame's: the
+    normals' one-sided differences reach one pixel out, the shadow cells one ``shadow_step``."""
+    return cfg.shadow_step + 2
+
+
 def render_frame(surface: Surface, rotation: np.ndarray, position_km: np.ndarray, sun_dir: np.ndarray,
-                 cfg: RenderConfig) -> tuple[np.ndarray, FrameGeometry]:
+                 cfg: RenderConfig, window: Window | None = None,
+                 shadow_ceiling_km: float | None = None) -> tuple[np.ndarray, FrameGeometry]:
     """Navigation frame uint8 [nav_size, nav_size] and its ray-cast geometry.
 
     rotation: camera -> body [3, 3]; position_km: camera position [3], body frame;
     sun_dir: unit vector [3] towards the Sun, body frame.
+
+    ``window`` (x0, y0, x1, y1): render only that part of the frame, at the cost of its pixels
+    (the result has the window's shape). The window is grown by :func:`window_pad` and aligned to
+    the shadow cells, then cut back, so that every pixel equals the same pixel of the whole
+    frame rendered with the same ``shadow_ceiling_km``.
+    ``shadow_ceiling_km``: the height above which a shadow ray stops marching (it has cleared the
+    terrain). The whole frame uses its highest visible point + 3 km; a window does not see the
+    whole frame, so by default it uses the higher of its own highest point and the frame
+    footprint's coarse elevation bound (both + 3 km): at least as high, so no occluder is missed.
     """
     camera = cfg.camera
     origin = np.asarray(position_km, dtype=np.float64)
-    geom = cast_rays(surface, camera, rotation, origin)
+    inner = None
+    if window is not None:
+        x0, y0, x1, y1 = check_window(window, camera)
+        pad, step = window_pad(cfg), cfg.shadow_step
+        gx0, gy0 = max(0, (x0 - pad) // step * step), max(0, (y0 - pad) // step * step)
+        gx1, gy1 = min(camera.width, x1 + pad), min(camera.height, y1 + pad)
+        inner = (slice(y0 - gy0, y1 - gy0), slice(x0 - gx0, x1 - gx0))
+        window = (gx0, gy0, gx1, gy1)
+    geom = cast_rays(surface, camera, rotation, origin, window=window)
+    image, geom = _shade(surface, geom, camera, rotation, origin, sun_dir, cfg, window, shadow_ceiling_km)
+    if inner is None:
+        return image, geom
+    return image[inner], FrameGeometry(geom.hit[inner], geom.lat[inner], geom.lon[inner], geom.height_km[inner])
+
+
+def _shade(surface: Surface, geom: FrameGeometry, camera: PinholeCamera, rotation: np.ndarray, origin: np.ndarray,
+           sun_dir: np.ndarray,
+           cfg: RenderConfig, window: Window | None, shadow_ceiling_km: float | None) -> tuple[np.ndarray, FrameGeometry]:
     m = geom.hit
     out = np.zeros(m.shape)
     if not m.any():
@@ -491,7 +543,15 @@ def render_frame(surface: Surface, rotation: np.ndarray, position_km: np.ndarray
     if cfg.shadows:
         cand = np.nonzero(lit & (mu0 > 0))[0]
         if cand.size:
-            hmax = min(surface.elevation.max_km, float(np.max(geom.height_km[m])) + 3.0)
+            top = float(np.max(geom.height_km[m]))
+            if shadow_ceiling_km is not None:
+                hmax = float(shadow_ceiling_km)
+            elif window is None:
+                hmax = min(surface.elevation.max_km, top + 3.0)
+            else:
+                sub = (camera.rays() @ np.asarray(rotation).T)[::8, ::8].reshape(-1, 3)
+                top = max(top, _local_height_bounds(surface, sub, origin, gsd)[1])
+                hmax = min(surface.elevation.max_km, top + 3.0)
             value[cand] *= _frame_visibility(surface, m, pts, cand, sun, hmax, gsd, cfg.shadow_step)
     out[m] = value
     return _to_uint8(out, cfg.exposure), geom

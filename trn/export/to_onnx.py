@@ -197,7 +197,7 @@ def real_crops(root: str | Path, size: int, n: int = 1000, seed: int = 0) -> tup
     landmark renders; for other layouts, landmark images. Seeded. Returns (crops, description)."""
     from trn.data.landmarks import detect_kind, read_landmarks
     from trn.data.luna1 import read_gray, read_luna1
-    from trn.train.data import preprocess
+    from trn.data.crops import preprocess
 
     root = Path(root)
     rng = np.random.default_rng(seed)
@@ -235,7 +235,8 @@ def calibration_crops(root: str | Path, split_json: str | Path | None, size: int
     from trn.data.luna1 import read_gray
     from trn.train.augment import AugmentConfig, apply, sample
     from trn.train.config import DataConfig
-    from trn.train.data import preprocess, split_identities
+    from trn.data.crops import preprocess
+    from trn.train.data import split_identities
 
     ls, kind = read_landmarks(Path(root))
     if split_json is not None and Path(split_json).is_file():

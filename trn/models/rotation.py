@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from trn.models.descriptor import Descriptor
-from trn.train.data import preprocess
+from trn.data.crops import preprocess
 
 
 def rotate_image(img: np.ndarray, angle_deg: float) -> np.ndarray:

@@ -7,7 +7,7 @@ Tracking rendered each feature from the shape model under the illumination predi
 moment it would be imaged. :func:`pass_illumination` does the same from the planned trajectory
 and the Sun ephemeris (the dataset's poses and ``metadata.json``), and :func:`rim_window` keeps
 the square that the crater's rim spans, which is what a detector's box frames. On the frame side,
-:func:`square_crop` cuts the square centred on the detection whose side is the box's longer side,
+:func:`trn.data.crops.square_crop` cuts the square centred on the detection whose side is the box's longer side,
 so that the crop is not stretched when it is resized to the network's input.
 
 Measured on the real Luna-1 build with the default model (docs/navigation.md): the true crater's
@@ -61,22 +61,3 @@ def rim_window(image: np.ndarray, diameter_km: float, window_km: float) -> np.nd
     k = max(4, int(round(n * diameter_km / window_km)))
     o = (n - k) // 2
     return image[o:o + k, o:o + k]
-
-
-def square_crop(frame: np.ndarray, box: tuple[int, int, int, int]) -> np.ndarray:
-    """The square centred on a detection box (l, r, t, b; pixel bounds) with the box's longer side,
-    the frame mirrored at its edges where the square leaves it."""
-    l, r, t, b = (int(v) for v in box)
-    if r - l < 1 or b - t < 1:
-        raise DataError(f"empty detection box {box}")
-    if frame.ndim != 2 or not frame.size:
-        raise DataError(f"frame has shape {frame.shape}; expected a grey image")
-    side = max(r - l, b - t)
-    x0 = (l + r - side) // 2
-    y0 = (t + b - side) // 2
-    h, w = frame.shape
-    pad = max(0, -x0, -y0, x0 + side - w, y0 + side - h)
-    if pad:
-        frame = np.pad(frame, pad, mode="reflect" if pad < min(h, w) else "edge")
-        x0, y0 = x0 + pad, y0 + pad
-    return frame[y0:y0 + side, x0:x0 + side]

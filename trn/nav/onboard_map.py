@@ -143,7 +143,7 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     "catalogue" embeds the dataset's landmark renders as they are; "predicted" renders each
     crater from ``source`` under the illumination of the planned pass and cuts it to the rim
     (:func:`predicted_renders`)."""
-    from trn.train.data import preprocess
+    from trn.data.crops import preprocess
 
     if appearance not in APPEARANCES:
         raise DataError(f"map appearance {appearance!r}: expected one of {APPEARANCES}")

@@ -74,6 +74,20 @@ class Report:
                                                             + ([""] if strict else [])) + " |")
         return lines
 
+    def declined_table(self) -> list[str]:
+        """Markdown table of the crops declined before matching (nothing to recognise), per
+        method and scenario; empty when none was."""
+        rows = []
+        for r in self.results:
+            d = r.extra.get("declined") if isinstance(r.extra, dict) else None
+            if d and d.get("count"):
+                why = ", ".join(f"{k} {v}" for k, v in sorted(d["by_reason"].items()))
+                first = "; ".join(f"frame {e['frame']} crater {e['label']} ({e['reason']})" for e in d["examples"][:4])
+                rows.append(f"| {r.method} | {TITLES.get(r.scenario, r.scenario)} | {d['count']} | {why} | {first} |")
+        if not rows:
+            return []
+        return ["| method | scenario | declined crops | why | first of them |", "| --- | --- | --- | --- | --- |", *rows]
+
     def sweep_table(self) -> list[str]:
         """Markdown table: the best RA over the threshold sweep and where it is, per method."""
         scen = [s for s in self.scenarios() if any(r.sweep for r in self.results if r.scenario == s)]
@@ -133,6 +147,9 @@ class Report:
                   "frames of orbits 2 and 3).</p>", _html_table(self.table(), "summary")]
         if self.sweep_table():
             parts += ["<h2>Threshold sweep</h2>", _html_table(self.sweep_table(), "sweep")]
+        if self.declined_table():
+            parts += ["<h2>Declined crops</h2>", "<p>Detections whose crop is black, saturated or flat are declined "
+                      "before matching: never matched, not in RA.</p>", _html_table(self.declined_table(), "declined")]
         order = sorted(images, key=lambda p: (not p.name.startswith("moon_navigation"), not p.name.startswith("gallery"),
                                               p.name))
         for p in order:
@@ -154,6 +171,9 @@ class Report:
         if self.sweep_table():
             lines += ["", "Threshold sweep (the same streams replayed at thresholds 0.5 to 1.0 in steps of 0.025):", ""]
             lines += self.sweep_table()
+        if self.declined_table():
+            lines += ["", "Crops declined before matching (black, saturated or flat; never matched, not in RA):", ""]
+            lines += self.declined_table()
         lines += ["", "## Details", ""]
         for r in self.results:
             lines.append(f"### {TITLES.get(r.scenario, r.scenario)} — {r.method}")

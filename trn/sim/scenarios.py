@@ -28,16 +28,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trn.data.crops import box_crop, crop_information, jitter_box, preprocess, square_crop
 from trn.data.landmarks import LandmarkSet
 from trn.data.luna1 import Box, Luna1Dataset, read_gray
 from trn.db.database import DBConfig, Decision, LandmarkDB
 from trn.errors import ConfigError, DataError
-from trn.nav.appearance import square_crop
 from trn.sim.embedders import Embedder, Embeddings
 from trn.sim.gallery import Pick, pick_ranked, pick_stream, thumbnails
 from trn.sim.timing import timeable
 from trn.train.augment import AugmentConfig, Draw, apply, sample
-from trn.train.data import preprocess
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +57,10 @@ class ScenarioSettings:
     shifts by U{-shift..shift} in x and y. jitter: brightness and contrast factors U[1 - j, 1 + j].
     angle_deg: crop rotation range, integer degrees. orbits: Lost-in-Space frame ranges
     (inclusive); None: Luna-1's when the dataset has 2,161 frames, else thirds of the frames.
-    max_landmarks / max_frames: caps for quick runs (None: everything)."""
+    max_landmarks / max_frames: caps for quick runs (None: everything).
+    decline: detections whose crop carries nothing to recognise (black, saturated or flat:
+    :func:`trn.data.crops.crop_information`) are declined before matching, counted and listed
+    in the report, never matched (Moon Navigation, Lost-in-Space)."""
 
     seed: int = 0
     threshold: float = 0.9
@@ -73,6 +75,7 @@ class ScenarioSettings:
     orbits: tuple[tuple[int, int], ...] | None = None
     max_landmarks: int | None = None
     max_frames: int | None = None
+    decline: bool = True
 
     def __post_init__(self) -> None:
         if not -1.0 <= self.threshold <= 1.0:
@@ -195,19 +198,41 @@ def detect(ds: Luna1Dataset, frames: list[int], s: ScenarioSettings, rng: np.ran
     for fr in frames:
         dets = []
         for b in nms(list(by_frame[fr].boxes), s.nms_threshold, s.nms):
-            sh = rng.integers(0, s.shrink_px + 1, size=4)
-            dx, dy = rng.integers(-s.shift_px, s.shift_px + 1, size=2)
-            l, r = int(b.l + sh[0] + dx), int(b.r - sh[1] + dx)
-            t, bt = int(b.t + sh[2] + dy), int(b.b - sh[3] + dy)
-            l, r, t, bt = max(l, 0), min(r, w), max(t, 0), min(bt, h)
+            box = jitter_box((b.l, b.r, b.t, b.b), rng, s.shrink_px, s.shift_px, (h, w))
             bright, contrast = rng.uniform(1 - s.jitter, 1 + s.jitter, size=2)
             angle = float(rng.integers(s.angle_deg[0], s.angle_deg[1] + 1))
-            if r - l < 4 or bt - t < 4:
-                log.debug("frame %d: box of crater %d collapses under detector noise; kept at its true extent", fr, b.id)
-                l, r, t, bt = max(b.l, 0), min(b.r, w), max(b.t, 0), min(b.b, h)
-            dets.append(Detection(fr, str(b.id), (l, r, t, bt), float(bright), float(contrast), angle))
+            dets.append(Detection(fr, str(b.id), box, float(bright), float(contrast), angle))
         out[fr] = dets
     return out
+
+
+def decline_uninformative(ds: Luna1Dataset, frames: list[int], dets: dict[int, list[Detection]]
+                          ) -> tuple[dict[int, list[Detection]], list[dict]]:
+    """The detections whose crops carry information, per frame, and the declined ones (frame,
+    crater, box, reason), so that a black, saturated or flat crop is never matched."""
+    kept: dict[int, list[Detection]] = {}
+    declined: list[dict] = []
+    for fr in frames:
+        if not dets[fr]:
+            kept[fr] = []
+            continue
+        img = ds.load_frame(fr)
+        keep = []
+        for d in dets[fr]:
+            why = crop_information(box_crop(img, d.box))
+            if why is None:
+                keep.append(d)
+            else:
+                declined.append({"frame": fr, "label": d.label, "box": list(d.box), "reason": why})
+        kept[fr] = keep
+    return kept, declined
+
+
+def declined_summary(declined: list[dict], examples: int = 12) -> dict:
+    reasons: dict[str, int] = {}
+    for d in declined:
+        reasons[d["reason"]] = reasons.get(d["reason"], 0) + 1
+    return {"count": len(declined), "by_reason": reasons, "examples": declined[:examples]}
 
 
 def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, square: bool = False) -> np.ndarray:
@@ -224,7 +249,7 @@ def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, square: bool
         if r > img.shape[1] or b > img.shape[0]:
             raise DataError(f"box {d.box} of crater {d.label} lies outside the {img.shape[1]}x{img.shape[0]} frame",
                             ds.frame_path(d.frame))
-        x = preprocess(square_crop(img, d.box) if square else img[t:b, l:r], size)
+        x = preprocess(square_crop(img, d.box) if square else box_crop(img, d.box), size)
         m = float(x.mean())
         crops.append(np.clip(((x - m) * d.contrast + m) * d.brightness, 0.0, None))
     if not crops:
@@ -424,6 +449,9 @@ def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
         raise DataError("Moon Navigation needs annotated navigation frames; this dataset has none", ds.root)
     if dets is None:
         dets = detect(ds, frames, s, np.random.default_rng([s.seed, 3]), frame_shape(ds))
+    declined: list[dict] = []
+    if s.decline:
+        dets, declined = decline_uninformative(ds, frames, dets)
     flat = [d for fr in frames for d in dets[fr]]
     thumbs: list[np.ndarray] = []
     e = _embed_crops(ds, flat, emb, thumbs)
@@ -450,7 +478,7 @@ def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
         ra_curve.append(100.0 * ok / (ok + bad + dup) if ok + bad + dup else float("nan"))
         size_curve.append(ins)
     extra = {"frames": len(frames), "detections": len(flat), "db_size": len(db), "distinct": db.distinct_labels(),
-             "matching_accuracy": c.matching_accuracy}
+             "matching_accuracy": c.matching_accuracy, "declined": declined_summary(declined)}
     series = {"frame": frame_ids, "ra": ra_curve, "db_size": size_curve}
     if timing is not None and timeable(emb):
         counts = [len(dets[fr]) for fr in frames]
@@ -482,6 +510,15 @@ def _embed_crops(ds: Luna1Dataset, dets: list[Detection], emb: Embedder, thumbs:
                                                          np.zeros((0, emb.tokens, emb.token_dim), np.float32)))
 
 
+def _percent(k: int, n: int) -> float:
+    return 100.0 * k / n if n else float("nan")
+
+
+def _nanmean(values: list[float]) -> float:
+    v = [x for x in values if not math.isnan(x)]
+    return float(np.mean(v)) if v else float("nan")
+
+
 def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> ScenarioResult:
     t0 = time.perf_counter()
     orbits = orbit_ranges(ds, s)
@@ -495,6 +532,9 @@ def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> Scena
     rng = np.random.default_rng([s.seed, 4])
     shape = frame_shape(ds)
     seed_dets = detect(ds, per_orbit[0], s, rng, shape)
+    declined: list[dict] = []
+    if s.decline:
+        seed_dets, declined = decline_uninformative(ds, per_orbit[0], seed_dets)
     flat = [d for fr in per_orbit[0] for d in seed_dets[fr]]
     seed_thumbs: list[np.ndarray] = []
     e = _embed_crops(ds, flat, emb, seed_thumbs)
@@ -505,9 +545,16 @@ def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> Scena
     db.read_only = True
     seen = {d.label for d in flat}  # craters the orbit-1 database can know at all
     orbit_stats, correct, incorrect, unmatched, all_dec, all_lab = [], 0, 0, 0, [], []
+    skipped_frames = 0
     for k, frames in enumerate(per_orbit[1:], start=2):
         order = [frames[i] for i in rng.permutation(len(frames))]
         dets = detect(ds, order, s, rng, shape)
+        if s.decline:
+            dets, out = decline_uninformative(ds, order, dets)
+            declined += out
+            # a frame all of whose crops were declined has nothing to recognise: not counted
+            skipped_frames += sum(1 for fr in order if not dets[fr])
+            order = [fr for fr in order if dets[fr]]
         flat = [d for fr in order for d in dets[fr]]
         e = _embed_crops(ds, flat, emb, query_thumbs)
         dec = db.query(e.global_, tokens=e.tokens)
@@ -528,13 +575,15 @@ def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> Scena
         all_dec += dec
         all_lab += [d.label for d in flat]
         orbit_stats.append({"orbit": k, "frames": len(order), "detections": len(flat), "recognised": hits,
-                            "accuracy": 100.0 * hits / len(order), "strict_accuracy": 100.0 * strict / len(order),
-                            "oracle_strict_accuracy": 100.0 * oracle / len(order)})
-    ra = float(np.mean([o["accuracy"] for o in orbit_stats]))
+                            "accuracy": _percent(hits, len(order)), "strict_accuracy": _percent(strict, len(order)),
+                            "oracle_strict_accuracy": _percent(oracle, len(order))})
+    # an orbit all of whose crops were declined has no frame to score: the mean is over the others
+    ra = _nanmean([o["accuracy"] for o in orbit_stats])
     return ScenarioResult("lost_in_space", emb.name, ra, correct, incorrect, 0, len(all_dec), s.seed, s.to_dict(),
                           extra={"orbits": [list(o) for o in orbits], "per_orbit": orbit_stats, "unmatched": unmatched,
-                                 "seed_db_size": len(db),
-                                 "strict_ra": float(np.mean([o["strict_accuracy"] for o in orbit_stats])),
-                                 "oracle_strict_ra": float(np.mean([o["oracle_strict_accuracy"] for o in orbit_stats]))},
+                                 "seed_db_size": len(db), "declined": declined_summary(declined),
+                                 "frames_all_declined": skipped_frames,
+                                 "strict_ra": _nanmean([o["strict_accuracy"] for o in orbit_stats]),
+                                 "oracle_strict_ra": _nanmean([o["oracle_strict_accuracy"] for o in orbit_stats])},
                           similarities=_scores(all_dec, all_lab), wall_s=time.perf_counter() - t0,
                           gallery=pick_stream(all_dec, all_lab, np.concatenate(query_thumbs), stored=stored))

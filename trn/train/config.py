@@ -37,6 +37,7 @@ DATA_KINDS = ("auto", "luna1", "hirise", "folder")
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 DEVICES = ("cpu", "cuda", "auto")
+SELECTIONS = ("render", "frame", "both")
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,10 @@ class DataConfig:
     identities held out for the per-epoch validation Recall@1; split_seed: seed of the split.
     extra_views: Luna-1 only: train with each crater's extra renders (``trn-data build --views``)
     as further views; validation and test keep the single Luna-1 render (the paper's protocol).
+    frame_views: Luna-1 only: train with each crater's frame-domain views (``trn-data build
+    --frame-views``: the crater as the navigation camera records it) in the pairs that
+    ``pair_mix`` asks for, in this dataset and every ``also`` one; validation then also measures
+    frame-view separation and match-or-insert accuracy on the validation craters' frame views.
     also: further datasets (for instance the built-in world beside the real build) whose
     training and validation halves join this one's. Each is split on its own, exactly as trn-sim
     splits it, so the union is identity-disjoint from every test half; their identities are
@@ -57,6 +62,7 @@ class DataConfig:
     val_fraction: float = VAL_FRACTION
     split_seed: int = SPLIT_SEED
     extra_views: bool = False
+    frame_views: bool = False
     also: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
@@ -68,6 +74,8 @@ class DataConfig:
             raise ConfigError("data.path is empty: give the dataset directory")
         if self.extra_views and self.kind not in ("luna1", "auto"):
             raise ConfigError("data.extra_views needs data.kind luna1 (the views come from trn-data build --views)")
+        if self.frame_views and self.kind not in ("luna1", "auto"):
+            raise ConfigError("data.frame_views needs data.kind luna1 (the views come from trn-data build --frame-views)")
         if not 0.0 <= self.test_fraction < 1.0 or not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"data fractions test={self.test_fraction}, val={self.val_fraction}: expected [0, 1)")
 
@@ -98,6 +106,15 @@ class TrainConfig:
     threads: torch CPU threads (0 = torch's default). device: cpu, cuda or auto (cuda when
     available). channels_last: NHWC activations (faster convolutions on CPU and GPU).
     compile: ``torch.compile`` the descriptor for training (needs a C++ compiler on CPU).
+    pair_mix: with ``data.frame_views``, the shares of (render, render), (render, frame view) and
+    (frame view, frame view) pairs of one identity in a batch (normalised; an identity without
+    frame views always gets a render pair).
+    init: weights file (``weights.pt`` of a trained descriptor of the same architecture) to start
+    from instead of random weights; empty = from scratch.
+    select: the epoch kept as ``weights.pt``: "render" (validation Recall@1 of landmark renders,
+    with distractors), "frame" (match-or-insert accuracy on the validation craters' frame views
+    at ``select_threshold``) or "both" (their mean).
+    select_threshold: the match threshold of that accuracy (the scenarios' 0.9).
     """
 
     data: DataConfig
@@ -121,9 +138,22 @@ class TrainConfig:
     device: str = "cpu"
     channels_last: bool = False
     compile: bool = False
+    pair_mix: tuple[float, float, float] = (1.0, 0.0, 0.0)
+    init: str = ""
+    select: str = "render"
+    select_threshold: float = 0.9
 
     def __post_init__(self) -> None:
         spec = loss_spec(self.loss)
+        if len(self.pair_mix) != 3 or min(self.pair_mix) < 0 or sum(self.pair_mix) <= 0:
+            raise ConfigError(f"pair_mix={list(self.pair_mix)}: expected three non-negative shares "
+                              "[render-render, render-frame, frame-frame] with a positive sum")
+        if self.select not in SELECTIONS:
+            raise ConfigError(f"select={self.select!r}: expected one of {SELECTIONS}")
+        if self.select != "render" and not self.data.frame_views:
+            raise ConfigError(f"select={self.select!r} needs frame views to validate on: set data.frame_views: true")
+        if not -1.0 <= self.select_threshold <= 1.0:
+            raise ConfigError(f"select_threshold={self.select_threshold}: need a cosine in [-1, 1]")
         if self.epochs < 1 or self.epochs > 10000:
             raise ConfigError(f"epochs={self.epochs}: expected 1 to 10000")
         if self.views_per_identity not in (1, 2):

@@ -9,47 +9,46 @@ import cv2
 import numpy as np
 import torch
 
-from trn.data.landmarks import LandmarkItem, LandmarkSet, Split, detect_kind, luna1_identities, read_landmarks, split_ids
+from trn.data.crops import preprocess
+from trn.data.landmarks import (LandmarkItem, LandmarkSet, Split, detect_kind, is_frame_view, luna1_identities,
+                                read_landmarks, split_ids)
 from trn.data.luna1 import ANNOTATIONS, read_annotations
 from trn.errors import DataError
 from trn.train.augment import AugmentConfig, Draw, apply, contrast, crop_resize, sample, sample_boxes
 from trn.train.config import DataConfig
 
-
-def preprocess(img: np.ndarray, size: int) -> np.ndarray:
-    """uint8/float [H, W] -> float32 [size, size] in [0, 1]: min-max normalised, then resized."""
-    if img.ndim != 2 or img.size == 0:
-        raise DataError(f"landmark image has shape {img.shape}; expected a non-empty single-channel image")
-    a = img.astype(np.float32)
-    if not np.isfinite(a).all():
-        raise DataError("landmark image contains NaN or infinite values")
-    lo, hi = float(a.min()), float(a.max())
-    a = (a - lo) / (hi - lo) if hi > lo else np.zeros_like(a)
-    interp = cv2.INTER_AREA if min(a.shape) >= size else cv2.INTER_LINEAR
-    return cv2.resize(a, (size, size), interpolation=interp)
+__all__ = ["preprocess"]  # re-exported: the crop transform lives in trn.data.crops
 
 
 def load_landmarks(cfg: DataConfig) -> LandmarkSet:
     """The landmark set of ``cfg`` (kind given or ``auto``); fewer than two identities is refused
     with the layout that was read."""
-    ls, _ = read_landmarks(Path(cfg.path), None if cfg.kind == "auto" else cfg.kind, extra_views=cfg.extra_views)
+    ls, _ = read_landmarks(Path(cfg.path), None if cfg.kind == "auto" else cfg.kind, extra_views=cfg.extra_views,
+                           frame_views=cfg.frame_views)
     return ls
 
 
-def training_set(cfg: DataConfig, extra_views: bool | None = None) -> tuple[LandmarkSet, Split]:
+def training_set(cfg: DataConfig, extra_views: bool | None = None,
+                 frame_views: bool | None = None) -> tuple[LandmarkSet, Split]:
     """The landmark set and split that training uses: ``cfg.path`` split on its own, joined by the
     training and validation halves of every ``cfg.also`` dataset (each split on its own, with its
     identities prefixed ``<k>:``). The test part lists every dataset's test half, prefixed alike,
-    for the record; none of it is trained on."""
+    for the record; none of it is trained on. ``extra_views`` / ``frame_views`` override the
+    config's (False: landmark renders only, the validation protocol)."""
     views = cfg.extra_views if extra_views is None else extra_views
-    ls = load_landmarks(replace(cfg, extra_views=views))
+    frames = cfg.frame_views if frame_views is None else frame_views
+    ls = load_landmarks(replace(cfg, extra_views=views, frame_views=frames))
     split = split_identities(ls, cfg)
+    test_ids = set(split.test)
+    if any(it.instance in test_ids and is_frame_view(it.view) for it in ls.items):
+        raise DataError("frame views of test-half craters are present; they must never be trained on "
+                        "(trn-data build renders them for the training and validation halves only)", cfg.path)
     if not cfg.also:
         return ls, split
     items, train, val, test = list(ls.items), list(split.train), list(split.val), list(split.test)
     for k, path in enumerate(cfg.also, start=1):
         sub = DataConfig(kind="auto", path=path, test_fraction=cfg.test_fraction, val_fraction=cfg.val_fraction,
-                         split_seed=cfg.split_seed)
+                         split_seed=cfg.split_seed, frame_views=frames)
         other = load_landmarks(sub)
         s = split_identities(other, sub)
         items += [LandmarkItem(it.path, f"{k}:{it.instance}", it.view) for it in other.items]
@@ -83,19 +82,24 @@ def split_identities(ls: LandmarkSet, cfg: DataConfig) -> Split:
 
 class ImageBank:
     """Preprocessed images of some identities: ``images`` float32 [M, 1, S, S], ``views[i]`` the
-    rows of identity i (identities indexed 0..K-1 in ``names`` order)."""
+    rows of identity i (identities indexed 0..K-1 in ``names`` order), of which ``frames[i]`` are
+    frame-domain views and the rest landmark renders. ``select(view name)``: which items to keep
+    (all by default)."""
 
-    def __init__(self, ls: LandmarkSet, names: list[str], size: int):
+    def __init__(self, ls: LandmarkSet, names: list[str], size: int, select=None):
         want = {n: k for k, n in enumerate(names)}
         rows: list[np.ndarray] = []
         self.views: list[list[int]] = [[] for _ in names]
+        self.frames: list[list[int]] = [[] for _ in names]
         for item in ls.items:
             k = want.get(item.instance)
-            if k is None:
+            if k is None or (select is not None and not select(item.view)):
                 continue
             img = cv2.imread(str(item.path), cv2.IMREAD_GRAYSCALE)
             if img is None:
                 raise DataError("landmark image cannot be decoded; replace it or rebuild the dataset", item.path)
+            if is_frame_view(item.view):
+                self.frames[k].append(len(rows))
             self.views[k].append(len(rows))
             rows.append(preprocess(img, size))
         empty = [names[k] for k, v in enumerate(self.views) if not v]
@@ -109,6 +113,11 @@ class ImageBank:
     def __len__(self) -> int:
         return len(self.names)
 
+    def renders(self, i: int) -> list[int]:
+        """Rows of identity i that are landmark renders (the Luna-1 render first)."""
+        frames = set(self.frames[i])
+        return [r for r in self.views[i] if r not in frames]
+
 
 def pair_batches(n_ids: int, batch_ids: int, generator: torch.Generator, max_batches: int | None) -> list[torch.Tensor]:
     """One epoch of identity batches: a shuffled pass over the identities, ``batch_ids`` per batch
@@ -118,21 +127,64 @@ def pair_batches(n_ids: int, batch_ids: int, generator: torch.Generator, max_bat
     return out[:max_batches] if max_batches else out
 
 
+PAIR_KINDS = ("render-render", "render-frame", "frame-frame")
+
+
+def _pick(rows: list[int], generator: torch.Generator, avoid: int | None = None) -> int:
+    """A row drawn uniformly from ``rows`` (other than ``avoid`` when there is another)."""
+    pool = [r for r in rows if r != avoid] or rows
+    return pool[int(torch.randint(len(pool), (1,), generator=generator))]
+
+
+def pair_rows(bank: ImageBank, ids: list[int], pair_mix: tuple[float, float, float],
+              generator: torch.Generator) -> tuple[list[int], list[int]]:
+    """The two rows of each identity's pair, drawn by ``pair_mix`` (render-render, render-frame,
+    frame-frame shares); an identity without frame views gets a render pair."""
+    w = torch.tensor(pair_mix, dtype=torch.float64)
+    kinds = torch.multinomial(w / w.sum(), len(ids), replacement=True, generator=generator).tolist()
+    first, second = [], []
+    for i, kind in zip(ids, kinds):
+        renders, frames = bank.renders(i), bank.frames[i]
+        if not frames or not renders:
+            kind = 0 if renders else 2
+        if kind == 0:
+            a = renders[0]
+            b = renders[0] if len(renders) == 1 else _pick(renders, generator)
+        elif kind == 1:
+            a, b = renders[0] if len(renders) == 1 else _pick(renders, generator), _pick(frames, generator)
+        else:
+            a = _pick(frames, generator)
+            b = _pick(frames, generator, avoid=a)
+        first.append(a)
+        second.append(b)
+    return first, second
+
+
 def make_views(bank: ImageBank, ids: torch.Tensor, views: int, aug: AugmentConfig,
                generator: torch.Generator, size: int | None = None,
-               detector: bool = False) -> tuple[torch.Tensor, torch.Tensor, Draw]:
+               detector: bool = False, pair_mix: tuple[float, float, float] | None = None
+               ) -> tuple[torch.Tensor, torch.Tensor, Draw]:
     """Batch of ``views`` augmented views per identity, view-major: images [views * B, 1, S, S],
     labels [views * B] (bank identity index), and the draws from T. ``size``: the output size S
     (default: the bank's); a bank stored larger is resampled. ``detector``: each view first goes
-    through the detector stage D of ``aug`` (training only; validation keeps the test protocol)."""
+    through the detector stage D of ``aug`` (training only; validation keeps the test protocol).
+    ``pair_mix``: with two views and a bank holding frame views, the kind of each identity's pair
+    (see :func:`pair_rows`)."""
     imgs, labels = [], []
-    for v in range(views):
-        for i in ids.tolist():
-            rows = bank.views[i]
+    if pair_mix is not None and views == 2 and any(bank.frames):
+        first, second = pair_rows(bank, ids.tolist(), pair_mix, generator)
+        chosen = [first, second]
+    else:
+        chosen = []
+        for v in range(views):
             # the first view is the identity's first image; a further view is any of its images
             # (HiRISE variants, Luna-1 extra renders, or the first again), each under an
             # independent draw from T
-            r = rows[0] if v == 0 or len(rows) == 1 else rows[int(torch.randint(len(rows), (1,), generator=generator))]
+            chosen.append([bank.views[i][0] if v == 0 or len(bank.views[i]) == 1
+                           else bank.views[i][int(torch.randint(len(bank.views[i]), (1,), generator=generator))]
+                           for i in ids.tolist()])
+    for rows in chosen:
+        for i, r in zip(ids.tolist(), rows):
             imgs.append(bank.images[r])
             labels.append(i)
     x = torch.stack(imgs)

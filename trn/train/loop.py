@@ -31,6 +31,9 @@ from trn.models.descriptor import Descriptor, DescriptorConfig
 from trn.train.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_checked, load_state, save_checked
 from trn.train.config import TrainConfig, resolve_kind
 from trn.train.data import ImageBank, make_views, pair_batches, training_set
+from trn.data.landmarks import is_frame_view
+from trn.sim.metrics import match_or_insert, separation
+from trn.train.augment import Draw, apply
 from trn.train.losses import MetricLoss
 from trn.train.mars import Mars, positive_pairs
 
@@ -120,6 +123,39 @@ def recall_at_1(model: Descriptor, bank: ImageBank, cfg: TrainConfig, seed: int 
     return float(((top < n) & (labels[:n][top.clamp(max=n - 1)] == labels[n:])).float().mean())
 
 
+@torch.no_grad()
+def frame_validation(model: Descriptor, frames: ImageBank, renders: ImageBank, threshold: float,
+                     seed: int = 12345) -> dict:
+    """Recognition of the validation craters' frame-domain views, each under the scenarios'
+    photometric jitter (contrast and brightness U[0.75, 1.25]) and a rotation U{15..345} degrees,
+    seeded: separation of same- and different-crater pairs (AUC, share of same pairs at the
+    threshold, 99.9th percentile of different pairs), match-or-insert RA over the views in a
+    seeded random order (the Moon Navigation protocol), and top-1 of each view against one render
+    per crater (the map's task). Empty when the bank holds fewer than two views."""
+    rows = [(i, r) for i in range(len(frames)) for r in frames.frames[i]]
+    if len(rows) < 2:
+        return {}
+    g = torch.Generator().manual_seed(seed)
+    labels = np.array([i for i, _ in rows])
+    x = frames.images[[r for _, r in rows]]
+    n = x.shape[0]
+    bc = 0.75 + 0.5 * torch.rand(n, 2, generator=g)
+    m = x.mean(dim=(1, 2, 3), keepdim=True)
+    x = (((x - m) * bc[:, 1, None, None, None] + m) * bc[:, 0, None, None, None]).clamp(min=0.0)
+    angle = torch.randint(15, 346, (n,), generator=g).float()
+    x = apply(x, Draw(torch.ones(n), angle, torch.zeros(n, 2)))
+    e = embed(model, x).numpy()
+    sep = separation(e, labels, threshold)
+    order = torch.randperm(n, generator=g).numpy()
+    mi = match_or_insert(e[order], labels[order], threshold)
+    out = {"val_frame_auc": sep.auc, "val_frame_same_at_threshold": sep.same_at_threshold,
+           "val_frame_different_p999": sep.different_p999, "val_frame_ra": mi.ra}
+    if len(renders) == len(frames):
+        r = embed(model, renders.images[[renders.views[i][0] for i in range(len(renders))]]).numpy()
+        out["val_frame_render_top1"] = float(np.mean(np.argmax(e @ r.T, axis=1) == labels))
+    return out
+
+
 @dataclass
 class RunState:
     epoch: int
@@ -137,21 +173,26 @@ def _checkpoint(model: Descriptor, loss: MetricLoss, mars: Mars | None, opt: tor
     }
 
 
-def _selection_score(rec: dict) -> float:
-    """One number ordering epochs: validation Recall@1 with distractors, then without (both in
-    [0, 1]; the second breaks ties)."""
+def _selection_score(rec: dict, select: str = "render") -> float:
+    """One number ordering epochs. "render": validation Recall@1 with distractors, then without
+    (both in [0, 1]; the second breaks ties); "frame": match-or-insert RA on the validation
+    craters' frame views (in [0, 1]); "both": the mean of the two."""
     hard = rec.get("val_recall_at_1_distractors", rec["val_recall_at_1"])
-    return float(hard + 1e-3 * rec["val_recall_at_1"])
+    render = float(hard + 1e-3 * rec["val_recall_at_1"])
+    if select == "render" or "val_frame_ra" not in rec:
+        return render
+    frame = float(rec["val_frame_ra"]) / 100.0
+    return frame if select == "frame" else 0.5 * (render + frame)
 
 
-def selected_epoch(history: list[dict]) -> dict | None:
+def selected_epoch(history: list[dict], select: str = "render") -> dict | None:
     """The history record of the epoch ``best.pt`` holds (the last of the best-scoring epochs, as
     the loop keeps it), or None when no epoch was validated."""
     best, best_score = None, -math.inf
     for rec in history:
         if "val_recall_at_1" not in rec:
             continue
-        score = _selection_score(rec)
+        score = _selection_score(rec, select)
         if not math.isnan(score) and score >= best_score:
             best, best_score = rec, score
     return best
@@ -194,6 +235,12 @@ def _plot(history: list[dict], path: Path) -> None:
     if "val_recall_at_1_distractors" in history[0]:
         ax[1].plot(ep, [100 * h["val_recall_at_1_distractors"] for h in history], "s-", ms=3,
                    label="+ training identities as distractors")
+    if "val_frame_ra" in history[-1]:
+        fr = [h for h in history if "val_frame_ra" in h]
+        ax[1].plot([h["epoch"] for h in fr], [h["val_frame_ra"] for h in fr], "^-", ms=3,
+                   label="frame views: match-or-insert RA")
+        ax[1].plot([h["epoch"] for h in fr], [100 * h["val_frame_auc"] for h in fr], "v-", ms=3,
+                   label="frame views: AUC x 100")
     ax[1].legend(fontsize=7, loc="lower right")
     ax[1].set_xlabel("epoch")
     ax[1].set_ylabel("validation Recall@1 (%)")
@@ -221,13 +268,21 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
     # images larger so that its crops stay as sharp as a frame crop
     zoom = 1.0 / cfg.augment.box_scale[0] if cfg.augment.box_probability > 0 else 1.0
     train_bank = ImageBank(ls, split.train, int(math.ceil(size * min(zoom, 2.0))))
-    # validation keeps the test protocol: one image per identity, two draws from T
-    val_set = training_set(cfg.data, extra_views=False)[0] if cfg.data.extra_views else ls
+    # validation keeps the test protocol: one image per identity, two draws from T; with frame
+    # views, the validation craters' frame views are measured on their own (frame_validation)
+    views = cfg.data.extra_views or cfg.data.frame_views
+    val_set = training_set(cfg.data, extra_views=False, frame_views=False)[0] if views else ls
     val_bank = ImageBank(val_set, split.val, size)
+    val_frames = ImageBank(ls, split.val, size, select=is_frame_view) if cfg.data.frame_views else None
     if len(train_bank) < cfg.batch_size // cfg.views_per_identity:
         raise ConfigError(f"batch_size={cfg.batch_size} needs {cfg.batch_size // cfg.views_per_identity} identities; "
                           f"the train split has {len(train_bank)}")
     model = Descriptor(cfg.model)
+    if cfg.init:
+        start = load_descriptor(cfg.init)
+        if start.cfg.to_dict() != cfg.model.to_dict():
+            raise ConfigError(f"init={cfg.init}: that descriptor's architecture differs from model: in the config")
+        model.load_state_dict(start.state_dict())
     loss = MetricLoss(cfg.loss, num_classes=len(train_bank), embedding_size=cfg.model.embed_dim)
     mars = Mars(cfg.model.stage_channels, cfg.mars.build()) if cfg.mars.enabled else None
     model.to(device)
@@ -280,7 +335,7 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
         bar = tqdm(batches, desc=f"epoch {epoch}/{cfg.epochs}", unit="batch", disable=None, leave=False)
         for ids in bar:
             x, labels, draws = make_views(train_bank, ids, cfg.views_per_identity, cfg.augment, gen, size,
-                                              detector=True)
+                                          detector=True, pair_mix=cfg.pair_mix if cfg.data.frame_views else None)
             x, labels = x.to(device), labels.to(device)
             if cfg.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
@@ -310,6 +365,8 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
         # the same queries against a gallery as large as the test half's: the validation
         # identities plus one view of every training identity as distractors
         rec["val_recall_at_1_distractors"] = recall_at_1(model, val_bank, cfg, distractors=train_bank)
+        if val_frames is not None:
+            rec.update(frame_validation(model, val_frames, val_bank, cfg.select_threshold))
         rec["seconds"] = time.perf_counter() - t0
         state.history.append(rec)
         state.epoch = epoch
@@ -318,7 +375,7 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
         log.info("epoch %d: %s", epoch, ", ".join(f"{k} {v:.4f}" for k, v in rec.items() if k != "epoch"))
         # model selection: the harder (distractor) figure first, then the plain one; ties go to the
         # later epoch, which with a decaying learning rate is the better-settled model
-        score = _selection_score(rec)
+        score = _selection_score(rec, cfg.select)
         improved = not math.isnan(score) and score >= state.best_recall
         if improved:
             state.best_recall = score

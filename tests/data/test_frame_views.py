@@ -1,0 +1,172 @@
+"""Frame-domain training views: a window render is the frame's crop, the view's geometry is the
+annotation rule's, views are deterministic, and the builder renders them for the training and
+validation halves only."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trn.data import luna1
+from trn.data.annotate import AnnotateConfig, annotate_frame
+from trn.data.build import BuildConfig, build_luna1, scenario_craters, select_craters, surface_of
+from trn.data.crops import crop_information, jitter_box
+from trn.data.frame_views import FrameViewRanges, ViewDraw, local_direction, render_frame_view, view_pose
+from trn.data.render import RenderConfig, Surface, render_frame
+from trn.data.sources import find_catalogue, read_catalogue
+from trn.errors import ConfigError, DataError
+from trn.data.terrain import Albedo, DetailConfig, load_elevation
+from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz, world_to_camera
+
+from .test_terrain import write_world
+
+RENDER = RenderConfig(nav_size=96)
+RULE = AnnotateConfig(min_box_px=6)
+
+
+@pytest.fixture(scope="module")
+def world(tiny_world):
+    surface = surface_of(tiny_world, RENDER, seed=0)
+    cat = read_catalogue(find_catalogue(tiny_world, None))
+    big = np.argsort(-cat.diameter_km)[:3]
+    return surface, cat, big
+
+
+def height_of(surface):
+    return lambda la, lo: surface.elevation.height(la, lo, 1.0)
+
+
+def test_window_render_equals_the_crop_of_the_whole_frame(tmp_path):
+    # steep relief (4 km over 4.5 degrees) so that a low Sun casts shadows
+    write_world(tmp_path, ppd=8, fn=lambda la, lo: 4.0 * np.sin(np.radians(lo) * 40) * np.cos(np.radians(la) * 30))
+    surface = Surface(load_elevation(tmp_path), Albedo.uniform(), DetailConfig(enabled=True, seed=1))
+    lat, lon = 2.0, 40.0
+    draw = ViewDraw(altitude_km=120.0, pixel=(40.0, 55.0), heading_deg=30.0, off_nadir_deg=3.0,
+                    off_nadir_azimuth_deg=100.0, sun_elevation_deg=3.0, sun_azimuth_deg=250.0)
+    h0 = float(height_of(surface)(np.array([lat]), np.array([lon]))[0])
+    rot, pos = view_pose(lat, lon, h0, draw, RENDER)
+    sun = local_direction(lat, lon, draw.sun_azimuth_deg, draw.sun_elevation_deg)
+    full, geom = render_frame(surface, rot, pos, sun, RENDER)
+    unshadowed, _ = render_frame(surface, rot, pos, sun, replace(RENDER, shadows=False))
+    assert (full < unshadowed).mean() > 0.02  # low Sun: cast shadows and penumbrae in the frame
+    ceiling = min(surface.elevation.max_km, float(np.nanmax(geom.height_km)) + 3.0)
+    # windows inside, at every edge and corner, unaligned with the shadow cells, one pixel wide
+    for x0, y0, x1, y1 in [(13, 7, 61, 50), (0, 0, 96, 96), (0, 30, 17, 96), (80, 0, 96, 11), (45, 45, 46, 90),
+                           (3, 91, 94, 96)]:
+        win, wgeom = render_frame(surface, rot, pos, sun, RENDER, window=(x0, y0, x1, y1), shadow_ceiling_km=ceiling)
+        np.testing.assert_array_equal(win, full[y0:y1, x0:x1])
+        np.testing.assert_array_equal(wgeom.lat, geom.lat[y0:y1, x0:x1])
+        # without the frame's ceiling (what a view uses) it is at least as high: the same shadows
+        own, _ = render_frame(surface, rot, pos, sun, RENDER, window=(x0, y0, x1, y1))
+        assert np.abs(own.astype(int) - full[y0:y1, x0:x1]).max() <= 2
+    with pytest.raises(ConfigError, match="window"):
+        render_frame(surface, rot, pos, sun, RENDER, window=(10, 10, 10, 20))
+    with pytest.raises(ConfigError, match="window"):
+        render_frame(surface, rot, pos, sun, RENDER, window=(0, 0, 97, 20))
+
+
+def test_view_geometry_is_the_annotation_rule_of_a_frame_at_that_pose(world):
+    surface, cat, big = world
+    ranges = FrameViewRanges(altitude_km=(60.0, 200.0))
+    height = height_of(surface)
+    for k in big:
+        cid, lat, lon, dia = int(cat.ids[k]), float(cat.lat[k]), float(cat.lon[k]), float(cat.diameter_km[k])
+        for v in range(3):
+            crop, rec = render_frame_view(surface, height, cid, lat, lon, dia, v, 7, RENDER, RULE, ranges)
+            d = rec.draw
+            h0 = float(height(np.array([lat]), np.array([lon]))[0])
+            rot, pos = view_pose(lat, lon, h0, d, RENDER)
+            # the camera is at the drawn altitude and the centre projects on the drawn pixel
+            assert np.linalg.norm(pos) - MOON_RADIUS_KM == pytest.approx(d.altitude_km, abs=1e-6)
+            x, y, z = RENDER.camera.project(world_to_camera(latlon_to_xyz(lat, lon, MOON_RADIUS_KM + h0), rot, pos))
+            assert (float(x), float(y)) == pytest.approx(d.pixel, abs=1e-6) and z > 0
+            # the record's box is the one the frame annotator gives this crater at this pose
+            sun = local_direction(lat, lon, d.sun_azimuth_deg, d.sun_elevation_deg)
+            one = cat.subset(np.arange(len(cat.ids)) == k)
+            boxes = annotate_frame(one, rot, pos, RENDER.camera, height, sun, RULE)
+            assert [(b.l, b.r, b.t, b.b) for b in boxes] == [rec.box]
+            # the crop is the jittered box's window of that frame
+            l, r, t, b = rec.crop_box
+            assert crop.shape == (b - t, r - l)
+            assert l <= rec.box[0] + ranges.shrink_px + ranges.shift_px and r >= rec.box[1] - ranges.shrink_px - ranges.shift_px
+            assert rec.clipped == (0 in (rec.box[0], rec.box[2]) or rec.box[1] == 96 or rec.box[3] == 96)
+            assert crop_information(crop) is None
+            assert RANGES_OK(d, ranges)
+
+
+def RANGES_OK(d: ViewDraw, r: FrameViewRanges) -> bool:  # noqa: N802 - reads as an assertion
+    return (r.altitude_km[0] <= d.altitude_km <= r.altitude_km[1]
+            and r.sun_elevation_deg[0] <= d.sun_elevation_deg <= r.sun_elevation_deg[1]
+            and r.off_nadir_deg[0] <= d.off_nadir_deg <= r.off_nadir_deg[1])
+
+
+def test_views_are_deterministic_by_seed_crater_and_view(world):
+    surface, cat, big = world
+    k = big[1]
+    args = (int(cat.ids[k]), float(cat.lat[k]), float(cat.lon[k]), float(cat.diameter_km[k]))
+    height = height_of(surface)
+    a1, r1 = render_frame_view(surface, height, *args[:4], 1, 0, RENDER, RULE, FrameViewRanges())
+    render_frame_view(surface, height, *args[:4], 0, 0, RENDER, RULE, FrameViewRanges())  # another view between
+    a2, r2 = render_frame_view(surface, height, *args[:4], 1, 0, RENDER, RULE, FrameViewRanges())
+    assert a1.tobytes() == a2.tobytes() and r1 == r2
+    b, rb = render_frame_view(surface, height, *args[:4], 2, 0, RENDER, RULE, FrameViewRanges())
+    c, rc = render_frame_view(surface, height, *args[:4], 1, 1, RENDER, RULE, FrameViewRanges())
+    assert rb.draw != r1.draw and rc.draw != r1.draw
+
+
+def test_jitter_box_is_the_scenarios_detector_noise():
+    rng = np.random.default_rng(0)
+    boxes = [jitter_box((20, 60, 10, 50), rng, 10, 10, (96, 96)) for _ in range(500)]
+    ls = np.array(boxes)
+    assert (ls[:, 0] >= 10).all() and (ls[:, 0] <= 40).all() and (ls[:, 1] >= 40).all() and (ls[:, 1] <= 70).all()
+    assert jitter_box((0, 5, 0, 5), np.random.default_rng(1), 10, 0, (96, 96)) == (0, 5, 0, 5)  # collapses: kept
+
+
+def test_uninformative_crops_are_named():
+    assert crop_information(np.zeros((20, 20), np.uint8)) == "black"
+    assert crop_information(np.full((20, 20), 255, np.uint8)) == "saturated"
+    assert crop_information(np.full((20, 20), 120, np.uint8) + np.random.default_rng(0).integers(0, 3, (20, 20)).astype(np.uint8)) == "flat"
+    assert crop_information(np.random.default_rng(0).integers(0, 255, (20, 20)).astype(np.uint8)) is None
+
+
+def test_bad_view_ranges_are_refused():
+    with pytest.raises(ConfigError, match="altitude_km"):
+        FrameViewRanges(altitude_km=(200.0, 30.0))
+    with pytest.raises(ConfigError, match="sun_elevation_deg"):
+        FrameViewRanges(sun_elevation_deg=(0.0, 95.0))
+    with pytest.raises(ConfigError, match="unknown frame view settings"):
+        FrameViewRanges.from_dict({"altitude": [1, 2]})
+
+
+def test_builder_renders_views_of_the_training_and_validation_halves_only(boxed_world, tmp_path):
+    base = dict(source=boxed_world, out=tmp_path / "b", limit_frames=20, limit_craters=12, workers=1,
+                render=RenderConfig(nav_size=64, crater_size=32), annotate=AnnotateConfig(min_box_px=4))
+    summary = build_luna1(BuildConfig(**base))
+    assert summary.boxes > 0
+    plain = {p.name: p.read_bytes() for p in (tmp_path / "b" / luna1.CRATER_DIR).iterdir()}
+    build_luna1(BuildConfig(**base, frame_views=2))  # added to a finished build
+    vdir = tmp_path / "b" / luna1.FRAME_VIEWS_DIR
+    meta = luna1.Luna1Metadata.read(tmp_path / "b" / luna1.METADATA)
+    order = sorted(meta.craters)
+    frames = luna1.read_annotations(tmp_path / "b" / luna1.ANNOTATIONS)
+    test = scenario_craters(order, frames)
+    trainval = [c for c in order if c not in test]
+    assert test and trainval
+    assert sorted(int(p.stem) for p in vdir.glob("*.json") if p.stem.isdigit()) == trainval
+    assert not any(int(p.stem.split("_")[0]) in test for p in vdir.glob("*.png"))
+    recs = json.loads((vdir / f"{trainval[0]}.json").read_text())
+    assert [r["k"] for r in recs] == [0, 1]
+    first = {p.name: p.read_bytes() for p in vdir.glob("*.png")}
+    assert {p.name: p.read_bytes() for p in (tmp_path / "b" / luna1.CRATER_DIR).iterdir()} == plain
+    # raising K renders only the new views, and the old ones stay byte-identical
+    build_luna1(BuildConfig(**{**base, "workers": 2}, frame_views=3))
+    now = {p.name: p.read_bytes() for p in vdir.glob("*.png")}
+    assert len(now) == 3 * len(trainval) and all(now[k] == v for k, v in first.items())
+    assert [r["k"] for r in json.loads((vdir / f"{trainval[0]}.json").read_text())] == [0, 1, 2]
+    # other settings in the same folder are refused
+    with pytest.raises(DataError, match="other settings"):
+        build_luna1(BuildConfig(**base, frame_views=3, frame_view_ranges=FrameViewRanges(altitude_km=(50.0, 60.0))))
+    with pytest.raises(ConfigError, match="frame_views"):
+        BuildConfig(**base, frame_views=99)
