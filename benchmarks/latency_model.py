@@ -90,7 +90,7 @@ def _shipped(out: Path) -> list[Path]:
     """Timing-only int8 TFLite backbones of the shipped models (models/<name>/weights.pt)."""
     from trn.sim.embedders import MODELS_DIR, TorchEmbedder
     from trn.sim.timing import write_timing_tflite
-    from trn.train.loop import load_descriptor
+    from trn.models.checkpoint import load_descriptor
 
     paths = []
     for w in sorted(Path(MODELS_DIR).glob("*/weights.pt")):

@@ -16,7 +16,7 @@ import torch
 
 from trn.data.luna1 import read_luna1
 from trn.models.rotation import rotation_similarity
-from trn.train.loop import load_descriptor
+from trn.models.checkpoint import load_descriptor
 
 ANGLES = [0, 15, 37, 90, 143, 180, 270]
 

@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _hw import hardware  # noqa: E402
 
 from trn.models.descriptor import Descriptor, model_config  # noqa: E402
-from trn.train.augment import AugmentConfig, apply, sample  # noqa: E402
+from trn.data.augment import AugmentConfig, apply, sample  # noqa: E402
 from trn.train.losses import MetricLoss  # noqa: E402
 from trn.train.mars import Mars, MarsConfig, positive_pairs  # noqa: E402
 

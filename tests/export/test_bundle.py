@@ -102,7 +102,7 @@ def test_cli_keygen_bundle_verify(tmp_path, capsys):
 
     from trn.cli import export as export_cli
     from trn.models.descriptor import create_model
-    from trn.train.checkpoint import CHECKPOINT_FORMAT, save_checked
+    from trn.models.checkpoint import CHECKPOINT_FORMAT, save_checked
 
     m = create_model("flight", input_size=32)
     (tmp_path / "run").mkdir()

@@ -85,7 +85,7 @@ def test_parity_refuses_wrong_shapes(tmp_path):
 
 def test_cli_exports_and_reports_parity_on_real_looking_crops(tmp_path, capsys):
     from trn.cli import export as export_cli
-    from trn.train.checkpoint import CHECKPOINT_FORMAT, save_checked
+    from trn.models.checkpoint import CHECKPOINT_FORMAT, save_checked
     from tests.sim.test_scenarios import write_dataset
 
     m = trained_looking("ric", "ca", seed=2)
@@ -142,7 +142,7 @@ def test_trn_sim_runs_the_scenarios_through_onnxruntime(tmp_path, capsys):
 def test_int8_qdq_is_calibrated_on_the_training_half_only_and_tracks_fp32(tmp_path):
     from trn.cli import export as export_cli
     from trn.export.to_onnx import calibration_crops
-    from trn.train.checkpoint import CHECKPOINT_FORMAT, save_checked
+    from trn.models.checkpoint import CHECKPOINT_FORMAT, save_checked
     from tests.sim.test_scenarios import write_dataset
 
     write_dataset(tmp_path / "d", [[0, 1], [2], [3]])

@@ -219,7 +219,7 @@ def test_host_side_tokens_from_tflite_match_torch(tmp_path):
 def test_cli_exports_tflite_with_reports_and_trn_sim_runs_it(tmp_path, capsys):
     from trn.cli import export as export_cli
     from trn.cli import sim as sim_cli
-    from trn.train.checkpoint import CHECKPOINT_FORMAT, save_checked
+    from trn.models.checkpoint import CHECKPOINT_FORMAT, save_checked
     from tests.sim.test_scenarios import write_dataset
 
     write_dataset(tmp_path / "d", [[0, 1], [2], [0, 1, 2], [3], [0], [1, 3]])

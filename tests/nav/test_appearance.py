@@ -114,7 +114,7 @@ def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path,
     from trn.cli import sim as sim_cli
     from trn.data.annotate import AnnotateConfig
     from trn.data.build import build_luna1
-    from trn.train.checkpoint import CHECKPOINT_FORMAT, save_checked
+    from trn.models.checkpoint import CHECKPOINT_FORMAT, save_checked
 
     build_luna1(cfg(boxed_world, tmp_path / "d", limit_frames=18, limit_craters=6,
                     annotate=AnnotateConfig(min_box_px=2, min_sun_elevation_deg=0)))

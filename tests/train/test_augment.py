@@ -3,7 +3,7 @@ import torch
 import torch.nn.functional as F
 
 from trn.errors import ConfigError
-from trn.train.augment import AugmentConfig, apply, invert, sample
+from trn.data.augment import AugmentConfig, apply, invert, sample
 
 
 def blob(n: int, size: int) -> torch.Tensor:
@@ -46,7 +46,7 @@ def test_inverse_recovers_the_pose_at_every_feature_scale(scale):
 
 
 def test_identity_draw_is_identity():
-    from trn.train.augment import Draw
+    from trn.data.augment import Draw
 
     x = torch.rand(2, 1, 16, 16)
     d = Draw(torch.ones(2), torch.zeros(2), torch.zeros(2, 2))
@@ -62,7 +62,7 @@ def test_bad_ranges():
 
 
 def test_detector_boxes_stay_in_their_ranges_and_keep_the_centre():
-    from trn.train.augment import sample_boxes
+    from trn.data.augment import sample_boxes
 
     cfg = AugmentConfig(box_probability=0.7, box_scale=(0.6, 0.9), box_aspect=(0.9, 1.1), box_clip_probability=0.5,
                         box_keep=(0.5, 1.0))
@@ -80,7 +80,7 @@ def test_detector_boxes_stay_in_their_ranges_and_keep_the_centre():
 
 
 def test_detector_crop_is_the_box_stretched_to_a_square():
-    from trn.train.augment import crop_resize
+    from trn.data.augment import crop_resize
 
     x = torch.zeros(1, 1, 64, 64)
     x[..., 16:48, 32:64] = 1.0  # the right half of the central square is bright
@@ -92,7 +92,7 @@ def test_detector_crop_is_the_box_stretched_to_a_square():
 
 
 def test_detector_stage_only_in_training_and_off_by_default():
-    from trn.train.augment import contrast
+    from trn.data.augment import contrast
     from trn.train.data import make_views
 
     class Bank:

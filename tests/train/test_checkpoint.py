@@ -9,10 +9,10 @@ import torch
 
 from tests.train.test_training import base_doc, tiny_folder
 from trn.errors import DataError
+from trn.models.checkpoint import CHECKPOINT_FORMAT, load_checked, load_descriptor, save_checked, sidecar, verify
 from trn.models.descriptor import Descriptor
-from trn.train.checkpoint import CHECKPOINT_FORMAT, load_checked, save_checked, sidecar, verify
 from trn.train.config import from_dict
-from trn.train.loop import load_descriptor, train
+from trn.train.loop import train
 
 
 def small_weights(tmp_path):

@@ -89,7 +89,7 @@ def _bundle(args) -> int:
 
     from trn.export.bundle import make_bundle
     from trn.sim.embedders import resolve_model
-    from trn.train.loop import load_descriptor
+    from trn.models.checkpoint import load_descriptor
 
     ckpt = resolve_model(args.model)
     cfg = load_descriptor(ckpt).cfg
@@ -120,7 +120,7 @@ def _onnx(args) -> int:
     from trn.errors import DataError
     from trn.export.to_onnx import export_onnx, parity, real_crops, write_report
     from trn.sim.embedders import resolve_model
-    from trn.train.loop import load_descriptor
+    from trn.models.checkpoint import load_descriptor
 
     torch.set_num_threads(args.threads)
     model = load_descriptor(resolve_model(args.model))
@@ -185,7 +185,7 @@ def _tflite(args) -> int:
     from trn.export.tflite import TfliteRunner, export_tflite, tflite_parity, write_report
     from trn.export.to_onnx import calibration_crops, real_crops
     from trn.sim.embedders import resolve_model
-    from trn.train.loop import load_descriptor
+    from trn.models.checkpoint import load_descriptor
 
     torch.set_num_threads(args.threads)
     weights = resolve_model(args.model)

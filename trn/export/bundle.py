@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from trn.errors import DataError
-from trn.train.checkpoint import file_sha256
 
 from trn_board.bundle import BUNDLE_FORMAT, MANIFEST, SIGNATURE  # noqa: F401  (re-exported)
+from trn_board.bundle import sha256_file as file_sha256
 
 PAYLOAD = ("model.onnx", "model_int8.onnx", "model_int8.tflite", "model_int8_edgetpu.tflite", "head.npz",
            "MODEL_CARD.md")

@@ -183,7 +183,7 @@ def export_tflite(model, out_dir: str | Path, calib: np.ndarray, calib_source: s
     from trn.export.graph import ExportGraph
     from trn.export.tflite_format import write_tflite
     from trn.export.tflite_ir import calibrate, lower_backbone, quantize
-    from trn.train.checkpoint import file_sha256
+    from trn_board.bundle import sha256_file as file_sha256
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

@@ -20,7 +20,7 @@ import torch
 from trn.errors import DataError
 from trn.export.graph import OUTPUTS, ExportGraph, reference_outputs
 from trn.models.descriptor import Descriptor
-from trn.train.checkpoint import file_sha256
+from trn_board.bundle import sha256_file as file_sha256
 
 OPSET = 17
 FORBIDDEN_OPS = frozenset({"DeformConv", "GridSample", "AffineGrid", "Loop", "If", "Scan", "NonZero", "Unique"})
@@ -231,12 +231,10 @@ def calibration_crops(root: str | Path, split_json: str | Path | None, size: int
     identities the images show)."""
     import torch as _torch
 
-    from trn.data.landmarks import read_landmarks
-    from trn.data.luna1 import read_gray
-    from trn.train.augment import AugmentConfig, apply, sample
-    from trn.train.config import DataConfig
+    from trn.data.augment import AugmentConfig, apply, sample
     from trn.data.crops import preprocess
-    from trn.train.data import split_identities
+    from trn.data.landmarks import read_landmarks, split_identities
+    from trn.data.luna1 import read_gray
 
     ls, kind = read_landmarks(Path(root))
     if split_json is not None and Path(split_json).is_file():
@@ -247,7 +245,7 @@ def calibration_crops(root: str | Path, split_json: str | Path | None, size: int
             raise DataError("none of the model's training identities are in this dataset; calibrate on the data the "
                             "model was trained on", root)
     else:
-        train = set(split_identities(ls, DataConfig(kind=kind, path=str(root))).train)
+        train = set(split_identities(ls, root, kind).train)
     items = [it for it in ls.items if it.instance in train]
     if not items:
         raise DataError("no training-half images to calibrate on", root)

@@ -91,7 +91,7 @@ class Profile:
 
 
 def _load_yaml(path: Path) -> dict:
-    from trn.train.config import _yaml
+    from trn.yamlio import load_yaml as _yaml
 
     try:
         text = path.read_text(encoding="utf-8")

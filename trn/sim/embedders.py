@@ -238,7 +238,7 @@ def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int 
                   backend: str = "torch") -> Embedder:
     """An embedder from a model spec: "ncc", or for the torch backend anything
     :func:`resolve_model` accepts, for an export backend anything :func:`resolve_export` accepts."""
-    from trn.train.loop import load_descriptor
+    from trn.models.checkpoint import load_descriptor
 
     if backend not in BACKENDS:
         raise ConfigError(f"backend {backend!r}: expected one of {BACKENDS}")

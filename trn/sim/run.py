@@ -9,14 +9,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 from tqdm import tqdm
 
-from trn.data.landmarks import LandmarkSet, read_luna1_landmarks
+from trn.data.landmarks import LandmarkSet, read_luna1_landmarks, split_identities
 from trn.data.luna1 import Luna1Dataset
 from trn.errors import ConfigError, DataError
 from trn.sim import scenarios as sc
 from trn.sim.embedders import Embedder
 from trn.sim.report import Report
-from trn.train.config import DataConfig
-from trn.train.data import split_identities
 
 log = logging.getLogger(__name__)
 
@@ -25,7 +23,7 @@ def test_identities(ls: LandmarkSet, kind: str, root: str, s: sc.ScenarioSetting
     """The instance-disjoint test half (the split the shipped models were trained with: Luna-1
     navigation craters forced into it), capped at ``s.max_landmarks`` by a seeded draw that keeps
     the navigation craters first."""
-    split = split_identities(ls, DataConfig(kind=kind, path=root, split_seed=split_seed))
+    split = split_identities(ls, root, kind, split_seed=split_seed)
     names = list(split.test)
     if s.max_landmarks and len(names) > s.max_landmarks:
         rng = np.random.default_rng([s.seed, 5])

@@ -17,7 +17,6 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -26,12 +25,13 @@ from typing import Any
 
 import yaml
 
+from trn.data.augment import AugmentConfig
+from trn.data.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION
 from trn.errors import ConfigError
 from trn.models.descriptor import DescriptorConfig, model_config
-from trn.data.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION
-from trn.train.augment import AugmentConfig
 from trn.train.losses import loss_spec
 from trn.train.mars import MarsConfig
+from trn.yamlio import load_yaml as _yaml
 
 DATA_KINDS = ("auto", "luna1", "hirise", "folder")
 OPTIMIZERS = ("adam", "adamw")
@@ -191,22 +191,6 @@ class TrainConfig:
         d["model"] = self.model.to_dict()
         d["augment"] = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self.augment).items()}
         return d
-
-
-class _Loader(yaml.SafeLoader):
-    """Safe YAML with YAML 1.2 numbers: ``1e-4`` is a float (PyYAML's 1.1 rules read it as a
-    string). Quoted values stay strings."""
-
-
-_Loader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?$"
-               r"|^[-+]?\.(?:inf|Inf|INF)$|^\.(?:nan|NaN|NAN)$"),
-    list("-+0123456789."))
-
-
-def _yaml(text: str) -> Any:
-    return yaml.load(text, Loader=_Loader)  # noqa: S506 - a SafeLoader subclass
 
 
 def _typename(v: Any) -> str:

@@ -9,12 +9,11 @@ import cv2
 import numpy as np
 import torch
 
+from trn.data import landmarks
+from trn.data.augment import AugmentConfig, Draw, apply, contrast, crop_resize, sample, sample_boxes
 from trn.data.crops import preprocess
-from trn.data.landmarks import (LandmarkItem, LandmarkSet, Split, detect_kind, is_frame_view, luna1_identities,
-                                read_landmarks, split_ids)
-from trn.data.luna1 import ANNOTATIONS, read_annotations
+from trn.data.landmarks import LandmarkItem, LandmarkSet, Split, is_frame_view, read_landmarks
 from trn.errors import DataError
-from trn.train.augment import AugmentConfig, Draw, apply, contrast, crop_resize, sample, sample_boxes
 from trn.train.config import DataConfig
 
 __all__ = ["preprocess"]  # re-exported: the crop transform lives in trn.data.crops
@@ -60,24 +59,9 @@ def training_set(cfg: DataConfig, extra_views: bool | None = None,
 
 
 def split_identities(ls: LandmarkSet, cfg: DataConfig) -> Split:
-    """50/50 (``test_fraction``) instance-disjoint split; for Luna-1 every crater seen in the
-    navigation sequence goes to the test half first, and the identities are the build's craters
-    (metadata.json) where it lists them. ``val_fraction`` of the train identities are held out for
-    validation."""
-    ids = ls.instances
-    forced: set[str] = set()
-    kind = detect_kind(cfg.path) if cfg.kind == "auto" else cfg.kind
-    if kind == "luna1":
-        ann = Path(cfg.path) / ANNOTATIONS
-        if ann.is_file():
-            forced = {str(b.id) for f in read_annotations(ann) for b in f.boxes}
-        listed = luna1_identities(cfg.path)
-        if listed is not None and set(ids) <= set(listed):
-            ids = listed
-    split = split_ids(ids, forced, cfg.test_fraction, cfg.val_fraction, cfg.split_seed)
-    if len(split.train) < 2:
-        raise DataError(f"only {len(split.train)} training identities after the split; the dataset has {len(ids)}")
-    return split
+    """The split of :func:`trn.data.landmarks.split_identities` with the fractions and seed of
+    ``cfg`` (50/50 instance-disjoint, Luna-1 navigation craters forced into the test half)."""
+    return landmarks.split_identities(ls, cfg.path, cfg.kind, cfg.test_fraction, cfg.val_fraction, cfg.split_seed)
 
 
 class ImageBank:

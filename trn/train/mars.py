@@ -22,7 +22,7 @@ from torch import nn
 
 from trn.errors import ConfigError
 from trn.models.layers import GeM
-from trn.train.augment import Draw, invert
+from trn.data.augment import Draw, invert
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,12 @@
-"""Checksummed model files.
+"""Checksummed model files, and the loader of a trained descriptor.
 
 Every ``.pt`` file trn writes (``weights.pt``, ``best.pt``, ``last.pt``) gets a sidecar
 ``<name>.sha256`` in the format of ``sha256sum`` (``<hex>  <name>``), so ``sha256sum -c`` checks it
 too. Files are written to a temporary name, fsynced and renamed, the sidecar after the file; a
 reader verifies the digest before unpickling anything and loads with ``weights_only=True``. Any
 problem (no sidecar, digest mismatch, unreadable file, wrong format, missing key, missing config,
-shape mismatch) is a one-line :class:`DataError` naming the file.
+shape mismatch) is a one-line :class:`DataError` naming the file. :func:`load_descriptor` is the
+one way everything (training, trn-sim, the map, export) reads a trained descriptor.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import torch
 
 from trn_board.bundle import sha256_file
 
-from trn.errors import DataError
+from trn.errors import ConfigError, DataError
+from trn.models.descriptor import Descriptor, DescriptorConfig
 
 CHECKPOINT_FORMAT = "trn-descriptor-checkpoint"
 CHECKPOINT_VERSION = 1
@@ -118,3 +120,15 @@ def load_state(module: torch.nn.Module, state: dict, path: str | Path, what: str
         if t.is_floating_point() and not torch.isfinite(t).all():
             raise DataError(f"{what} weight {k!r} holds NaN or infinite values; the file is damaged", path)
     module.load_state_dict(state)
+
+
+def load_descriptor(path: str | Path) -> Descriptor:
+    """A trained descriptor from a checksummed checkpoint (verified, ``weights_only``), in eval mode."""
+    ck = load_checked(path)
+    try:
+        cfg = DescriptorConfig.from_dict(ck["model_config"])
+    except (ConfigError, TypeError) as exc:
+        raise DataError(f"checkpoint's model_config is invalid ({exc})", path) from None
+    model = Descriptor(cfg)
+    load_state(model, ck["model"], path)
+    return model.eval()
