@@ -3,8 +3,9 @@
     python benchmarks/frame_crop_separation.py --data data/luna1 MODEL [MODEL ...]
 
 Takes the Moon Navigation crops of a Luna-1 directory (every annotated frame's boxes through NMS
-and the scenario's seeded detector noise, rotation and photometric jitter: exactly the scenario's
-inputs), embeds them with each model, and over all pairs of crops prints:
+and the scenario's seeded detector noise, rotation and photometric jitter, uninformative crops
+declined: exactly the scenario's inputs), embeds them with each model, and over all pairs of
+crops prints:
 
 - same crater: mean cosine and the share at or above the paper's threshold 0.9;
 - different craters: the 99.9th percentile and the share at or above 0.9;
@@ -46,21 +47,23 @@ def main() -> int:
     s = sc.ScenarioSettings()
     frames = sc.navigation_frames(ds, s)
     dets = sc.detect(ds, frames, s, np.random.default_rng([s.seed, 3]), sc.frame_shape(ds))
+    dets, declined = sc.decline_uninformative(ds, frames, dets)  # as Moon Navigation does
     flat = [d for fr in frames for d in dets[fr]]
+    if declined:
+        print(f"{len(declined)} crops declined (nothing to recognise), as in Moon Navigation")
     lab = np.array([d.label for d in flat])
-    iu = np.triu_indices(len(flat), 1)
-    same = (lab[:, None] == lab[None, :])[iu]
-    print(f"{len(flat)} crops of {len(set(lab))} craters; {int(same.sum())} same-crater pairs, "
-          f"{int((~same).sum())} different-crater pairs")
+    from trn.sim.metrics import separation
+
+    same_pairs = int(sum(n * (n - 1) // 2 for n in np.unique(lab, return_counts=True)[1]))
+    print(f"{len(flat)} crops of {len(set(lab))} craters; {same_pairs} same-crater pairs, "
+          f"{len(flat) * (len(flat) - 1) // 2 - same_pairs} different-crater pairs")
     print("| model | same: mean cosine | same: >= 0.9 | different: p99.9 | different: >= 0.9 | AUC |")
     print("| --- | --- | --- | --- | --- | --- |")
     for spec in args.models:
         e = sc._embed_crops(ds, flat, make_embedder(spec)).global_
-        sims = (e @ e.T)[iu]
-        a, b = sims[same], np.sort(sims[~same])
-        auc = float(np.searchsorted(b, a).mean() / len(b))
-        print(f"| {spec} | {a.mean():.3f} | {(a >= 0.9).mean():.3f} | {np.percentile(b, 99.9):.3f} | "
-              f"{(b >= 0.9).mean():.4f} | {auc:.4f} |", flush=True)
+        r = separation(e, lab, 0.9)
+        print(f"| {spec} | {r.same_mean:.3f} | {r.same_at_threshold:.3f} | {r.different_p999:.3f} | "
+              f"{r.different_at_threshold:.4f} | {r.auc:.4f} |", flush=True)
     return 0
 
 

@@ -4,14 +4,13 @@ validation halves only."""
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from trn.data import luna1
 from trn.data.annotate import AnnotateConfig, annotate_frame
-from trn.data.build import BuildConfig, build_luna1, scenario_craters, select_craters, surface_of
+from trn.data.build import BuildConfig, build_luna1, scenario_craters, surface_of
 from trn.data.crops import crop_information, jitter_box
 from trn.data.frame_views import FrameViewRanges, ViewDraw, local_direction, render_frame_view, view_pose
 from trn.data.render import RenderConfig, Surface, render_frame
@@ -170,3 +169,56 @@ def test_builder_renders_views_of_the_training_and_validation_halves_only(boxed_
         build_luna1(BuildConfig(**base, frame_views=3, frame_view_ranges=FrameViewRanges(altitude_km=(50.0, 60.0))))
     with pytest.raises(ConfigError, match="frame_views"):
         BuildConfig(**base, frame_views=99)
+
+
+def test_segmented_trajectory_turns_ground_tracks_and_shifts_epochs(boxed_world):
+    import datetime as dt
+
+    from trn.data.sources import read_trajectory, segment_trajectory
+    from trn.geometry import quat_to_matrix, xyz_to_latlon
+
+    traj = read_trajectory(boxed_world)
+    seg = segment_trajectory(traj, ((0.0, 0.0), (30.0, 86400.0)))
+    n = len(traj)
+    assert len(seg) == 2 * n
+    np.testing.assert_allclose(seg.kitti[:n], traj.kitti, atol=1e-12)
+    lat0, lon0, r0 = xyz_to_latlon(traj.kitti[:, :, 3])
+    lat1, lon1, r1 = xyz_to_latlon(seg.kitti[n:, :, 3])
+    np.testing.assert_allclose(lat1, lat0, atol=1e-9)
+    np.testing.assert_allclose(r1, r0, atol=1e-9)
+    np.testing.assert_allclose((lon1 - lon0) % 360, 30.0, atol=1e-9)
+    # the camera keeps its attitude relative to the ground below it; the pose file agrees
+    np.testing.assert_allclose(quat_to_matrix(seg.poses[n:, 3:]), seg.kitti[n:, :, :3], atol=1e-9)
+    assert seg.epochs[n] - traj.epochs[0] == dt.timedelta(days=1)
+
+
+def test_validation_orbit_boxes_validation_craters_only(boxed_world, tmp_path):
+    from trn.data.build import validation_craters, validation_segments
+    from trn.data.landmarks import split_ids
+    from trn.data.luna1 import read_luna1
+    from trn.sim.scenarios import ScenarioSettings, orbit_ranges
+
+    base = dict(source=boxed_world, limit_frames=None, limit_craters=None, workers=1, render_frames=False, parts="scenarios",
+                render=RenderConfig(nav_size=64, crater_size=32), annotate=AnnotateConfig(min_box_px=4))
+    build_luna1(BuildConfig(out=tmp_path / "main", **base))
+    val = validation_craters(tmp_path / "main")
+    meta = luna1.Luna1Metadata.read(tmp_path / "main" / luna1.METADATA)
+    forced = {str(b.id) for f in luna1.read_annotations(tmp_path / "main" / luna1.ANNOTATIONS) for b in f.boxes}
+    split = split_ids([str(c) for c in sorted(meta.craters)], forced, 0.5, 0.1, 0)
+    assert val == {int(c) for c in split.val} and val
+    segments = validation_segments(12)
+    assert len({r for r, _ in segments}) == 12 and all(o > 0 for _, o in segments) and segments[0][0] != 0.0
+    build_luna1(BuildConfig(out=tmp_path / "val", segments=segments, annotate_validation_of=tmp_path / "main",
+                            **{**base, "render_frames": True}))
+    ds = read_luna1(tmp_path / "val")
+    ids = {int(b.id) for f in ds.frames for b in f.boxes}
+    assert ids and ids <= val  # no test-half (nor training) crater is boxed
+    assert not ids & {int(c) for c in split.test}
+    n = len(meta.frames)
+    assert len(ds.metadata.frames) == 12 * n and len(ds.metadata.source["segments"]) == 12
+    orbits = orbit_ranges(ds, ScenarioSettings())
+    assert len(orbits) == 3 and all(len(o) == 12 for o in orbits)
+    assert orbits[0][1][0] == n  # segment 2's first orbit starts at its first frame
+    # every annotated frame was rendered, and only those
+    rendered = {int(p.stem) for p in (tmp_path / "val" / luna1.NAV_IMAGES).glob("*.png")}
+    assert rendered == {f.frame for f in ds.frames if f.boxes}

@@ -183,3 +183,24 @@ def test_crater_views_differ_only_in_the_intended_ways(tmp_path):
     assert 0 < np.abs(tilted - base).mean() < 10.0
     with pytest.raises(ConfigError, match="tilt_deg"):
         CraterView(tilt_deg=30.0)
+
+
+def test_baked_illumination_is_one_texture_for_landmarks_and_frames(tmp_path):
+    from dataclasses import replace as _replace
+
+    fn = lambda lat, lon: 3.0 * np.sin(np.radians(lon) * 30) * np.cos(np.radians(lat) * 25)  # noqa: E731
+    s = surface(tmp_path, fn, ppd=8)
+    baked = RenderConfig(nav_size=48, crater_size=48, illumination="baked")
+    rot, pos = pose_over(3, 40, 600)
+    day, _ = render_frame(s, rot, pos, latlon_to_xyz(3, 40, 1.0), baked)
+    night, _ = render_frame(s, rot, pos, latlon_to_xyz(3, 220, 1.0), baked)
+    np.testing.assert_array_equal(day, night)  # the Sun plays no part: no night, no cast shadows
+    assert day.std() > 1.5
+    # the landmark render of the baked world is its texture: with the baked light equal to the
+    # tethered light, the physical render without cast shadows, up to the light's curvature
+    lm = render_crater(s, 3.0, 40.0, 30.0, baked)
+    phys = render_crater(s, 3.0, 40.0, 30.0, _replace(baked, illumination="physical", shadows=False))
+    assert np.abs(lm.astype(int) - phys).max() <= 2
+    with pytest.raises(ConfigError, match="illumination"):
+        RenderConfig(illumination="mosaic")
+    assert RenderConfig.from_dict({"illumination": "baked", "baked_light_deg": [90, 30]}).baked_light_deg == (90, 30)

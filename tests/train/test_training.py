@@ -189,7 +189,7 @@ def tiny_luna1_with_frame_views(root: Path, n: int = 24, k: int = 3, test_too: b
 
 
 def test_frame_view_pairs_follow_the_mix():
-    from trn.data.landmarks import LandmarkItem, LandmarkSet
+    from trn.data.landmarks import LandmarkSet
     from trn.train.data import ImageBank, pair_rows
 
     import tempfile

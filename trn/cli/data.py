@@ -52,13 +52,23 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
                         "perspective and photometry at 30-200 km, the crater anywhere in the field of view, the Sun "
                         "drawn over it, cut by the annotation rule's box with detector noise (frame_views/, for "
                         "training; can be added to a finished build)")
+    p.add_argument("--illumination", choices=("physical", "baked"), default="physical",
+                   help="baked: the paper's scene conditions, one texture shaded once under a light fixed to the "
+                        "local horizon, draped over the terrain for landmarks and frames alike (no Sun, no night, no "
+                        "cast shadows); a diagnostic world")
+    p.add_argument("--segments", type=int_at_least(1), default=None, metavar="N",
+                   help="fly the trajectory N times, on N ground tracks spread in longitude and each 1.7 days "
+                        "after the last (other Suns): with --annotate-validation-of, the validation orbit")
+    p.add_argument("--annotate-validation-of", type=Path, default=None, metavar="BUILD",
+                   help="box only the validation half of BUILD's split (no test-half crater), for choosing "
+                        "recipes and thresholds on a navigation sequence")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
 def _render_config(a: argparse.Namespace) -> RenderConfig:
     base = RenderConfig()
     return replace(base, nav_size=a.nav_size, crater_size=a.crater_size, shadows=not a.no_shadows,
-                   photometry=a.photometry, light_elevation_deg=a.light_elevation,
+                   photometry=a.photometry, light_elevation_deg=a.light_elevation, illumination=a.illumination,
                    detail=replace(base.detail, enabled=not a.no_detail))
 
 
@@ -118,13 +128,17 @@ def main(argv: list[str] | None = None) -> int:
                 print(p)
             return 0
         render = _render_config(args)
+        from trn.data.build import validation_segments
+
+        segments = validation_segments(args.segments) if args.segments else ()
         annotate = AnnotateConfig(min_box_px=args.min_box, min_sun_elevation_deg=args.min_sun_elevation)
         if args.what == "luna1":
             cfg = BuildConfig(source=args.source, out=args.out, catalogue=args.catalogue, limit_frames=args.limit_frames,
                               first_frame=args.first_frame, limit_craters=args.limit_craters, workers=args.workers, seed=args.seed,
                               max_dem_ppd=args.max_dem_ppd, render=render, annotate=annotate,
                               render_frames=not args.no_frames, views=args.views, parts=args.parts,
-                              frame_views=args.frame_views)
+                              frame_views=args.frame_views, segments=segments,
+                              annotate_validation_of=args.annotate_validation_of)
             _print_summary(build_luna1(cfg))
             return 0
         from trn.data.synth import SynthConfig, build_synthetic_luna1
@@ -133,7 +147,8 @@ def main(argv: list[str] | None = None) -> int:
         summary = build_synthetic_luna1(scfg, args.out, world_dir=args.world_dir, limit_frames=args.limit_frames,
                                         limit_craters=args.limit_craters, workers=args.workers, render=render,
                                         annotate=annotate, parts=args.parts, render_frames=not args.no_frames,
-                                        views=args.views, frame_views=args.frame_views)
+                                        views=args.views, frame_views=args.frame_views, segments=segments,
+                                        annotate_validation_of=args.annotate_validation_of)
         _print_summary(summary)
         return 0
 

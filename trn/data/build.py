@@ -29,7 +29,7 @@ from trn.data.ephemeris import sun_direction_body
 from trn.data.frame_views import FrameViewRanges, render_frame_view
 from trn.data.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION, split_ids
 from trn.data.render import RENDERER_VERSION, CraterView, RenderConfig, Surface, render_crater, render_frame
-from trn.data.sources import Catalogue, Trajectory, find_catalogue, read_catalogue, read_trajectory
+from trn.data.sources import Catalogue, Trajectory, find_catalogue, read_catalogue, read_trajectory, segment_trajectory
 from trn.data.terrain import Albedo, load_albedo, load_elevation
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, xyz_to_latlon
@@ -68,6 +68,12 @@ class BuildConfig:
         annotation rule's box with detector noise (:mod:`trn.data.frame_views`), written to
         ``frame_views/<id>_<k>.png`` with their settings in ``frame_views/<id>.json``; for
         training. They can be added to a finished build and K raised later.
+    segments: fly the source trajectory several times, copy j turned by segments[j][0] degrees
+        about the spin axis and shifted by segments[j][1] seconds (:func:`validation_segments`
+        draws a plan): other ground tracks and other Suns over the same terrain.
+    annotate_validation_of: box only the craters of the validation half of that build's split
+        (the split training and trn-sim draw), so that a sequence built this way holds no
+        test-half crater: the validation orbit.
     parts: "all", or "scenarios": render first only what the four scenarios read (the landmarks
         of the test half, drawn by the same split as training, and the annotated frames); the
         build stays marked incomplete and the same command with parts "all" renders the rest,
@@ -92,6 +98,8 @@ class BuildConfig:
     view_ranges: "ViewRanges" = None  # type: ignore[assignment]
     frame_views: int = 0
     frame_view_ranges: FrameViewRanges = field(default_factory=FrameViewRanges)
+    segments: tuple[tuple[float, float], ...] = ()
+    annotate_validation_of: Path | None = None
     render: RenderConfig = field(default_factory=RenderConfig)
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
 
@@ -114,15 +122,20 @@ class BuildConfig:
             raise ConfigError(f"parts={self.parts!r}: expected one of {BUILD_PARTS}")
         if self.view_ranges is None:
             object.__setattr__(self, "view_ranges", ViewRanges())
+        for seg in self.segments:
+            if len(seg) != 2 or not all(np.isfinite(seg)):
+                raise ConfigError(f"segment {seg}: expected (rotation_deg, epoch_offset_s), both finite")
 
     def render_key(self) -> str:
         """Hash of everything that changes the pixels of an image that is already written."""
         doc = {
             "renderer_version": RENDERER_VERSION,
             "source": str(Path(self.source).resolve()), "catalogue": self.catalogue, "seed": self.seed,
-            "max_dem_ppd": self.max_dem_ppd, "use_albedo": self.use_albedo, "render": asdict(self.render),
+            "max_dem_ppd": self.max_dem_ppd, "use_albedo": self.use_albedo, "render": self.render.key_dict(),
             "annotate": asdict(self.annotate), "min_diameter_km": self.min_diameter_km, "max_abs_lat": self.max_abs_lat,
         }
+        if self.segments:  # only then, so that the key of every earlier build stays what it was
+            doc["segments"] = [list(map(float, seg)) for seg in self.segments]
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -305,6 +318,9 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
 
     t = time.perf_counter()
     traj = read_trajectory(source)
+    one_pass = len(traj)
+    if cfg.segments:
+        traj = segment_trajectory(traj, cfg.segments)
     if cfg.first_frame >= len(traj):
         raise ConfigError(f"first_frame={cfg.first_frame} but the trajectory has {len(traj)} epochs")
     end = len(traj) if cfg.limit_frames is None else min(cfg.first_frame + cfg.limit_frames, len(traj))
@@ -312,6 +328,15 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     n_frames = end
     cat_path = find_catalogue(source, cfg.catalogue)
     cat = select_craters(read_catalogue(cat_path), cfg)
+    boxed = cat
+    if cfg.annotate_validation_of is not None:
+        allowed = validation_craters(cfg.annotate_validation_of)
+        unknown = allowed - {int(c) for c in cat.ids}
+        if unknown:
+            raise DataError(f"{len(unknown)} validation craters of that build are not in this catalogue selection "
+                            f"(first: {sorted(unknown)[0]}); build with the same catalogue and filters",
+                            cfg.annotate_validation_of)
+        boxed = cat.subset(np.isin(cat.ids, sorted(allowed)))
     sun = sun_direction_body(traj.epochs[:n_frames]) if n_frames else np.zeros((0, 3))  # row = frame number
     surface = _load_surface(cfg)
     elevation = surface.elevation
@@ -327,7 +352,7 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     frames: list[luna1.FrameAnnotation] = []
     for i in tqdm(frame_ids, desc="annotate", unit="frame", disable=None, mininterval=2.0):
         k = traj.kitti[i]
-        boxes = annotate_frame(cat, k[:, :3], k[:, 3], camera, height, sun[i], cfg.annotate)
+        boxes = annotate_frame(boxed, k[:, :3], k[:, 3], camera, height, sun[i], cfg.annotate)
         frames.append(luna1.FrameAnnotation(i, f"nav_images/{i}.png", tuple(boxes)))
     timings["annotate_s"] = time.perf_counter() - t
 
@@ -344,6 +369,13 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
 
     (out / luna1.CRATER_DIR).mkdir(parents=True, exist_ok=True)
     (out / luna1.NAV_IMAGES).mkdir(parents=True, exist_ok=True)
+    # annotations, poses and metadata first: they do not depend on any render, and the split that
+    # training and the frame views draw needs them while the images are still being rendered
+    luna1.write_annotations(out / luna1.ANNOTATIONS, frames)
+    luna1.write_poses_csv(out / luna1.POSES_CSV, traj.poses[:n_frames])
+    luna1.write_poses_kitti(out / luna1.POSES_KITTI, traj.kitti[:n_frames])
+    meta = _metadata(cfg, cat, cat_path, order, traj, frame_ids, sun, one_pass)
+    luna1.atomic_write_text(out / luna1.METADATA, meta.to_json())
     wanted_craters, wanted_frames = set(order), set(frame_ids)
     if cfg.parts == "scenarios":
         wanted_craters = scenario_craters(order, frames)
@@ -372,11 +404,6 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     finally:
         _STATE.clear()
 
-    luna1.write_annotations(out / luna1.ANNOTATIONS, frames)
-    luna1.write_poses_csv(out / luna1.POSES_CSV, traj.poses[:n_frames])
-    luna1.write_poses_kitti(out / luna1.POSES_KITTI, traj.kitti[:n_frames])
-    meta = _metadata(cfg, cat, cat_path, order, traj, frame_ids, sun)
-    luna1.atomic_write_text(out / luna1.METADATA, meta.to_json())
     timings["total_s"] = time.perf_counter() - t_all
     n_boxes = sum(len(f.boxes) for f in frames)
     summary = BuildSummary(out, len(order), len(frame_ids), n_boxes, timings, len(crater_tasks), len(frame_tasks))
@@ -457,8 +484,30 @@ def _frame_view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, ind
     return tasks
 
 
+def validation_craters(build: str | Path) -> set[int]:
+    """The validation half of a Luna-1 build's split, as training and trn-sim draw it (its
+    navigation craters forced into the test half first, the default fractions and seed)."""
+    root = Path(build)
+    meta_path, ann_path = root / luna1.METADATA, root / luna1.ANNOTATIONS
+    if not meta_path.is_file() or not ann_path.is_file():
+        raise DataError("needs a finished Luna-1 build (metadata.json and annotations) to draw its split from", root)
+    ids = [str(c) for c in sorted(luna1.Luna1Metadata.read(meta_path).craters)]
+    forced = {str(b.id) for f in luna1.read_annotations(ann_path) for b in f.boxes}
+    return {int(c) for c in split_ids(ids, forced, TEST_FRACTION, VAL_FRACTION, SPLIT_SEED).val}
+
+
+def validation_segments(n: int, first_rotation_deg: float = 7.5, day_step: float = 1.7) -> tuple[tuple[float, float], ...]:
+    """A plan of ``n`` segments for a validation orbit: ground tracks spread evenly in longitude
+    (starting ``first_rotation_deg`` east of the source's, never on it) and each flown ``day_step``
+    days after the previous one (the Sun's body-fixed longitude moves about 12.2 degrees a day),
+    so the sequence sees ground and lighting the source pass does not."""
+    if not 1 <= n <= 200:
+        raise ConfigError(f"validation orbit segments={n}: expected 1 to 200")
+    return tuple((round(first_rotation_deg + j * 360.0 / n, 6), round((j + 1) * day_step * 86400.0, 3)) for j in range(n))
+
+
 def _metadata(cfg: BuildConfig, cat: Catalogue, cat_path: Path, order: list[int], traj: Trajectory,
-              frame_ids: list[int], sun: np.ndarray) -> luna1.Luna1Metadata:
+              frame_ids: list[int], sun: np.ndarray, one_pass: int) -> luna1.Luna1Metadata:
     index = cat.index_of()
     craters = {c: {"lat": round(float(cat.lat[index[c]]), 7), "lon": round(float(cat.lon[index[c]]), 7),
                    "diameter_km": round(float(cat.diameter_km[index[c]]), 6), "catalogue": cat_path.name, "row": c}
@@ -478,6 +527,11 @@ def _metadata(cfg: BuildConfig, cat: Catalogue, cat_path: Path, order: list[int]
     source = {"directory": Path(cfg.source).name, "catalogue": cat_path.name, "trajectory": traj.name,
               "filter": {"min_diameter_km": cfg.min_diameter_km, "max_abs_lat": cfg.max_abs_lat},
               "seed": cfg.seed, "max_dem_ppd": cfg.max_dem_ppd, "use_albedo": cfg.use_albedo}
+    if cfg.segments:
+        source["segments"] = [{"rotation_deg": float(r), "epoch_offset_s": float(o), "first_frame": j * one_pass,
+                               "frames": one_pass} for j, (r, o) in enumerate(cfg.segments)]
+    if cfg.annotate_validation_of is not None:
+        source["annotated"] = f"validation half of {Path(cfg.annotate_validation_of).name} only"
     cam = cfg.render.camera
     return luna1.Luna1Metadata(source=source, renderer={**asdict(cfg.render), "annotate": asdict(cfg.annotate)},
                                craters=craters, frames=frames,

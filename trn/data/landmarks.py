@@ -23,7 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trn.data.luna1 import CRATER_DIR, FRAME_VIEWS_DIR, METADATA, VIEWS_DIR, Luna1Metadata
+from trn.data.luna1 import (ANNOTATIONS, CRATER_DIR, FRAME_VIEWS_DIR, METADATA, VIEWS_DIR, Luna1Metadata,
+                            read_annotations)
 from trn.errors import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
@@ -272,3 +273,27 @@ def luna1_identities(root: str | Path) -> list[str] | None:
     if not path.is_file():
         return None
     return [str(c) for c in sorted(Luna1Metadata.read(path).craters)]
+
+
+def split_identities(ls: LandmarkSet, path: str | Path, kind: str = "auto",
+                     test_fraction: float = TEST_FRACTION, val_fraction: float = VAL_FRACTION,
+                     split_seed: int = SPLIT_SEED) -> Split:
+    """The instance-disjoint split of the landmark set ``ls`` read from ``path`` (``kind`` given or
+    ``auto``): ``test_fraction`` of the identities go to the test half; for Luna-1 every crater
+    seen in the navigation sequence goes to the test half first, and the identities are the
+    build's craters (metadata.json) where it lists them. ``val_fraction`` of the train identities
+    are held out for validation. Fewer than two training identities is refused."""
+    ids = ls.instances
+    forced: set[str] = set()
+    kind = detect_kind(path) if kind == "auto" else kind
+    if kind == "luna1":
+        ann = Path(path) / ANNOTATIONS
+        if ann.is_file():
+            forced = {str(b.id) for f in read_annotations(ann) for b in f.boxes}
+        listed = luna1_identities(path)
+        if listed is not None and set(ids) <= set(listed):
+            ids = listed
+    split = split_ids(ids, forced, test_fraction, val_fraction, split_seed)
+    if len(split.train) < 2:
+        raise DataError(f"only {len(split.train)} training identities after the split; the dataset has {len(ids)}")
+    return split

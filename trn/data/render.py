@@ -13,7 +13,7 @@ Two products, one surface model (:class:`Surface` = elevation + albedo + detail 
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 import cv2
 import numpy as np
@@ -25,6 +25,7 @@ from trn.geometry import MOON_RADIUS_KM, PinholeCamera, east_north_up, latlon_to
 NATIVE_GSD_KM = KM_PER_DEG / 64.0  # the original Luna-1 pixel (64 px/deg) that the margin is counted in
 SUN_ANGULAR_RADIUS_RAD = np.radians(0.2666)
 PHOTOMETRY_MODELS = ("lunar-lambert", "lommel-seeliger", "lambert")
+ILLUMINATIONS = ("physical", "baked")
 RENDERER_VERSION = 4  # bump when the same settings would give different pixels
 
 
@@ -50,6 +51,14 @@ class RenderConfig:
         patch is narrower than k pixels (``benchmarks/render_throughput.py``).
     albedo_strength: 0 = uniform albedo, 1 = the albedo map as is.
     detail: sub-pixel detail synthesis (see :class:`DetailConfig`).
+    illumination: "physical" (landmark renders under the tethered light, frames under the real
+        Sun with cast shadows and a night side), or "baked": the paper's scene conditions, a
+        texture shaded once under one light fixed to the local horizon everywhere (no cast
+        shadows, no night) draped over the terrain and seen by both products, as Luna-1's authors
+        draped one photographic mosaic with baked-in illumination over the elevation model. A
+        diagnostic, not a navigation world.
+    baked_light_deg: (compass azimuth, elevation) of the baked light over the local horizon; the
+        default is Luna-1's tethered light (from the image's left, west, at 45 degrees).
     """
 
     nav_size: int = 512
@@ -64,6 +73,8 @@ class RenderConfig:
     shadow_step: int = 4
     albedo_strength: float = 1.0
     detail: DetailConfig = field(default_factory=DetailConfig)
+    illumination: str = "physical"
+    baked_light_deg: tuple[float, float] = (270.0, 45.0)
 
     def __post_init__(self) -> None:
         checks = [
@@ -75,6 +86,9 @@ class RenderConfig:
             (self.photometry in PHOTOMETRY_MODELS, f"photometry={self.photometry!r}: expected one of {PHOTOMETRY_MODELS}"),
             (0 < self.exposure <= 10, f"exposure={self.exposure}: expected (0, 10]"),
             (1 <= self.shadow_step <= 8, f"shadow_step={self.shadow_step}: expected 1 to 8"),
+            (self.illumination in ILLUMINATIONS, f"illumination={self.illumination!r}: expected one of {ILLUMINATIONS}"),
+            (len(self.baked_light_deg) == 2 and 1 <= self.baked_light_deg[1] <= 90,
+             f"baked_light_deg={self.baked_light_deg}: expected (azimuth, elevation 1 to 90)"),
         ]
         for ok, msg in checks:
             if not ok:
@@ -93,7 +107,18 @@ class RenderConfig:
             raise ConfigError(f"unknown render settings {sorted(unknown)}; known: {sorted(cls.__dataclass_fields__)}")
         if isinstance(d.get("detail"), dict):
             d["detail"] = DetailConfig(**d["detail"])
+        if isinstance(d.get("baked_light_deg"), list):
+            d["baked_light_deg"] = tuple(d["baked_light_deg"])
         return cls(**d)
+
+    def key_dict(self) -> dict:
+        """The settings as a dict for build keys: the illumination fields only when not the
+        physical default, so that every build made before they existed keeps its key."""
+        d = asdict(self)
+        if self.illumination == "physical":
+            d.pop("illumination")
+            d.pop("baked_light_deg")
+        return d
 
 
 class Surface:
@@ -130,6 +155,19 @@ def reflectance(mu0: np.ndarray, mu: np.ndarray, phase_deg: np.ndarray, model: s
     a = np.asarray(phase_deg, dtype=np.float64)
     lw = np.clip(1.0 - 0.019 * a + 2.42e-4 * a * a - 1.46e-6 * a * a * a, 0.0, 1.0)
     return lw * ls + (1.0 - lw) * mu0
+
+
+def baked_reflectance(normal: np.ndarray, lat: np.ndarray, lon: np.ndarray, cfg: RenderConfig) -> np.ndarray:
+    """The baked texture's shading at surface points: the photometric function under the baked
+    light (fixed to each point's local horizon), seen from the local vertical, as an
+    orthorectified mosaic records it. normal: unit normals [..., 3] at (lat, lon)."""
+    east, north, up = east_north_up(lat, lon)
+    az, el = np.radians(cfg.baked_light_deg[0]), np.radians(cfg.baked_light_deg[1])
+    light = np.cos(el) * (np.sin(az) * east + np.cos(az) * north) + np.sin(el) * up
+    mu0 = np.einsum("...i,...i->...", normal, light)
+    mu = np.einsum("...i,...i->...", normal, up)
+    phase = np.full(np.shape(mu0), 90.0 - float(cfg.baked_light_deg[1]))
+    return reflectance(mu0, mu, phase, cfg.photometry)
 
 
 def _to_uint8(value: np.ndarray, exposure: float) -> np.ndarray:
@@ -249,9 +287,11 @@ def render_crater(surface: Surface, lat: float, lon: float, diameter_km: float, 
     mu = normal @ look
     phase = np.full(mu.shape, float(np.degrees(np.arccos(np.clip(light @ look, -1.0, 1.0)))))
     value = reflectance(mu0, mu, phase, cfg.photometry)
+    if cfg.illumination == "baked":
+        value = baked_reflectance(normal, plat, plon, cfg)
     value *= surface.albedo(plat, plon)
     z = pts @ up - MOON_RADIUS_KM
-    if cfg.shadows:
+    if cfg.shadows and cfg.illumination == "physical":
         # Height above the tangent plane at the centre; a point is shadowed when some point on the
         # light's side rises above the light ray: max_{u'<u}(z + u' tan e) > z + u tan e.
         g = z + uu * tan_e
@@ -540,7 +580,9 @@ def _shade(surface: Surface, geom: FrameGeometry, camera: PinholeCamera, rotatio
     value = reflectance(mu0, mu, phase, cfg.photometry) * surface.albedo(lat, lon)
     lit = up @ sun > -0.05  # night side: the Sun is well below the local horizon
     value = np.where(lit, value, 0.0)
-    if cfg.shadows:
+    if cfg.illumination == "baked":  # the draped texture: no Sun, no night, no cast shadows
+        value = baked_reflectance(normal, lat, lon, cfg) * surface.albedo(lat, lon)
+    elif cfg.shadows:
         cand = np.nonzero(lit & (mu0 > 0))[0]
         if cand.size:
             top = float(np.max(geom.height_km[m]))

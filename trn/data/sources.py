@@ -23,7 +23,8 @@ import numpy as np
 
 from trn.data.ephemeris import epochs_every, parse_utc
 from trn.data.luna1 import poses_to_kitti, read_poses_csv, read_poses_kitti
-from trn.errors import DataError
+from trn.errors import ConfigError, DataError
+from trn.geometry import matrix_to_quat
 
 # Column names understood for (longitude, latitude, diameter).
 _LON = ("lon", "long", "longitude", "lon_e")
@@ -171,3 +172,23 @@ def find_catalogue(source: str | Path, name: str | None = None) -> Path:
     if len(files) == 1:
         return files[0]
     raise DataError(f"several catalogues {[p.name for p in files]}; choose one with --catalogue", cdir)
+
+
+def segment_trajectory(traj: Trajectory, segments: tuple[tuple[float, float], ...]) -> Trajectory:
+    """Copies of ``traj`` one after another, copy j turned by ``segments[j][0]`` degrees east
+    about the Moon's spin axis (another ground track over the same terrain: the body-fixed
+    dynamics do not change under that rotation) and flown ``segments[j][1]`` seconds later
+    (another Sun). Frame numbers run on: copy j holds frames j * len(traj) ... ."""
+    if not segments:
+        raise ConfigError("segment_trajectory needs at least one (rotation_deg, epoch_offset_s) segment")
+    kitti, poses, epochs = [], [], []
+    for rot_deg, offset_s in segments:
+        a = np.radians(float(rot_deg))
+        rz = np.array([[np.cos(a), -np.sin(a), 0.0], [np.sin(a), np.cos(a), 0.0], [0.0, 0.0, 1.0]])
+        r = np.einsum("ij,njk->nik", rz, traj.kitti[:, :, :3])
+        t = traj.kitti[:, :, 3] @ rz.T
+        kitti.append(np.concatenate([r, t[:, :, None]], axis=2))
+        poses.append(np.concatenate([t, np.stack([matrix_to_quat(m) for m in r])], axis=1))
+        epochs += [e + dt.timedelta(seconds=float(offset_s)) for e in traj.epochs]
+    name = f"{traj.name} in {len(segments)} segments"
+    return Trajectory(name, np.concatenate(poses), np.concatenate(kitti), epochs)

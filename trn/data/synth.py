@@ -466,14 +466,17 @@ def write_orbit(cfg: SynthConfig, world_dir: Path) -> int:
 def build_synthetic_luna1(cfg: SynthConfig, out: Path, world_dir: Path | None = None, limit_frames: int | None = None,
                           limit_craters: int | None = None, workers: int = 2, render: RenderConfig | None = None,
                           annotate: AnnotateConfig | None = None, parts: str = "all", render_frames: bool = True,
-                          views: int = 0, frame_views: int = 0) -> BuildSummary:
+                          views: int = 0, frame_views: int = 0, segments: tuple = (),
+                          annotate_validation_of: Path | None = None) -> BuildSummary:
     """Make (or reuse) the procedural world, then build its Luna-1 dataset with the common builder
-    (``parts``, ``render_frames``, ``views``, ``frame_views``: see :class:`BuildConfig`)."""
+    (``parts``, ``render_frames``, ``views``, ``frame_views``, ``segments``, ``annotate_validation_of``:
+    see :class:`BuildConfig`)."""
     out = Path(out)
     world_dir = Path(world_dir) if world_dir is not None else out / ".world"
     make_world(cfg, world_dir)
     bcfg = BuildConfig(source=world_dir, out=out, limit_frames=limit_frames, limit_craters=limit_craters,
                        workers=workers, seed=cfg.seed, render=render or RenderConfig(),
                        annotate=annotate or AnnotateConfig(), parts=parts, render_frames=render_frames, views=views,
-                       frame_views=frame_views)
+                       frame_views=frame_views, segments=tuple(segments),
+                       annotate_validation_of=annotate_validation_of)
     return build_luna1(bcfg)

@@ -157,14 +157,14 @@ class NavigationStats:
 
 
 def navigation_stats(ds: Luna1Dataset, nms_kind: str = "release") -> NavigationStats:
-    from trn.sim.scenarios import ScenarioSettings, nms, orbit_ranges
+    from trn.sim.scenarios import ScenarioSettings, in_orbit, nms, orbit_ranges
 
     annotated = [f for f in ds.frames if f.boxes]
     kept = [b for f in annotated for b in nms(list(f.boxes), 0.5, nms_kind)]
     n_boxes = sum(len(f.boxes) for f in annotated)
     try:
         orbits = orbit_ranges(ds, ScenarioSettings())
-        per_orbit = tuple(sum(1 for f in annotated if a <= f.frame <= b) for a, b in orbits)
+        per_orbit = tuple(sum(1 for f in annotated if in_orbit(f.frame, ranges)) for ranges in orbits)
     except (DataError, ValueError):
         per_orbit = ()
     return NavigationStats(str(ds.root), len(ds.crater_ids), len(ds.frames), len(annotated), n_boxes, len(kept),

@@ -36,7 +36,7 @@ from trn.errors import ConfigError, DataError
 from trn.sim.embedders import Embedder, Embeddings
 from trn.sim.gallery import Pick, pick_ranked, pick_stream, thumbnails
 from trn.sim.timing import timeable
-from trn.train.augment import AugmentConfig, Draw, apply, sample
+from trn.data.augment import AugmentConfig, Draw, apply, sample
 
 log = logging.getLogger(__name__)
 
@@ -267,14 +267,31 @@ def frame_shape(ds: Luna1Dataset) -> tuple[int, int]:
     return ds.load_frame(first).shape[:2]
 
 
-def orbit_ranges(ds: Luna1Dataset, s: ScenarioSettings) -> tuple[tuple[int, int], ...]:
-    if s.orbits is not None:
-        return s.orbits
-    n = max((f.frame for f in ds.frames), default=-1) + 1
+def _thirds(first: int, n: int) -> tuple[tuple[int, int], ...]:
     if n == LUNA1_ORBITS[-1][1] + 1:
-        return LUNA1_ORBITS
+        return tuple((first + a, first + b) for a, b in LUNA1_ORBITS)
     a, b = n // 3, 2 * n // 3
-    return ((0, a - 1), (a, b - 1), (b, n - 1))
+    return ((first, first + a - 1), (first + a, first + b - 1), (first + b, first + n - 1))
+
+
+def orbit_ranges(ds: Luna1Dataset, s: ScenarioSettings) -> tuple[tuple[tuple[int, int], ...], ...]:
+    """The three Lost-in-Space orbits, each as its frame ranges (inclusive): the settings' when
+    given; Luna-1's for a 2,161-frame sequence, else thirds; for a sequence flown in segments
+    (a validation orbit, metadata ``source.segments``) orbit k is the k-th third of every
+    segment, so the database is seeded from each segment's first orbit."""
+    if s.orbits is not None:
+        return tuple((tuple(o),) for o in s.orbits)
+    segments = ds.metadata.source.get("segments") if ds.metadata is not None and isinstance(ds.metadata.source, dict) \
+        else None
+    if segments:
+        parts = [_thirds(int(g["first_frame"]), int(g["frames"])) for g in segments]
+        return tuple(tuple(p[k] for p in parts) for k in range(3))
+    n = max((f.frame for f in ds.frames), default=-1) + 1
+    return tuple((r,) for r in _thirds(0, n))
+
+
+def in_orbit(frame: int, ranges: tuple[tuple[int, int], ...]) -> bool:
+    return any(a <= frame <= b for a, b in ranges)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -523,7 +540,7 @@ def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> Scena
     t0 = time.perf_counter()
     orbits = orbit_ranges(ds, s)
     annotated = {f.frame for f in ds.frames if f.boxes}
-    per_orbit = [[fr for fr in range(a, b + 1) if fr in annotated] for a, b in orbits]
+    per_orbit = [[fr for fr in sorted(annotated) if in_orbit(fr, ranges)] for ranges in orbits]
     if s.max_frames:
         per_orbit = [o[: s.max_frames] for o in per_orbit]
     if not all(per_orbit):
@@ -580,7 +597,7 @@ def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> Scena
     # an orbit all of whose crops were declined has no frame to score: the mean is over the others
     ra = _nanmean([o["accuracy"] for o in orbit_stats])
     return ScenarioResult("lost_in_space", emb.name, ra, correct, incorrect, 0, len(all_dec), s.seed, s.to_dict(),
-                          extra={"orbits": [list(o) for o in orbits], "per_orbit": orbit_stats, "unmatched": unmatched,
+                          extra={"orbits": [[list(r) for r in o] for o in orbits], "per_orbit": orbit_stats, "unmatched": unmatched,
                                  "seed_db_size": len(db), "declined": declined_summary(declined),
                                  "frames_all_declined": skipped_frames,
                                  "strict_ra": _nanmean([o["strict_accuracy"] for o in orbit_stats]),

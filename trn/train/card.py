@@ -33,9 +33,10 @@ def write_model_card(run: Path, title: str, command: str, data_note: str, weight
     """Write ``run/MODEL_CARD.md`` from the run's config.yaml and log.jsonl."""
     cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
     log = [json.loads(x) for x in (run / "log.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
-    # the selection rule of the training loop: the distractor figure first, later epochs win ties
-    best = log[-1] if weights_epoch == "last" else max(
-        reversed(log), key=lambda r: (r.get("val_recall_at_1_distractors", r["val_recall_at_1"]), r["val_recall_at_1"]))
+    from trn.train.loop import selected_epoch
+
+    # the selection rule of the training loop (the config's "select"), later epochs win ties
+    best = log[-1] if weights_epoch == "last" else selected_epoch(log, cfg.get("select", "render"))
     wall = sum(r["seconds"] for r in log)
     m = cfg["model"]
     split = json.loads((run / "split.json").read_text(encoding="utf-8"))
@@ -52,6 +53,15 @@ def write_model_card(run: Path, title: str, command: str, data_note: str, weight
         f"- Wall time: {wall / 60:.1f} min of training on this machine (2-core CPU), validation included",
         f"- Validation Recall@1 (gallery size one, independent draws from T): {_val(best)} at epoch {best['epoch']} "
         f"(the shipped weights); last epoch: {_val(log[-1])}",
+        *([f"- Validation craters' frame-domain views ({best.get('val_frame_identities', '?')} craters; selection "
+           f"rule `{cfg.get('select')}`): match-or-insert RA {best['val_frame_ra']:.2f} at threshold "
+           f"{cfg.get('select_threshold', 0.9)}, same/different AUC {best['val_frame_auc']:.4f}, same-crater pairs at "
+           f"or above the threshold {100 * best['val_frame_same_at_threshold']:.1f} %, different-crater p99.9 "
+           f"{best['val_frame_different_p999']:.3f}, render-to-frame top-1 "
+           f"{100 * best.get('val_frame_render_top1', float('nan')):.1f} %"] if "val_frame_ra" in best else []),
+        *([f"- Started from: `{cfg['init']}`"] if cfg.get("init") else []),
+        *([f"- Pairs (render-render / render-frame / frame-frame): {cfg['pair_mix']}"] if cfg.get("data", {}).get(
+            "frame_views") else []),
         f"- Files: `weights.pt` (epoch {best['epoch']}, with `weights.pt.sha256`; `trn.train.loop.load_descriptor`), "
         "`config.yaml`, `log.jsonl`, "
         "`split.json`, `curves.png`",

@@ -26,14 +26,16 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
+from trn.data.augment import Draw, apply
+from trn.data.landmarks import is_frame_view
 from trn.errors import ConfigError, DataError
-from trn.models.descriptor import Descriptor, DescriptorConfig
-from trn.train.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_checked, load_state, save_checked
+# load_descriptor stays importable from here (trn.train.loop.load_descriptor) for existing callers
+from trn.models.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_checked, load_descriptor, load_state,
+                                   save_checked)
+from trn.models.descriptor import Descriptor
+from trn.sim.metrics import match_or_insert, separation
 from trn.train.config import TrainConfig, resolve_kind
 from trn.train.data import ImageBank, make_views, pair_batches, training_set
-from trn.data.landmarks import is_frame_view
-from trn.sim.metrics import match_or_insert, separation
-from trn.train.augment import Draw, apply
 from trn.train.losses import MetricLoss
 from trn.train.mars import Mars, positive_pairs
 
@@ -204,18 +206,6 @@ def _cpu(state: dict) -> dict:
     return {k: v.detach().to("cpu").contiguous() if isinstance(v, torch.Tensor) else v for k, v in state.items()}
 
 
-def load_descriptor(path: str | Path) -> Descriptor:
-    """A trained descriptor from a checksummed checkpoint (verified, ``weights_only``), in eval mode."""
-    ck = load_checked(path)
-    try:
-        cfg = DescriptorConfig.from_dict(ck["model_config"])
-    except (ConfigError, TypeError) as exc:
-        raise DataError(f"checkpoint's model_config is invalid ({exc})", path) from None
-    model = Descriptor(cfg)
-    load_state(model, ck["model"], path)
-    return model.eval()
-
-
 def _plot(history: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -273,7 +263,16 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
     views = cfg.data.extra_views or cfg.data.frame_views
     val_set = training_set(cfg.data, extra_views=False, frame_views=False)[0] if views else ls
     val_bank = ImageBank(val_set, split.val, size)
-    val_frames = ImageBank(ls, split.val, size, select=is_frame_view) if cfg.data.frame_views else None
+    val_frames = val_frame_renders = None
+    if cfg.data.frame_views:
+        # the validation craters that have frame views (a build may still be rendering them)
+        have = {it.instance for it in ls.items if is_frame_view(it.view)}
+        fv_val = [n for n in split.val if n in have]
+        log.info("frame views: %d of %d training and %d of %d validation identities", len(have & set(split.train)),
+                 len(split.train), len(fv_val), len(split.val))
+        if len(fv_val) >= 2:
+            val_frames = ImageBank(ls, fv_val, size, select=is_frame_view)
+            val_frame_renders = ImageBank(val_set, fv_val, size)
     if len(train_bank) < cfg.batch_size // cfg.views_per_identity:
         raise ConfigError(f"batch_size={cfg.batch_size} needs {cfg.batch_size // cfg.views_per_identity} identities; "
                           f"the train split has {len(train_bank)}")
@@ -366,7 +365,8 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
         # identities plus one view of every training identity as distractors
         rec["val_recall_at_1_distractors"] = recall_at_1(model, val_bank, cfg, distractors=train_bank)
         if val_frames is not None:
-            rec.update(frame_validation(model, val_frames, val_bank, cfg.select_threshold))
+            rec.update(frame_validation(model, val_frames, val_frame_renders, cfg.select_threshold))
+            rec["val_frame_identities"] = len(val_frames)
         rec["seconds"] = time.perf_counter() - t0
         state.history.append(rec)
         state.epoch = epoch
