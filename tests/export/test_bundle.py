@@ -121,3 +121,41 @@ def test_cli_keygen_bundle_verify(tmp_path, capsys):
     assert export_cli.main(["bundle", "--model", str(tmp_path / "run"), "--export", str(tmp_path / "exp"), "--key",
                             str(tmp_path / "k" / "trn_signing_key.pem"), "--out", str(tmp_path / "b")]) == 2
     assert "immutable" in capsys.readouterr().err
+
+
+def test_the_threshold_travels_from_the_model_card_into_the_bundle(tmp_path):
+    import json
+
+    import torch
+
+    from trn.cli import export as export_cli
+    from trn.errors import DataError
+    from trn.models.checkpoint import CHECKPOINT_FORMAT, save_checked
+    from trn.models.descriptor import create_model
+    from trn.models.operating_point import OperatingPoint, model_threshold
+
+    m = create_model("flight", input_size=32)
+    (tmp_path / "run").mkdir()
+    save_checked({"format": CHECKPOINT_FORMAT, "version": 1, "model_config": m.cfg.to_dict(),
+                  "model": m.state_dict()}, tmp_path / "run" / "weights.pt")
+    (tmp_path / "exp").mkdir()
+    (tmp_path / "exp" / "model.onnx").write_bytes(torch.zeros(10).numpy().tobytes())
+    assert export_cli.main(["keygen", "--out", str(tmp_path / "k")]) == 0
+    key = str(tmp_path / "k" / "trn_signing_key.pem")
+
+    def manifest_threshold(out: str, *extra: str) -> float:
+        assert export_cli.main(["bundle", "--model", str(tmp_path / "run"), "--export", str(tmp_path / "exp"),
+                                "--key", key, "--out", str(tmp_path / out), *extra]) == 0
+        return json.loads((tmp_path / out / "manifest.json").read_text())["match_threshold"]
+
+    assert model_threshold(tmp_path / "run") == 0.9
+    assert manifest_threshold("b0") == 0.9  # no operating point: the paper's threshold
+    OperatingPoint(0.875, "validation orbit data/luna1-val, Moon Navigation RA").write(tmp_path / "run")
+    assert manifest_threshold("b1") == 0.875  # the model's, chosen on validation data
+    assert manifest_threshold("b2", "--threshold", "0.95") == 0.95  # an explicit choice wins
+    (tmp_path / "run" / "operating_point.json").write_text('{"match_threshold": 7, "chosen_on": "x"}')
+    with pytest.raises(DataError, match="not a cosine"):
+        model_threshold(tmp_path / "run")
+    (tmp_path / "run" / "operating_point.json").write_text('{"match_threshold": 0.8, "chosen_on": " "}')
+    with pytest.raises(DataError, match="chosen_on"):
+        model_threshold(tmp_path / "run")

@@ -67,7 +67,9 @@ def build_parser() -> Parser:
     b.add_argument("--export", required=True, type=Path, help="the trn-export output directory")
     b.add_argument("--key", required=True, type=Path, help="private key (trn-export keygen)")
     b.add_argument("--out", required=True, type=Path, help="bundle directory to create (a .tar is written beside it)")
-    b.add_argument("--threshold", type=float_between(-1.0, 1.0), default=0.9, help="match threshold recorded in the manifest")
+    b.add_argument("--threshold", type=float_between(-1.0, 1.0), default=None,
+                   help="match threshold recorded in the manifest (default: the model's operating point, "
+                        "operating_point.json beside its weights, else 0.9)")
     v = sub.add_parser("verify", help="check a bundle's signature and files")
     v.add_argument("bundle", type=Path)
     v.add_argument("--pub", required=True, help="public key: a .pub file or 64 hex digits")
@@ -100,8 +102,13 @@ def _bundle(args) -> int:
         quant = {"model_int8.onnx": {"scheme": "static QDQ, per-channel symmetric int8 weights, int8 activations, "
                                                "min-max calibration; head in float", "calibration": doc["export"].get("note"),
                                      "agreement_with_fp32": doc.get("agreement_with_fp32")}}
+    from trn.models.operating_point import model_threshold
+
+    threshold = model_threshold(ckpt.parent) if args.threshold is None else args.threshold
     b = make_bundle(args.export, args.out, args.key, Path(args.model).name or args.model, cfg.input_size, cfg.embed_dim,
-                    args.threshold, ckpt.parent / "MODEL_CARD.md", quant)
+                    threshold, ckpt.parent / "MODEL_CARD.md", quant)
+    print(f"match threshold in the manifest: {threshold:g}"
+          + (" (the model's operating point)" if args.threshold is None and threshold != 0.9 else ""))
     print(f"bundle: {b.directory} ({len(b.manifest['files'])} files, signed) and {b.tar}")
     return 0
 

@@ -29,6 +29,15 @@ def _recipe(cfg: dict) -> str:
     return text
 
 
+def _operating_point(run: Path) -> str:
+    from trn.models.operating_point import DEFAULT_THRESHOLD, read_operating_point
+
+    op = read_operating_point(run)
+    if op is None:
+        return f"- Match threshold: {DEFAULT_THRESHOLD} (the paper's; no operating point chosen)"
+    return f"- Match threshold: {op.match_threshold} (operating point, chosen on {op.chosen_on}; written into bundles)"
+
+
 def write_model_card(run: Path, title: str, command: str, data_note: str, weights_epoch: str = "best") -> Path:
     """Write ``run/MODEL_CARD.md`` from the run's config.yaml and log.jsonl."""
     cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
@@ -60,6 +69,7 @@ def write_model_card(run: Path, title: str, command: str, data_note: str, weight
            f"{best['val_frame_different_p999']:.3f}, render-to-frame top-1 "
            f"{100 * best.get('val_frame_render_top1', float('nan')):.1f} %"] if "val_frame_ra" in best else []),
         *([f"- Started from: `{cfg['init']}`"] if cfg.get("init") else []),
+        _operating_point(run),
         *([f"- Pairs (render-render / render-frame / frame-frame): {cfg['pair_mix']}"] if cfg.get("data", {}).get(
             "frame_views") else []),
         f"- Files: `weights.pt` (epoch {best['epoch']}, with `weights.pt.sha256`; `trn.train.loop.load_descriptor`), "
