@@ -222,3 +222,21 @@ def test_validation_orbit_boxes_validation_craters_only(boxed_world, tmp_path):
     # every annotated frame was rendered, and only those
     rendered = {int(p.stem) for p in (tmp_path / "val" / luna1.NAV_IMAGES).glob("*.png")}
     assert rendered == {f.frame for f in ds.frames if f.boxes}
+
+
+def test_pass_sun_gives_one_sun_per_crater_and_other_geometry_per_view(world):
+    surface, cat, big = world
+    height = height_of(surface)
+    ranges = FrameViewRanges(pass_sun_deg=2.0)
+    for k in big[:2]:
+        args = (int(cat.ids[k]), float(cat.lat[k]), float(cat.lon[k]), float(cat.diameter_km[k]))
+        recs = [render_frame_view(surface, height, *args, v, 0, RENDER, RULE, ranges)[1] for v in range(4)]
+        el = [r.draw.sun_elevation_deg for r in recs]
+        az = [r.draw.sun_azimuth_deg for r in recs]
+        assert max(el) - min(el) <= 4.0 + 1e-9
+        assert min(abs((a - az[0] + 180) % 360 - 180) for a in az) <= 4.0 and \
+            max(abs((a - az[0] + 180) % 360 - 180) for a in az) <= 4.0 + 1e-9
+        assert len({r.draw.altitude_km for r in recs}) == 4  # the geometry still changes view to view
+    assert "pass_sun_deg" not in FrameViewRanges().key_dict() and ranges.key_dict()["pass_sun_deg"] == 2.0
+    with pytest.raises(ConfigError, match="pass_sun_deg"):
+        FrameViewRanges(pass_sun_deg=45.0)

@@ -16,6 +16,7 @@ from pathlib import Path
 from trn.cli.common import Parser, int_at_least, run_main, setup_logging
 from trn.data.annotate import AnnotateConfig
 from trn.data.build import BuildConfig, build_luna1
+from trn.data.frame_views import FrameViewRanges
 from trn.data.luna1 import check_luna1
 from trn.data.render import RenderConfig
 
@@ -52,6 +53,9 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
                         "perspective and photometry at 30-200 km, the crater anywhere in the field of view, the Sun "
                         "drawn over it, cut by the annotation rule's box with detector noise (frame_views/, for "
                         "training; can be added to a finished build)")
+    p.add_argument("--frame-view-pass-sun", type=float, default=None, metavar="DEG",
+                   help="one Sun per crater for its frame views, moved by at most DEG degrees per view (the "
+                        "re-observations of one pass); default: a Sun drawn for every view")
     p.add_argument("--illumination", choices=("physical", "baked"), default="physical",
                    help="baked: the paper's scene conditions, one texture shaded once under a light fixed to the "
                         "local horizon, draped over the terrain for landmarks and frames alike (no Sun, no night, no "
@@ -138,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
                               max_dem_ppd=args.max_dem_ppd, render=render, annotate=annotate,
                               render_frames=not args.no_frames, views=args.views, parts=args.parts,
                               frame_views=args.frame_views, segments=segments,
+                              frame_view_ranges=FrameViewRanges(pass_sun_deg=args.frame_view_pass_sun),
                               annotate_validation_of=args.annotate_validation_of)
             _print_summary(build_luna1(cfg))
             return 0
@@ -148,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
                                         limit_craters=args.limit_craters, workers=args.workers, render=render,
                                         annotate=annotate, parts=args.parts, render_frames=not args.no_frames,
                                         views=args.views, frame_views=args.frame_views, segments=segments,
+                                        frame_view_ranges=FrameViewRanges(pass_sun_deg=args.frame_view_pass_sun),
                                         annotate_validation_of=args.annotate_validation_of)
         _print_summary(summary)
         return 0

@@ -453,7 +453,7 @@ def _frame_view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, ind
         return []
     vdir = out / luna1.FRAME_VIEWS_DIR
     vdir.mkdir(parents=True, exist_ok=True)
-    doc = {"render_key": key, "seed": cfg.seed, "ranges": asdict(cfg.frame_view_ranges),
+    doc = {"render_key": key, "seed": cfg.seed, "ranges": cfg.frame_view_ranges.key_dict(),
            "annotate": asdict(cfg.annotate), "halves": "train+val (test half excluded)"}
     man = out / luna1.FRAME_VIEWS_MANIFEST
     old = {}

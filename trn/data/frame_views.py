@@ -17,7 +17,7 @@ so a view is the same bytes whatever the order, the process or the number of wor
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -51,6 +51,11 @@ class FrameViewRanges:
     shrink_px / shift_px: the detector noise applied to the annotation rule's box (the
         scenarios' defaults).
     max_tries: draws per view before the crater is reported as impossible to view.
+    pass_sun_deg: None draws the Sun for every view on its own. A number draws one Sun per crater
+        (from the ranges above, seeded by the crater alone) and moves it by at most this many
+        degrees in elevation and azimuth per view: the views of a crater are then what one pass,
+        or consecutive orbits, record (Moon Navigation's and Lost-in-Space's re-observations see
+        nearly the same Sun), while the craters together still cover every Sun.
     The crater centre falls on a pixel drawn uniformly over the whole frame, and the image's
     heading (the azimuth of its +x axis) is uniform: craters near the edge come out clipped as the
     annotation rule allows.
@@ -63,8 +68,11 @@ class FrameViewRanges:
     shrink_px: int = 10
     shift_px: int = 10
     max_tries: int = 40
+    pass_sun_deg: float | None = None
 
     def __post_init__(self) -> None:
+        if self.pass_sun_deg is not None and not 0.0 <= self.pass_sun_deg <= 30.0:
+            raise ConfigError(f"frame view pass_sun_deg={self.pass_sun_deg}: expected 0 to 30 degrees (or None)")
         _pair("altitude_km", self.altitude_km, 5.0, 2000.0)
         _pair("off_nadir_deg", self.off_nadir_deg, 0.0, 30.0)
         _pair("sun_elevation_deg", self.sun_elevation_deg, 0.5, 90.0)
@@ -73,6 +81,14 @@ class FrameViewRanges:
             raise ConfigError(f"frame view detector noise shrink_px={self.shrink_px}, shift_px={self.shift_px}: need >= 0")
         if not 1 <= self.max_tries <= 1000:
             raise ConfigError(f"frame view max_tries={self.max_tries}: expected 1 to 1000")
+
+    def key_dict(self) -> dict:
+        """The settings as recorded in frame_views.json (pass_sun_deg only when set, so that the
+        views rendered before it existed keep their manifest)."""
+        d = asdict(self)
+        if self.pass_sun_deg is None:
+            d.pop("pass_sun_deg")
+        return d
 
     @classmethod
     def from_dict(cls, d: dict) -> "FrameViewRanges":
@@ -184,10 +200,19 @@ def render_frame_view(surface: Surface, height: HeightFn, crater: int, lat: floa
     """
     rng = np.random.default_rng([seed, VIEW_SEED_TAG, int(crater), int(k)])
     camera = render.camera
+    pass_sun = None
+    if ranges.pass_sun_deg is not None:  # one Sun per crater, drawn from the crater alone
+        u = np.random.default_rng([seed, VIEW_SEED_TAG, int(crater)]).random(2)
+        el0, az0 = ranges.sun_elevation_deg, ranges.sun_azimuth_deg
+        pass_sun = (el0[0] + u[0] * (el0[1] - el0[0]), az0[0] + u[1] * (az0[1] - az0[0]))
     h_centre = float(height(np.array([lat]), np.array([lon]))[0])
     refused: dict[str, int] = {}
     for tries in range(1, ranges.max_tries + 1):
         draw = ViewDraw.sample(rng, ranges, camera.width, camera.height)
+        if pass_sun is not None:
+            j = ranges.pass_sun_deg * (2.0 * rng.random(2) - 1.0)
+            el = float(np.clip(pass_sun[0] + j[0], *ranges.sun_elevation_deg))
+            draw = replace(draw, sun_elevation_deg=el, sun_azimuth_deg=float((pass_sun[1] + j[1]) % 360.0))
         rotation, position = view_pose(lat, lon, h_centre, draw, render)
         sun = local_direction(lat, lon, draw.sun_azimuth_deg, draw.sun_elevation_deg)
         box = crater_box(lat, lon, diameter_km, rotation, position, camera, height, sun, annotate)

@@ -35,6 +35,7 @@ from tqdm import tqdm
 from trn.data.annotate import AnnotateConfig
 from trn.data.build import BuildConfig, BuildSummary, build_luna1
 from trn.data.ephemeris import parse_utc, sun_direction_body
+from trn.data.frame_views import FrameViewRanges
 from trn.data.luna1 import write_poses_csv, write_poses_kitti
 from trn.data.render import RenderConfig
 from trn.data.sources import write_catalogue
@@ -467,7 +468,8 @@ def build_synthetic_luna1(cfg: SynthConfig, out: Path, world_dir: Path | None = 
                           limit_craters: int | None = None, workers: int = 2, render: RenderConfig | None = None,
                           annotate: AnnotateConfig | None = None, parts: str = "all", render_frames: bool = True,
                           views: int = 0, frame_views: int = 0, segments: tuple = (),
-                          annotate_validation_of: Path | None = None) -> BuildSummary:
+                          annotate_validation_of: Path | None = None,
+                          frame_view_ranges: "FrameViewRanges | None" = None) -> BuildSummary:
     """Make (or reuse) the procedural world, then build its Luna-1 dataset with the common builder
     (``parts``, ``render_frames``, ``views``, ``frame_views``, ``segments``, ``annotate_validation_of``:
     see :class:`BuildConfig`)."""
@@ -478,5 +480,6 @@ def build_synthetic_luna1(cfg: SynthConfig, out: Path, world_dir: Path | None = 
                        workers=workers, seed=cfg.seed, render=render or RenderConfig(),
                        annotate=annotate or AnnotateConfig(), parts=parts, render_frames=render_frames, views=views,
                        frame_views=frame_views, segments=tuple(segments),
-                       annotate_validation_of=annotate_validation_of)
+                       annotate_validation_of=annotate_validation_of,
+                       frame_view_ranges=frame_view_ranges or FrameViewRanges())
     return build_luna1(bcfg)
