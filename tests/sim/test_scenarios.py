@@ -241,3 +241,21 @@ def test_uninformative_crops_are_declined_never_matched(tmp_path):
     r = sc.lost_in_space(ds, Oracle(), s)
     assert r.extra["frames_all_declined"] == 2 and r.extra["declined"]["count"] == 2
     assert [o["frames"] for o in r.extra["per_orbit"]] == [1, 1]
+
+
+def test_each_model_matches_at_its_operating_point_unless_a_threshold_is_given(tmp_path):
+    from trn.sim.run import run_luna1
+
+    ds = write_dataset(tmp_path / "d", NAV)
+    picky = Oracle()
+    picky.name = "picky"
+    loose = Oracle()
+    loose.name, loose.operating_threshold = "loose", -1.0  # everything matches the first entry
+    rep = run_luna1(ds, [picky, loose], ["moon_navigation"], quiet(), {}, progress=False, operating_points=True)
+    assert rep.context["thresholds"] == {"picky": 0.9, "loose": -1.0}
+    by = {r.method: r for r in rep.results}
+    assert (by["picky"].correct, by["picky"].incorrect) == (5, 0)
+    assert by["loose"].incorrect > 0 and by["loose"].settings["threshold"] == -1.0
+    assert "picky 0.9, loose -1" in rep.markdown()
+    rep = run_luna1(ds, [picky, loose], ["moon_navigation"], quiet(), {}, progress=False, operating_points=False)
+    assert {r.method: r.incorrect for r in rep.results} == {"picky": 0, "loose": 0}

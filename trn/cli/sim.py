@@ -36,7 +36,10 @@ def _common(p: argparse.ArgumentParser, scenarios: tuple[str, ...]) -> None:
     p.add_argument("--quick", action="store_true", help=f"cap the landmark scenarios at {QUICK_LANDMARKS} test landmarks")
     p.add_argument("--out", type=Path, default=None, help="report directory (default runs/sim/<set>-<time>)")
     p.add_argument("--seed", type=int_at_least(0), default=0, help="scenario seed: views, orders, detector noise")
-    p.add_argument("--threshold", type=float_between(-1.0, 1.0), default=0.9, help="match threshold (cosine, or late-interaction score with tokens)")
+    p.add_argument("--threshold", type=float_between(-1.0, 1.0), default=None,
+                   help="match threshold (cosine, or late-interaction score with tokens) for every model; default: "
+                        "each model's operating point (operating_point.json beside its weights, chosen on "
+                        "validation data), else 0.9")
     p.add_argument("--tokens", type=int, action="append", default=None, metavar="K",
                    help="instance tokens per landmark for two-stage matching (0: global only); repeat to compare")
     p.add_argument("--shortlist", type=int, action="append", default=None, metavar="S",
@@ -204,7 +207,8 @@ def _run(args, argv) -> int:
     t0 = time.perf_counter()
     scenarios = args.scenario or list(sc.SCENARIOS if args.what == "luna1" else sc.LANDMARK_SCENARIOS)
     max_landmarks = args.max_landmarks or (QUICK_LANDMARKS if args.quick else None)
-    base = dict(seed=args.seed, threshold=args.threshold, max_landmarks=max_landmarks)
+    base = dict(seed=args.seed, threshold=0.9 if args.threshold is None else args.threshold,
+                max_landmarks=max_landmarks)
     if args.what == "luna1":
         base |= dict(nms=args.nms, max_frames=args.max_frames)
     settings = sc.ScenarioSettings(**base)
@@ -236,7 +240,8 @@ def _run(args, argv) -> int:
         timing = make_timing(args.profile, args.board)
         if timing is not None and "moon_navigation" not in scenarios:
             raise ConfigError("--profile / --board time the Moon Navigation frames: include --scenario moon_navigation")
-        rep = run_luna1(ds, embedders, scenarios, settings, context, not args.no_progress, timing=timing)
+        rep = run_luna1(ds, embedders, scenarios, settings, context, not args.no_progress, timing=timing,
+                        operating_points=args.threshold is None)
         for r in rep.results:
             t = r.extra.get("timing")
             if t:

@@ -252,9 +252,26 @@ def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int 
         path = resolve_export(spec, backend)
         base = path.parent.name if path.name == _EXPORT_FILES[backend] else path.stem
         if backend.startswith("tflite"):
-            return TfliteEmbedder(path, f"{base}@{backend}", token_cfg, threads or 1)
-        return OnnxEmbedder(path, f"{base}@{backend}", token_cfg, threads or 1,
-                            "kernels" if backend.endswith("-kernels") else "reference")
+            emb = TfliteEmbedder(path, f"{base}@{backend}", token_cfg, threads or 1)
+        else:
+            emb = OnnxEmbedder(path, f"{base}@{backend}", token_cfg, threads or 1,
+                               "kernels" if backend.endswith("-kernels") else "reference")
+        # an export of a shipped model flies with that model's operating point
+        emb.operating_threshold = _operating_threshold(path.parent, MODELS_DIR / base)
+        return emb
     path = resolve_model(spec)
     name = path.parent.name if path.name == "weights.pt" else path.stem
-    return TorchEmbedder(load_descriptor(path), name, token_cfg)
+    emb = TorchEmbedder(load_descriptor(path), name, token_cfg)
+    emb.operating_threshold = _operating_threshold(path.parent)
+    return emb
+
+
+def _operating_threshold(*dirs: Path) -> float | None:
+    """The match threshold of the first of ``dirs`` that holds an operating point, else None."""
+    from trn.models.operating_point import read_operating_point
+
+    for d in dirs:
+        op = read_operating_point(d)
+        if op is not None:
+            return op.match_threshold
+    return None

@@ -24,6 +24,14 @@ PAPER = {"recall_at_1": 100.00, "incremental_recall_at_1": 94.78, "moon_navigati
          "lost_in_space": 97.21}
 
 
+def _thresholds(c: dict) -> str:
+    """The match threshold of a run, or each model's where they differ (operating points)."""
+    per = c.get("thresholds") or {}
+    if per and len(set(per.values())) > 1:
+        return ", ".join(f"{m} {t:g}" for m, t in per.items())
+    return str(next(iter(per.values()), c.get("threshold")))
+
+
 @dataclass
 class Report:
     """Results of one run. ``context``: dataset, command, models and anything else worth keeping."""
@@ -141,7 +149,8 @@ class Report:
                  "<h1>trn-sim report</h1>", "<ul>"]
         for key in ("dataset", "command", "seed", "threshold", "nms", "test_landmarks"):
             if key in c:
-                parts.append(f"<li><b>{html.escape(key)}</b>: <code>{html.escape(str(c[key]))}</code></li>")
+                value = _thresholds(c) if key == "threshold" else c[key]
+                parts.append(f"<li><b>{html.escape(key)}</b>: <code>{html.escape(str(value))}</code></li>")
         parts += ["</ul>", "<h2>Summary</h2>",
                   "<p>RA in percent; in brackets: correct / incorrect / missed (Lost-in-Space: recognised "
                   "frames of orbits 2 and 3).</p>", _html_table(self.table(), "summary")]
@@ -164,7 +173,7 @@ class Report:
     def markdown(self) -> str:
         c = self.context
         lines = ["# trn-sim report", "", f"- dataset: `{c.get('dataset')}`", f"- command: `{c.get('command')}`",
-                 f"- seed: {c.get('seed')}, threshold: {c.get('threshold')}, NMS: {c.get('nms')}", "",
+                 f"- seed: {c.get('seed')}, threshold: {_thresholds(c)}, NMS: {c.get('nms')}", "",
                  "RA in percent; in brackets: correct / incorrect / missed (Lost-in-Space: recognised frames "
                  "of orbits 2 and 3; missed is 0 there because the database is read-only).", ""]
         lines += self.table()

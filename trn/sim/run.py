@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 import numpy as np
 from tqdm import tqdm
@@ -38,13 +39,23 @@ def _check(scenarios: Sequence[str], allowed: Sequence[str]) -> None:
         raise ConfigError(f"scenarios {list(bad) or list(scenarios)}: choose from {list(allowed)}")
 
 
+def settings_for(emb: Embedder, s: sc.ScenarioSettings, operating_points: bool) -> sc.ScenarioSettings:
+    """The settings one embedder runs with: with ``operating_points``, its model's own match
+    threshold (operating_point.json, chosen on validation data) where it has one."""
+    t = getattr(emb, "operating_threshold", None) if operating_points else None
+    return s if t is None else replace(s, threshold=float(t))
+
+
 def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequence[str],
               s: sc.ScenarioSettings, context: dict, progress: bool = True,
-              on_result: Callable[[sc.ScenarioResult], None] | None = None, timing=None) -> Report:
+              on_result: Callable[[sc.ScenarioResult], None] | None = None, timing=None,
+              operating_points: bool = False) -> Report:
     """Every requested scenario for every embedder on a Luna-1-format dataset. Landmark views,
-    detections and their noise are drawn once and shared by all embedders."""
+    detections and their noise are drawn once and shared by all embedders. ``operating_points``:
+    each model matches at its own operating point's threshold (else ``s.threshold``)."""
     _check(scenarios, sc.SCENARIOS)
     rep = Report({**context, "seed": s.seed, "threshold": s.threshold, "nms": s.nms})
+    rep.context["thresholds"] = {e.name: settings_for(e, s, operating_points).threshold for e in embedders}
     need_landmarks = any(x in sc.LANDMARK_SCENARIOS for x in scenarios)
     names: list[str] = []
     ls = None
@@ -63,15 +74,16 @@ def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequen
     bar = tqdm(jobs, desc="scenarios", disable=not progress, unit="run")
     for emb, name in bar:
         bar.set_postfix_str(f"{emb.name}: {name}")
+        se = settings_for(emb, s, operating_points)
         if name in sc.LANDMARK_SCENARIOS:
             if emb.input_size not in banks:
                 banks[emb.input_size] = sc.LandmarkViews(ls, names, emb.input_size)
             fn = sc.recall_at_1 if name == "recall_at_1" else sc.incremental_recall_at_1
-            r = fn(banks[emb.input_size], emb, s)
+            r = fn(banks[emb.input_size], emb, se)
         elif name == "moon_navigation":
-            r = sc.moon_navigation(ds, emb, s, dets, timing)
+            r = sc.moon_navigation(ds, emb, se, dets, timing)
         else:
-            r = sc.lost_in_space(ds, emb, s)
+            r = sc.lost_in_space(ds, emb, se)
         rep.results.append(r)
         log.info("%s / %s: RA %.2f (%d correct, %d incorrect, %d missed) in %.1f s", emb.name, name, r.ra,
                  r.correct, r.incorrect, r.missed, r.wall_s)
