@@ -165,7 +165,7 @@ def test_builder_renders_views_of_the_training_and_validation_halves_only(boxed_
     assert len(now) == 3 * len(trainval) and all(now[k] == v for k, v in first.items())
     assert [r["k"] for r in json.loads((vdir / f"{trainval[0]}.json").read_text())] == [0, 1, 2]
     # other settings in the same folder are refused
-    with pytest.raises(DataError, match="other settings"):
+    with pytest.raises(DataError, match="other view settings"):
         build_luna1(BuildConfig(**base, frame_views=3, frame_view_ranges=FrameViewRanges(altitude_km=(50.0, 60.0))))
     with pytest.raises(ConfigError, match="frame_views"):
         BuildConfig(**base, frame_views=99)

@@ -97,12 +97,13 @@ def test_a_resigned_manifest_by_another_key_is_refused(signed):
         verify_bundle(b.directory, pub)
 
 
-def test_cli_keygen_bundle_verify(tmp_path, capsys):
+def _run_export_and_key(tmp_path):
+    """A tiny model's run directory, an export directory holding one file, and a key pair."""
     import torch
 
     from trn.cli import export as export_cli
-    from trn.models.descriptor import create_model
     from trn.models.checkpoint import CHECKPOINT_FORMAT, save_checked
+    from trn.models.descriptor import create_model
 
     m = create_model("flight", input_size=32)
     (tmp_path / "run").mkdir()
@@ -111,6 +112,11 @@ def test_cli_keygen_bundle_verify(tmp_path, capsys):
     (tmp_path / "exp").mkdir()
     (tmp_path / "exp" / "model.onnx").write_bytes(torch.zeros(10).numpy().tobytes())
     assert export_cli.main(["keygen", "--out", str(tmp_path / "k")]) == 0
+    return export_cli
+
+
+def test_cli_keygen_bundle_verify(tmp_path, capsys):
+    export_cli = _run_export_and_key(tmp_path)
     assert export_cli.main(["bundle", "--model", str(tmp_path / "run"), "--export", str(tmp_path / "exp"), "--key",
                             str(tmp_path / "k" / "trn_signing_key.pem"), "--out", str(tmp_path / "b")]) == 0
     assert export_cli.main(["verify", str(tmp_path / "b"), "--pub", str(tmp_path / "k" / "trn_signing_key.pub")]) == 0
@@ -126,21 +132,10 @@ def test_cli_keygen_bundle_verify(tmp_path, capsys):
 def test_the_threshold_travels_from_the_model_card_into_the_bundle(tmp_path):
     import json
 
-    import torch
-
-    from trn.cli import export as export_cli
     from trn.errors import DataError
-    from trn.models.checkpoint import CHECKPOINT_FORMAT, save_checked
-    from trn.models.descriptor import create_model
     from trn.models.operating_point import OperatingPoint, model_threshold
 
-    m = create_model("flight", input_size=32)
-    (tmp_path / "run").mkdir()
-    save_checked({"format": CHECKPOINT_FORMAT, "version": 1, "model_config": m.cfg.to_dict(),
-                  "model": m.state_dict()}, tmp_path / "run" / "weights.pt")
-    (tmp_path / "exp").mkdir()
-    (tmp_path / "exp" / "model.onnx").write_bytes(torch.zeros(10).numpy().tobytes())
-    assert export_cli.main(["keygen", "--out", str(tmp_path / "k")]) == 0
+    export_cli = _run_export_and_key(tmp_path)
     key = str(tmp_path / "k" / "trn_signing_key.pem")
 
     def manifest_threshold(out: str, *extra: str) -> float:

@@ -424,6 +424,20 @@ def scenario_craters(order: list[int], frames: list[luna1.FrameAnnotation]) -> s
     return {int(c) for c in split.test}
 
 
+def _record_views(man: Path, doc: dict, views: int, folder: str) -> None:
+    """Check a views folder's manifest against ``doc`` (its settings) and record the larger of the
+    view counts; other settings in the same folder are refused rather than mixed."""
+    old = {}
+    if man.is_file():
+        try:
+            old = json.loads(man.read_text(encoding="utf-8"))
+        except (OSError, json.JSONDecodeError):
+            raise DataError(f"views manifest is unreadable; delete {folder}/ and build the views again", man) from None
+        if {k: old.get(k) for k in doc} != json.loads(json.dumps(doc)):
+            raise DataError(f"{folder}/ was rendered with other view settings; delete it to render it again", man)
+    luna1.atomic_write_text(man, json.dumps({**doc, "views": max(views, int(old.get("views", 0)))}, indent=1) + "\n")
+
+
 def _view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, index: dict, order: list[int]) -> list:
     """The extra-view renders still missing; records (and checks) their settings in views.json."""
     if cfg.views == 0:
@@ -431,16 +445,7 @@ def _view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, index: di
     vdir = out / luna1.VIEWS_DIR
     vdir.mkdir(parents=True, exist_ok=True)
     doc = {"render_key": key, "seed": cfg.seed, "ranges": asdict(cfg.view_ranges)}
-    man = out / luna1.VIEWS_MANIFEST
-    if man.is_file():
-        try:
-            old = json.loads(man.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            raise DataError("views manifest is unreadable; delete crater_views/ and build the views again", man) from None
-        if {k: old.get(k) for k in doc} != json.loads(json.dumps(doc)):
-            raise DataError("crater_views/ was rendered with other view settings; delete it to render it again", man)
-    doc["views"] = max(cfg.views, int(old.get("views", 0)) if man.is_file() else 0)
-    luna1.atomic_write_text(man, json.dumps(doc, indent=1) + "\n")
+    _record_views(out / luna1.VIEWS_MANIFEST, doc, cfg.views, luna1.VIEWS_DIR)
     return [(c, k, float(cat.lat[index[c]]), float(cat.lon[index[c]]), float(cat.diameter_km[index[c]]))
             for c in sorted(order) for k in range(cfg.views) if not (vdir / f"{c}_{k}.png").is_file()]
 
@@ -455,17 +460,7 @@ def _frame_view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, ind
     vdir.mkdir(parents=True, exist_ok=True)
     doc = {"render_key": key, "seed": cfg.seed, "ranges": cfg.frame_view_ranges.key_dict(),
            "annotate": asdict(cfg.annotate), "halves": "train+val (test half excluded)"}
-    man = out / luna1.FRAME_VIEWS_MANIFEST
-    old = {}
-    if man.is_file():
-        try:
-            old = json.loads(man.read_text(encoding="utf-8"))
-        except (OSError, json.JSONDecodeError):
-            raise DataError("frame views manifest is unreadable; delete frame_views/ and build the views again", man) from None
-        if {k: old.get(k) for k in doc} != json.loads(json.dumps(doc)):
-            raise DataError("frame_views/ was rendered with other settings; delete it to render it again", man)
-    doc["views"] = max(cfg.frame_views, int(old.get("views", 0)))
-    luna1.atomic_write_text(man, json.dumps(doc, indent=1) + "\n")
+    _record_views(out / luna1.FRAME_VIEWS_MANIFEST, doc, cfg.frame_views, luna1.FRAME_VIEWS_DIR)
     test = scenario_craters(order, frames)
     tasks = []
     for c in sorted(order):

@@ -352,6 +352,7 @@ class FrameGeometry:
     lat: np.ndarray
     lon: np.ndarray
     height_km: np.ndarray
+    top_bound_km: float = float("nan")  # upper elevation bound over the whole frame's footprint
 
 
 def _local_height_bounds(surface: Surface, rays: np.ndarray, origin: np.ndarray, gsd: float) -> tuple[float, float]:
@@ -392,13 +393,14 @@ def cast_rays(surface: Surface, camera: PinholeCamera, rotation: np.ndarray, pos
     shape). The height bounds still come from the whole frame's footprint and every ray is traced
     on its own, so each pixel's hit is the one the whole frame gives.
     """
-    full = camera.rays() @ np.asarray(rotation).T
+    cam_rays = camera.rays()
+    rot_t = np.asarray(rotation).T
     origin = np.asarray(position_km, dtype=np.float64)
     gsd = float(np.linalg.norm(origin) - MOON_RADIUS_KM) / camera.focal_px
-    sub = full[::8, ::8].reshape(-1, 3)
+    sub = cam_rays[::8, ::8].reshape(-1, 3) @ rot_t
     hmin, hmax = _local_height_bounds(surface, sub, origin, gsd)
     x0, y0, x1, y1 = check_window(window, camera) if window is not None else (0, 0, camera.width, camera.height)
-    rays = full[y0:y1, x0:x1].reshape(-1, 3)
+    rays = cam_rays[y0:y1, x0:x1].reshape(-1, 3) @ rot_t
     t_top, t_top_far = ray_sphere_intersection(origin, rays, MOON_RADIUS_KM + hmax)
     t_bot, _ = ray_sphere_intersection(origin, rays, MOON_RADIUS_KM + hmin)
     n = rays.shape[0]
@@ -430,7 +432,7 @@ def cast_rays(surface: Surface, camera: PinholeCamera, rotation: np.ndarray, pos
     lat[j], lon[j], r = xyz_to_latlon(p)
     hgt[j] = r - MOON_RADIUS_KM
     shape = (y1 - y0, x1 - x0)
-    return FrameGeometry(hit.reshape(shape), lat.reshape(shape), lon.reshape(shape), hgt.reshape(shape))
+    return FrameGeometry(hit.reshape(shape), lat.reshape(shape), lon.reshape(shape), hgt.reshape(shape), hmax)
 
 
 def _sun_visibility(surface: Surface, points: np.ndarray, sun: np.ndarray, hmax: float, gsd: float,
@@ -539,14 +541,14 @@ def render_frame(surface: Surface, rotation: np.ndarray, position_km: np.ndarray
         inner = (slice(y0 - gy0, y1 - gy0), slice(x0 - gx0, x1 - gx0))
         window = (gx0, gy0, gx1, gy1)
     geom = cast_rays(surface, camera, rotation, origin, window=window)
-    image, geom = _shade(surface, geom, camera, rotation, origin, sun_dir, cfg, window, shadow_ceiling_km)
+    image, geom = _shade(surface, geom, camera, origin, sun_dir, cfg, window, shadow_ceiling_km)
     if inner is None:
         return image, geom
-    return image[inner], FrameGeometry(geom.hit[inner], geom.lat[inner], geom.lon[inner], geom.height_km[inner])
+    return image[inner], FrameGeometry(geom.hit[inner], geom.lat[inner], geom.lon[inner], geom.height_km[inner],
+                                       geom.top_bound_km)
 
 
-def _shade(surface: Surface, geom: FrameGeometry, camera: PinholeCamera, rotation: np.ndarray, origin: np.ndarray,
-           sun_dir: np.ndarray,
+def _shade(surface: Surface, geom: FrameGeometry, camera: PinholeCamera, origin: np.ndarray, sun_dir: np.ndarray,
            cfg: RenderConfig, window: Window | None, shadow_ceiling_km: float | None) -> tuple[np.ndarray, FrameGeometry]:
     m = geom.hit
     out = np.zeros(m.shape)
@@ -590,10 +592,8 @@ def _shade(surface: Surface, geom: FrameGeometry, camera: PinholeCamera, rotatio
                 hmax = float(shadow_ceiling_km)
             elif window is None:
                 hmax = min(surface.elevation.max_km, top + 3.0)
-            else:
-                sub = (camera.rays() @ np.asarray(rotation).T)[::8, ::8].reshape(-1, 3)
-                top = max(top, _local_height_bounds(surface, sub, origin, gsd)[1])
-                hmax = min(surface.elevation.max_km, top + 3.0)
+            else:  # the frame footprint's bound, from the ray cast
+                hmax = min(surface.elevation.max_km, max(top, geom.top_bound_km) + 3.0)
             value[cand] *= _frame_visibility(surface, m, pts, cand, sun, hmax, gsd, cfg.shadow_step)
     out[m] = value
     return _to_uint8(out, cfg.exposure), geom

@@ -77,19 +77,28 @@ def separation(emb: np.ndarray, labels: np.ndarray, threshold: float = 0.9) -> S
 
 
 @dataclass(frozen=True)
-class MatchOrInsert:
+class Counts:
+    """The decisions of a match-or-insert stream: correct and incorrect matches, and missed
+    re-observations (entries of an identity beyond its first)."""
+
     correct: int
     incorrect: int
     missed: int
-    queries: int
 
     @property
     def ra(self) -> float:
+        """Recognition accuracy in percent (NaN when nothing was decided)."""
         d = self.correct + self.incorrect + self.missed
         return 100.0 * self.correct / d if d else float("nan")
 
+    @property
+    def matching_accuracy(self) -> float:
+        """The release's index matching accuracy: correct / (correct + incorrect), percent."""
+        d = self.correct + self.incorrect
+        return 100.0 * self.correct / d if d else float("nan")
 
-def match_or_insert(emb: np.ndarray, labels: np.ndarray, threshold: float) -> MatchOrInsert:
+
+def match_or_insert(emb: np.ndarray, labels: np.ndarray, threshold: float) -> Counts:
     """The incremental protocol over the rows of ``emb`` in the order given (cosine, best wins)."""
     e = np.asarray(emb, np.float64)
     lab = np.asarray(labels)
@@ -107,4 +116,4 @@ def match_or_insert(emb: np.ndarray, labels: np.ndarray, threshold: float) -> Ma
                 continue
         db.append(i)
     missed = len(db) - len({lab[j] for j in db})
-    return MatchOrInsert(correct, incorrect, missed, int(e.shape[0]))
+    return Counts(correct, incorrect, missed)

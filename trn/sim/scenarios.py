@@ -28,6 +28,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from trn.data.augment import AugmentConfig, Draw, apply, sample
 from trn.data.crops import box_crop, crop_information, jitter_box, preprocess, square_crop
 from trn.data.landmarks import LandmarkSet
 from trn.data.luna1 import Box, Luna1Dataset, read_gray
@@ -35,8 +36,8 @@ from trn.db.database import DBConfig, Decision, LandmarkDB
 from trn.errors import ConfigError, DataError
 from trn.sim.embedders import Embedder, Embeddings
 from trn.sim.gallery import Pick, pick_ranked, pick_stream, thumbnails
+from trn.sim.metrics import Counts
 from trn.sim.timing import timeable
-from trn.data.augment import AugmentConfig, Draw, apply, sample
 
 log = logging.getLogger(__name__)
 
@@ -107,25 +108,6 @@ class ScenarioSettings:
 
 # ---------------------------------------------------------------------------------------------
 # metrics
-
-
-@dataclass(frozen=True)
-class Counts:
-    correct: int
-    incorrect: int
-    missed: int
-
-    @property
-    def ra(self) -> float:
-        """Recognition accuracy in percent (NaN when nothing was decided)."""
-        d = self.correct + self.incorrect + self.missed
-        return 100.0 * self.correct / d if d else float("nan")
-
-    @property
-    def matching_accuracy(self) -> float:
-        """The release's index matching accuracy: correct / (correct + incorrect), percent."""
-        d = self.correct + self.incorrect
-        return 100.0 * self.correct / d if d else float("nan")
 
 
 def tally(decisions: list[Decision], labels: list[str], db: LandmarkDB) -> Counts:
