@@ -11,7 +11,7 @@ import pytest
 from trn.data import luna1
 from trn.data.annotate import AnnotateConfig, annotate_frame
 from trn.data.build import BuildConfig, build_luna1, scenario_craters, surface_of
-from trn.data.crops import crop_information, jitter_box
+from trn.data.crops import InformationRule, crop_information, jitter_box
 from trn.data.frame_views import FrameViewRanges, ViewDraw, local_direction, render_frame_view, view_pose
 from trn.data.render import RenderConfig, Surface, render_frame
 from trn.data.sources import find_catalogue, read_catalogue
@@ -240,3 +240,22 @@ def test_pass_sun_gives_one_sun_per_crater_and_other_geometry_per_view(world):
     assert "pass_sun_deg" not in FrameViewRanges().key_dict() and ranges.key_dict()["pass_sun_deg"] == 2.0
     with pytest.raises(ConfigError, match="pass_sun_deg"):
         FrameViewRanges(pass_sun_deg=45.0)
+
+
+def test_pass_sun_moves_on_when_a_crater_shows_nothing_under_it(world):
+    """Under a Sun at 1-3 degrees the tiny world's craters lie mostly in shadow: a rule that refuses
+    crops with any sizeable shadow makes the first Sun of the crater's sequence useless, and the
+    views come from a later Sun of the same seeded sequence rather than failing the build."""
+    surface, cat, big = world
+    k = int(big[0])
+    args = (int(cat.ids[k]), float(cat.lat[k]), float(cat.lon[k]), float(cat.diameter_km[k]))
+    low = FrameViewRanges(pass_sun_deg=0.0, sun_elevation_deg=(1.0, 3.0), max_tries=8)
+    rule = InformationRule(black_share=0.05, black_level=10)
+    with pytest.raises(DataError, match="black"):
+        render_frame_view(surface, height_of(surface), *args, 0, 0, RENDER, RULE, low, rule)
+    mixed = replace(low, sun_elevation_deg=(1.0, 80.0))
+    recs = [render_frame_view(surface, height_of(surface), *args, v, s, RENDER, RULE, mixed, rule)[1]
+            for s in range(6) for v in range(2)]
+    assert all(r.draw.sun_elevation_deg > 3.0 for r in recs)
+    moved = [r for r in recs if r.tries > 2]  # a later Sun: at least one quarter of the draws refused
+    assert moved and all(r.refused for r in moved)

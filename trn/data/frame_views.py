@@ -55,7 +55,11 @@ class FrameViewRanges:
         (from the ranges above, seeded by the crater alone) and moves it by at most this many
         degrees in elevation and azimuth per view: the views of a crater are then what one pass,
         or consecutive orbits, record (Moon Navigation's and Lost-in-Space's re-observations see
-        nearly the same Sun), while the craters together still cover every Sun.
+        nearly the same Sun), while the craters together still cover every Sun. A crater whose
+        view finds no box or no informative crop in a quarter of ``max_tries`` draws under that
+        Sun (a bright floor saturated under a high Sun, a floor in shadow) moves on to the next
+        Sun of its own seeded sequence, so its views may then see two Suns; each view's record
+        holds the Sun it saw.
     The crater centre falls on a pixel drawn uniformly over the whole frame, and the image's
     heading (the azimuth of its +x axis) is uniform: craters near the edge come out clipped as the
     annotation rule allows.
@@ -200,16 +204,18 @@ def render_frame_view(surface: Surface, height: HeightFn, crater: int, lat: floa
     """
     rng = np.random.default_rng([seed, VIEW_SEED_TAG, int(crater), int(k)])
     camera = render.camera
-    pass_sun = None
+    pass_suns: list[tuple[float, float]] = []
     if ranges.pass_sun_deg is not None:  # one Sun per crater, drawn from the crater alone
-        u = np.random.default_rng([seed, VIEW_SEED_TAG, int(crater)]).random(2)
+        u = np.random.default_rng([seed, VIEW_SEED_TAG, int(crater)]).random((4, 2))
         el0, az0 = ranges.sun_elevation_deg, ranges.sun_azimuth_deg
-        pass_sun = (el0[0] + u[0] * (el0[1] - el0[0]), az0[0] + u[1] * (az0[1] - az0[0]))
+        pass_suns = [(el0[0] + a * (el0[1] - el0[0]), az0[0] + b * (az0[1] - az0[0])) for a, b in u]
+    per_sun = max(1, ranges.max_tries // len(pass_suns)) if pass_suns else 0
     h_centre = float(height(np.array([lat]), np.array([lon]))[0])
     refused: dict[str, int] = {}
     for tries in range(1, ranges.max_tries + 1):
         draw = ViewDraw.sample(rng, ranges, camera.width, camera.height)
-        if pass_sun is not None:
+        if pass_suns:
+            pass_sun = pass_suns[min((tries - 1) // per_sun, len(pass_suns) - 1)]
             j = ranges.pass_sun_deg * (2.0 * rng.random(2) - 1.0)
             el = float(np.clip(pass_sun[0] + j[0], *ranges.sun_elevation_deg))
             draw = replace(draw, sun_elevation_deg=el, sun_azimuth_deg=float((pass_sun[1] + j[1]) % 360.0))
