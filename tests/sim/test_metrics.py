@@ -1,6 +1,7 @@
 """Array metrics against brute-force references."""
 
 import numpy as np
+import pytest
 
 from trn.sim.metrics import auc, match_or_insert, separation
 
@@ -37,3 +38,19 @@ def test_match_or_insert_on_a_constructed_stream():
     r = match_or_insert(emb, lab, 0.9)
     assert (r.correct, r.incorrect, r.missed) == (1, 1, 1)
     assert np.isclose(r.ra, 100 / 3)
+
+
+def test_match_or_insert_counts_only_scored_rows_but_distractors_stay_in_the_database():
+    a, b, c = np.eye(3)
+    near_a = np.array([0.95, np.sqrt(1 - 0.95 ** 2), 0.0])
+    # D (a distractor) is inserted first and unscored; A's first view then matches it (incorrect),
+    # A's second view matches it too (incorrect); B is inserted, B again is missed (c is far from b);
+    # the distractor's own re-observation (near_a) is not counted
+    emb = np.stack([a, a, near_a, b, c, near_a])
+    lab = np.array(["D", "A", "A", "B", "B", "D"])
+    scored = np.array([False, True, True, True, True, False])
+    r = match_or_insert(emb, lab, 0.9, scored)
+    assert (r.correct, r.incorrect, r.missed) == (0, 2, 1)
+    assert match_or_insert(emb, lab, 0.9) == match_or_insert(emb, lab, 0.9, np.ones(6, bool))
+    with pytest.raises(ValueError, match="scored mask"):
+        match_or_insert(emb, lab, 0.9, np.ones(5, bool))

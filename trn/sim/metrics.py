@@ -98,22 +98,37 @@ class Counts:
         return 100.0 * self.correct / d if d else float("nan")
 
 
-def match_or_insert(emb: np.ndarray, labels: np.ndarray, threshold: float) -> Counts:
-    """The incremental protocol over the rows of ``emb`` in the order given (cosine, best wins)."""
+def match_or_insert(emb: np.ndarray, labels: np.ndarray, threshold: float,
+                    scored: np.ndarray | None = None) -> Counts:
+    """The incremental protocol over the rows of ``emb`` in the order given (cosine, best wins).
+
+    ``scored``: a boolean mask; rows outside it still enter the database (distractors, e.g. a
+    validation run's other identities standing in for a test-sized gallery) but their decisions
+    are not counted. A missed re-observation is an insert of a label already in the database.
+    """
     e = np.asarray(emb, np.float64)
     lab = np.asarray(labels)
+    if scored is None:
+        scored = np.ones(e.shape[0], bool)
+    scored = np.asarray(scored, bool)
+    if scored.shape != (e.shape[0],):
+        raise ValueError(f"scored mask of shape {scored.shape} for {e.shape[0]} rows")
     db: list[int] = []
-    correct = incorrect = 0
+    seen: set = set()
+    correct = incorrect = missed = 0
     for i in range(e.shape[0]):
         if db:
             sims = e[db] @ e[i]
             j = int(np.argmax(sims))
             if sims[j] >= threshold:
-                if lab[db[j]] == lab[i]:
-                    correct += 1
-                else:
-                    incorrect += 1
+                if scored[i]:
+                    if lab[db[j]] == lab[i]:
+                        correct += 1
+                    else:
+                        incorrect += 1
                 continue
+        if scored[i] and lab[i] in seen:
+            missed += 1
+        seen.add(lab[i])
         db.append(i)
-    missed = len(db) - len({lab[j] for j in db})
     return Counts(correct, incorrect, missed)
