@@ -54,3 +54,26 @@ def test_match_or_insert_counts_only_scored_rows_but_distractors_stay_in_the_dat
     assert match_or_insert(emb, lab, 0.9) == match_or_insert(emb, lab, 0.9, np.ones(6, bool))
     with pytest.raises(ValueError, match="scored mask"):
         match_or_insert(emb, lab, 0.9, np.ones(5, bool))
+
+
+def test_match_or_insert_equals_the_plain_sequential_protocol_on_a_random_stream():
+    rng = np.random.default_rng(3)
+    base = rng.normal(size=(60, 16))
+    lab = rng.integers(0, 60, 400)
+    emb = base[lab] + 0.35 * rng.normal(size=(400, 16))
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    scored = rng.random(400) < 0.7
+    for t in (0.6, 0.8, 0.9):
+        db, c, w, m = [], 0, 0, 0
+        for i in range(400):
+            if db:
+                s = [emb[k] @ emb[i] for k in db]
+                j = int(np.argmax(s))
+                if s[j] >= t:
+                    c += int(scored[i] and lab[db[j]] == lab[i])
+                    w += int(scored[i] and lab[db[j]] != lab[i])
+                    continue
+            m += int(scored[i] and lab[i] in {lab[k] for k in db})
+            db.append(i)
+        r = match_or_insert(emb, lab, t, scored)
+        assert (r.correct, r.incorrect, r.missed) == (c, w, m)

@@ -113,22 +113,29 @@ def match_or_insert(emb: np.ndarray, labels: np.ndarray, threshold: float,
     scored = np.asarray(scored, bool)
     if scored.shape != (e.shape[0],):
         raise ValueError(f"scored mask of shape {scored.shape} for {e.shape[0]} rows")
-    db: list[int] = []
+    # every cosine at once (one matrix product), then the sequential decisions read the row of
+    # the query against the database's members so far; in blocks, so memory stays bounded
+    block = max(1, min(e.shape[0], (256 << 20) // (8 * max(1, e.shape[0]))))
+    members: list[int] = []
+    owner: list = []
     seen: set = set()
     correct = incorrect = missed = 0
-    for i in range(e.shape[0]):
-        if db:
-            sims = e[db] @ e[i]
-            j = int(np.argmax(sims))
-            if sims[j] >= threshold:
-                if scored[i]:
-                    if lab[db[j]] == lab[i]:
-                        correct += 1
-                    else:
-                        incorrect += 1
-                continue
-        if scored[i] and lab[i] in seen:
-            missed += 1
-        seen.add(lab[i])
-        db.append(i)
+    for b0 in range(0, e.shape[0], block):
+        sims_block = e[b0:b0 + block] @ e.T
+        for i in range(b0, min(b0 + block, e.shape[0])):
+            if members:
+                sims = sims_block[i - b0, members]
+                j = int(np.argmax(sims))
+                if sims[j] >= threshold:
+                    if scored[i]:
+                        if owner[j] == lab[i]:
+                            correct += 1
+                        else:
+                            incorrect += 1
+                    continue
+            if scored[i] and lab[i] in seen:
+                missed += 1
+            seen.add(lab[i])
+            members.append(i)
+            owner.append(lab[i])
     return Counts(correct, incorrect, missed)
