@@ -391,19 +391,20 @@ class LandmarkDB:
         store.write_snapshot(Path(path), self._header(), self._arrays())
 
     @classmethod
-    def _from_snapshot(cls, path: Path, read_only: bool) -> "LandmarkDB":
-        header, arrays = store.read_snapshot(path)
+    def _from_snapshot(cls, path: Path, read_only: bool, data: bytes | None = None) -> "LandmarkDB":
+        header, arrays = store.read_snapshot(path, data)
+        fix = "restore it from a backup or rebuild the database; it was not modified"
         if header.get("format") != "trn-landmark-db":
-            raise DataError("not a trn landmark database", path)
+            raise DataError(f"not a trn landmark database; if it was one, {fix}", path)
         try:
             cfg = DBConfig.from_dict(header["config"])
             n = int(header["count"])
             labels = list(header["labels"])
             emb, ids = arrays["embeddings"], arrays["ids"]
         except (KeyError, TypeError, ValueError, ConfigError) as exc:
-            raise DataError(f"landmark database header is malformed ({exc})", path) from None
+            raise DataError(f"landmark database header is malformed ({exc}); {fix}", path) from None
         if emb.shape != (n, cfg.dim) or ids.shape != (n,) or len(labels) != n:
-            raise DataError("landmark database sections disagree with its header", path)
+            raise DataError(f"landmark database sections disagree with its header; {fix}", path)
         db = cls(cfg, read_only=read_only)
         db._store_rows(emb, ids, labels, arrays.get("tokens"), arrays.get("token_scales"))
         db._rebuild_index()
@@ -421,112 +422,223 @@ class LandmarkDB:
     @classmethod
     def open(cls, path: str | Path, cfg: DBConfig | None = None, read_only: bool = False) -> "LandmarkDB":
         """A database persisted at ``path`` with a journal beside it: created (with ``cfg``) when
-        absent; otherwise the snapshot is loaded and the journal replayed. Inserts are durable
-        when the call that made them returns.
+        neither exists; otherwise the snapshot is loaded and the journal it names replayed. Inserts
+        are durable when the call that made them returns.
 
-        One writer at a time: a writable open takes an exclusive lock (``<path>.lock``, released
-        by :meth:`close` or when the process ends) and refuses, naming the holder's process id,
-        when another writer has it; read-only opens take no lock. A writable open also removes
-        temporary files left by an interrupted save. A damaged journal is refused, never
-        truncated: see :mod:`trn.db.store` and ``trn-db repair``."""
-        path = Path(path)
-        jpath = store.journal_path(path)
-        lock = None
-        if not read_only:
-            lock = _WriterLock.acquire(path)
+        One writer at a time: a writable open locks the journal itself (an exclusive ``flock``, see
+        :class:`trn.db.store.JournalFile`, released by :meth:`close` or when the process ends) and
+        refuses, naming the holder's process id, when another writer has it; read-only opens take
+        no lock and never modify a file. A writable open also completes a checkpoint that stopped
+        between its snapshot and its journal, and removes temporary files left by an interrupted
+        save. Everything else that is not a consistent pair (a missing snapshot beside a journal; a
+        missing, stale, newer, foreign or damaged journal) is refused with the reason and the fix,
+        never truncated or replaced: see :func:`journal_state` and ``trn-db repair``."""
+        path = Path(os.path.abspath(path))  # checkpoints must not depend on the working directory
+        if read_only:
+            return cls._open_read_only(path)
+        for _ in range(8):
+            try:
+                return cls._open_writable(path, cfg)
+            except _Raced:
+                continue  # another process created or moved the journal in between: look again
+        raise DataError("another process keeps creating or replacing this database's journal while it is being "
+                        "opened; stop it first", path)
+
+    @classmethod
+    def _open_writable(cls, path: Path, cfg: DBConfig | None) -> "LandmarkDB":
+        journal = store.JournalFile.lock(store.journal_path(path))
         try:
             if not path.exists():
-                if read_only:
-                    raise DataError("landmark database does not exist; create it first", path)
-                db = cls(cfg or DBConfig())
-                db._journal_key = store.new_journal_key()
-                # journal first: a snapshot never exists without the journal it names
-                store.create_journal(jpath, db._journal_header())
-                db.save(path)
-                db._chain = db._journal_header().crc
+                db, journal = cls._create(path, cfg, journal)
             else:
-                _remove_stale_temporaries(path, read_only)
                 db = cls._from_snapshot(path, read_only=False)
                 if cfg is not None and cfg != db.cfg:
                     log.warning("opening %s with its stored configuration; the one given differs and is ignored", path)
-                db._replay(path, read_only)
+                journal = db._attach(path, journal_state(db, path), journal)
+            _remove_leftovers(path, db)
+        except FileExistsError:
+            if journal is not None:
+                journal.close()
+            raise _Raced() from None
         except BaseException:
-            if lock is not None:
-                lock.release()
+            if journal is not None:
+                journal.close()
             raise
-        db._path = path
-        db.read_only = read_only
-        db._lock = lock
-        if not read_only:
-            db._journal = _JournalWriter(jpath)
+        db._path, db.read_only, db._journal = path, False, journal
+        return db
+
+    @classmethod
+    def _create(cls, path: Path, cfg: DBConfig | None,
+                journal: store.JournalFile | None) -> tuple["LandmarkDB", store.JournalFile]:
+        """A new database at ``path`` (no snapshot there). The journal is created first (locked,
+        and only where none exists), then the snapshot that names it; a creation that stopped in
+        between leaves an empty generation-0 journal, which is the one journal adopted here."""
+        jpath, npath = store.journal_path(path), store.next_journal_path(path)
+        db = cls(cfg or DBConfig())
+        if journal is None:
+            if npath.exists():
+                raise DataError(f"landmark database snapshot is missing, but {npath.name} (left by a checkpoint) is "
+                                f"beside it; restore the snapshot from a backup, or delete {npath.name} to create a "
+                                "new database here", path)
+            db._journal_key = store.new_journal_key()
+            journal = store.JournalFile.create(jpath, db._journal_header(), replace=False)
+        else:
+            scan = _scan_or_message(jpath)
+            if not isinstance(scan, store.JournalScan) or not _is_creation_journal(scan):
+                raise DataError(missing_snapshot_message(path), path)
+            h = scan.header
+            if (h.dim, h.k, h.tdim) == (db.cfg.dim, db.cfg.tokens, db.cfg.token_dim):
+                db._journal_key = h.key
+            else:  # holds nothing: replaced by one of the layout asked for
+                db._journal_key = store.new_journal_key()
+                fresh = store.JournalFile.create(jpath, db._journal_header(), replace=True)
+                journal.close()
+                journal = fresh
+            log.info("%s: completing a creation that stopped before its snapshot was written", path)
+        try:
+            db.save(path)
+        except BaseException:
+            journal.close()  # the caller closes the one it passed in, which may have been replaced here
+            raise
+        db._chain = db._journal_header().crc
+        return db, journal
+
+    def _attach(self, path: Path, state: "JournalState",
+                journal: store.JournalFile | None) -> store.JournalFile:
+        """Bring the journal named by this (just loaded) snapshot into use for writing, under the
+        lock; refuse, changing nothing, when ``state`` is not a consistent pair."""
+        jpath = store.journal_path(path)
+        if journal is None and state.kind in ("match", "adopt"):
+            raise _Raced()  # it appeared after the lock was looked for
+        if state.kind == "match":
+            self._replay_records(state)
+            if state.scan.torn_bytes:
+                log.warning("%s: dropping the last %d bytes, an insert cut short by a crash (never acknowledged)",
+                            jpath, state.scan.torn_bytes)
+                journal.truncate(state.scan.valid)
+            return journal
+        if state.kind == "adopt":  # a plain snapshot and the empty journal made for it
+            self._journal_key = state.scan.header.key
+            self.save(path)
+            self._chain = self._journal_header().crc
+            return journal
+        if state.kind == "plain":  # saved by LandmarkDB.save, never journalled: a journal of its own
+            self._journal_key = store.new_journal_key()
+            fresh = store.JournalFile.create(jpath, self._journal_header(), replace=False)
+            try:
+                self.save(path)
+            except BaseException:
+                fresh.close()
+                raise
+            self._chain = self._journal_header().crc
+            return fresh
+        if state.kind == "next":
+            # a checkpoint wrote its snapshot and stopped before renaming the new journal into place;
+            # the old journal's records are all in the snapshot
+            npath = store.next_journal_path(path)
+            nj = store.JournalFile.lock(npath)
+            if nj is None:
+                raise _Raced()
+            try:
+                if journal is None:
+                    os.link(npath, jpath)  # only if still absent
+                    os.unlink(npath)
+                else:
+                    os.replace(npath, jpath)
+                store._fsync_dir(jpath.parent)
+            except BaseException:
+                nj.close()
+                raise
+            nj.moved_to(jpath)
+            if journal is not None:
+                journal.close()
+            self._chain = self._journal_header().crc
+            log.info("%s: completed a checkpoint that stopped after writing its snapshot (generation %d)",
+                     path, self._generation)
+            return nj
+        raise DataError(state.message, state.file)
+
+    @classmethod
+    def _open_read_only(cls, path: Path) -> "LandmarkDB":
+        for _ in range(50):
+            files = _read_pair(path)
+            if files is not None:
+                return cls._read(path, files)
+            # a writer was between two renames of a checkpoint: read the new pair
+        raise DataError("the database kept changing while it was read (a writer checkpointing without pause); "
+                        "open it again", path)
+
+    @classmethod
+    def _read(cls, path: Path, files: dict[Path, bytes | None]) -> "LandmarkDB":
+        """A read-only database from the bytes of its files (see :func:`_read_pair`)."""
+        if files[path] is None:
+            jdata = files[store.journal_path(path)]
+            scan = None if jdata is None else _scan_or_message(store.journal_path(path), jdata)
+            if scan is None or (isinstance(scan, store.JournalScan) and _is_creation_journal(scan)):
+                raise DataError("landmark database does not exist; create it first", path)
+            raise DataError(missing_snapshot_message(path, jdata), path)
+        db = cls._from_snapshot(path, read_only=False, data=files[path])
+        state = journal_state(db, path, files)
+        if state.kind in ("match", "next", "adopt"):
+            db._replay_records(state)
+            if state.scan.torn_bytes:
+                log.warning("%s: ignoring the last %d bytes, an insert cut short by a crash (never acknowledged)",
+                            state.file, state.scan.torn_bytes)
+        elif state.kind != "plain":
+            raise DataError(state.message, state.file)
+        db._path, db.read_only = path, True
         return db
 
     def _journal_header(self) -> store.JournalHeader:
         c = self.cfg
         return store.JournalHeader(self._generation, self._journal_key, self._next_id, c.dim, c.tokens, c.token_dim)
 
-    def _replay(self, path: Path, read_only: bool) -> None:
-        jpath = store.journal_path(path)
-        fix = ("restore the database from a backup, or run `trn-db repair` to keep what is intact (it reports what "
-               "it discards)")
-        if self._journal_key == 0 and not jpath.exists():
-            # a plain snapshot (LandmarkDB.save), never journalled: give it a journal of its own
-            if not read_only:
-                self._journal_key = store.new_journal_key()
-                store.create_journal(jpath, self._journal_header())
-                self.save(path)
-                self._chain = self._journal_header().crc
-            return
-        if not jpath.exists():
-            raise DataError(f"the journal that must follow this snapshot (generation {self._generation}) is missing, "
-                            f"so inserts since the last checkpoint may be lost; {fix}", jpath)
-        scan = store.scan_journal(jpath)
-        h = scan.header
-        expect = self._journal_header()
-        if (h.dim, h.k, h.tdim) != (expect.dim, expect.k, expect.tdim):
-            raise DataError(f"journal layout (dim {h.dim}, tokens {h.k}x{h.tdim}) does not match the snapshot "
-                            f"(dim {expect.dim}, tokens {expect.k}x{expect.tdim}); {fix}", jpath)
-        if h.generation == self._generation - 1 and h.key == self._prev_journal_key and scan.damage is None \
-                and all(r.id < self._next_id for r in scan.records):
-            # a checkpoint wrote its snapshot and stopped before starting the new journal: every
-            # record is in the snapshot already
-            if not read_only:
-                store.create_journal(jpath, expect)
-            self._chain = expect.crc
-            return
-        if h.generation != self._generation or h.key != self._journal_key or h.base_id != self._next_id:
-            raise DataError(f"journal (generation {h.generation}) is not the one this snapshot (generation "
-                            f"{self._generation}) names: it is stale, newer, or from another database; {fix}", jpath)
-        if scan.damage is not None:
-            raise DataError(f"journal is damaged: {scan.damage}; {len(scan.records)} records before it are intact; "
-                            f"{fix}", jpath)
+    def _replay_records(self, state: "JournalState") -> None:
+        scan = state.scan
         for r in scan.records:
             self._apply(r.embedding[None], np.array([r.id], np.int64), [r.label],
                         None if r.tokens is None else r.tokens[None], None if r.scales is None else r.scales[None])
         self._seq = len(scan.records)
-        self._chain = store.chain_crc(jpath, scan)
-        if scan.torn_bytes:
-            if read_only:
-                log.warning("%s: ignoring the last %d bytes, an insert cut short by a crash (never acknowledged)",
-                            jpath, scan.torn_bytes)
-            else:
-                log.warning("%s: dropping the last %d bytes, an insert cut short by a crash (never acknowledged)",
-                            jpath, scan.torn_bytes)
-                store.truncate_to(jpath, scan.valid)
+        self._chain = scan.chain
         if scan.records:
-            log.info("%s: replayed %d journalled inserts", jpath, len(scan.records))
+            log.info("%s: replayed %d journalled inserts", state.file, len(scan.records))
 
     def checkpoint(self) -> None:
-        """Fold the journal into a new snapshot (atomic), then start an empty journal."""
+        """Fold the journal into a new snapshot (atomic), then start an empty journal.
+
+        The next generation's journal is written (and locked) at ``<name>.trndb.journal.next``
+        first, then the snapshot that names it, then it is renamed over the journal: a crash at
+        any point leaves a pair that the next open completes or that is still the old one."""
         if self._path is None or self._journal is None:
             raise ConfigError("checkpoint() needs a writable database opened with LandmarkDB.open(path)")
+        self._journal.check()
+        jpath, npath = store.journal_path(self._path), store.next_journal_path(self._path)
+        old = (self._generation, self._journal_key, self._prev_journal_key)
         self._generation += 1
         self._prev_journal_key, self._journal_key = self._journal_key, store.new_journal_key()
-        self.save(self._path)
-        self._journal.close()
         header = self._journal_header()
-        store.create_journal(store.journal_path(self._path), header)
-        self._journal = _JournalWriter(store.journal_path(self._path))
+        try:
+            nj = store.JournalFile.create(npath, header, replace=True)
+        except BaseException:
+            self._generation, self._journal_key, self._prev_journal_key = old
+            raise
+        try:
+            self.save(self._path)
+        except BaseException:
+            nj.close()
+            self._generation, self._journal_key, self._prev_journal_key = old
+            raise
+        try:
+            os.replace(npath, jpath)
+            store._fsync_dir(jpath.parent)
+        except BaseException:
+            # the snapshot names the new journal: the next open completes this checkpoint
+            nj.close()
+            self._journal.failed = "a checkpoint could not finish; close this database and open it again"
+            raise
+        nj.moved_to(jpath)
+        self._journal.close()
+        self._journal = nj
         self._seq = 0
         self._chain = header.crc
 
@@ -534,9 +646,6 @@ class LandmarkDB:
         if self._journal is not None:
             self._journal.close()
             self._journal = None
-        if self._lock is not None:
-            self._lock.release()
-            self._lock = None
 
     def __enter__(self) -> "LandmarkDB":
         return self
@@ -545,78 +654,208 @@ class LandmarkDB:
         self.close()
 
 
-class _JournalWriter:
-    """Appends records (write + fsync) and updates the header's committed count in place (no
-    O_APPEND, which would make positioned writes append on Linux)."""
-
-    def __init__(self, path: Path):
-        self.fd = os.open(path, os.O_RDWR)
-        self.end = os.fstat(self.fd).st_size
-
-    def append(self, data: bytes) -> None:
-        view = memoryview(data)
-        while view:
-            n = os.pwrite(self.fd, view, self.end)
-            self.end += n
-            view = view[n:]
-        os.fsync(self.fd)
-
-    def commit(self, count: int) -> None:
-        """Record that ``count`` records are acknowledged (durable with the next fsync)."""
-        os.pwrite(self.fd, store.encode_commit(count), store.COMMIT_OFFSET)
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.fsync(self.fd)
-            os.close(self.fd)
-            self.fd = -1
+class _Raced(Exception):
+    """Another process created or moved a journal between two steps of an open: start again."""
 
 
-class _WriterLock:
-    """An exclusive ``flock`` on ``<db>.lock`` holding the writer's process id."""
+# ---------------------------------------------------------------------------------------------
+# how a snapshot and the journal beside it relate
 
-    def __init__(self, fd: int, path: Path):
-        self.fd, self.path = fd, path
+JOURNAL_KINDS = {
+    "match": "the journal this snapshot names",
+    "next": "a checkpoint stopped after writing its snapshot; the next writable open completes it",
+    "adopt": "the empty journal made for a plain snapshot; the next writable open completes it",
+    "plain": "a snapshot saved without a journal; the next writable open gives it one",
+    "missing": "MISSING",
+    "damaged": "DAMAGED",
+    "unreadable": "UNREADABLE",
+    "stale": "STALE",
+    "newer": "NEWER THAN THE SNAPSHOT",
+    "foreign": "FOREIGN",
+    "altered": "ALTERED",
+}
+REPLAYABLE = ("match", "next", "adopt", "plain")
 
-    @classmethod
-    def acquire(cls, db_path: Path) -> "_WriterLock":
-        import fcntl
 
-        path = db_path.with_name(db_path.name + ".lock")
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise DataError(f"cannot create the writer lock ({exc.strerror}); check the directory's permissions",
-                            path) from None
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+@dataclass(frozen=True)
+class JournalState:
+    """What the journal beside a snapshot is. kind: a key of :data:`JOURNAL_KINDS`. file: the
+    journal concerned (``<name>.trndb.journal``, or ``.journal.next`` for "next"). scan: that
+    journal's records (None when missing or unreadable). message: for the kinds a database refuses
+    to open, the reason and what fixes it."""
+
+    kind: str
+    file: Path
+    scan: store.JournalScan | None = None
+    message: str | None = None
+
+
+def _scan_or_message(jpath: Path, data: bytes | None = None) -> store.JournalScan | str:
+    try:
+        return store.scan_journal(jpath, data)
+    except DataError as exc:
+        return exc.message
+
+
+def _is_creation_journal(scan: store.JournalScan) -> bool:
+    """An empty generation-0 journal starting at id 0: what a creation that stopped before its
+    snapshot leaves. It holds nothing, so replacing it loses nothing."""
+    h = scan.header
+    return (h.generation == 0 and h.base_id == 0 and not scan.records and scan.damage is None
+            and not scan.torn_bytes and scan.committed == 0 and scan.size == store.RECORDS_OFFSET)
+
+
+def missing_snapshot_message(path: Path, jdata: bytes | None = None) -> str:
+    """Why a journal without its snapshot is refused, and the fix (``jdata``: the journal's bytes,
+    if already read)."""
+    jpath = store.journal_path(path)
+    scan = _scan_or_message(jpath, jdata)
+    what = (f"generation {scan.header.generation}, {len(scan.records)} records" if isinstance(scan, store.JournalScan)
+            else "its header is unreadable")
+    return (f"landmark database snapshot is missing, but its journal {jpath.name} is present ({what}); a journal holds "
+            "only the inserts since its checkpoint and cannot rebuild the database. Restore the snapshot from a "
+            "backup of that generation; nothing was modified (move the journal away yourself only to create a new, "
+            "empty database here)")
+
+
+def journal_state(db: "LandmarkDB", path: Path, files: dict[Path, bytes | None] | None = None) -> JournalState:
+    """Classify the journal beside the snapshot ``db`` was loaded from (``path``); reads only.
+    ``files``: the bytes of the journal and the next journal (None: absent) read together with
+    the snapshot (:func:`_read_pair`); read from disk when not given."""
+    jpath, npath = store.journal_path(path), store.next_journal_path(path)
+    if files is None:
+        files = {f: f.read_bytes() if f.exists() else None for f in (jpath, npath)}
+    gen, key, prev, nid = db._generation, db._journal_key, db._prev_journal_key, db._next_id
+    expect = db._journal_header()
+    layout = (expect.dim, expect.k, expect.tdim)
+    repair = f"`trn-db repair {path}`"
+    scan = None if files[jpath] is None else _scan_or_message(jpath, files[jpath])
+
+    def names(h: store.JournalHeader) -> bool:
+        return key != 0 and (h.generation, h.key, h.base_id, (h.dim, h.k, h.tdim)) == (gen, key, nid, layout)
+
+    if isinstance(scan, store.JournalScan) and key != 0 and scan.header.key == key:
+        h = scan.header
+        if not names(h):
+            return JournalState("altered", jpath, scan, (
+                f"journal carries the key this snapshot names but does not continue it (generation {h.generation}, "
+                f"first id {h.base_id}, layout {h.dim}/{h.k}x{h.tdim}; the snapshot expects {gen}, {nid}, "
+                f"{layout[0]}/{layout[1]}x{layout[2]}): it was altered from outside. Restore the database from a "
+                f"backup; or {repair} sets it aside and starts an empty journal (inserts since checkpoint {gen} are "
+                "then lost)"))
+        if scan.damage is not None:
+            n = len(scan.records)
+            return JournalState("damaged", jpath, scan, (
+                f"journal is damaged: {scan.damage}; the {n} records before it are intact. {repair} keeps those {n} "
+                "and drops the rest (it first copies the journal to <journal>.damaged-<n> and prints what it drops); "
+                "or restore the database from a backup"))
+        return JournalState("match", jpath, scan)
+    if files[npath] is not None and key != 0:
+        nscan = _scan_or_message(npath, files[npath])
+        old_ok = scan is None or (isinstance(scan, store.JournalScan) and scan.header.key == prev
+                                  and scan.header.generation == gen - 1)
+        if (isinstance(nscan, store.JournalScan) and names(nscan.header) and not nscan.records
+                and nscan.damage is None and not nscan.torn_bytes and old_ok):
+            return JournalState("next", npath, nscan)
+    if scan is None:
+        if key == 0:
+            return JournalState("plain", jpath)
+        return JournalState("missing", jpath, None, (
+            f"the journal that must follow this snapshot (generation {gen}) is missing, and with it any inserts made "
+            f"since checkpoint {gen}. Put it back if it was moved; if it is lost, {repair} starts an empty journal for "
+            "this snapshot (those inserts are then lost for good)"))
+    if isinstance(scan, str):
+        return JournalState("unreadable", jpath, None, scan + (
+            f". {repair} sets it aside (as <journal>.damaged-<n>) and starts an empty journal (inserts since "
+            f"checkpoint {gen} are then lost); or restore the database from a backup"))
+    h, n = scan.header, len(scan.records)
+    aside = (f"if it is lost, {repair} sets this one aside (as <journal>.stale-<n>) and starts an empty journal for "
+             f"generation {gen} (inserts made since checkpoint {gen} are then lost)")
+    if key == 0:
+        if (h.generation, h.base_id, (h.dim, h.k, h.tdim)) == (gen, nid, layout) and not scan.records \
+                and scan.damage is None and not scan.torn_bytes:
+            return JournalState("adopt", jpath, scan)
+        return JournalState("foreign", jpath, scan, (
+            f"journal (generation {h.generation}, {n} records) is not this snapshot's: the snapshot was saved without "
+            f"a journal (LandmarkDB.save). Move the journal away if it belongs elsewhere; or {repair} sets it aside "
+            "and starts a journal for this snapshot"))
+    if h.key == prev and h.generation == gen - 1:
+        inside = h.base_id + n <= nid
+        held = (f"its {n} records are all in the snapshot already" if inside else
+                f"{h.base_id + n - nid} of its {n} records are not in the snapshot")
+        return JournalState("stale", jpath, scan, (
+            f"journal is stale: generation {h.generation}, the one before this snapshot's {gen} (an earlier copy put "
+            f"back?), so it holds none of the inserts made since checkpoint {gen}; {held}. Put back the "
+            f"generation-{gen} journal; {aside}"))
+    if h.generation > gen:
+        return JournalState("newer", jpath, scan, (
+            f"journal is newer than its snapshot: generation {h.generation}, where the snapshot is generation {gen}, "
+            f"so the snapshot was put back from an earlier copy (or replaced) and the checkpoints since are missing. "
+            f"Put back the generation-{h.generation} snapshot; no command can rebuild it (repair included), since a "
+            f"journal holds only the inserts since its checkpoint. If the journal belongs to another "
+            f"database instead, move it away; `trn-db check` then says what is left"))
+    if h.generation < gen:
+        return JournalState("stale", jpath, scan, (
+            f"journal is stale or foreign: generation {h.generation}, older than this snapshot's {gen}, with a key the "
+            f"snapshot does not name (an older journal of this database, or another database's), so it holds none of "
+            f"the inserts made since checkpoint {gen}. Put back the generation-{gen} journal; {aside}"))
+    return JournalState("foreign", jpath, scan, (
+        f"journal belongs to another database: its key is {h.key:016x}, this snapshot names {key:016x} (both "
+        f"generation {gen}). Put back this database's own journal; "
+        + aside.replace("stale-<n>", "foreign-<n>")))
+
+
+def _read_pair(path: Path) -> dict[Path, bytes | None] | None:
+    """The bytes of the snapshot, the journal and the next journal (None where absent) as they
+    were at one moment, or None if a writer renamed one of them while they were being opened.
+
+    All three are opened, then each path is checked to still name the file opened (or still
+    nothing): the three were then in place together at that moment, and their contents are read
+    from the open files afterwards (a snapshot never changes once renamed into place, and a
+    journal only grows)."""
+    paths = (path, store.journal_path(path), store.next_journal_path(path))
+    fds: dict[Path, int | None] = {}
+    try:
+        for p in paths:
             try:
-                holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip() or "unknown"
-            finally:
+                fds[p] = os.open(p, os.O_RDONLY)
+            except FileNotFoundError:
+                fds[p] = None
+        for p, fd in fds.items():
+            if store._path_identity(p) != (None if fd is None else store._identity(os.fstat(fd))):
+                return None
+        out: dict[Path, bytes | None] = {}
+        for p, fd in fds.items():
+            if fd is None:
+                out[p] = None
+                continue
+            with os.fdopen(fd, "rb", closefd=False) as f:
+                out[p] = f.read()
+        return out
+    finally:
+        for fd in fds.values():
+            if fd is not None:
                 os.close(fd)
-            raise DataError(f"landmark database is open for writing by process {holder}; close it there first, or "
-                            "open this one read-only", db_path) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        return cls(fd, path)
-
-    def release(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)  # closing the descriptor releases the flock
-            self.fd = -1
 
 
-def _remove_stale_temporaries(path: Path, read_only: bool) -> None:
-    """Remove ``.<name>.tmp-<pid>`` files of the snapshot and journal left by an interrupted save
-    (only under the writer lock, when no save can be in progress)."""
-    if read_only:
-        return
-    for name in (path.name, store.journal_path(path).name):
+def _remove_leftovers(path: Path, db: LandmarkDB) -> None:
+    """Under the writer lock, when no save can be in progress: remove the temporary files
+    (``.<name>.tmp-<pid>``) of an interrupted save of the snapshot or a journal, and a
+    ``.journal.next`` left by a checkpoint that stopped before its snapshot (an empty journal no
+    snapshot names)."""
+    jpath, npath = store.journal_path(path), store.next_journal_path(path)
+    for name in (path.name, jpath.name, npath.name):
         for tmp in path.parent.glob(f".{name}.tmp-*"):
             try:
                 tmp.unlink()
                 log.info("%s: removed a temporary file left by an interrupted save", tmp)
             except OSError:
                 pass
+    if npath.exists():
+        nscan = _scan_or_message(npath)
+        if (isinstance(nscan, store.JournalScan) and not nscan.records and nscan.damage is None
+                and nscan.header.key != db._journal_key):
+            npath.unlink()
+            log.info("%s: removed the empty journal of a checkpoint that stopped before its snapshot", npath)
+        else:
+            log.warning("%s: left in place (not an empty journal left by a checkpoint); it is not used", npath)

@@ -28,11 +28,22 @@ Integrity, and what it detects:
   journal holding fewer complete records than its committed count has lost acknowledged inserts
   (truncated, or damaged from outside) and is refused. The count lags by at most the last write,
   and only until the next write or close.
-- **Tied to its snapshot.** The snapshot header names the journal that must follow it
-  (generation and a random 64-bit key, new at every checkpoint), so a deleted, stale or foreign
-  journal is refused. A journal one generation behind, with the key the snapshot records as
-  its predecessor, is the trace of a checkpoint that stopped after its snapshot: its inserts are
-  all in the snapshot.
+- **Tied to its snapshot.** Both files record the database generation (the number of
+  checkpoints): the snapshot header names the journal that must follow it (generation, a random
+  64-bit key new at every checkpoint, and the first id it may hold), and the journal header
+  carries the same three. A journal that is not the one named is refused, on read-only and
+  writable opens alike, with the reason: deleted, stale (an older generation, for example
+  restored from an earlier copy), newer (the snapshot is the stale one) or from another
+  database. No crash leaves such a pair: a checkpoint writes the next generation's empty journal
+  to ``<name>.trndb.journal.next`` before its snapshot, and renames it over the journal after;
+  a snapshot whose journal is still at ``.next`` is the trace of a checkpoint that stopped in
+  between, and the open completes it (the old journal's records are all in the snapshot).
+- **One writer, locked on the journal itself.** The writer lock is an exclusive ``flock`` on the
+  journal file (:class:`JournalFile`), taken on a new journal before it appears at its path and
+  checked after it is taken to be on the file still at that path. There is no separate lock file
+  whose deletion could admit a second writer; and a writer checks after every fsync that the file
+  at the path is still the one it writes, so it never acknowledges an insert into a journal that
+  was deleted or replaced under it.
 - **Torn tail or corruption.** An insert is acknowledged once its record is written and fsynced.
   The one record a crash can cut is the last, and only short: fewer bytes than its length field
   says, where that length agrees with the record's own label length and the layout. Only that
@@ -41,14 +52,16 @@ Integrity, and what it detects:
   ``trn-db repair`` (:func:`repair_journal`) discards the damaged part, keeps a copy of the
   original, and reports what it discarded.
 
-Residual risk: while a writer is running (or after it was killed), a truncation from outside
+Residual risks: while a writer is running (or after it was killed), a truncation from outside
 that removes exactly the records of its last write, no more, leaves a valid shorter chain that the
-committed count, lagging by that write, cannot expose. ``docs/reliability.md`` states the
-guarantees.
+committed count, lagging by that write, cannot expose; and an earlier copy of the *current*
+generation's journal put back from outside is a consistent shorter journal, indistinguishable from
+restoring a backup. ``docs/reliability.md`` states the guarantees.
 """
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
@@ -75,6 +88,11 @@ _NO_LABEL = 0xFFFF
 
 def journal_path(snapshot: Path) -> Path:
     return snapshot.with_name(snapshot.name + ".journal")
+
+
+def next_journal_path(snapshot: Path) -> Path:
+    """Where a checkpoint writes the next generation's journal before its snapshot."""
+    return snapshot.with_name(snapshot.name + ".journal.next")
 
 
 def _fsync_dir(path: Path) -> None:
@@ -123,20 +141,22 @@ def write_snapshot(path: Path, header: dict, arrays: dict[str, np.ndarray]) -> N
     atomic_write_bytes(path, [prefix, *blobs, digest.digest()])
 
 
-def read_snapshot(path: Path) -> tuple[dict, dict[str, np.ndarray]]:
-    """(header, arrays) of a snapshot; truncated, bit-flipped or foreign files raise DataError."""
-    if not path.is_file():
-        raise DataError("landmark database file does not exist", path)
-    data = path.read_bytes()
+def read_snapshot(path: Path, data: bytes | None = None) -> tuple[dict, dict[str, np.ndarray]]:
+    """(header, arrays) of a snapshot; truncated, bit-flipped or foreign files raise DataError.
+    ``data``: the snapshot's bytes, if already read."""
+    if data is None:
+        if not path.is_file():
+            raise DataError("landmark database file does not exist", path)
+        data = path.read_bytes()
     fix = "restore it from a backup or rebuild the database; it was not modified"
     if len(data) < 16 + 32 or data[:8] != SNAPSHOT_MAGIC:
         if data[:8] != SNAPSHOT_MAGIC and len(data) >= 8:
-            raise DataError("not a trn landmark database (bad magic number)", path)
+            raise DataError(f"not a trn landmark database (bad magic number); if it was one, {fix}", path)
         raise DataError(f"landmark database is truncated ({len(data)} bytes); {fix}", path)
     version, hlen = struct.unpack_from("<II", data, 8)
     if version != SNAPSHOT_VERSION:
         raise DataError(f"landmark database format version {version} is not supported (this trn reads "
-                        f"{SNAPSHOT_VERSION})", path)
+                        f"{SNAPSHOT_VERSION}); open it with the trn release that wrote it", path)
     if hashlib.sha256(memoryview(data)[:-32]).digest() != data[-32:]:
         raise DataError(f"landmark database checksum mismatch: the file is truncated or corrupted; {fix}", path)
     try:
@@ -235,10 +255,6 @@ def _decode_record(payload: bytes, dim: int, k: int, tdim: int) -> JournalRecord
     return JournalRecord(seq, rid, label, emb, tokens, scales)
 
 
-def create_journal(path: Path, header: JournalHeader) -> None:
-    atomic_write_bytes(path, [header.encode(), encode_commit(0)])
-
-
 @dataclass
 class JournalScan:
     """What a journal holds: its header, the records of the valid chain, the byte length they
@@ -252,27 +268,27 @@ class JournalScan:
     committed: int = 0
     torn_bytes: int = 0
     damage: str | None = None
+    chain: int = 0  # the chained CRC of the last valid record (of the header if none): where appending goes on
 
 
 def read_journal_header(data: bytes, path: Path) -> JournalHeader:
+    # the fix is added by the caller that knows the snapshot (trn.db.database.journal_state)
     if len(data) >= 8 and data[:8] == OLD_JOURNAL_MAGIC:
-        raise DataError("journal is in format 1 (trn 0.1, unchained); open and checkpoint it with trn 0.1, or run "
-                        "`trn-db repair` to discard it after checking that no inserts since the last checkpoint matter",
-                        path)
+        raise DataError("journal is in format 1 (trn 0.1, unchained): to keep its inserts, open the database with "
+                        "trn 0.1 and checkpoint it there, then open it here", path)
     if len(data) < RECORDS_OFFSET:
-        raise DataError("journal header is truncated; run `trn-db repair` to start a new journal (the inserts "
-                        "since the last checkpoint are lost) or restore a backup", path)
+        raise DataError(f"journal header is truncated ({len(data)} bytes)", path)
     magic, gen, key, base, jdim, jk, jtdim, crc = _JHEADER.unpack_from(data, 0)
     if magic != JOURNAL_MAGIC or zlib.crc32(data[:_JHEADER.size - 4]) != crc:
-        raise DataError("not a trn landmark journal, or its header is damaged; restore a backup or run `trn-db "
-                        "repair`", path)
+        raise DataError("not a trn landmark journal, or its header is damaged", path)
     return JournalHeader(gen, key, base, jdim, jk, jtdim)
 
 
-def scan_journal(path: Path) -> JournalScan:
+def scan_journal(path: Path, data: bytes | None = None) -> JournalScan:
     """Read every record of the valid chain; classify what follows it (never raises for damage
-    after the header: the caller decides)."""
-    data = path.read_bytes()
+    after the header: the caller decides). ``data``: the journal's bytes, if already read."""
+    if data is None:
+        data = path.read_bytes()
     h = read_journal_header(data, path)
     committed, ccrc = _COMMIT.unpack_from(data, COMMIT_OFFSET)
     scan = _scan_records(data, h)
@@ -287,48 +303,39 @@ def scan_journal(path: Path) -> JournalScan:
 
 def _scan_records(data: bytes, h: JournalHeader) -> JournalScan:
     pos, prev, records = RECORDS_OFFSET, h.crc, []
+
+    def stop(**what) -> JournalScan:
+        return JournalScan(h, records, pos, len(data), chain=prev, **what)
+
     while pos < len(data):
         left = len(data) - pos
         if left < _RECORD.size + 18:
-            return JournalScan(h, records, pos, len(data), torn_bytes=left)  # too short to hold its own length
+            return stop(torn_bytes=left)  # too short to hold its own length
         n, crc = _RECORD.unpack_from(data, pos)
         seq, rid, llen = struct.unpack_from("<QqH", data, pos + _RECORD.size)
         expected = payload_size(llen, h.dim, h.k, h.tdim)
         if n != expected:
-            return JournalScan(h, records, pos, len(data), damage=f"record {len(records)} at byte {pos} has length {n} "
-                               f"where its fields need {expected} (a damaged length or label field)")
+            return stop(damage=f"record {len(records)} at byte {pos} has length {n} where its fields need {expected} "
+                        "(a damaged length or label field)")
         end = pos + _RECORD.size + n
         if end > len(data):
-            return JournalScan(h, records, pos, len(data), torn_bytes=left)  # cut short: never acknowledged
+            return stop(torn_bytes=left)  # cut short: never acknowledged
         payload = data[pos + _RECORD.size:end]
         if zlib.crc32(payload, prev) != crc:
             tail = "the last record" if end == len(data) else "followed by more records"
-            return JournalScan(h, records, pos, len(data), damage=f"record {len(records)} at byte {pos} fails its chained "
-                               f"checksum ({tail}): a damaged, missing, duplicated or reordered record")
+            return stop(damage=f"record {len(records)} at byte {pos} fails its chained checksum ({tail}): a damaged, "
+                        "missing, duplicated or reordered record")
         try:
             r = _decode_record(payload, h.dim, h.k, h.tdim)
         except (ValueError, UnicodeDecodeError, struct.error):
-            return JournalScan(h, records, pos, len(data), damage=f"record {len(records)} at byte {pos} is malformed")
+            return stop(damage=f"record {len(records)} at byte {pos} is malformed")
         if r.seq != len(records) or r.id != h.base_id + len(records):
-            return JournalScan(h, records, pos, len(data), damage=f"record {len(records)} at byte {pos} has sequence "
-                               f"{r.seq} and id {r.id}, expected {len(records)} and {h.base_id + len(records)}")
+            return stop(damage=f"record {len(records)} at byte {pos} has sequence {r.seq} and id {r.id}, expected "
+                        f"{len(records)} and {h.base_id + len(records)}")
         records.append(r)
         prev = crc
         pos = end
-    return JournalScan(h, records, pos, len(data))
-
-
-def chain_crc(path: Path, scan: JournalScan) -> int:
-    """The chained CRC of the last valid record of a scanned journal (where appending goes on)."""
-    if not scan.records:
-        return scan.header.crc
-    with open(path, "rb") as f:
-        data = f.read(scan.valid)
-    pos, crc = RECORDS_OFFSET, scan.header.crc
-    while pos < scan.valid:
-        n, crc = _RECORD.unpack_from(data, pos)
-        pos += _RECORD.size + n
-    return crc
+    return stop()
 
 
 def repair_journal(path: Path) -> tuple[int, int, Path | None]:
@@ -358,12 +365,17 @@ def write_commit(path: Path, count: int) -> None:
         os.close(fd)
 
 
-def damaged_copy_name(path: Path) -> Path:
-    """The first free ``<path>.damaged-<n>``, where a damaged original is kept before a repair."""
+def aside_name(path: Path, tag: str) -> Path:
+    """The first free ``<path>.<tag>-<n>``, where ``trn-db repair`` keeps a journal it sets aside."""
     n = 0
-    while (copy := path.with_name(f"{path.name}.damaged-{n}")).exists():
+    while (copy := path.with_name(f"{path.name}.{tag}-{n}")).exists():
         n += 1
     return copy
+
+
+def damaged_copy_name(path: Path) -> Path:
+    """The first free ``<path>.damaged-<n>``, where a damaged original is kept before a repair."""
+    return aside_name(path, "damaged")
 
 
 def truncate_to(path: Path, size: int) -> None:
@@ -371,3 +383,161 @@ def truncate_to(path: Path, size: int) -> None:
         f.truncate(size)
         f.flush()
         os.fsync(f.fileno())
+
+
+# ---------------------------------------------------------------------------------------------
+# the writer's journal and lock
+
+
+def _identity(st: os.stat_result) -> tuple[int, int]:
+    return st.st_dev, st.st_ino
+
+
+def _path_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        return _identity(os.stat(path))
+    except FileNotFoundError:
+        return None
+
+
+def lock_holder(fd: int) -> str:
+    """"process <id>" holding a ``flock`` on the file open at ``fd`` (from /proc/locks on Linux),
+    or "another process" where that cannot be read."""
+    st = os.fstat(fd)
+    dev = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+    try:
+        lines = Path("/proc/locks").read_text().splitlines()
+    except OSError:
+        return "another process"
+    for line in lines:
+        f = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 1234 fe:00:2146627 0 EOF" (blocked waiters are marked "->")
+        if len(f) >= 6 and f[1] == "FLOCK" and f[5] == dev:
+            return f"process {f[4]}"
+    return "another process"
+
+
+class JournalFile:
+    """A journal open for writing, and the writer lock: an exclusive ``flock`` on the journal file.
+
+    The lock lives on the file the database needs anyway, so no file can be deleted to admit a
+    second writer: a second writer opens the file at the journal's path and finds it locked, or
+    finds it missing (and the database refuses a missing journal), or finds a file put there from
+    outside. In that last case the first writer notices: after every fsync it checks that the file
+    at the path is still the one it writes, and refuses, unacknowledged, the insert and every one
+    after it. A new journal is locked before it appears at its path, and a lock is kept only after
+    checking that the locked file is still the one at the path (a checkpoint may have renamed a new
+    journal over it in between)."""
+
+    def __init__(self, fd: int, path: Path):
+        # absolute, so that the checks after each write do not depend on the working directory
+        self.fd, self.path = fd, Path(os.path.abspath(path))
+        st = os.fstat(fd)
+        self.identity = _identity(st)
+        self.end = st.st_size
+        self.failed: str | None = None
+
+    @classmethod
+    def lock(cls, path: Path) -> "JournalFile | None":
+        """Lock the journal at ``path`` for writing; None if there is none. Raises DataError, naming
+        the holder's process id, when another writer holds it."""
+        for _ in range(16):
+            try:
+                fd = os.open(path, os.O_RDWR)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                raise DataError(f"cannot open the journal for writing ({exc.strerror}); check its permissions",
+                                path) from None
+            try:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    holder = lock_holder(fd)
+                    if _path_identity(path) == _identity(os.fstat(fd)):
+                        raise DataError(f"landmark database is open for writing by {holder} (it holds the lock on "
+                                        "this journal); close it there first, or open this one read-only",
+                                        path) from None
+                    # a checkpoint renamed a new journal over this one: ask the one now at the path
+                else:
+                    if _path_identity(path) == _identity(os.fstat(fd)):
+                        return cls(fd, path)
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # the file at the path was replaced or removed since it was opened: look again
+        raise DataError("the journal keeps being replaced while this open tries to lock it; stop whatever is "
+                        "replacing it", path)
+
+    @classmethod
+    def create(cls, path: Path, header: JournalHeader, replace: bool) -> "JournalFile":
+        """A new empty journal at ``path``, locked before it appears there: written to a temporary
+        file, fsynced, locked, then renamed over ``path`` (``replace``: only by a writer holding the
+        lock of the journal it replaces) or linked to ``path`` if nothing is there
+        (FileExistsError otherwise: another process created it first)."""
+        tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            data = header.encode() + encode_commit(0)
+            if os.pwrite(fd, data, 0) != len(data):
+                raise OSError("short write of a journal header")
+            os.fsync(fd)
+            if replace:
+                os.replace(tmp, path)
+            else:
+                os.link(tmp, path)
+                os.unlink(tmp)
+            _fsync_dir(path.parent)
+        except BaseException:
+            os.close(fd)
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return cls(fd, path)
+
+    def check(self) -> None:
+        """Raise DataError (and refuse every later write) unless the file at the path is this one."""
+        if self.failed is None and _path_identity(self.path) != self.identity:
+            self.failed = ("the journal was deleted or replaced from outside while this database was open for "
+                           "writing; this insert is not acknowledged and this database accepts no more writes: "
+                           "close it, then run `trn-db check` on it")
+        if self.failed is not None:
+            raise DataError(self.failed, self.path)
+
+    def append(self, data: bytes) -> None:
+        """Write at the end and fsync; the records are acknowledged when this returns."""
+        if self.failed is not None:
+            raise DataError(self.failed, self.path)
+        view = memoryview(data)
+        while view:
+            n = os.pwrite(self.fd, view, self.end)
+            self.end += n
+            view = view[n:]
+        os.fsync(self.fd)
+        self.check()
+
+    def commit(self, count: int) -> None:
+        """Record that ``count`` records are acknowledged (durable with the next fsync). No
+        O_APPEND anywhere: it would make this positioned write append on Linux."""
+        os.pwrite(self.fd, encode_commit(count), COMMIT_OFFSET)
+
+    def truncate(self, size: int) -> None:
+        os.ftruncate(self.fd, size)
+        os.fsync(self.fd)
+        self.end = size
+
+    def moved_to(self, path: Path) -> None:
+        """The file was renamed to ``path`` (by the lock holder)."""
+        self.path = Path(os.path.abspath(path))
+
+    def close(self) -> None:
+        """Flush and release the lock."""
+        if self.fd >= 0:
+            try:
+                os.fsync(self.fd)
+            finally:
+                os.close(self.fd)  # closing the descriptor releases the flock
+                self.fd = -1

@@ -1,0 +1,284 @@
+"""One writer at a time, with real processes: the lock is an exclusive flock on the journal itself,
+so deleting files cannot admit a second writer, checkpoints (which rename a new journal into place)
+open no window, and a writer whose journal is deleted or replaced from outside acknowledges
+nothing more."""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+from trn.db import DBConfig, LandmarkDB
+from trn.db.store import journal_path
+from trn.errors import DataError
+
+DIM = 16
+
+WRITER = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from trn.db import DBConfig, LandmarkDB
+    from trn.errors import DataError
+    try:
+        db = LandmarkDB.open(sys.argv[1], DBConfig(dim=16))
+    except DataError as exc:
+        print("refused", exc.message, flush=True)
+        sys.exit(3)
+    print("open", flush=True)
+    for line in sys.stdin:
+        cmd, *args = line.split()
+        if cmd == "add":
+            seed, n = int(args[0]), int(args[1])
+            x = np.random.default_rng(seed).normal(size=(n, 16)).astype(np.float32)
+            try:
+                ids = db.add(x, labels=[f"{seed}-{i}" for i in range(n)])
+                print("acked", *ids.tolist(), flush=True)
+            except DataError as exc:
+                print("refused", exc.message, flush=True)
+        elif cmd == "checkpoint":
+            try:
+                db.checkpoint()
+                print("done", flush=True)
+            except DataError as exc:
+                print("refused", exc.message, flush=True)
+        else:
+            db.close()
+            print("closed", flush=True)
+            break
+""")
+
+
+class Writer:
+    """A writer process driven line by line: every "acked" reply is an acknowledged insert."""
+
+    def __init__(self, path):
+        self.proc = subprocess.Popen([sys.executable, "-c", WRITER, str(path)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True)
+        self.first = self.proc.stdout.readline().strip()
+        self.acked: dict[int, str] = {}
+
+    def ask(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def add(self, seed, n):
+        reply = self.ask(f"add {seed} {n}")
+        if reply.startswith("acked"):
+            for i, rid in enumerate(reply.split()[1:]):
+                self.acked[int(rid)] = f"{seed}-{i}"
+        return reply
+
+    def stop(self):
+        if self.proc.poll() is None:
+            self.ask("quit")
+            self.proc.wait(timeout=60)
+
+
+@pytest.fixture
+def writers():
+    started = []
+
+    def start(path):
+        w = Writer(path)
+        started.append(w)
+        return w
+
+    yield start
+    for w in started:
+        if w.proc.poll() is None:
+            w.proc.kill()
+            w.proc.wait()
+
+
+def assert_all_acknowledged(p, *ws):
+    with LandmarkDB.open(p, read_only=True) as db:
+        have = dict(zip(db.ids.tolist(), db.labels))
+    for w in ws:
+        for rid, label in w.acked.items():
+            assert have.get(rid) == label, f"acknowledged insert {rid} ({label}) lost"
+
+
+def test_two_writers_with_the_lock_file_and_every_other_spare_file_deleted(tmp_path, writers):
+    """The audit's case: deleting `<name>.trndb.lock` admitted a second writer and an acknowledged
+    insert was lost. The lock now lives on the journal, so there is no file to delete."""
+    p = tmp_path / "w.trndb"
+    a = writers(p)
+    assert a.first == "open" and a.add(1, 5).startswith("acked")
+    a.ask("checkpoint")
+    assert a.add(2, 3).startswith("acked")
+    needed = {p.name, journal_path(p).name}
+    (tmp_path / f"{p.name}.lock").write_text("12345\n")  # what an earlier trn left; deleted below
+    for f in tmp_path.iterdir():
+        if f.name not in needed:
+            f.unlink()
+    b = writers(p)
+    assert b.first == f"refused landmark database is open for writing by process {a.proc.pid} (it holds the lock " \
+                      "on this journal); close it there first, or open this one read-only"
+    assert b.proc.wait(timeout=60) == 3
+    with pytest.raises(DataError, match=f"process {a.proc.pid}"):
+        LandmarkDB.open(p)  # in this process too
+    assert a.add(3, 4).startswith("acked")
+    with LandmarkDB.open(p, read_only=True) as r:  # readers take no lock
+        assert len(r) == 12
+    a.stop()
+    assert_all_acknowledged(p, a)
+    c = writers(p)  # the lock is released when the writer closes
+    assert c.first == "open" and c.add(4, 1) == "acked 12"
+    c.stop()
+
+
+STORM = textwrap.dedent("""
+    import sys
+    import numpy as np
+    from trn.db import DBConfig, LandmarkDB
+    db = LandmarkDB.open(sys.argv[1], DBConfig(dim=16))
+    rng = np.random.default_rng(0)
+    i = 0
+    while True:
+        d = db.add(rng.normal(size=(1, 16)).astype(np.float32), labels=[f"s{i}"])
+        print(int(d[0]), f"s{i}", flush=True)
+        i += 1
+        if i % 3 == 0:
+            db.checkpoint()  # a new journal renamed into place every third insert
+""")
+
+TRY_OPEN = textwrap.dedent("""
+    import sys
+    from trn.db import LandmarkDB
+    from trn.errors import DataError
+    admitted, reasons = 0, set()
+    for _ in range(int(sys.argv[2])):
+        try:
+            LandmarkDB.open(sys.argv[1]).close()
+            admitted += 1
+        except DataError as exc:
+            reasons.add(exc.message.split(" (")[0])
+    print(admitted)
+    for r in sorted(reasons):
+        print(r)
+""")
+
+
+def test_checkpoints_open_no_window_for_a_second_writer(tmp_path):
+    """A second writer tries 300 times while the first checkpoints every third insert (each
+    checkpoint renames a new, already locked journal over the old one)."""
+    p = tmp_path / "s.trndb"
+    storm = subprocess.Popen([sys.executable, "-c", STORM, str(p)], stdout=subprocess.PIPE, text=True)
+    try:
+        acked = {}
+        for line in storm.stdout:
+            rid, label = line.split()
+            acked[int(rid)] = label
+            if len(acked) >= 10:
+                break
+        r = subprocess.run([sys.executable, "-c", TRY_OPEN, str(p), "300"], capture_output=True, text=True,
+                           timeout=600)
+        out = r.stdout.splitlines()
+        assert out[0] == "0", r.stdout + r.stderr
+        assert out[1:] == [f"landmark database is open for writing by process {storm.pid}"]
+        for line in storm.stdout:
+            rid, label = line.split()
+            acked[int(rid)] = label
+            if len(acked) >= 40:
+                break
+    finally:
+        storm.kill()
+        storm.wait()
+    with LandmarkDB.open(p, read_only=True) as db:
+        have = dict(zip(db.ids.tolist(), db.labels))
+    assert all(have.get(i) == label for i, label in acked.items())
+
+
+def test_a_writer_whose_journal_is_replaced_acknowledges_nothing_more(tmp_path, writers):
+    """The journal deleted and put back from a copy (a new file): a second writer can open the
+    copy, and the first refuses every insert from then on, so no id is acknowledged twice and
+    no acknowledged insert is lost."""
+    p = tmp_path / "r.trndb"
+    j = journal_path(p)
+    a = writers(p)
+    assert a.add(1, 5).startswith("acked")
+    copy = j.read_bytes()
+    j.unlink()
+    j.write_bytes(copy)
+    b = writers(p)
+    assert b.first == "open" and b.add(2, 3) == "acked 5 6 7"
+    reply = a.add(3, 1)
+    assert reply.startswith("refused the journal was deleted or replaced from outside"), reply
+    assert a.ask("checkpoint").startswith("refused")
+    assert a.add(4, 1).startswith("refused")
+    b.stop()
+    a.stop()
+    assert_all_acknowledged(p, a, b)
+    assert not set(a.acked) & set(b.acked)
+
+
+def test_a_writer_whose_journal_is_deleted_acknowledges_nothing_more(tmp_path, writers):
+    p = tmp_path / "d.trndb"
+    j = journal_path(p)
+    a = writers(p)
+    assert a.add(1, 5).startswith("acked")
+    j.unlink()
+    b = writers(p)
+    assert b.first.startswith("refused the journal that must follow this snapshot (generation 0) is missing")
+    assert a.add(2, 1).startswith("refused the journal was deleted or replaced")
+    a.stop()
+    assert not j.exists()
+    with pytest.raises(DataError, match="is missing"):
+        LandmarkDB.open(p, read_only=True)
+
+
+def test_one_writer_per_process_too_and_the_lock_goes_with_close(tmp_path):
+    p = tmp_path / "o.trndb"
+    w = LandmarkDB.open(p, DBConfig(dim=DIM))
+    with pytest.raises(DataError, match=f"open for writing by process {os.getpid()}"):
+        LandmarkDB.open(p)
+    w.add(np.eye(DIM, dtype=np.float32)[:2])
+    w.checkpoint()  # the lock moves to the new journal with it
+    with pytest.raises(DataError, match=f"open for writing by process {os.getpid()}"):
+        LandmarkDB.open(p)
+    w.close()
+    with LandmarkDB.open(p) as again:
+        assert len(again) == 2
+    assert not (tmp_path / f"{p.name}.lock").exists()
+
+
+def test_a_relative_path_keeps_working_after_a_change_of_directory(tmp_path, monkeypatch):
+    """The writer checks after each write that its journal is still at its path: an absolute one."""
+    (tmp_path / "a").mkdir()
+    monkeypatch.chdir(tmp_path / "a")
+    with LandmarkDB.open("rel.trndb", DBConfig(dim=DIM)) as db:
+        db.add(np.eye(DIM, dtype=np.float32)[:1])
+        monkeypatch.chdir(tmp_path)
+        db.add(np.eye(DIM, dtype=np.float32)[1:2])
+        db.checkpoint()
+        db.add(np.eye(DIM, dtype=np.float32)[2:3])
+    with LandmarkDB.open(tmp_path / "a" / "rel.trndb", read_only=True) as db:
+        assert len(db) == 3
+
+
+def test_readers_racing_checkpoints_read_a_consistent_pair(tmp_path):
+    """Read-only opens while a writer checkpoints every third insert: each reads the snapshot and
+    the journal of one generation (reading again when a checkpoint replaced them meanwhile)."""
+    p = tmp_path / "c.trndb"
+    storm = subprocess.Popen([sys.executable, "-c", STORM, str(p)], stdout=subprocess.PIPE, text=True)
+    try:
+        acked = {}
+        for line in storm.stdout:
+            rid, label = line.split()
+            acked[int(rid)] = label
+            if len(acked) >= 10:
+                break
+        sizes = []
+        for _ in range(150):
+            with LandmarkDB.open(p, read_only=True) as db:
+                have = dict(zip(db.ids.tolist(), db.labels))
+            assert all(have.get(i) == label for i, label in acked.items())  # everything acknowledged before
+            sizes.append(len(have))
+    finally:
+        storm.kill()
+        storm.wait()
+    assert sizes == sorted(sizes) and sizes[-1] > sizes[0]  # the writer went on meanwhile
