@@ -1,5 +1,7 @@
 """Signed bundles: made, verified, and refused when unsigned, signed by another key, tampered,
-truncated, or with a file missing or added."""
+truncated, with a file missing or added (also inside an added subdirectory or through a link); a
+manifest that binds the model's name, card, weights and version; and bundle creation refusing an
+export directory that is not the model's."""
 
 import json
 import os
@@ -23,7 +25,7 @@ def signed(tmp_path):
     card = tmp_path / "MODEL_CARD.md"
     card.write_text("# card\n")
     priv, pub = keygen(tmp_path / "keys")
-    b = make_bundle(exp, tmp_path / "bundle", priv, "m", 96, 512, 0.9, card)
+    b = make_bundle(exp, tmp_path / "bundle", priv, "m", 96, 512, 0.9, card, version=7)
     return b, read_public_key(pub), tmp_path
 
 
@@ -33,6 +35,8 @@ def test_a_bundle_verifies_and_carries_its_specification(signed):
     assert set(m["files"]) == {"model.onnx", "model_int8.onnx", "MODEL_CARD.md"}
     assert m["input"]["shape"] == [1, 1, 96, 96] and "min-max" in m["input"]["preprocess"]["normalise"]
     assert m["embedding_dim"] == 512 and m["match_threshold"] == 0.9 and m["public_key"] == pub.hex()
+    assert m["bundle_version"] == 7 and m["model"] == "m" and m["format_version"] == 2
+    assert m["model_card"] == {"file": "MODEL_CARD.md", "sha256": m["files"]["MODEL_CARD.md"]["sha256"]}
     with tarfile.open(b.tar) as t:
         assert sorted(t.getnames()) == sorted(f"bundle/{n}" for n in [*m["files"], MANIFEST, SIGNATURE])
     assert oct((tmp / "keys" / "trn_signing_key.pem").stat().st_mode & 0o777) == "0o600"
@@ -97,28 +101,107 @@ def test_a_resigned_manifest_by_another_key_is_refused(signed):
         verify_bundle(b.directory, pub)
 
 
-def _run_export_and_key(tmp_path):
-    """A tiny model's run directory, an export directory holding one file, and a key pair."""
+def test_an_added_subdirectory_or_link_is_refused_with_its_name(signed):
+    b, pub, tmp = signed
+    sub = b.directory / "extra"
+    sub.mkdir()
+    (sub / "payload.bin").write_bytes(b"x" * 100)
+    with pytest.raises(DataError, match="plain files only.*directory"):
+        verify_bundle(b.directory, pub)
+    import shutil
+
+    shutil.rmtree(sub)
+    (b.directory / "evil.onnx").symlink_to(b.directory / "model.onnx")
+    with pytest.raises(DataError, match="symbolic link"):
+        verify_bundle(b.directory, pub)
+    (b.directory / "evil.onnx").unlink()
+    verify_bundle(b.directory, pub)
+
+
+def test_missing_paths_files_and_tars_are_named_as_such(signed):
+    b, pub, tmp = signed
+    with pytest.raises(DataError, match="does not exist"):
+        verify_bundle(tmp / "nowhere", pub)
+    with pytest.raises(DataError, match=r"\.tar: pass the directory"):
+        verify_bundle(b.tar, pub)
+    with pytest.raises(DataError, match="no manifest.json"):
+        verify_bundle(tmp / "keys", pub)
+    for bad, why in [("zz", "neither a .pub file nor hexadecimal"), ("ab" * 31, "31 bytes"),
+                     (str(tmp / "no.pub"), "no such public key file")]:
+        with pytest.raises(DataError, match=why):
+            read_public_key(bad)
+
+
+def test_version_and_model_are_checked_and_signed(signed, tmp_path):
+    b, pub, tmp = signed
+    from trn.errors import ConfigError
+
+    for bad in (0, -3, True, "7"):
+        with pytest.raises(ConfigError, match="version"):
+            make_bundle(tmp / "export", tmp / f"v{bad}", tmp / "keys" / "trn_signing_key.pem", "m", 96, 512, 0.9,
+                        version=bad)
+    derived = make_bundle(tmp / "export", tmp / "derived", tmp / "keys" / "trn_signing_key.pem", "m", 96, 512, 0.9)
+    assert derived.manifest["bundle_version"] > 20_250_000_000_000  # YYYYMMDDHHMMSS of the signing time
+    # a manifest without a version (the old format) is refused by the board's code, signed or not
+    from trn.export.bundle import load_private_key
+
+    m = json.loads((b.directory / MANIFEST).read_text())
+    for field, value, why in [("bundle_version", None, "bundle_version"), ("format_version", 1, "format_version"),
+                              ("model", "", "no model")]:
+        bad = dict(m, **{field: value})
+        data = (json.dumps(bad, indent=1, sort_keys=True) + "\n").encode()
+        (b.directory / MANIFEST).write_bytes(data)
+        (b.directory / SIGNATURE).write_bytes(load_private_key(tmp / "keys" / "trn_signing_key.pem").sign(data))
+        with pytest.raises(DataError, match=why):
+            verify_bundle(b.directory, pub)
+    bad = dict(m, model_card={"file": "MODEL_CARD.md", "sha256": "0" * 64})  # a card other than the one bundled
+    data = (json.dumps(bad, indent=1, sort_keys=True) + "\n").encode()
+    (b.directory / MANIFEST).write_bytes(data)
+    (b.directory / SIGNATURE).write_bytes(load_private_key(tmp / "keys" / "trn_signing_key.pem").sign(data))
+    with pytest.raises(DataError, match="model card"):
+        verify_bundle(b.directory, pub)
+
+
+def _run_dir(tmp_path, name: str, seed: int):
+    """A tiny model's run directory (weights, card)."""
     import torch
 
-    from trn.cli import export as export_cli
     from trn.models.checkpoint import CHECKPOINT_FORMAT, save_checked
     from trn.models.descriptor import create_model
 
+    torch.manual_seed(seed)
     m = create_model("flight", input_size=32)
-    (tmp_path / "run").mkdir()
+    (tmp_path / name).mkdir()
     save_checked({"format": CHECKPOINT_FORMAT, "version": 1, "model_config": m.cfg.to_dict(),
-                  "model": m.state_dict()}, tmp_path / "run" / "weights.pt")
-    (tmp_path / "exp").mkdir()
-    (tmp_path / "exp" / "model.onnx").write_bytes(torch.zeros(10).numpy().tobytes())
+                  "model": m.state_dict()}, tmp_path / name / "weights.pt")
+    (tmp_path / name / "MODEL_CARD.md").write_text(f"# {name}\n")
+    return tmp_path / name
+
+
+def _run_export_and_key(tmp_path):
+    """A tiny model's run directory, its real ONNX export (trn-export onnx, report with the
+    weights' sha256) and a key pair."""
+    from trn.cli import export as export_cli
+
+    _run_dir(tmp_path, "run", 0)
+    assert export_cli.main(["onnx", "--model", str(tmp_path / "run"), "--out", str(tmp_path / "exp"),
+                            "--no-parity", "--threads", "1"]) == 0
     assert export_cli.main(["keygen", "--out", str(tmp_path / "k")]) == 0
     return export_cli
 
 
 def test_cli_keygen_bundle_verify(tmp_path, capsys):
+    from trn.models.checkpoint import file_sha256
+
     export_cli = _run_export_and_key(tmp_path)
+    rep = json.loads((tmp_path / "exp" / "onnx_report.json").read_text())
+    assert rep["weights_sha256"] == file_sha256(tmp_path / "run" / "weights.pt")  # stamped at export time
     assert export_cli.main(["bundle", "--model", str(tmp_path / "run"), "--export", str(tmp_path / "exp"), "--key",
-                            str(tmp_path / "k" / "trn_signing_key.pem"), "--out", str(tmp_path / "b")]) == 0
+                            str(tmp_path / "k" / "trn_signing_key.pem"), "--out", str(tmp_path / "b"),
+                            "--version", "4"]) == 0
+    m = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert m["model"] == "run" and m["bundle_version"] == 4 and m["source"]["weights_sha256"] == rep["weights_sha256"]
+    assert m["model_card"]["sha256"] == m["files"]["MODEL_CARD.md"]["sha256"]
     assert export_cli.main(["verify", str(tmp_path / "b"), "--pub", str(tmp_path / "k" / "trn_signing_key.pub")]) == 0
     assert "OK" in capsys.readouterr().out
     (tmp_path / "b" / "model.onnx").write_bytes(b"tampered")
@@ -127,6 +210,87 @@ def test_cli_keygen_bundle_verify(tmp_path, capsys):
     assert export_cli.main(["bundle", "--model", str(tmp_path / "run"), "--export", str(tmp_path / "exp"), "--key",
                             str(tmp_path / "k" / "trn_signing_key.pem"), "--out", str(tmp_path / "b")]) == 2
     assert "immutable" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        export_cli.main(["bundle", "--model", str(tmp_path / "run"), "--export", str(tmp_path / "exp"), "--key",
+                         str(tmp_path / "k" / "trn_signing_key.pem"), "--out", str(tmp_path / "b0"), "--version", "0"])
+    assert e.value.code == 2 and "--version: 0 is out of range" in capsys.readouterr().err
+    pub = str(tmp_path / "k" / "trn_signing_key.pub")
+    assert export_cli.main(["verify", str(tmp_path / "nowhere"), "--pub", pub]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_an_export_of_another_model_is_refused(tmp_path, capsys):
+    """The audit's case: a model's name and card around another model's graphs."""
+    export_cli = _run_export_and_key(tmp_path)
+    _run_dir(tmp_path, "other", 1)
+    key = str(tmp_path / "k" / "trn_signing_key.pem")
+
+    def bundle(model: str, export, out: str) -> int:
+        return export_cli.main(["bundle", "--model", model, "--export", str(export), "--key", key, "--out",
+                                str(tmp_path / out)])
+
+    assert bundle(str(tmp_path / "other"), tmp_path / "exp", "x1") == 2
+    err = capsys.readouterr().err
+    assert "another model's" in err and "model.onnx" in err and not (tmp_path / "x1").exists()
+    # a graph changed after its report, or with no report at all
+    import shutil
+
+    shutil.copytree(tmp_path / "exp", tmp_path / "exp2")
+    (tmp_path / "exp2" / "model.onnx").write_bytes((tmp_path / "exp2" / "model.onnx").read_bytes() + b"\0")
+    assert bundle(str(tmp_path / "run"), tmp_path / "exp2", "x2") == 2
+    assert "changed since onnx_report.json" in capsys.readouterr().err
+    (tmp_path / "exp2" / "onnx_report.json").unlink()
+    assert bundle(str(tmp_path / "run"), tmp_path / "exp2", "x3") == 2
+    assert "no export report" in capsys.readouterr().err
+    # no card beside the weights: nothing to bind
+    (tmp_path / "run" / "MODEL_CARD.md").unlink()
+    assert bundle(str(tmp_path / "run"), tmp_path / "exp", "x4") == 2
+    assert "MODEL_CARD.md" in capsys.readouterr().err
+
+
+def test_the_shipped_exports_are_cross_checked_against_the_shipped_models(tmp_path):
+    """The audit's exact command: flight_ric_ca's name and card around conv2d-SE's export, refused;
+    the right pair accepted; a head.npz of another model refused."""
+    import shutil
+    from pathlib import Path
+
+    import numpy as np
+
+    from trn.export.bundle import bundle_model, check_export
+
+    repo = Path(__file__).resolve().parents[2]
+    union = repo / "export" / "flight_conv2d_se_union"
+    if not (union / "model_int8.tflite").is_file() or not (repo / "models" / "flight_ric_ca" / "weights.pt").is_file():
+        pytest.skip("the shipped export or models are absent")
+    priv, _ = keygen(tmp_path / "keys")
+    with pytest.raises(DataError, match="not from flight_ric_ca"):
+        bundle_model("flight_ric_ca", union, tmp_path / "ric", priv, version=1)
+    assert not (tmp_path / "ric").exists()
+    b = bundle_model("flight_conv2d_se_union", union, tmp_path / "union", priv, version=1)
+    assert set(b.manifest["source"]["checked"]) == {"model.onnx", "model_int8.onnx", "model_int8.tflite", "head.npz"}
+    # the right reports and graphs, but another model's head
+    exp = tmp_path / "exp"
+    shutil.copytree(union, exp)
+    from trn.export.graph import ExportGraph
+    from trn.export.tflite import head_of
+    from trn.models.checkpoint import load_descriptor
+
+    head_of(ExportGraph(load_descriptor(repo / "models" / "flight_conv2d_se" / "weights.pt"))).save(exp / "head.npz")
+    with pytest.raises(DataError, match="head.npz is not flight_conv2d_se_union's head"):
+        check_export(exp, repo / "models" / "flight_conv2d_se_union" / "weights.pt", "flight_conv2d_se_union")
+    # an Edge TPU-compiled file must carry the int8 file's quantisation
+    shutil.copy(union / "head.npz", exp / "head.npz")
+    shutil.copy(exp / "model_int8.tflite", exp / "model_int8_edgetpu.tflite")
+    got = check_export(exp, repo / "models" / "flight_conv2d_se_union" / "weights.pt", "flight_conv2d_se_union")
+    assert "model_int8_edgetpu.tflite" in got["checked"]
+    from tests.export.test_onnx import trained_looking
+    from trn.export.tflite import export_tflite
+
+    export_tflite(trained_looking("conv2d", "se", 0), tmp_path / "tiny",
+                  np.random.default_rng(0).random((4, 32, 32)).astype(np.float32), "random", float_model=False)
+    shutil.copy(tmp_path / "tiny" / "model_int8.tflite", exp / "model_int8_edgetpu.tflite")
+    with pytest.raises(DataError, match="not compiled from this export"):
+        check_export(exp, repo / "models" / "flight_conv2d_se_union" / "weights.pt", "flight_conv2d_se_union")
 
 
 def test_the_threshold_travels_from_the_model_card_into_the_bundle(tmp_path):
@@ -140,7 +304,7 @@ def test_the_threshold_travels_from_the_model_card_into_the_bundle(tmp_path):
 
     def manifest_threshold(out: str, *extra: str) -> float:
         assert export_cli.main(["bundle", "--model", str(tmp_path / "run"), "--export", str(tmp_path / "exp"),
-                                "--key", key, "--out", str(tmp_path / out), *extra]) == 0
+                                "--key", key, "--out", str(tmp_path / out), "--version", "1", *extra]) == 0
         return json.loads((tmp_path / out / "manifest.json").read_text())["match_threshold"]
 
     assert model_threshold(tmp_path / "run") == 0.9

@@ -1,10 +1,13 @@
 """The board-side agent on loopback: a real signed bundle, a real TFLite interpreter, real TCP
-sockets. Protocol round trips, every bad-client case, bounded memory, refused bundles."""
+sockets, real processes. Protocol round trips, every bad-client case, bounded memory, refused
+bundles, idle connections that cannot starve a client, stop requests refused unless authenticated,
+the board's anchor by default, the documented command without torch and with BLAS pinned."""
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -36,7 +39,7 @@ def bundle(tmp_path_factory):
     m = trained_looking("conv2d", "se", 0).eval()
     export_tflite(m, tmp / "export", np.random.default_rng(0).random((8, SIZE, SIZE)).astype(np.float32), "random")
     priv, pub = keygen(tmp / "keys")
-    b = make_bundle(tmp / "export", tmp / "bundle", priv, "tiny-se", SIZE, 512, 0.9)
+    b = make_bundle(tmp / "export", tmp / "bundle", priv, "tiny-se", SIZE, 512, 0.9, version=5)
     return b.directory, read_public_key(pub), tmp
 
 
@@ -80,6 +83,11 @@ def test_round_trips_match_the_ground_side_runner(agent, bundle):
         info = c.info()
         assert info["protocol"] == P.PROTOCOL_VERSION and info["backend"] == "tflite"
         assert info["input_size"] == SIZE and info["embedding_dim"] == 512 and info["model"] == "tiny-se"
+        # the bundle's identity, for the ground to check against the model it evaluates
+        from trn_board.bundle import manifest_sha256
+
+        assert info["bundle_version"] == 5 and info["manifest_sha256"] == manifest_sha256(bundle[0])
+        assert info["file"] == "model_int8.tflite" and len(info["file_sha256"]) == 64
         r = c.infer(crops)
         h = c.health()
     ref = TfliteRunner(bundle[0] / "model_int8.tflite")(crops)[0]
@@ -190,12 +198,14 @@ def test_one_hundred_concurrent_clients(agent):
     assert h["peak_rss_mib"] - rss0 < 200  # bounded: 100 connections of small requests
 
 
-def test_connections_beyond_the_limit_are_told_busy(bundle):
+def test_connections_beyond_the_limit_are_told_busy_only_when_all_are_mid_request(bundle):
     model = BoardModel(bundle[0], bundle[1])
-    a = Agent(model, "127.0.0.1", 0, max_connections=2, io_timeout=1.0, idle_timeout=5.0)
+    a = Agent(model, "127.0.0.1", 0, max_connections=2, io_timeout=3.0, idle_timeout=5.0)
     t = a.start()
     try:
         held = [_conn(a), _conn(a)]
+        for h in held:  # each stalls in the middle of a request
+            h.sendall(P.HEADER.pack(P.MAGIC, P.PROTOCOL_VERSION, P.INFER, 0, 1, 4000)[:10])
         time.sleep(0.3)
         s = _conn(a)
         mtype, body = _answer(s)
@@ -207,13 +217,76 @@ def test_connections_beyond_the_limit_are_told_busy(bundle):
         t.join(5)
 
 
-def test_shutdown_request_stops_the_agent_cleanly(bundle):
+def test_many_idle_connections_do_not_starve_a_valid_client(bundle):
+    """The audit's case: 130 idle connections made the agent answer BUSY for 60 s. A new client
+    takes the place of the longest-idle connection; a silent one is dropped after the first-request
+    timeout anyway."""
     from trn.hw.client import BoardClient
 
-    a = Agent(BoardModel(bundle[0], bundle[1]), "127.0.0.1", 0)
+    a = Agent(BoardModel(bundle[0], bundle[1]), "127.0.0.1", 0, max_connections=128, first_request_timeout=30.0,
+              idle_timeout=60.0)
+    t = a.start()
+    idle = []
+    try:
+        for _ in range(130):
+            idle.append(_conn(a))
+        time.sleep(0.5)
+        assert a.open_connections() <= 128
+        crops = np.random.default_rng(4).random((1, SIZE, SIZE)).astype(np.float32)
+        t0 = time.perf_counter()
+        for _ in range(5):  # five valid clients in a row, each served at once
+            with BoardClient(a.address) as c:
+                assert c.info()["model"] == "tiny-se" and c.infer(crops).embeddings.shape == (1, 512)
+        assert time.perf_counter() - t0 < 5.0
+        h = a.health()
+        assert h["refused_busy"] == 0 and h["evicted_idle"] >= 3 and h["connections"] <= 128
+    finally:
+        for s in idle:
+            s.close()
+        a.shutdown()
+        t.join(5)
+    # a client that connects and says nothing is dropped after the first-request timeout
+    b = Agent(BoardModel(bundle[0], bundle[1]), "127.0.0.1", 0, first_request_timeout=0.5)
+    tb = b.start()
+    try:
+        silent = _conn(b)
+        assert _closed(silent)
+        silent.close()
+    finally:
+        b.shutdown()
+        tb.join(5)
+
+
+def test_stop_requests_are_refused_unless_authenticated(bundle, tmp_path):
+    from trn.hw.client import BoardClient
+    from trn_board.agent import write_stop_token
+
+    a = Agent(BoardModel(bundle[0], bundle[1]), "127.0.0.1", 0)  # the default: stop is off
+    t = a.start()
+    try:
+        with _conn(a) as s:
+            s.sendall(P.pack(P.SHUTDOWN, 1))
+            mtype, body = _answer(s)
+            assert mtype == P.ERROR and _error_code(body) == P.FORBIDDEN and b"SIGTERM" in body
+            assert _closed(s)
+        with BoardClient(a.address) as c:
+            with pytest.raises(P.ProtocolError, match="FORBIDDEN"):
+                c.shutdown(b"x" * 64)
+        time.sleep(0.3)
+        assert t.is_alive() and a.health()["refused_stop"] == 2
+    finally:
+        a.shutdown()
+        t.join(5)
+    token = write_stop_token(tmp_path / "agent.token")
+    assert oct((tmp_path / "agent.token").stat().st_mode & 0o777) == "0o600"
+    a = Agent(BoardModel(bundle[0], bundle[1]), "127.0.0.1", 0, stop_token=token)
     t = a.start()
     with BoardClient(a.address) as c:
-        c.shutdown()
+        with pytest.raises(P.ProtocolError, match="wrong stop token"):
+            c.shutdown(b"0" * 64)
+    assert t.is_alive()
+    with BoardClient(a.address) as c:
+        c.shutdown(tmp_path / "agent.token")
     t.join(5)
     assert not t.is_alive()
 
@@ -248,12 +321,119 @@ def test_agent_refuses_unsigned_tampered_and_foreign_bundles(bundle, tmp_path):
 
 
 def test_the_board_program_needs_neither_torch_nor_trn(bundle):
-    code = ("import sys; import trn_board.agent, trn_board.protocol; "
+    code = ("import sys; import trn_board.agent, trn_board.protocol, trn_board.install, trn_board.trust; "
             "bad = [m for m in sys.modules if m == 'torch' or m == 'trn' or m.startswith(('torch.', 'trn.'))]; "
             "print(bad); sys.exit(1 if bad else 0)")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "hw" / "agent")}
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=env)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _start(cmd: list[str], env: dict | None = None) -> tuple[subprocess.Popen, int, int]:
+    """A real agent process; (process, the agent's pid as it reports it, port)."""
+    import re
+
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        line = proc.stdout.readline()
+        m = re.search(r"trn agent (\d+) serving .* on [\d.]+:(\d+)", line)
+        if m:
+            return proc, int(m.group(1)), int(m.group(2))
+        if not line and proc.poll() is not None:
+            break
+    proc.kill()
+    raise AssertionError(f"the agent did not start: {proc.stderr.read()[-2000:]}")
+
+
+def _trn_hw() -> list[str]:
+    import shutil
+
+    exe = shutil.which("trn-hw")
+    return [exe] if exe else [sys.executable, "-c", "import sys; from trn.cli.hw import main; sys.exit(main())"]
+
+
+def test_the_documented_command_runs_the_board_program_without_torch_and_pinned(bundle):
+    """`trn-hw agent` (the command the README shows) is the board program: no torch mapped, no
+    trn imported, one BLAS thread however many the environment asked for, SIGTERM stops it."""
+    from trn.hw.client import BoardClient
+
+    src, pub, tmp = bundle
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    env["OPENBLAS_NUM_THREADS"] = "8"  # the agent pins it anyway
+    proc, pid, port = _start(_trn_hw() + ["agent", "--bundle", str(src), "--pub", pub.hex(), "--port", "0",
+                                          "--threads", "1"], env)
+    try:
+        maps = Path(f"/proc/{pid}/maps").read_text()
+        assert "libtorch" not in maps and "/torch/" not in maps
+        with BoardClient(("127.0.0.1", port)) as c:
+            h = c.health()
+            crops = np.random.default_rng(5).random((2, SIZE, SIZE)).astype(np.float32)
+            assert c.infer(crops).embeddings.shape == (2, 512)
+        p = h["process"]
+        assert p["pid"] == pid and p["torch_loaded"] is False and p["trn_loaded"] is False
+        assert p["blas_threads"] == 1 and p["interpreter_threads"] == 1
+        assert Path(f"/proc/{pid}/environ").read_bytes().split(b"\0").count(b"OPENBLAS_NUM_THREADS=1") == 1
+        rss_mib = int(next(ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                           if ln.startswith("VmRSS")).split()[1]) / 1024
+        assert rss_mib < 150  # libtorch alone is ~250 MB resident
+        h["rss_mib"] = rss_mib
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0 and "trn agent stopped" in out, err
+
+
+def test_on_a_board_the_agent_verifies_with_the_boards_anchor(bundle, tmp_path):
+    from trn.export.bundle import keygen
+    from trn.hw.client import BoardClient
+    from trn.hw.flash import flash, provision
+
+    src, pub, _ = bundle
+    root = tmp_path / "board"
+    provision(root, pub)
+    flash(src, root)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "hw" / "agent")}
+    proc, pid, port = _start([sys.executable, "-m", "trn_board.agent", "--bundle", str(root / "current"),
+                              "--port", "0"], env)
+    try:
+        with BoardClient(("127.0.0.1", port)) as c:
+            info = c.info()
+        assert info["trust"].startswith("board anchor") and str(root / "trust" / "anchor.pub") in info["trust"]
+    finally:
+        os.kill(pid, signal.SIGTERM)
+        proc.communicate(timeout=20)
+    _, other = keygen(tmp_path / "other")
+    r = subprocess.run([sys.executable, "-m", "trn_board.agent", "--bundle", str(root / "current"), "--port", "0",
+                        "--pub", str(other)], capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1 and "is not the anchor of the board root" in r.stderr
+    with pytest.raises(BundleError, match="no trust anchor"):  # off any board and no key: nothing to trust
+        BoardModel(src)
+    # a live bundle tampered on the board: the agent refuses to start
+    f = root / "current" / "model_int8.tflite"
+    f.write_bytes(f.read_bytes()[:-1] + bytes([f.read_bytes()[-1] ^ 1]))
+    r = subprocess.run([sys.executable, "-m", "trn_board.agent", "--bundle", str(root / "current"), "--port", "0"],
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1 and "sha256" in r.stderr
+
+
+def test_the_ground_checks_which_model_the_board_runs(agent, bundle):
+    """--board runs: the board must run the model evaluated (name, input size, and embeddings
+    that agree), else they are refused before anything is measured."""
+    from tests.export.test_onnx import trained_looking
+    from trn.errors import ConfigError
+    from trn.hw.client import BoardClient, check_board_model
+    from trn.sim.embedders import TorchEmbedder
+
+    right = TorchEmbedder(trained_looking("conv2d", "se", 0), "tiny-se")
+    with BoardClient(agent.address) as c:
+        ident = check_board_model(c, right)
+        assert ident.model == "tiny-se" and ident.bundle_version == 5 and ident.median_cosine > 0.98
+        check_board_model(c, TorchEmbedder(trained_looking("conv2d", "se", 0), "tiny-se@tflite+tok4s10"))
+        with pytest.raises(ConfigError, match="runs tiny-se v5.*you evaluate other"):
+            check_board_model(c, TorchEmbedder(trained_looking("conv2d", "se", 0), "other"))
+        with pytest.raises(ConfigError, match="embeddings disagree"):  # same name, other weights
+            check_board_model(c, TorchEmbedder(trained_looking("conv2d", "se", 1), "tiny-se"))
 
 
 def test_bench_writes_histogram_and_record(agent, tmp_path):
@@ -267,3 +447,49 @@ def test_bench_writes_histogram_and_record(agent, tmp_path):
     for k in ("p50", "p95", "p99", "max"):
         assert rec["round_trip_ms"][k] > 0
     assert rec["throughput_per_s"] > 0
+
+
+def test_a_client_whose_idle_connection_was_dropped_reconnects_once(bundle):
+    from trn.hw.client import BoardClient
+
+    a = Agent(BoardModel(bundle[0], bundle[1]), "127.0.0.1", 0, idle_timeout=0.3)
+    t = a.start()
+    try:
+        with BoardClient(a.address) as c:
+            assert c.info()["model"] == "tiny-se"
+            time.sleep(1.0)  # the agent drops the idle connection
+            crops = np.random.default_rng(6).random((1, SIZE, SIZE)).astype(np.float32)
+            assert c.infer(crops).embeddings.shape == (1, 512)  # sent again on a new connection
+    finally:
+        a.shutdown()
+        t.join(5)
+
+
+def test_the_shipped_bundle_is_recognised_and_its_fine_tuned_sibling_is_not(tmp_path):
+    """The real default's checked bundle on a real agent: its torch model is recognised; the model
+    fine-tuned from it, under the same name, is refused by its embeddings."""
+    from trn.errors import ConfigError
+    from trn.export.bundle import bundle_model, keygen, read_public_key
+    from trn.hw.client import BoardClient, check_board_model
+    from trn.sim.embedders import make_embedder
+
+    repo = Path(__file__).resolve().parents[2]
+    if not (repo / "export" / "flight_conv2d_se_union" / "model_int8.tflite").is_file() or \
+            not (repo / "models" / "flight_conv2d_se_frames" / "weights.pt").is_file():
+        pytest.skip("the shipped export or models are absent")
+    priv, pub = keygen(tmp_path / "keys")
+    b = bundle_model("flight_conv2d_se_union", repo / "export" / "flight_conv2d_se_union", tmp_path / "b", priv,
+                     version=1)
+    a = Agent(BoardModel(b.directory, read_public_key(pub)), "127.0.0.1", 0)
+    t = a.start()
+    try:
+        with BoardClient(a.address) as c:
+            ident = check_board_model(c, make_embedder("flight_conv2d_se_union"))
+            assert ident.median_cosine > 0.99 and ident.weights_sha256 == b.manifest["source"]["weights_sha256"]
+            sibling = make_embedder("flight_conv2d_se_frames")
+            sibling.name = "flight_conv2d_se_union"
+            with pytest.raises(ConfigError, match="embeddings disagree"):
+                check_board_model(c, sibling)
+    finally:
+        a.shutdown()
+        t.join(5)

@@ -51,7 +51,7 @@ def test_agrees_with_the_signer_on_random_keys_and_messages():
 
 
 def test_the_board_package_imports_neither_torch_nor_trn(tmp_path):
-    code = ("import sys, trn_board.bundle, trn_board.ed25519; "
+    code = ("import sys, trn_board.bundle, trn_board.ed25519, trn_board.trust, trn_board.install, trn_board.agent; "
             "bad = [m for m in sys.modules if m.split('.')[0] in ('torch', 'trn', 'cryptography')]; "
             "print(bad); sys.exit(1 if bad else 0)")
     env = {**os.environ, "PYTHONPATH": str(REPO / "hw" / "agent")}

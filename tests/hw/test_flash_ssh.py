@@ -14,7 +14,7 @@ pytest.importorskip("cryptography")
 
 from trn.errors import DataError  # noqa: E402
 from trn.export.bundle import keygen, make_bundle, read_public_key  # noqa: E402
-from trn.hw.flash import PREVIOUS, SshTarget, flash, live, parse_target, rollback  # noqa: E402
+from trn.hw.flash import PREVIOUS, SshTarget, flash, live, parse_target, provision, rollback, status  # noqa: E402
 
 SSHD = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
 
@@ -57,48 +57,89 @@ def sshd(tmp_path_factory):
     proc.wait(timeout=10)
 
 
-def _bundle(tmp_path, name, key):
+def _bundle(tmp_path, name, key, version):
     exp = tmp_path / f"exp-{name}"
     exp.mkdir()
     (exp / "model.onnx").write_bytes(os.urandom(200_000))
-    return make_bundle(exp, tmp_path / f"bundle-{name}", key, name, 96, 512, 0.9).directory
+    return make_bundle(exp, tmp_path / f"bundle-{name}", key, name, 96, 512, 0.9, version=version).directory
 
 
 def _files(d):
     return {p.name: p.read_bytes() for p in Path(d).iterdir()}
 
 
-def test_flash_and_rollback_over_ssh(sshd, tmp_path):
+def test_provision_flash_rollback_and_status_over_ssh(sshd, tmp_path):
     user, port, opts = sshd
     priv, pubf = keygen(tmp_path / "keys")
     pub = read_public_key(pubf)
-    a, b = _bundle(tmp_path, "a", priv), _bundle(tmp_path, "b", priv)
+    a, b = _bundle(tmp_path, "a", priv, 1), _bundle(tmp_path, "b", priv, 2)
     root = tmp_path / "board"  # the server is this machine: the board's file system is visible here
     target = parse_target(f"ssh://{user}@127.0.0.1:{port}{root}", opts)
     assert isinstance(target, SshTarget) and target.port == port and target.root == str(root)
-    r = flash(a, target, pub)
-    assert _files(live(root)) == _files(a) and r.live == str(live(root))
+    with pytest.raises(DataError, match="no trust anchor"):
+        flash(a, target, pub)  # an unprovisioned board accepts nothing
+    assert not (root / "bundles").exists()
+    p = provision(target, pub)
+    assert p.changed and (root / "trust" / "anchor.pub").read_text().strip() == pub.hex()
+    assert not provision(target, pub).changed
+    _, other = keygen(tmp_path / "other")
+    with pytest.raises(DataError, match="replace-anchor"):
+        provision(target, read_public_key(other))
+    r = flash(a, target)
+    assert _files(live(root)) == _files(a) and r.live == str(live(root)) and r.version == 1
     r = flash(b, target, pub)
     assert _files(live(root)) == _files(b) and _files(live(root, PREVIOUS)) == _files(a)
-    rollback(target, pub)
+    with pytest.raises(DataError, match="below this board's version 2"):
+        flash(_bundle(tmp_path, "old", priv, 1), target)  # anti-rollback, enforced by the board
+    rollback(target)
     assert _files(live(root)) == _files(a)
-    assert flash(a, target, pub).reused
-    # the board's agent copy is content-addressed and holds trn_board only
+    assert flash(a, target).reused
+    st = status(target)
+    assert st["anchor"].startswith("ed25519:") and st["highest_version"] == 2
+    assert st["live"]["verified"] is True and st["live"]["bundle_version"] == 1
+    assert [e["event"] for e in st["log"]][-2:] == ["install", "rollback"]
+    # the board's agent copy is content-addressed and holds trn_board only; no copy left behind
     agents = list(root.glob(".trn_board-*"))
     assert len(agents) == 1 and (agents[0] / "trn_board" / "install.py").is_file()
+    assert not list((root / "bundles").glob(".incoming-*"))
+
+
+def test_a_tampered_previous_bundle_is_never_made_live_over_ssh(sshd, tmp_path):
+    user, port, opts = sshd
+    priv, pubf = keygen(tmp_path / "keys")
+    a, b = _bundle(tmp_path, "a", priv, 1), _bundle(tmp_path, "b", priv, 2)
+    root = tmp_path / "board"
+    target = parse_target(f"ssh://{user}@127.0.0.1:{port}{root}", opts)
+    provision(target, read_public_key(pubf))
+    flash(a, target)
+    flash(b, target)
+    f = live(root, PREVIOUS) / "model.onnx"
+    f.write_bytes(b"x" + f.read_bytes()[1:])
+    with pytest.raises(DataError, match="previous bundle is refused"):
+        rollback(target)  # no --pub: the README's form; the board's anchor decides
+    assert _files(live(root)) == _files(b)
 
 
 def test_ssh_refusals_name_the_problem(sshd, tmp_path):
     user, port, opts = sshd
     priv, pubf = keygen(tmp_path / "keys")
     pub = read_public_key(pubf)
-    a = _bundle(tmp_path, "a", priv)
+    root = tmp_path / "board"
+    target = parse_target(f"ssh://{user}@127.0.0.1:{port}{root}", opts)
+    provision(target, pub)
+    a = _bundle(tmp_path, "a", priv, 1)
     (a / "model.onnx").write_bytes(b"changed")
     with pytest.raises(DataError, match="model.onnx"):
-        flash(a, parse_target(f"ssh://{user}@127.0.0.1:{port}{tmp_path / 'board'}", opts), pub)
+        flash(a, target, pub)
     dead = _free_port()
-    b = _bundle(tmp_path, "b", priv)
+    b = _bundle(tmp_path, "b", priv, 1)
     with pytest.raises(DataError, match=f"127.0.0.1:{dead}"):
-        flash(b, parse_target(f"ssh://{user}@127.0.0.1:{dead}{tmp_path / 'board'}", opts), pub)
+        flash(b, parse_target(f"ssh://{user}@127.0.0.1:{dead}{root}", opts), pub)
     with pytest.raises(Exception, match="ssh://user@host"):
         parse_target("ssh://hostonly")
+    missing = parse_target(f"ssh://{user}@127.0.0.1:{port}{tmp_path / 'missing'}", opts)
+    with pytest.raises(DataError, match="no board root"):
+        status(missing)
+    with pytest.raises(DataError, match="no board root"):
+        rollback(missing)
+    assert not (tmp_path / "missing").exists()  # neither changes anything

@@ -19,6 +19,14 @@ calibrated on the training half only), ``model_float.tflite`` (the same graph in
 ``head.npz`` (the host part: GeM root, head, L2), ``tflite_report.json`` (parity of both with torch
 on real crater crops) and ``edgetpu_report.json`` / ``.md`` (each operator mapped or not and why,
 parameters against the 8 MiB cache, the verdict; edgetpu_compiler's own log when it is on PATH).
+Every report records the sha256 of the weights it was exported from.
+
+    trn-export bundle --model flight_conv2d_se --export export/flight_conv2d_se --key KEY.pem --out B [--version N]
+
+``bundle`` refuses an export directory that is not the model's (its reports must name the model's
+weights and each graph's sha256; head.npz must be the model's head), then signs a manifest that
+binds the model's name, its card's sha256, the weights' sha256, every file's sha256 and the
+bundle version (a board never goes below the highest it accepted).
 """
 
 from __future__ import annotations
@@ -63,8 +71,12 @@ def build_parser() -> Parser:
     k = sub.add_parser("keygen", help="an Ed25519 key pair for signing bundles (keep the .pem out of the repository)")
     k.add_argument("--out", required=True, type=Path, help="directory for trn_signing_key.pem (0600) and .pub")
     b = sub.add_parser("bundle", help="a signed deployment bundle (directory and tar) of a trn-export directory")
-    b.add_argument("--model", required=True, metavar="NAME|PATH", help="the model the export was made from")
-    b.add_argument("--export", required=True, type=Path, help="the trn-export output directory")
+    b.add_argument("--model", required=True, metavar="NAME|PATH", help="the model the export was made from (checked: "
+                   "the export's reports must name its weights, head.npz must be its head)")
+    b.add_argument("--export", required=True, type=Path, help="the trn-export output directory of that model")
+    b.add_argument("--version", type=int_at_least(1), default=None,
+                   help="bundle version, signed in the manifest; a board refuses one below the highest it accepted "
+                        "(default: the signing time in UTC as YYYYMMDDHHMMSS)")
     b.add_argument("--key", required=True, type=Path, help="private key (trn-export keygen)")
     b.add_argument("--out", required=True, type=Path, help="bundle directory to create (a .tar is written beside it)")
     b.add_argument("--threshold", type=float_between(-1.0, 1.0), default=None,
@@ -87,29 +99,16 @@ def _keys(args) -> int:
 
 
 def _bundle(args) -> int:
-    import json
+    from trn.export.bundle import bundle_model
 
-    from trn.export.bundle import make_bundle
-    from trn.sim.embedders import resolve_model
-    from trn.models.checkpoint import load_descriptor
-
-    ckpt = resolve_model(args.model)
-    cfg = load_descriptor(ckpt).cfg
-    quant = {}
-    rep = args.export / "onnx_int8_report.json"
-    if rep.is_file():
-        doc = json.loads(rep.read_text(encoding="utf-8"))
-        quant = {"model_int8.onnx": {"scheme": "static QDQ, per-channel symmetric int8 weights, int8 activations, "
-                                               "min-max calibration; head in float", "calibration": doc["export"].get("note"),
-                                     "agreement_with_fp32": doc.get("agreement_with_fp32")}}
-    from trn.models.operating_point import model_threshold
-
-    threshold = model_threshold(ckpt.parent) if args.threshold is None else args.threshold
-    b = make_bundle(args.export, args.out, args.key, Path(args.model).name or args.model, cfg.input_size, cfg.embed_dim,
-                    threshold, ckpt.parent / "MODEL_CARD.md", quant)
-    print(f"match threshold in the manifest: {threshold:g}"
-          + (" (the model's operating point)" if args.threshold is None and threshold != 0.9 else ""))
-    print(f"bundle: {b.directory} ({len(b.manifest['files'])} files, signed) and {b.tar}")
+    b = bundle_model(args.model, args.export, args.out, args.key, args.version, args.threshold)
+    m = b.manifest
+    print(f"export checked against {m['model']}'s weights (sha256 {m['source']['weights_sha256'][:12]}): "
+          + ", ".join(m["source"]["checked"]))
+    print(f"match threshold in the manifest: {m['match_threshold']:g}"
+          + (" (the model's operating point)" if args.threshold is None and m["match_threshold"] != 0.9 else ""))
+    print(f"bundle: {b.directory} ({m['model']}, version {m['bundle_version']}, {len(m['files'])} files, signed) "
+          f"and {b.tar}")
     return 0
 
 
@@ -117,8 +116,23 @@ def _verify(args) -> int:
     from trn.export.bundle import read_public_key, verify_bundle
 
     m = verify_bundle(args.bundle, read_public_key(args.pub))
-    print(f"{args.bundle}: signature and {len(m['files'])} files OK ({m['model']}, made {m['created_utc']})")
+    print(f"{args.bundle}: signature and {len(m['files'])} files OK ({m['model']}, version {m['bundle_version']}, "
+          f"made {m['created_utc']})")
     return 0
+
+
+def _stamp(report: Path, weights: Path) -> None:
+    """Record in an export report the sha256 of the weights it was exported from: what
+    trn-export bundle checks the export against."""
+    import json
+
+    from trn.export.bundle import file_sha256
+
+    doc = json.loads(report.read_text(encoding="utf-8"))
+    doc["weights_sha256"] = file_sha256(weights)
+    tmp = report.with_name(f".{report.name}.tmp")
+    tmp.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    tmp.replace(report)
 
 
 def _onnx(args) -> int:
@@ -130,7 +144,8 @@ def _onnx(args) -> int:
     from trn.models.checkpoint import load_descriptor
 
     torch.set_num_threads(args.threads)
-    model = load_descriptor(resolve_model(args.model))
+    weights = resolve_model(args.model)
+    model = load_descriptor(weights)
     data = args.data if args.data is not None else (Path("data/luna1") if Path("data/luna1").is_dir() else None)
     if data is None and not args.no_parity:
         raise DataError("the parity check needs real crater crops: pass --data DIR (a Luna-1 build or any landmark "
@@ -148,6 +163,7 @@ def _onnx(args) -> int:
               f"min cosine {par.min_cosine_embedding:.7f}; token map max |diff| {par.max_abs_token_map:.2e}, "
               f"min cosine {par.min_cosine_token_map:.7f}")
     report = write_report(args.out, exp, args.model, par, source)
+    _stamp(report, weights)
     print(f"report: {report}")
     if par is not None and not par.ok(args.min_cosine):
         print(f"error: parity below the minimum cosine {args.min_cosine}", file=sys.stderr)
@@ -161,6 +177,7 @@ def _int8(args, fp32: Path, data: Path | None, crops) -> int:
     import json
 
     from trn.errors import DataError
+    from trn.export.bundle import file_sha256
     from trn.export.to_onnx import agreement, calibration_crops, quantize_int8
     from trn.sim.embedders import resolve_model
 
@@ -175,8 +192,8 @@ def _int8(args, fp32: Path, data: Path | None, crops) -> int:
     if agree:
         print(f"int8 against fp32 on {agree['images']} real crops: min cosine {agree['min_cosine']:.4f}, median "
               f"{agree['median_cosine']:.4f}, nearest-neighbour agreement {agree['nearest_neighbour_agreement']:.3f}")
-    doc = {"format": "trn-export-onnx-int8", "version": 1, "model": args.model, "export": q.to_dict(),
-           "agreement_with_fp32": agree}
+    doc = {"format": "trn-export-onnx-int8", "version": 1, "model": args.model,
+           "weights_sha256": file_sha256(resolve_model(args.model)), "export": q.to_dict(), "agreement_with_fp32": agree}
     path = args.out / "onnx_int8_report.json"
     path.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     print(f"report: {path}")
@@ -218,7 +235,9 @@ def _tflite(args) -> int:
     rep = edgetpu_report(args.out / "model_int8.tflite")
     j, md = write_edgetpu(rep, args.out)
     print(f"Edge TPU: {rep.verdict}. Report: {md}")
-    print(f"report: {write_report(args.out, exports, args.model, pars, csource, {'verdict': rep.verdict, 'ready': rep.ready})}")
+    report = write_report(args.out, exports, args.model, pars, csource, {"verdict": rep.verdict, "ready": rep.ready})
+    _stamp(report, weights)
+    print(f"report: {report}")
     worst = min(p.min_cosine_embedding for p in pars if p.kind == "int8")
     if not np.isfinite(worst) or worst < args.min_cosine:
         print(f"error: int8 embedding cosine {worst:.5f} below --min-cosine {args.min_cosine}", file=sys.stderr)

@@ -6,16 +6,25 @@ A bundle is a directory (and the same content as a tar)::
     <name>/model_int8.onnx
     <name>/model_int8.tflite       the full-integer backbone (trn-export tflite) and the host part
     <name>/head.npz                it needs (GeM root, head, L2; numpy only)
-    <name>/MODEL_CARD.md           the model card, when the model has one
-    <name>/manifest.json           sha256 and size of every file above; the input specification
-                                   (preprocessing included); outputs; embedding size; match
-                                   threshold; quantisation; versions; the signer's public key
-    <name>/manifest.sig            Ed25519 signature of manifest.json's exact bytes (64 bytes)
+    <name>/MODEL_CARD.md           the model's card
+    <name>/manifest.json           the model's name; the bundle's version (only ever goes up on a
+                                   board); the model card's sha256; the sha256 of the weights the
+                                   graphs were exported from; sha256 and size of every file above;
+                                   the input specification (preprocessing included); outputs;
+                                   embedding size; match threshold; quantisation; versions; the
+                                   signer's public key
+    <name>/manifest.sig            Ed25519 signature of manifest.json's exact bytes (64 hex digits)
+
+:func:`bundle_model` is the checked way to make one (``trn-export bundle``): it resolves the model,
+takes its card, and refuses an export directory that is not that model's export
+(:func:`check_export`: every graph's export report must name this model's weights and the graph's
+own sha256; ``head.npz`` must be this model's head; an Edge TPU-compiled file must have the int8
+file's input and output quantisation). :func:`make_bundle` signs what it is given.
 
 :func:`verify_bundle` refuses a bundle that is unsigned, signed by another key, has a file
-missing, truncated, changed or added, or a manifest that is not exactly what was signed. Keys:
-``trn-export keygen`` writes a private key (PEM, mode 0600; keep it out of the repository) and
-its public key (hex).
+missing, truncated, changed or added, an entry that is not a plain file, or a manifest that is not
+exactly what was signed. Keys: ``trn-export keygen`` writes a private key (PEM, mode 0600; keep it
+out of the repository) and its public key (hex).
 """
 
 from __future__ import annotations
@@ -29,13 +38,14 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from trn.errors import DataError
+from trn.errors import ConfigError, DataError
 
-from trn_board.bundle import BUNDLE_FORMAT, MANIFEST, SIGNATURE  # noqa: F401  (re-exported)
+from trn_board.bundle import BUNDLE_FORMAT, FORMAT_VERSION, MANIFEST, SIGNATURE  # noqa: F401  (re-exported)
 from trn_board.bundle import sha256_file as file_sha256
 
-PAYLOAD = ("model.onnx", "model_int8.onnx", "model_int8.tflite", "model_int8_edgetpu.tflite", "head.npz",
-           "MODEL_CARD.md")
+GRAPHS = ("model.onnx", "model_int8.onnx", "model_int8.tflite", "model_int8_edgetpu.tflite")
+PAYLOAD = (*GRAPHS, "head.npz")
+CARD = "MODEL_CARD.md"
 
 
 def _crypto():
@@ -73,6 +83,8 @@ def load_private_key(path: str | Path):
         key = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except FileNotFoundError:
         raise DataError("private key file is missing; make one with trn-export keygen", path) from None
+    except IsADirectoryError:
+        raise DataError("is a directory; pass the .pem file trn-export keygen wrote", path) from None
     except ValueError as exc:
         raise DataError(f"not a PEM private key ({exc})", path) from None
     if not isinstance(key, priv_cls):
@@ -81,18 +93,14 @@ def load_private_key(path: str | Path):
 
 
 def read_public_key(path_or_hex: str | Path) -> bytes:
-    """A 32-byte Ed25519 public key from a ``.pub`` file (hex) or a hex string."""
-    text = str(path_or_hex)
-    p = Path(text)
-    if p.is_file():
-        text = p.read_text(encoding="utf-8").strip()
+    """A 32-byte Ed25519 public key from a ``.pub`` file (hex) or a hex string (the board's own
+    parser, so the ground and the board accept the same keys)."""
+    from trn_board.trust import TrustError, parse_key
+
     try:
-        raw = bytes.fromhex(text)
-    except ValueError:
-        raise DataError(f"public key {str(path_or_hex)[:80]!r} is neither a .pub file nor 64 hex digits") from None
-    if len(raw) != 32:
-        raise DataError(f"public key has {len(raw)} bytes; an Ed25519 public key has 32")
-    return raw
+        return parse_key(str(path_or_hex))
+    except TrustError as exc:
+        raise DataError(exc.message, exc.path) from None
 
 
 @dataclass(frozen=True)
@@ -100,6 +108,13 @@ class Bundle:
     directory: Path
     tar: Path
     manifest: dict
+
+
+def derived_version(now: dt.datetime | None = None) -> int:
+    """The default bundle version: the signing time in UTC as the number YYYYMMDDHHMMSS, which
+    goes up from one bundle to the next as long as the signing clock does."""
+    now = now or dt.datetime.now(dt.timezone.utc)
+    return int(now.strftime("%Y%m%d%H%M%S"))
 
 
 def _versions() -> dict:
@@ -136,16 +151,28 @@ def _tflite_spec(export_dir: Path) -> dict | None:
 
 def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, model_name: str,
                 input_size: int, embedding_dim: int, threshold: float, card: Path | None = None,
-                quantisation: dict | None = None) -> Bundle:
-    """Write the bundle directory ``out`` (refused when it exists) and ``out``.tar."""
+                quantisation: dict | None = None, *, version: int | None = None, source: dict | None = None) -> Bundle:
+    """Write the bundle directory ``out`` (refused when it exists) and ``out``.tar, signed.
+
+    ``card``: the model card (bundled as MODEL_CARD.md and bound by its sha256; else the export
+    directory's MODEL_CARD.md, if any). ``version``: the bundle version (>= 1; default
+    :func:`derived_version`). ``source``: what the bundle was checked against
+    (:func:`check_export`), recorded in the manifest. Signs what it is given: use
+    :func:`bundle_model` for a bundle of a trained model."""
     serialization, _ = _crypto()
+    version = derived_version() if version is None else version
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise ConfigError(f"bundle version {version!r}: expected a whole number >= 1")
+    if not model_name or not str(model_name).strip():
+        raise ConfigError("the bundle needs a model name")
     key = load_private_key(key_path)
     export_dir, out = Path(export_dir), Path(out)
+    if not export_dir.is_dir():
+        raise DataError("no export directory here; make one with trn-export onnx / onnx-int8 / tflite", export_dir)
     if out.exists():
         raise DataError("bundle directory already exists; bundles are immutable, choose a new --out", out)
     files = [export_dir / f for f in PAYLOAD if (export_dir / f).is_file()]
-    if card is not None and card.is_file() and not (export_dir / "MODEL_CARD.md").is_file():
-        files.append(card)
+    card_src = card if card is not None and Path(card).is_file() else export_dir / CARD
     if not any(f.suffix in (".onnx", ".tflite") for f in files):
         raise DataError("no exported model (model.onnx, model_int8.onnx, *.tflite) to bundle; run trn-export first",
                         export_dir)
@@ -156,10 +183,15 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     entries = {}
     for f in files:
         shutil.copy2(f, tmp / f.name)
-        entries[f.name] = {"sha256": file_sha256(tmp / f.name), "bytes": (tmp / f.name).stat().st_size}
+    if card_src.is_file():
+        shutil.copy2(card_src, tmp / CARD)
+    for f in sorted(tmp.iterdir()):
+        entries[f.name] = {"sha256": file_sha256(f), "bytes": f.stat().st_size}
     pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
     manifest = {
-        "format": BUNDLE_FORMAT, "version": 1, "model": model_name,
+        "format": BUNDLE_FORMAT, "format_version": FORMAT_VERSION, "bundle_version": version, "model": model_name,
+        "model_card": {"file": CARD, "sha256": entries[CARD]["sha256"]} if CARD in entries else None,
+        "source": source,
         "created_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "files": dict(sorted(entries.items())),
         "input": {"name": "image", "shape": [1, 1, input_size, input_size], "dtype": "float32",
@@ -184,6 +216,154 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
             t.add(p, arcname=f"{out.name}/{p.name}")
     tmp_tar.replace(tar)
     return Bundle(out, tar, manifest)
+
+
+# -- provenance: is this export directory really this model's export?
+
+
+def _report_entries(doc: dict) -> list[tuple[str, str]]:
+    """(file, sha256) of every graph an export report describes."""
+    out = []
+    exp = doc.get("export")
+    if isinstance(exp, dict) and isinstance(exp.get("path"), str):
+        out.append((Path(exp["path"]).name, exp.get("sha256")))
+    for e in doc.get("exports") or []:
+        if isinstance(e, dict) and isinstance(e.get("path"), str):
+            out.append((Path(e["path"]).name, e.get("sha256")))
+    return out
+
+
+def _weights_of(spec: str, report: Path) -> str:
+    """The weights sha256 of the model an export report names."""
+    from trn.sim.embedders import resolve_model
+
+    try:
+        return file_sha256(resolve_model(spec))
+    except DataError:
+        raise DataError(f"the report names model {spec!r}, which does not resolve here to a checkpoint (and the "
+                        "report predates weights_sha256): re-export with trn-export, or run from where it was made",
+                        report) from None
+
+
+def _same_quantisation(a: Path, b: Path) -> bool:
+    from trn.export.tflite_format import read_tflite
+
+    ia, ib = read_tflite(a), read_tflite(b)
+
+    def io(info):
+        return [(t.shape, t.dtype, t.scale, t.zero_point) for t in
+                (info.tensors[info.inputs[0]], info.tensors[info.outputs[0]])]
+
+    return io(ia) == io(ib)
+
+
+def check_export(export_dir: str | Path, weights: str | Path, model_name: str, model=None) -> dict:
+    """Refuse (DataError) an export directory that is not the export of the model whose weights are
+    ``weights``; what was checked otherwise (recorded in the manifest as ``source``).
+
+    Every graph needs an export report in the directory (``onnx_report.json``,
+    ``onnx_int8_report.json``, ``tflite_report.json``, written by trn-export) that names this
+    model's weights (their sha256, or a model name resolving to them) and the graph's sha256 as it
+    is now. ``head.npz`` must equal this model's head (BatchNorm folded, as trn-export writes it).
+    ``model_int8_edgetpu.tflite`` (edgetpu_compiler's output, which no trn report describes) must
+    have the vouched ``model_int8.tflite``'s input and output shapes and quantisation. ``model``:
+    the loaded descriptor, when the caller has it."""
+    import numpy as np
+
+    export_dir, weights = Path(export_dir), Path(weights)
+    want = file_sha256(weights)
+    vouched: dict[str, tuple[Path, str]] = {}
+    for rep in sorted(export_dir.glob("*_report.json")):
+        try:
+            doc = json.loads(rep.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise DataError(f"export report unreadable ({exc}); re-export", rep) from None
+        if not isinstance(doc, dict) or not str(doc.get("format", "")).startswith("trn-export"):
+            continue  # e.g. edgetpu_report.json: describes operators, not a graph's origin
+        spec = doc.get("model")
+        for name, sha in _report_entries(doc):
+            if not (export_dir / name).is_file():
+                continue
+            have = doc.get("weights_sha256") or (_weights_of(spec, rep) if isinstance(spec, str) else None)
+            if not have:
+                raise DataError("export report names no model; re-export", rep)
+            if have != want:
+                raise DataError(f"{name} was exported from {spec!r} (weights sha256 {have[:12]}), not from "
+                                f"{model_name} (weights sha256 {want[:12]}): this export directory is another "
+                                f"model's; pass --export the directory trn-export wrote for {model_name}", rep)
+            if not sha or file_sha256(export_dir / name) != sha:
+                raise DataError(f"{name} changed since {rep.name} was written (its sha256 differs from the "
+                                "report's); re-export", export_dir / name)
+            vouched[name] = (rep, str(spec))
+    present = [g for g in GRAPHS if (export_dir / g).is_file()]
+    checked = {}
+    for g in present:
+        if g == "model_int8_edgetpu.tflite":
+            if "model_int8.tflite" not in vouched:
+                raise DataError("an Edge TPU-compiled file needs the model_int8.tflite it was compiled from, with its "
+                                "tflite_report.json, beside it", export_dir / g)
+            try:
+                same = _same_quantisation(export_dir / g, export_dir / "model_int8.tflite")
+            except DataError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - a flatbuffer that does not parse
+                raise DataError(f"cannot read it as TFLite ({type(exc).__name__}: {exc})", export_dir / g) from None
+            if not same:
+                raise DataError("its input/output shapes and quantisation differ from model_int8.tflite's: it was "
+                                "not compiled from this export", export_dir / g)
+            checked[g] = "input and output quantisation equal model_int8.tflite's"
+        elif g not in vouched:
+            raise DataError(f"no export report in {export_dir} vouches for {g} (names the model it was exported from "
+                            f"and its sha256); re-export it with trn-export --model {model_name}", export_dir / g)
+        else:
+            checked[g] = f"{vouched[g][0].name}: model {vouched[g][1]!r}, sha256 as exported"
+    if (export_dir / "head.npz").is_file():
+        from trn.export.graph import ExportGraph
+        from trn.export.tflite import Head, head_of
+
+        if model is None:
+            from trn.models.checkpoint import load_descriptor
+
+            model = load_descriptor(weights)
+        ref, got = head_of(ExportGraph(model.eval())), Head.load(export_dir / "head.npz")
+        same = all(a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-6)
+                   for a, b in ((ref.weight, got.weight), (ref.bias, got.bias), (ref.prelu, got.prelu))) \
+            and (ref.p, ref.eps) == (got.p, got.eps)
+        if not same:
+            raise DataError(f"head.npz is not {model_name}'s head (GeM, Linear, PReLU of its weights): this export "
+                            "directory is another model's", export_dir / "head.npz")
+        checked["head.npz"] = "equals the model's head"
+    return {"weights_sha256": want, "checked": checked}
+
+
+def bundle_model(model: str, export_dir: str | Path, out: str | Path, key_path: str | Path,
+                 version: int | None = None, threshold: float | None = None) -> Bundle:
+    """A bundle of a trained model (a shipped name, a run directory or a checkpoint): its name, its
+    card, its input size and embedding size, its operating point (unless ``threshold``), and the
+    export directory cross-checked against its weights (:func:`check_export`) before signing."""
+    from trn.models.checkpoint import load_descriptor
+    from trn.models.operating_point import model_threshold
+    from trn.sim.embedders import resolve_model
+
+    weights = resolve_model(model)
+    name = weights.parent.name if weights.name == "weights.pt" else weights.stem
+    card = weights.parent / CARD
+    if not card.is_file():
+        raise DataError(f"the model has no {CARD} beside its weights (trn-train writes one); a bundle binds the "
+                        "model's card", weights.parent)
+    desc = load_descriptor(weights)
+    source = {"model": model, **check_export(export_dir, weights, name, desc)}
+    quant = {}
+    rep = Path(export_dir) / "onnx_int8_report.json"
+    if "model_int8.onnx" in source["checked"] and rep.is_file():
+        doc = json.loads(rep.read_text(encoding="utf-8"))
+        quant = {"model_int8.onnx": {"scheme": "static QDQ, per-channel symmetric int8 weights, int8 activations, "
+                                               "min-max calibration; head in float",
+                                     "calibration": (doc.get("export") or {}).get("note"),
+                                     "agreement_with_fp32": doc.get("agreement_with_fp32")}}
+    thr = model_threshold(weights.parent) if threshold is None else threshold
+    return make_bundle(export_dir, out, key_path, name, desc.cfg.input_size, desc.cfg.embed_dim, thr, card, quant,
+                       version=version, source=source)
 
 
 def verify_bundle(directory: str | Path, public_key: bytes) -> dict:

@@ -32,16 +32,28 @@ class InferResult:
     round_trip_ms: float  # request sent -> answer read, on the ground
 
 
+_IDEMPOTENT = frozenset({P.INFO, P.HEALTH, P.INFER})
+
+
 class BoardClient:
+    """One connection to a board agent. A request that finds the connection closed by the agent
+    (an idle connection it evicted or timed out) is sent again once on a new connection, when it
+    is idempotent (INFO, HEALTH, INFER; never SHUTDOWN)."""
+
     def __init__(self, board: str | tuple[str, int], timeout: float = 30.0):
         self.host, self.port = parse_board(board) if isinstance(board, str) else board
+        self.timeout = timeout
+        self.rid = 0
+        self.sock = self._connect()
+
+    def _connect(self) -> socket.socket:
         try:
-            self.sock = socket.create_connection((self.host, self.port), timeout=timeout)
+            sock = socket.create_connection((self.host, self.port), timeout=self.timeout)
         except OSError as exc:
             raise DataError(f"cannot reach the board agent at {self.host}:{self.port} ({exc}); start it with "
                             "trn-hw agent or python3 -m trn_board.agent on the board") from None
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.rid = 0
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        return sock
 
     def close(self) -> None:
         self.sock.close()
@@ -52,11 +64,21 @@ class BoardClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def request(self, mtype: int, payload: bytes = b"") -> bytes:
+    def _exchange(self, mtype: int, payload: bytes) -> tuple[int, int, int, bytes]:
         self.rid += 1
         self.sock.sendall(P.pack(mtype, self.rid, payload))
         version, rtype, _flags, rid, length = P.read_header(self.sock)
-        body = P.recv_exact(self.sock, length)
+        return version, rtype, rid, P.recv_exact(self.sock, length)
+
+    def request(self, mtype: int, payload: bytes = b"") -> bytes:
+        try:
+            version, rtype, rid, body = self._exchange(mtype, payload)
+        except (ConnectionError, BrokenPipeError) as exc:
+            if mtype not in _IDEMPOTENT:
+                raise DataError(f"the board agent at {self.host}:{self.port} closed the connection ({exc})") from None
+            self.sock.close()
+            self.sock = self._connect()
+            version, rtype, rid, body = self._exchange(mtype, payload)
         if rtype == P.ERROR:
             code = P.ERROR_HEAD.unpack_from(body)[0] if len(body) >= 2 else None
             raise P.ProtocolError(body[2:].decode("utf-8", "replace"), code)
@@ -71,8 +93,16 @@ class BoardClient:
     def health(self) -> dict:
         return json.loads(self.request(P.HEALTH))
 
-    def shutdown(self) -> None:
-        self.request(P.SHUTDOWN)
+    def shutdown(self, token: bytes | str | Path | None = None) -> None:
+        """Stop the agent: ``token`` is the stop token (bytes) or the file the agent wrote it to
+        (``--stop-token-file``); an agent started without one refuses (FORBIDDEN)."""
+        if isinstance(token, (str, Path)):
+            try:
+                token = Path(token).read_bytes().strip()
+            except OSError as exc:
+                raise DataError(f"cannot read the stop token ({exc.strerror}); it is the file given to the agent's "
+                                "--stop-token-file", token) from None
+        self.request(P.SHUTDOWN, token or b"")
 
     def infer(self, crops: np.ndarray) -> InferResult:
         crops = np.asarray(crops, np.float32)
@@ -85,6 +115,78 @@ class BoardClient:
         t_rx, t_start, t_end, n, dim = P.INFER_REPLY.unpack_from(body)
         emb = np.frombuffer(body, ">f4", offset=P.INFER_REPLY.size).astype(np.float32).reshape(n, dim)
         return InferResult(emb, (t_end - t_start) / 1e6, (t_end - t_rx) / 1e6, rt)
+
+
+# -- which model does the board run?
+
+
+def probe_crops(size: int, n: int = 8, seed: int = 0) -> np.ndarray:
+    """float32 [n, size, size] in [0, 1]: smooth, crater-like test images (a few Gaussian bumps and
+    pits), the same for every call with the same arguments."""
+    rng = np.random.default_rng(seed)
+    yy, xx = np.mgrid[0:size, 0:size].astype(np.float32) / size
+    out = np.zeros((n, size, size), np.float32)
+    for i in range(n):
+        for _ in range(6):
+            cy, cx = rng.random(2)
+            r = 0.05 + 0.25 * rng.random()
+            out[i] += rng.choice([-1.0, 1.0]) * np.exp(-((yy - cy) ** 2 + (xx - cx) ** 2) / (2 * r * r))
+        out[i] = (out[i] - out[i].min()) / max(float(np.ptp(out[i])), 1e-6)
+    return out
+
+
+def model_name(emb) -> str:
+    """The model an embedder evaluates, as a bundle names it: ``flight_conv2d_se_union`` for
+    ``flight_conv2d_se_union``, ``flight_conv2d_se_union@tflite`` and ``...+tok4s10``."""
+    return str(getattr(emb, "name", "")).split("@")[0].split("+")[0]
+
+
+@dataclass(frozen=True)
+class BoardIdentity:
+    """What a board runs, as its agent reports it, and how well it agrees with the evaluated model."""
+
+    model: str
+    bundle_version: int | None
+    manifest_sha256: str
+    weights_sha256: str | None
+    backend: str
+    median_cosine: float
+    min_cosine: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def check_board_model(client: BoardClient, emb, crops: np.ndarray | None = None, min_cosine: float = 0.95,
+                      info: dict | None = None) -> BoardIdentity:
+    """Refuse (ConfigError) a board that does not run the model ``emb`` evaluates: its bundle must
+    name the same model, take the same input size, and give the same embeddings on ``crops``
+    (default :func:`probe_crops`): median cosine >= ``min_cosine`` (an int8 export of the same
+    weights agrees to 0.999 on the shipped default; the other shipped models, one fine-tuned
+    from it included, to 0.44-0.62).
+    Returns the board's identity for the record."""
+    info = info or client.info()
+    want, have = model_name(emb), str(info.get("model"))
+    ident = f"{have} v{info.get('bundle_version')} (manifest {str(info.get('manifest_sha256'))[:12]})"
+    if want != have:
+        raise ConfigError(f"the board at {client.host}:{client.port} runs {ident}; you evaluate {want}: flash the "
+                          f"bundle of {want} (trn-export bundle --model {want} ...; trn-hw flash ...)")
+    size = int(info["input_size"])
+    if size != emb.input_size:
+        raise ConfigError(f"the board at {client.host}:{client.port} runs {ident} at {size} px; {want} takes "
+                          f"{emb.input_size} px: flash the bundle of the model you evaluate")
+    x = probe_crops(size) if crops is None else np.asarray(crops, np.float32)
+    ground = emb(x).global_
+    board = np.concatenate([client.infer(x[i:i + 16]).embeddings for i in range(0, len(x), 16)])
+    cos = np.sum(ground * board, axis=1) / np.maximum(
+        np.linalg.norm(ground, axis=1) * np.linalg.norm(board, axis=1), 1e-12)
+    med, low = float(np.median(cos)), float(cos.min())
+    if not med >= min_cosine:
+        raise ConfigError(f"the board at {client.host}:{client.port} runs {ident}, but its embeddings disagree with "
+                          f"{want}'s (median cosine {med:.3f} < {min_cosine}): the bundle holds another model's "
+                          "graphs or other weights; flash a bundle of the model you evaluate")
+    return BoardIdentity(have, info.get("bundle_version"), str(info.get("manifest_sha256")), info.get("weights_sha256"),
+                         str(info.get("backend")), med, low)
 
 
 def _stats(v: np.ndarray) -> dict:
@@ -104,7 +206,9 @@ def bench(board: str, crops: np.ndarray, out_dir: str | Path, n: int = 500, warm
     import matplotlib.pyplot as plt
 
     if n < 1 or warmup < 0:
-        raise ConfigError(f"n must be >= 1 and warmup >= 0 (got {n}, {warmup})")
+        raise ConfigError(f"n = {n}, warmup = {warmup}: timed crops must be >= 1 and warm-up crops >= 0")
+    if crops.ndim != 3 or not len(crops):
+        raise DataError(f"crops have shape {crops.shape}; expected [n >= 1, S, S]")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with BoardClient(board) as c:

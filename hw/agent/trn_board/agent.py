@@ -3,39 +3,110 @@ embeddings over TCP (:mod:`trn_board.protocol`). Needs Python 3, numpy, and a TF
 (tflite-runtime or ai-edge-litert; with the Edge TPU delegate when libedgetpu is present and the
 bundle holds an Edge TPU-compiled model) or onnxruntime. Never torch, never trn.
 
-    python3 -m trn_board.agent --bundle /opt/trn/current --pub KEY_HEX_OR_FILE [--host 0.0.0.0] [--port 5555]
+    python3 -m trn_board.agent --bundle /opt/trn/current [--host 0.0.0.0] [--port 5555] [--threads 1]
 
-Robustness: every connection has its own thread, at most ``max_connections`` at once (beyond
-that a client gets a BUSY error and is closed); a request larger than the limit is refused
-before it is read; a client that stalls mid-message or does not read its answers is dropped after
-``io_timeout``; an idle one after ``idle_timeout``. Inference is serialised on one interpreter.
-Memory is bounded by max_connections x max_payload.
+Trust: the bundle is verified against the anchor of the board root that holds it
+(``ROOT/trust/anchor.pub``, written once by ``trn-hw provision``); ``--pub`` is for a bundle that
+lies outside any board root (on the ground), and is refused when it is not the board's anchor.
+
+Threads: OpenBLAS, OpenMP and MKL are pinned through the environment before numpy is loaded (one
+thread; ``TRN_BLAS_THREADS`` changes it) and OpenBLAS again to ``--blas-threads`` (default 1) through
+its own call once it is; the interpreter runs ``--threads`` threads (default 1). The host head is a
+[1, C] x [C, D] product per crop: one BLAS thread is the fast way, and more compete with the
+interpreter for the board's cores.
+
+Robustness: every connection has its own thread, at most ``max_connections`` at once. At the
+limit, a new client takes the place of the longest-idle connection (one not in the middle of a
+request); only when every connection is mid-request is it told BUSY and closed. A connection must
+send its first request within ``first_request_timeout`` and later ones within ``idle_timeout``; a
+client that stalls mid-message or does not read its answers is dropped after ``io_timeout``. A
+request larger than the limit is refused before it is read. Inference is serialised on one
+interpreter. Memory is bounded by max_connections x max_payload. SHUTDOWN is refused unless the
+agent was given a stop token and the request carries it; SIGTERM stops it cleanly.
 """
 
 from __future__ import annotations
 
-import argparse
-import hashlib
-import json
 import os
-import resource
-import socket
-import struct
-import sys
-import threading
-import time
-from pathlib import Path
 
-import numpy as np
+if __name__ == "__main__":  # the board program: pin BLAS threads before numpy (and OpenBLAS) load
+    for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "BLIS_NUM_THREADS",
+                 "VECLIB_MAXIMUM_THREADS", "NUMEXPR_NUM_THREADS"):
+        os.environ[_var] = os.environ.get("TRN_BLAS_THREADS", "1")
 
-from trn_board import protocol as P
-from trn_board.bundle import MANIFEST, BundleError, verify_bundle
+import argparse  # noqa: E402
+import ctypes  # noqa: E402
+import hmac  # noqa: E402
+import json  # noqa: E402
+import resource  # noqa: E402
+import secrets  # noqa: E402
+import signal  # noqa: E402
+import socket  # noqa: E402
+import struct  # noqa: E402
+import sys  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+from dataclasses import dataclass, field  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+from trn_board import protocol as P  # noqa: E402
+from trn_board import trust  # noqa: E402
+from trn_board.bundle import BundleError, manifest_sha256, verify_bundle  # noqa: E402
 
 MAX_BATCH = 64
+BACKENDS = ("auto", "tflite", "edgetpu", "onnx")
+MAX_THREADS = 64
 
 
 class ModelError(Exception):
     pass
+
+
+read_key = trust.parse_key
+
+
+# -- threads
+
+
+def _openblas_libs() -> list[str]:
+    try:
+        maps = Path("/proc/self/maps").read_text()
+    except OSError:
+        return []
+    paths = (ln.split()[-1] for ln in maps.splitlines() if "openblas" in ln.lower())
+    return sorted({p for p in paths if p.startswith("/")})
+
+
+_BLAS_PREFIXES = ("openblas_", "scipy_openblas_")
+_BLAS_SUFFIXES = ("", "64_")
+
+
+def _blas_call(name: str, *args: int) -> int | None:
+    for path in _openblas_libs():
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for pre in _BLAS_PREFIXES:
+            for suf in _BLAS_SUFFIXES:
+                fn = getattr(lib, f"{pre}{name}{suf}", None)
+                if fn is not None:
+                    fn.argtypes = [ctypes.c_int] * len(args)
+                    return int(fn(*args) if args else fn())
+    return None
+
+
+def blas_threads(n: int | None = None) -> int | None:
+    """Set OpenBLAS's thread count to ``n`` (when given) in this process; the count now, or None
+    when no OpenBLAS is loaded (numpy on another BLAS, which the environment pins)."""
+    if n is not None:
+        _blas_call("set_num_threads", n)
+    return _blas_call("get_num_threads")
+
+
+# -- the model
 
 
 def tflite_interpreter(path: Path, threads: int = 1, edgetpu: bool = False):
@@ -61,32 +132,78 @@ def _edgetpu_available() -> bool:
                                                       "/usr/lib/arm-linux-gnueabihf"))
 
 
-class BoardModel:
-    """The descriptor of a verified bundle: crops [n, S, S] float32 in [0, 1] -> embeddings [n, D]."""
+def _needs(backend: str, files: dict) -> tuple[str, ...]:
+    """The bundle files a backend runs."""
+    if backend == "edgetpu":
+        return "model_int8_edgetpu.tflite", "head.npz"
+    if backend == "tflite":
+        return "model_int8.tflite", "head.npz"
+    return ("model_int8.onnx",) if "model_int8.onnx" in files else ("model.onnx",)
 
-    def __init__(self, bundle: str | Path, public_key: bytes, threads: int = 1, backend: str = "auto"):
+
+def usable_backends(files: dict) -> list[str]:
+    return [b for b in ("edgetpu", "tflite", "onnx") if all(f in files for f in _needs(b, files))]
+
+
+def resolve_trust(bundle: str | Path, public_key: bytes | None) -> tuple[bytes, str]:
+    """The key to verify ``bundle`` with, and where it came from: the anchor of the board root that
+    holds the bundle (a ``public_key`` given too must be that anchor), else ``public_key``."""
+    found = trust.find_anchor(bundle)
+    if found is not None:
+        root, anchor = found
+        if public_key is not None and public_key != anchor:
+            raise trust.TrustError(f"--pub ({trust.fingerprint(public_key)}) is not the anchor of the board root "
+                                   f"{root} ({trust.fingerprint(anchor)}); leave --pub out on a board",
+                                   trust.anchor_path(root))
+        return anchor, f"board anchor {trust.fingerprint(anchor)} ({trust.anchor_path(root)})"
+    if public_key is None:
+        raise trust.TrustError("no trust anchor for this bundle: it lies in no provisioned board root "
+                               "(ROOT/trust/anchor.pub, written by trn-hw provision); pass --pub KEY for a bundle on "
+                               "the ground", Path(bundle))
+    return public_key, f"key {trust.fingerprint(public_key)} given on the command line"
+
+
+class BoardModel:
+    """The descriptor of a verified bundle: crops [n, S, S] float32 in [0, 1] -> embeddings [n, D].
+
+    ``public_key``: None to verify with the anchor of the board root that holds the bundle."""
+
+    def __init__(self, bundle: str | Path, public_key: bytes | None = None, threads: int = 1, backend: str = "auto"):
+        if backend not in BACKENDS:
+            raise ModelError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
+        if not 1 <= int(threads) <= MAX_THREADS:
+            raise ModelError(f"threads = {threads}; expected 1 to {MAX_THREADS}")
+        key, self.trust = resolve_trust(bundle, public_key)
         self.dir = Path(bundle).resolve()
-        self.manifest = verify_bundle(self.dir, public_key)  # before anything is loaded
-        self.manifest_sha256 = hashlib.sha256((self.dir / MANIFEST).read_bytes()).hexdigest()
+        self.manifest = verify_bundle(self.dir, key)  # before anything is loaded
+        self.manifest_sha256 = manifest_sha256(self.dir)
+        self.threads = int(threads)
         files = self.manifest["files"]
         self.input_size = int(self.manifest["input"]["shape"][-1])
         self.embedding_dim = int(self.manifest["embedding_dim"])
+        usable = usable_backends(files)
         if backend == "auto":
-            if "model_int8_edgetpu.tflite" in files and _edgetpu_available():
-                backend = "edgetpu"
-            elif "model_int8.tflite" in files:
-                backend = "tflite"
-            elif "model_int8.onnx" in files or "model.onnx" in files:
-                backend = "onnx"
-            else:
-                raise ModelError(f"{self.dir}: the bundle holds no model this agent can run")
+            usable_here = [b for b in usable if b != "edgetpu" or _edgetpu_available()]
+            if not usable_here:
+                raise ModelError(f"{self.dir}: the bundle holds no model this agent can run (files: {sorted(files)})")
+            backend = usable_here[0]
+        elif backend not in usable:
+            raise ModelError(f"{self.dir}: backend {backend} needs {' and '.join(_needs(backend, files))}, which this "
+                             f"bundle does not hold (files: {sorted(files)}); "
+                             + (f"use --backend {' or '.join(usable)} or auto" if usable else "re-make the bundle"))
         self.backend = backend
+        self.model_file = _needs(backend, files)[0]
+        try:
+            self._load(backend)
+        except ModelError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a runtime's own exception types differ per runtime
+            raise ModelError(f"{self.dir / self.model_file}: the {backend} runtime cannot load it "
+                             f"({type(exc).__name__}: {exc})"[:600]) from None
+
+    def _load(self, backend: str) -> None:
         if backend in ("tflite", "edgetpu"):
-            name = "model_int8_edgetpu.tflite" if backend == "edgetpu" else "model_int8.tflite"
-            if name not in files or "head.npz" not in files:
-                raise ModelError(f"{self.dir}: backend {backend} needs {name} and head.npz in the bundle")
-            self.model_file = name
-            self.it = tflite_interpreter(self.dir / name, threads, backend == "edgetpu")
+            self.it = tflite_interpreter(self.dir / self.model_file, self.threads, backend == "edgetpu")
             self.inp = self.it.get_input_details()[0]
             self.out = self.it.get_output_details()[0]
             with np.load(self.dir / "head.npz", allow_pickle=False) as z:
@@ -94,22 +211,26 @@ class BoardModel:
                 self.prelu = z["prelu"].astype(np.float32)
                 self.p, self.eps = float(z["p"]), float(z["eps"])
             self.input_size = int(self.inp["shape"][1])
-        elif backend == "onnx":
-            import onnxruntime as ort  # type: ignore[import-not-found]
-
-            name = "model_int8.onnx" if "model_int8.onnx" in files else "model.onnx"
-            self.model_file = name
-            so = ort.SessionOptions()
-            so.intra_op_num_threads = threads
-            self.sess = ort.InferenceSession(str(self.dir / name), so, providers=["CPUExecutionProvider"])
-            self.in_name = self.sess.get_inputs()[0].name
         else:
-            raise ModelError(f"unknown backend {backend!r}; one of auto, tflite, edgetpu, onnx")
+            try:
+                import onnxruntime as ort  # type: ignore[import-not-found]
+            except ImportError:
+                raise ModelError("no onnxruntime on this board: install onnxruntime, or use a TFLite backend") from None
+            so = ort.SessionOptions()
+            so.intra_op_num_threads = self.threads
+            so.inter_op_num_threads = 1
+            self.sess = ort.InferenceSession(str(self.dir / self.model_file), so, providers=["CPUExecutionProvider"])
+            self.in_name = self.sess.get_inputs()[0].name
 
     def info(self) -> dict:
-        return {"model": self.manifest.get("model"), "backend": self.backend, "file": self.model_file,
+        m, files = self.manifest, self.manifest["files"]
+        card = m.get("model_card") or {}
+        return {"model": m["model"], "bundle_version": m["bundle_version"], "manifest_sha256": self.manifest_sha256,
+                "weights_sha256": (m.get("source") or {}).get("weights_sha256"),
+                "model_card_sha256": card.get("sha256"),
+                "backend": self.backend, "file": self.model_file, "file_sha256": files[self.model_file]["sha256"],
                 "input_size": self.input_size, "embedding_dim": self.embedding_dim,
-                "match_threshold": self.manifest.get("match_threshold"), "manifest_sha256": self.manifest_sha256}
+                "match_threshold": m.get("match_threshold"), "trust": self.trust}
 
     def _head(self, feat: np.ndarray) -> np.ndarray:
         f = np.maximum(feat, self.eps)
@@ -133,22 +254,49 @@ class BoardModel:
         return self._head(np.stack(feats)).astype(np.float32)
 
 
+# -- the server
+
+
+@dataclass
+class _Conn:
+    sock: socket.socket
+    last_active: float = field(default_factory=time.monotonic)
+    busy: bool = False  # in the middle of a request: never evicted
+    evicted: bool = False
+
+
+def _check_port(port: int) -> int:
+    if not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ValueError(f"port {port!r} is out of range: expected 0 (any free port) to 65535")
+    return port
+
+
 class Agent:
     """A TCP server around a :class:`BoardModel` (or any object with ``info``, ``embed`` and
-    ``input_size``)."""
+    ``input_size``). ``stop_token``: the bytes a SHUTDOWN request must carry; None (the default)
+    refuses every SHUTDOWN."""
 
     def __init__(self, model, host: str = "127.0.0.1", port: int = 0, max_connections: int = 128,
-                 max_batch: int = MAX_BATCH, idle_timeout: float = 60.0, io_timeout: float = 10.0):
+                 max_batch: int = MAX_BATCH, idle_timeout: float = 30.0, io_timeout: float = 10.0,
+                 first_request_timeout: float = 5.0, stop_token: bytes | None = None):
+        if max_connections < 1 or max_batch < 1:
+            raise ValueError(f"max_connections = {max_connections}, max_batch = {max_batch}: both must be >= 1")
+        if min(idle_timeout, io_timeout, first_request_timeout) <= 0:
+            raise ValueError("idle_timeout, io_timeout and first_request_timeout must be > 0 seconds")
+        if stop_token is not None and len(stop_token) < 16:
+            raise ValueError("a stop token must have at least 16 bytes")
         self.model = model
         self.max_batch = max_batch
         self.max_payload = P.INFER_HEAD.size + max_batch * model.input_size ** 2 * 4
         self.max_connections = max_connections
-        self.idle_timeout, self.io_timeout = idle_timeout, io_timeout
-        self.sock = socket.create_server((host, port), backlog=256)
+        self.idle_timeout, self.io_timeout, self.first_request_timeout = idle_timeout, io_timeout, first_request_timeout
+        self.stop_token = stop_token
+        self.sock = socket.create_server((host, _check_port(port)), backlog=256)
         self.address = self.sock.getsockname()[:2]
         self.lock = threading.Lock()  # one interpreter
-        self.stats_lock = threading.Lock()
-        self.stats = {"requests": 0, "errors": 0, "connections": 0, "refused_busy": 0}
+        self.stats_lock = threading.Lock()  # stats and connections
+        self.stats = {"requests": 0, "errors": 0, "refused_busy": 0, "evicted_idle": 0, "refused_stop": 0}
+        self.conns: dict[int, _Conn] = {}
         self.started = time.monotonic()
         self.stopping = threading.Event()
         self.threads: set[threading.Thread] = set()
@@ -166,12 +314,23 @@ class Agent:
         self._count("errors")
         self._send(conn, P.ERROR, rid, P.error_payload(code, message))
 
+    def open_connections(self) -> int:
+        with self.stats_lock:
+            return sum(not c.evicted for c in self.conns.values())
+
     def health(self) -> dict:
         with self.stats_lock:
             s = dict(self.stats)
+            s["connections"] = sum(not c.evicted for c in self.conns.values())
+        mods = sys.modules
         return {**s, "uptime_s": time.monotonic() - self.started,
                 "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0,
-                "max_connections": self.max_connections, "max_payload": self.max_payload}
+                "max_connections": self.max_connections, "max_payload": self.max_payload,
+                "stop": "token" if self.stop_token is not None else "off",
+                "process": {"pid": os.getpid(), "blas_threads": blas_threads(),
+                            "interpreter_threads": getattr(self.model, "threads", None),
+                            "torch_loaded": any(m == "torch" or m.startswith("torch.") for m in mods),
+                            "trn_loaded": any(m == "trn" or m.startswith("trn.") for m in mods)}}
 
     # -- requests
     def _infer(self, conn: socket.socket, rid: int, payload: bytes, t_received: int) -> None:
@@ -198,16 +357,35 @@ class Agent:
         body = P.INFER_REPLY.pack(t_received, t0, t1, emb.shape[0], emb.shape[1]) + emb.tobytes()
         self._send(conn, P.INFER | P.REPLY, rid, body)
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _stop(self, conn: socket.socket, rid: int, payload: bytes) -> bool:
+        """True when the SHUTDOWN is authenticated (and answered)."""
+        if self.stop_token is None:
+            self._count("refused_stop")
+            self._error(conn, rid, P.FORBIDDEN, "stop requests are off on this agent (start it with --stop-token-file "
+                                                "FILE to allow a stop by whoever can read FILE); on the board, stop it "
+                                                "with SIGTERM")
+            return False
+        if not hmac.compare_digest(payload, self.stop_token):
+            self._count("refused_stop")
+            self._error(conn, rid, P.FORBIDDEN, "wrong stop token")
+            return False
+        self._send(conn, P.SHUTDOWN | P.REPLY, rid)
+        return True
+
+    def _serve(self, conn: socket.socket, state: _Conn) -> None:
+        first = True
         try:
             while not self.stopping.is_set():
-                conn.settimeout(self.idle_timeout)
+                conn.settimeout(self.first_request_timeout if first else self.idle_timeout)
                 try:
-                    first = conn.recv(1, socket.MSG_PEEK)
+                    peek = conn.recv(1, socket.MSG_PEEK)
                 except (socket.timeout, OSError):
                     return
-                if not first:
-                    return
+                with self.stats_lock:
+                    if not peek or state.evicted:
+                        return
+                    state.busy = True
+                first = False
                 conn.settimeout(self.io_timeout)  # a client stalling mid-message is dropped
                 try:
                     version, mtype, _flags, rid, length = P.read_header(conn)
@@ -235,9 +413,9 @@ class Agent:
                     elif mtype == P.INFER:
                         self._infer(conn, rid, payload, t_received)
                     elif mtype == P.SHUTDOWN:
-                        self._send(conn, P.SHUTDOWN | P.REPLY, rid)
-                        self.shutdown()
-                        return
+                        if self._stop(conn, rid, payload):
+                            self.shutdown()
+                        return  # refused or not, this connection is done
                     else:
                         self._error(conn, rid, P.UNKNOWN_TYPE, f"unknown request type {mtype:#04x}; known: "
                                                               f"{sorted(P.REQUESTS.values())}")
@@ -245,14 +423,38 @@ class Agent:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the agent answers and keeps serving
                     self._error(conn, rid, P.INTERNAL, f"{type(exc).__name__}: {exc}"[:500])
+                with self.stats_lock:
+                    state.busy, state.last_active = False, time.monotonic()
         except (socket.timeout, ConnectionError, OSError, struct.error):
             return  # a client that vanished or stalled: drop it
         finally:
             try:
                 conn.close()
             finally:
-                self._count("connections", -1)
+                with self.stats_lock:
+                    self.conns.pop(id(state), None)
                 self.threads.discard(threading.current_thread())
+
+    def _admit(self, conn: socket.socket) -> _Conn | None:
+        """Register ``conn``; at the limit, evict the longest-idle connection first. None: every
+        connection is mid-request (the caller answers BUSY)."""
+        with self.stats_lock:
+            open_ = [c for c in self.conns.values() if not c.evicted]
+            if len(open_) >= self.max_connections:
+                idle = [c for c in open_ if not c.busy]
+                if not idle:
+                    self.stats["refused_busy"] += 1
+                    return None
+                victim = min(idle, key=lambda c: c.last_active)
+                victim.evicted = True
+                self.stats["evicted_idle"] += 1
+                try:
+                    victim.sock.shutdown(socket.SHUT_RDWR)  # wakes its thread, which closes it
+                except OSError:
+                    pass
+            state = _Conn(conn)
+            self.conns[id(state)] = state
+            return state
 
     def serve_forever(self) -> None:
         self.sock.settimeout(0.2)
@@ -265,21 +467,17 @@ class Agent:
                 if self.stopping.is_set():
                     break
                 raise
-            with self.stats_lock:
-                busy = self.stats["connections"] >= self.max_connections
-                if not busy:
-                    self.stats["connections"] += 1
-            if busy:
-                self._count("refused_busy")
+            state = self._admit(conn)
+            if state is None:
                 try:
                     conn.settimeout(1.0)
                     conn.sendall(P.pack(P.ERROR, 0, P.error_payload(P.BUSY, f"{self.max_connections} connections "
-                                                                             "open; retry later")))
+                                                                             "are all mid-request; retry later")))
                 except OSError:
                     pass
                 conn.close()
                 continue
-            t = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            t = threading.Thread(target=self._serve, args=(conn, state), daemon=True)
             self.threads.add(t)
             t.start()
         self.sock.close()
@@ -293,34 +491,87 @@ class Agent:
         self.stopping.set()
 
 
-def read_key(text: str) -> bytes:
-    p = Path(text)
-    if p.is_file():
-        text = p.read_text(encoding="utf-8").strip()
-    raw = bytes.fromhex(text)
-    if len(raw) != 32:
-        raise ValueError(f"the public key has {len(raw)} bytes; an Ed25519 public key has 32")
-    return raw
+# -- the program
+
+
+def _ranged(low: int, high: int, what: str):
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{what} {text!r} is not a whole number") from None
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"{what} {v} is out of range: expected {low} to {high}")
+        return v
+
+    parse.__name__ = what
+    return parse
+
+
+def _seconds(text: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 0 < v <= 86400:
+        raise argparse.ArgumentTypeError(f"{v} s is out of range: expected more than 0 and at most 86400")
+    return v
+
+
+def write_stop_token(path: str | Path) -> bytes:
+    """A fresh random stop token written to ``path`` with mode 0600 (replacing an older one)."""
+    path = Path(path)
+    token = secrets.token_hex(32).encode("ascii")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(token + b"\n")
+    os.chmod(tmp, 0o600)
+    os.replace(tmp, path)
+    return token
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="python3 -m trn_board.agent", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--bundle", required=True, help="a bundle directory (on a board: ROOT/current)")
+    ap.add_argument("--pub", default=None, help="a bundle outside any board root: the public key to verify it with "
+                                                "(a .pub file or 64 hex digits); on a board the anchor is used")
+    ap.add_argument("--host", default="127.0.0.1")
+    ap.add_argument("--port", type=_ranged(0, 65535, "port"), default=5555, help="TCP port, 0 for any free one")
+    ap.add_argument("--threads", type=_ranged(1, MAX_THREADS, "interpreter threads"), default=1,
+                    help="threads of the TFLite interpreter / onnxruntime (default 1)")
+    ap.add_argument("--blas-threads", type=_ranged(1, MAX_THREADS, "BLAS threads"), default=1,
+                    help="threads of numpy's BLAS for the host head (default 1, the fast choice)")
+    ap.add_argument("--backend", default="auto", choices=BACKENDS)
+    ap.add_argument("--max-connections", type=_ranged(1, 4096, "max connections"), default=128)
+    ap.add_argument("--idle-timeout", type=_seconds, default=30.0,
+                    help="seconds a connection may wait between requests (default 30)")
+    ap.add_argument("--stop-token-file", type=Path, default=None,
+                    help="allow SHUTDOWN requests carrying the random token written to this file (mode 0600); "
+                         "without it, stop requests are refused")
+    return ap
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python3 -m trn_board.agent", description=__doc__.split("\n\n")[0])
-    ap.add_argument("--bundle", required=True, help="a bundle directory (e.g. /opt/trn/current)")
-    ap.add_argument("--pub", required=True, help="the trusted public key: a .pub file or 64 hex digits")
-    ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=int, default=5555)
-    ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--backend", default="auto", choices=("auto", "tflite", "edgetpu", "onnx"))
-    ap.add_argument("--max-connections", type=int, default=128)
-    args = ap.parse_args(argv)
+    args = build_parser().parse_args(argv)
+    blas_threads(args.blas_threads)  # numpy is loaded: pin OpenBLAS itself too
     try:
-        model = BoardModel(args.bundle, read_key(args.pub), args.threads, args.backend)
-        agent = Agent(model, args.host, args.port, args.max_connections)
+        key = trust.parse_key(args.pub) if args.pub else None
+        model = BoardModel(args.bundle, key, args.threads, args.backend)
+        token = write_stop_token(args.stop_token_file) if args.stop_token_file else None
+        agent = Agent(model, args.host, args.port, args.max_connections, idle_timeout=args.idle_timeout,
+                      stop_token=token)
     except (BundleError, ModelError, ValueError, OSError) as exc:
         print(f"refused: {exc}", file=sys.stderr)
         return 1
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: agent.shutdown())
     host, port = agent.address
-    print(f"trn agent {os.getpid()} serving {model.info()['model']} ({model.backend}) on {host}:{port}", flush=True)
+    info = model.info()
+    print(f"trn agent {os.getpid()} serving {info['model']} v{info['bundle_version']} ({model.backend}, "
+          f"{args.threads} interpreter / {blas_threads() or args.blas_threads} BLAS threads) on {host}:{port}; "
+          f"manifest {info['manifest_sha256'][:12]}, verified with the {model.trust}; stop requests "
+          f"{'need the token in ' + str(args.stop_token_file) if token else 'off'}", flush=True)
     agent.serve_forever()
     print("trn agent stopped", flush=True)
     return 0

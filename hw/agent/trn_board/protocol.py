@@ -13,12 +13,20 @@ Every message, both ways, is a 16-byte header and a payload::
 
 - INFO (payload empty) -> JSON: protocol version, model name, backend, input size, embedding size,
   match threshold, the bundle manifest's sha256, limits.
-- HEALTH (empty) -> JSON: uptime, requests, errors, open connections, peak resident memory.
+- INFO also names the bundle the agent runs: its ``bundle_version``, the sha256 of the model card,
+  of the weights it was exported from and of the model file, and the trust it was verified with
+  (the board's anchor, or a key given on the command line).
+- HEALTH (empty) -> JSON: uptime, requests, errors, open connections, idle connections evicted,
+  peak resident memory, and the process: pid, BLAS and interpreter threads, whether torch or trn
+  is loaded (never, on a board).
 - INFER: ``n`` (u16), ``size`` (u16), then n x size x size float32 crops, min-max normalised to
   [0, 1], row-major -> ``t_received``, ``t_start``, ``t_end`` (u64 nanoseconds of the board's
   monotonic clock: the request fully read, inference started, inference done), ``n`` (u16),
   ``dim`` (u16), then n x dim float32 L2-normalised embeddings.
-- SHUTDOWN (empty) -> empty; the agent then stops accepting and exits cleanly.
+- SHUTDOWN (the stop token) -> empty; the agent then stops accepting and exits cleanly. Off unless
+  the agent was started with a stop token (``--stop-token-file``, a random token written with mode
+  0600 for whoever may stop it); otherwise, or with another token, FORBIDDEN and the connection is
+  closed. On the board, SIGTERM stops it.
 - ERROR (an answer only): ``code`` (u16) and a UTF-8 message. After BAD_MAGIC, BAD_VERSION or
   TOO_LARGE the stream cannot be trusted and the agent closes the connection.
 """
@@ -40,11 +48,11 @@ INFER_REPLY = struct.Struct("!QQQHH")
 ERROR_HEAD = struct.Struct("!H")
 
 # error codes
-BAD_MAGIC, BAD_VERSION, UNKNOWN_TYPE, TOO_LARGE, BAD_PAYLOAD, NON_FINITE, BUSY, INTERNAL = range(1, 9)
+BAD_MAGIC, BAD_VERSION, UNKNOWN_TYPE, TOO_LARGE, BAD_PAYLOAD, NON_FINITE, BUSY, INTERNAL, FORBIDDEN = range(1, 10)
 ERROR_NAMES = {BAD_MAGIC: "BAD_MAGIC", BAD_VERSION: "BAD_VERSION", UNKNOWN_TYPE: "UNKNOWN_TYPE",
                TOO_LARGE: "TOO_LARGE", BAD_PAYLOAD: "BAD_PAYLOAD", NON_FINITE: "NON_FINITE", BUSY: "BUSY",
-               INTERNAL: "INTERNAL"}
-FATAL = frozenset({BAD_MAGIC, BAD_VERSION, TOO_LARGE})
+               INTERNAL: "INTERNAL", FORBIDDEN: "FORBIDDEN"}
+FATAL = frozenset({BAD_MAGIC, BAD_VERSION, TOO_LARGE, FORBIDDEN})
 
 
 class ProtocolError(Exception):
