@@ -90,7 +90,10 @@ def test_float_and_int8_tflite_run_in_the_interpreter_and_track_torch(tmp_path, 
     act = [info.tensors[i] for op in info.ops for i in op.inputs + op.outputs if not info.tensors[i].constant]
     assert {t.dtype for t in act} == {"INT8"}
     rep = edgetpu_report(tmp_path / "model_int8.tflite", compile_=False)
-    assert rep.ready and rep.first_unmapped is None and rep.verdict.startswith("Edge TPU ready")
+    assert rep.ready and rep.first_unmapped is None and rep.verdict.startswith("passes the Edge TPU operator rules")
+    # no compiler ran, and the verdict says so rather than calling the model ready
+    assert "Edge TPU ready" not in rep.verdict and "edgetpu_compiler did not run" in rep.verdict
+    assert "strides and constant inputs not checked" in rep.verdict
     frep = edgetpu_report(tmp_path / "model_float.tflite", compile_=False)
     assert not frep.ready and frep.first_unmapped == 0 and "FLOAT32" in frep.verdict
 
@@ -184,6 +187,25 @@ Number of operations that will run on CPU: 0
     assert r["table"][0] == {"op": "CONV_2D", "count": 30, "status": "Mapped to Edge TPU"}
 
 
+def test_only_the_compiler_makes_a_model_edge_tpu_ready(tmp_path, monkeypatch):
+    """The rule check alone says "passes the Edge TPU operator rules"; "Edge TPU ready" needs the
+    compiler to have mapped every operator, and a compiler that leaves some on the CPU overrules
+    the rules."""
+    from trn.export import edgetpu
+    from trn.hw.zoo import Builder
+
+    b = Builder(8, 4, seed=0)
+    path = write_tflite(b.finish(b.conv(b.input, 16, 3, act="RELU")), tmp_path / "n.tflite", quantized=True)
+    rep = edgetpu_report(path, compile_=False)
+    assert rep.ready and rep.verdict.startswith("passes the Edge TPU operator rules")
+    monkeypatch.setattr(edgetpu, "run_compiler", lambda p: {"available": True, "ok": True, "tpu_ops": 1, "cpu_ops": 0})
+    rep = edgetpu_report(path)
+    assert rep.ready and rep.verdict.startswith("Edge TPU ready: edgetpu_compiler mapped all 1 operators")
+    monkeypatch.setattr(edgetpu, "run_compiler", lambda p: {"available": True, "ok": True, "tpu_ops": 0, "cpu_ops": 1})
+    rep = edgetpu_report(path)
+    assert not rep.ready and "left 1 operators on the CPU" in rep.verdict
+
+
 def test_damaged_tflite_files_get_clear_errors(tmp_path):
     m = _model("conv2d", "se", 3)
     g = lower_backbone(ExportGraph(m))
@@ -232,7 +254,8 @@ def test_cli_exports_tflite_with_reports_and_trn_sim_runs_it(tmp_path, capsys):
                           str(tmp_path / "d"), "--threads", "1", "--min-cosine", "0.5"])
     assert rc == 0, capsys.readouterr().err
     out = capsys.readouterr().out
-    assert "Edge TPU ready" in out and "edgetpu_compiler" in (tmp_path / "x" / "edgetpu_report.md").read_text()
+    assert "passes the Edge TPU operator rules" in out and "Edge TPU ready" not in out
+    assert "edgetpu_compiler" in (tmp_path / "x" / "edgetpu_report.md").read_text()
     rep = json.loads((tmp_path / "x" / "tflite_report.json").read_text())
     assert [p["kind"] for p in rep["parity"]] == ["float", "int8"]
     assert rep["parity"][0]["min_cosine_embedding"] > 0.9999 and rep["edgetpu"]["ready"]

@@ -43,6 +43,7 @@ LINK = """\
 link:
   name: a wire
   signalling_mbit_s: {value: 480, kind: published, source: "s"}
+  ceiling_mb_s: {value: 53.2, kind: published, source: "s"}
   bandwidth_mb_s: {value: 1.0, kind: calibrated, source: "s"}
 accelerator: test-tpu
 """
@@ -72,11 +73,35 @@ def test_shipped_profiles_load_with_sources():
     profs = all_profiles()
     names = {p.name for p in profs}
     assert {"pynq-z2-coral-usb2", "kcu105-microblaze-sclearn", "kcu105-rocket-sclearn", "laptop-i9-12900hk",
-            "x86-coral-usb3", "rpi4-coral-usb3", "rpi3bplus-coral-usb2", "spacecube-v2-ppc440",
-            "spacecube-v3-t2080-sclearn"} <= names
+            "x86-coral-usb3", "x86-xeon6154-coral-usb3", "rpi4-coral-usb3", "rpi3bplus-coral-usb2",
+            "spacecube-v2-ppc440", "spacecube-v3-t2080-sclearn"} <= names
     for p in profs:
         for key, q in p.quantities():
             assert q.kind in ("published", "calibrated", "assumed") and q.source.strip(), (p.name, key)
+        if p.link is not None:  # no link faster than its bus (the loader refuses it; the shipped ones agree)
+            assert p.l("bandwidth_mb_s") <= p.l("ceiling_mb_s") <= p.l("signalling_mbit_s") / 8, p.name
+
+
+def test_every_published_figure_has_one_host_per_profile_and_an_exact_source():
+    """The x86 profile once mixed pycoral's Xeon E5-1650 v3 with coral.ai's Xeon Gold 6154: each
+    profile's figures now come from one host, which its title names, and every source names the
+    file and line (pycoral) or the table column and row (coral.ai) it was read from."""
+    from trn.hw.reference import PUBLISHED
+
+    profiles = {p.name: p for p in all_profiles()}
+    by_profile: dict[str, set[str]] = {}
+    for r in PUBLISHED:
+        by_profile.setdefault(r.profile, set()).add(r.host)
+        assert r.host in profiles[r.profile].title, (r.profile, r.host)
+        if "pycoral" in r.source:
+            assert "benchmarks/reference/inference_reference_" in r.source and ", line " in r.source, r.source
+            assert "(host: " in r.source
+        elif "coral.ai" in r.source:
+            assert "column 'Desktop CPU + USB Accelerator (USB 3.0) with Edge TPU', row '" in r.source
+    assert all(len(h) == 1 for h in by_profile.values()), by_profile
+    pycoral_hosts = {r.profile for r in PUBLISHED if "pycoral" in r.source}
+    page_hosts = {r.profile for r in PUBLISHED if "coral.ai" in r.source}
+    assert pycoral_hosts and page_hosts and not pycoral_hosts & page_hosts
 
 
 def test_fits_the_cache_by_hand(tmp_path):
@@ -147,6 +172,16 @@ def test_fit_recovers_known_parameters(tmp_path):
         assert res["hosts"][host]["bandwidth_mb_s"] == pytest.approx(bw, rel=1e-6)
     with pytest.raises(ConfigError, match="observations"):
         fit(obs[:3], 4.0, 5_000_000)
+    # bounded: a link "measured" faster than its bus is fitted at the bus's ceiling, never above
+    res = fit(obs, 4.0, 5_000_000, {"a": 200.0, "b": 100.0})
+    assert res["hosts"]["a"]["bandwidth_mb_s"] == pytest.approx(200.0) and res["at_ceiling"] == ["a"]
+    assert res["hosts"]["b"]["bandwidth_mb_s"] < 100.0  # below its ceiling: a free parameter
+    assert 0 < res["efficiency"] <= 1 and res["per_op_us"] >= 0
+    # a host whose figures move almost no data is still determined: its link sits at the ceiling
+    small = [Observation(o.network, "c", o.ms, Features(o.features.mapped_ops, o.features.mapped_macs, 1000,
+                                                          1000, 0, 0)) for o in obs[:4]]
+    res = fit(obs + small, 4.0, 5_000_000, {"a": 1e3, "b": 1e3, "c": 50.0})
+    assert res["hosts"]["c"]["bandwidth_mb_s"] <= 50.0 * (1 + 1e-9)
     def ms(m, b, n):  # 5 GOPS, 2 GB/s, 20 us per operator, 0.5 ms per inference
         return 2 * m / 5e9 * 1e3 + b / 2e9 * 1e3 + n * 0.02 + 0.5
 
@@ -156,6 +191,23 @@ def test_fit_recovers_known_parameters(tmp_path):
     assert cpu["memory_gb_s"] == pytest.approx(2.0) and cpu["invoke_ms"] == pytest.approx(0.5)
     with pytest.raises(ConfigError, match="at least 4"):
         fit_cpu([(m, b, n, ms(m, b, n)) for m, b, n in graphs[:3]])
+
+
+def test_bounded_least_squares_matches_a_reference_solver():
+    """``x >= lower`` least squares against scipy's bounded solver on random problems, some with
+    active bounds."""
+    lsq_linear = pytest.importorskip("scipy.optimize").lsq_linear
+    from trn.hw.latency import bounded_lsq
+
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        a = rng.normal(size=(9, 5))
+        y = rng.normal(size=9)
+        lower = rng.normal(size=5)
+        want = lsq_linear(a, y, bounds=(lower, np.inf), method="bvls", tol=1e-12).x
+        got = bounded_lsq(a, y, lower)
+        assert np.all(got >= lower - 1e-12)
+        assert np.sum((a @ got - y) ** 2) == pytest.approx(np.sum((a @ want - y) ** 2), rel=1e-9, abs=1e-12)
 
 
 @pytest.mark.parametrize("edit, match", [
@@ -169,6 +221,12 @@ def test_fit_recovers_known_parameters(tmp_path):
     (lambda t: t.replace("accelerator: test-tpu\n", ""), r"both link and accelerator"),
     (lambda t: t + "extra: 1\n", r"unknown key\(s\) \['extra'\] in the profile"),
     (lambda t: "[1, 2", r"not valid YAML"),
+    (lambda t: t.replace("bandwidth_mb_s: {value: 1.0", "bandwidth_mb_s: {value: 686"),
+     r"exceeds what the link can carry"),
+    (lambda t: t.replace("ceiling_mb_s: {value: 53.2", "ceiling_mb_s: {value: 70"),
+     r"ceiling_mb_s 70.* exceeds the signalling"),
+    (lambda t: t.replace("  ceiling_mb_s: {value: 53.2, kind: published, source: \"s\"}\n", ""),
+     r"missing key.*ceiling_mb_s"),
 ])
 def test_profile_errors_name_file_and_field(tmp_path, edit, match):
     _profile(tmp_path)

@@ -8,10 +8,14 @@ The compiler partitions once: the first operator that breaks a rule and everythi
 the host CPU. The parameters of the mapped part are compared with the on-chip cache (about 8 MiB);
 what does not fit is streamed from the host on every inference.
 
-A model is called **Edge TPU ready** only when every operator maps (the graph ends where the host
-part begins: GeM's root and the head run on the host by design) and nothing would be streamed.
-When ``edgetpu_compiler`` is on PATH it is run as well and its log parsed; when it is not (it is
-x86-64 only, from Google's apt repository) the report says so.
+These are the operator rules only: per-operator limits the compiler also enforces (for example the
+strides some operators accept, or operators whose inputs must be constant) are not checked, so a
+model that passes can still be partly or wholly left on the CPU by the compiler. The verdict says
+exactly that: "passes the Edge TPU operator rules" when every operator passes them (the graph ends
+where the host part begins: GeM's root and the head run on the host by design) and nothing would
+be streamed; "Edge TPU ready" only when ``edgetpu_compiler`` itself ran and mapped every operator.
+When ``edgetpu_compiler`` is on PATH it is run and its log parsed; when it is not (it is x86-64
+only, from Google's apt repository) the report says so.
 """
 
 from __future__ import annotations
@@ -36,6 +40,9 @@ EDGETPU_OPS = frozenset({
 # mapped by the compiler but often left on the CPU (compiler 16): reported as a warning
 OFTEN_UNMAPPED = frozenset({"TRANSPOSE"})
 CACHE_BYTES = 8 * 1024 * 1024
+# what a passing rule check does not establish, written into every such verdict
+NOT_CHECKED = ("not compiled (edgetpu_compiler did not run); per-operator limits such as strides and constant "
+               "inputs not checked")
 QUANT_TYPES = frozenset({"INT8", "UINT8"})
 
 
@@ -59,7 +66,7 @@ class EdgeTpuReport:
     param_bytes_mapped: int
     cache_bytes: int
     streamed_bytes: int
-    ready: bool
+    ready: bool  # every operator passes the rules (and, when edgetpu_compiler ran, it mapped them all)
     verdict: str
     compiler: dict
 
@@ -171,9 +178,18 @@ def edgetpu_report(path: str | Path, compile_: bool = True) -> EdgeTpuReport:
                           f"{CACHE_BYTES / 2 ** 20:.0f} MiB cache; {streamed / 2 ** 20:.2f} MiB would be streamed "
                           "on every inference"), False
     else:
-        verdict, ready = (f"Edge TPU ready: all {len(checks)} operators map; {params / 2 ** 20:.2f} MiB of "
-                          f"parameters fit the {CACHE_BYTES / 2 ** 20:.0f} MiB cache"), True
+        verdict, ready = (f"passes the Edge TPU operator rules: all {len(checks)} operators map under the rules "
+                          "checked here (operator type, 8-bit tensors, static shapes, at most 3 dimensions larger "
+                          f"than 1, equal dilation); {params / 2 ** 20:.2f} MiB of parameters fit the "
+                          f"{CACHE_BYTES / 2 ** 20:.0f} MiB cache; {NOT_CHECKED}"), True
     compiler = run_compiler(path) if compile_ else {"available": None, "note": "not run"}
+    if ready and compiler.get("available") and compiler.get("ok"):
+        if compiler.get("cpu_ops") == 0 and compiler.get("tpu_ops"):
+            verdict = (f"Edge TPU ready: edgetpu_compiler mapped all {compiler['tpu_ops']} operators; "
+                       f"{params / 2 ** 20:.2f} MiB of parameters")
+        else:
+            verdict, ready = (f"not Edge TPU ready: edgetpu_compiler left {compiler.get('cpu_ops', '?')} operators "
+                              "on the CPU although every operator passes the rules checked here"), False
     return EdgeTpuReport(path.name, checks, first, len(mapped), len(checks) - len(mapped), params, CACHE_BYTES,
                          streamed, ready, verdict, compiler)
 

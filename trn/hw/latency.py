@@ -220,7 +220,8 @@ class Observation:
 
 
 def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Non-negative least squares by trying every set of free parameters (a dozen columns at most)."""
+    """Non-negative least squares by trying every set of free parameters (a dozen columns at most):
+    the optimum is the unconstrained least-squares solution on its own set of free columns."""
     n = a.shape[1]
     if n > 14:
         raise ConfigError(f"{n} parameters are too many to fit")
@@ -238,14 +239,30 @@ def _nnls(a: np.ndarray, y: np.ndarray) -> np.ndarray:
     return best
 
 
-def fit(observations: list[Observation], peak_tops: float, usable_cache: int) -> dict:
-    """Calibrate the accelerated model on published latencies: 1/efficiency (at least 1) and
-    per_op_us, shared by every host, and invoke_ms and 1/bandwidth per host, by non-negative least
-    squares on relative errors. Returns the parameters and each observation's fitted value."""
+def bounded_lsq(a: np.ndarray, y: np.ndarray, lower: np.ndarray) -> np.ndarray:
+    """Least squares ``min |a x - y|`` subject to ``x >= lower`` (element-wise), exactly: with
+    ``x = lower + z`` it is non-negative least squares in ``z``."""
+    lower = np.asarray(lower, float)
+    return lower + _nnls(a, y - a @ lower)
+
+
+def fit(observations: list[Observation], peak_tops: float, usable_cache: int,
+        max_bandwidth_mb_s: dict[str, float] | None = None) -> dict:
+    """Calibrate the accelerated model on published latencies: 1/efficiency (at least 1: the
+    efficiency is at most the peak) and per_op_us (at least 0), shared by every host, and
+    invoke_ms (at least 0) and 1/bandwidth per host, by bounded least squares on relative errors.
+    ``max_bandwidth_mb_s``: each host's link ceiling (the most payload its bus can carry), a lower
+    bound on 1/bandwidth, so that no fitted rate exceeds the bus; a host without one is bounded
+    only by 1/bandwidth >= 0. Returns the parameters, each observation's fitted value and the
+    hosts whose link rate sits at its ceiling (``at_ceiling``)."""
     hosts = sorted({o.host for o in observations})
     cols = 2 + 2 * len(hosts)
     if len(observations) < cols:
         raise ConfigError(f"{len(observations)} observations cannot determine {cols} parameters (hosts {hosts})")
+    ceilings = {h: float((max_bandwidth_mb_s or {}).get(h, np.inf)) for h in hosts}
+    for h, c in ceilings.items():
+        if not c > 0:
+            raise ConfigError(f"link ceiling of {h} is {c} MB/s; expected a positive rate")
     a = np.zeros((len(observations), cols))
     base = np.zeros(len(observations))
     y = np.array([o.ms for o in observations], float)
@@ -258,13 +275,19 @@ def fit(observations: list[Observation], peak_tops: float, usable_cache: int) ->
         a[r, 1] = f.mapped_ops * 1e-3  # x per_op_us
         a[r, 2 + h] = 1.0  # x invoke_ms
         a[r, 2 + len(hosts) + h] = (f.transfer_bytes + streamed) / 1e6 * 1e3  # x 1/(MB/s)
-    sol = _nnls(a / y[:, None], (y - base) / y)
+    lower = np.zeros(cols)
+    for i, h in enumerate(hosts):
+        lower[2 + len(hosts) + i] = 1.0 / ceilings[h]
+    sol = bounded_lsq(a / y[:, None], (y - base) / y, lower)
     if any(sol[2 + len(hosts) + i] <= 0 for i in range(len(hosts))):
-        raise ConfigError("the fit leaves a link without a transfer cost: add an observation that moves data")
+        raise ConfigError("the fit leaves a link without a transfer cost: give every link its ceiling "
+                          "(max_bandwidth_mb_s) or add an observation that moves data")
     fitted = a @ sol + base
+    bw = {h: float(1.0 / sol[2 + len(hosts) + i]) for i, h in enumerate(hosts)}
     return {"efficiency": 1.0 / (1.0 + sol[0]), "per_op_us": float(sol[1]),
-            "hosts": {h: {"invoke_ms": float(sol[2 + i]), "bandwidth_mb_s": float(1.0 / sol[2 + len(hosts) + i])}
-                      for i, h in enumerate(hosts)},
+            "hosts": {h: {"invoke_ms": float(sol[2 + i]), "bandwidth_mb_s": bw[h],
+                          "ceiling_mb_s": ceilings[h]} for i, h in enumerate(hosts)},
+            "at_ceiling": [h for h in hosts if np.isfinite(ceilings[h]) and bw[h] >= ceilings[h] * (1 - 1e-9)],
             "fitted_ms": [float(v) for v in fitted]}
 
 

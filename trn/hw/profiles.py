@@ -6,10 +6,12 @@ Every number is a quantity with its provenance::
     clock_ghz: {value: 0.65, kind: published, source: "TUL PYNQ-Z2 reference manual: 650 MHz"}
 
 ``kind`` is ``published`` (a figure from a datasheet, a paper or a vendor benchmark, cited in
-``source``), ``calibrated`` (fitted by ``python benchmarks/latency_model.py --fit`` to the
-published latencies named in ``source``) or ``assumed`` (an engineering estimate whose reasoning is
-in ``source``). Loading is strict: unknown keys, missing keys, wrong types, out-of-range values and
-unknown accelerators are errors that name the file and the field.
+``source`` with the host it was measured on), ``calibrated`` (fitted by
+``python benchmarks/latency_model.py`` to the published latencies named in ``source``, within
+physical bounds: no link rate above the link's ``ceiling_mb_s``) or ``assumed`` (an engineering
+estimate whose reasoning is in ``source``). Loading is strict: unknown keys, missing keys, wrong
+types, out-of-range values, unknown accelerators and a link rate above its ceiling are errors that
+name the file and the field.
 """
 
 from __future__ import annotations
@@ -34,8 +36,11 @@ HOST_FIELDS = {
 }
 LINK_FIELDS = {
     "signalling_mbit_s": ("signalling rate of the link, Mbit/s", 0.0, 1e6),
-    # fitted, so it can exceed signalling / 8 where transfers overlap computation (x86 + USB 3 does)
-    "bandwidth_mb_s": ("effective transfer rate in the additive model, MB/s (1e6 bytes)", 0.0, 1e6),
+    # the bound of the calibration: a fitted rate above what the bus can carry is a modelling
+    # error (streaming that overlaps computation), not a faster bus
+    "ceiling_mb_s": ("the most payload the link can carry, MB/s (1e6 bytes): at most signalling / 8", 0.0, 1e6),
+    "bandwidth_mb_s": ("effective transfer rate in the additive model, MB/s (1e6 bytes): at most ceiling_mb_s",
+                       0.0, 1e6),
 }
 ACCEL_FIELDS = {
     "peak_int8_tops": ("peak int8 throughput, TOPS", 0.0, 1e4),
@@ -178,6 +183,13 @@ def load_profile(name_or_path: str | Path, root: Path = PROFILE_DIR) -> Profile:
         _keys(path, "link", ld, {"name"} | set(LINK_FIELDS))
         link_name = _str(path, "link.name", ld["name"])
         link = _quantities(path, "link", {k: ld[k] for k in LINK_FIELDS}, LINK_FIELDS)
+        if link["ceiling_mb_s"].value > link["signalling_mbit_s"].value / 8 * (1 + 1e-9):
+            sig = link["signalling_mbit_s"].value
+            raise ConfigError(f"{path}: link.ceiling_mb_s {link['ceiling_mb_s'].value} exceeds the signalling rate "
+                              f"({sig} Mbit/s = {sig / 8:g} MB/s)")
+        if link["bandwidth_mb_s"].value > link["ceiling_mb_s"].value * (1 + 1e-9):
+            raise ConfigError(f"{path}: link.bandwidth_mb_s {link['bandwidth_mb_s'].value} exceeds what the link can "
+                              f"carry (ceiling_mb_s {link['ceiling_mb_s'].value})")
         acc = load_accelerator(_str(path, "accelerator", d["accelerator"]), root)
     return Profile(_str(path, "name", d["name"]), _str(path, "title", d["title"]),
                    _str(path, "stands_for", d["stands_for"]), host, link, link_name, acc, path)
