@@ -109,7 +109,7 @@ def test_incremental_recall_counts(bank, seed):
     r = sc.incremental_recall_at_1(bank, Oracle(same={0, 1}, fresh={3}), s)
     assert (r.correct, r.incorrect, r.missed) == (2, 2, 1)
     assert r.ra == pytest.approx(100 * 2 / 5)
-    assert r.extra["db_size"] == 4 and r.extra["distinct"] == 3
+    assert r.extra["db_size"] == 4 and r.extra["db_craters"] == 3
 
 
 def test_ra_definition():
@@ -134,6 +134,24 @@ def test_moon_navigation_counts(tmp_path):
     assert (r.correct, r.incorrect, r.missed) == (3, 2, 1)
     assert r.ra == pytest.approx(50.0)
     assert r.series["ra"][-1] == pytest.approx(50.0)
+    # craters seen (the ideal database) are a property of the data; craters stored are the method's
+    assert (r.extra["detections"], r.extra["craters"], r.extra["db_craters"]) == (9, 4, 3)
+
+
+def test_moon_navigation_names_the_craters_left_after_declined_crops(tmp_path):
+    """The report's crater counts agree with the dataset's: every crater after NMS, then those
+    whose crops were not all declined (crater 3's two crops are flat here)."""
+    ds = write_dataset(tmp_path / "d", NAV)
+    for i, cols in ((5, slice(100, 200)), (6, slice(0, 300))):
+        p = ds.frame_path(i)
+        img = cv2.imread(str(p), cv2.IMREAD_GRAYSCALE)
+        img[:, cols] = 30
+        cv2.imwrite(str(p), img)
+    r = sc.moon_navigation(ds, Oracle(), quiet())
+    e = r.extra
+    assert (e["detections_after_nms"], e["craters_after_nms"]) == (9, 4)
+    assert (e["detections"], e["craters"], e["declined"]["count"]) == (7, 3, 2)
+    assert e["db_craters"] == 3 and r.queries == 7
 
 
 def test_lost_in_space_counts(tmp_path):
@@ -259,3 +277,13 @@ def test_each_model_matches_at_its_operating_point_unless_a_threshold_is_given(t
     assert "picky 0.9, loose -1" in rep.markdown()
     rep = run_luna1(ds, [picky, loose], ["moon_navigation"], quiet(), {}, progress=False, operating_points=False)
     assert {r.method: r.incorrect for r in rep.results} == {"picky": 0, "loose": 0}
+
+
+@pytest.mark.parametrize("seed", [-1, sc.MAX_SEED + 1, 2**62, 1.5, True])
+def test_scenario_seeds_are_32_bit_whole_numbers(seed):
+    from trn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="seed=.*: need a whole number from 0 to 4294967295"):
+        sc.ScenarioSettings(seed=seed)
+    s = sc.ScenarioSettings(seed=sc.MAX_SEED)
+    sc._generator(s.seed, 1000)  # the largest seed still seeds a torch generator

@@ -12,7 +12,7 @@ from tests.sim.test_scenarios import NAV, quiet, write_dataset  # noqa: E402
 from trn.errors import ConfigError  # noqa: E402
 from trn.sim import scenarios as sc  # noqa: E402
 from trn.sim.embedders import TorchEmbedder  # noqa: E402
-from trn.sim.timing import CADENCE_S, ProfileTiming, make_timing  # noqa: E402
+from trn.sim.timing import CADENCE_S, COVERS_SHORT, ProfileTiming, make_timing  # noqa: E402
 
 SLOW = """\
 name: slow
@@ -52,7 +52,14 @@ def test_profile_timing_is_the_latency_model_per_frame(tmp_path, model):
     assert r.series["latency_ms"] == pytest.approx(want)
     assert t["worst_frame_ms"] == pytest.approx(max(want)) and t["keeps_cadence"]
     assert t["margin_ms"] == pytest.approx(CADENCE_S * 1e3 - max(want)) and t["frames_over_budget"] == 0
-    assert t["source"] == "predicted: profile pynq-z2-coral-usb2"
+    # the figure names what it covers, wherever it is shown (console line, report)
+    assert t["source"] == f"predicted: profile pynq-z2-coral-usb2 ({COVERS_SHORT})"
+    assert "not frame reading and decoding, cropping, resizing or detection" in t["covers"]
+    from trn.sim.report import Report
+
+    table = Report({}, [r]).timing_table()
+    assert table[2].startswith("| tiny | predicted: profile pynq-z2-coral-usb2 |")
+    assert table[-1] == f"A frame's time covers {t['covers']}."
 
 
 def test_a_slow_profile_misses_the_cadence(tmp_path, model):

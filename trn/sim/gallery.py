@@ -109,17 +109,25 @@ def pick_ranked(top: np.ndarray, scores: np.ndarray, labels: list[str], query: n
     return out
 
 
+# printed under the title of every gallery: what the two lines under each pair are
+TILE_LEGEND = "under each pair: decision score  #position in the stream / query crater -> matched crater"
+
+
 def draw_gallery(picks: list[Pick], title: str) -> np.ndarray:
     """One BGR image: a row per kind, each cell the query (left) beside its partner (right) in a
-    frame of the kind's colour, with the score and the labels under it."""
-    pad, text_h, head = 4, 26, 30
+    frame of the kind's colour, with the score, the query's position and the labels under it
+    (explained by :data:`TILE_LEGEND` under the title)."""
+    pad, text_h, head = 4, 26, 46
     cell_w, cell_h = 2 * THUMB + 3 * pad, THUMB + 2 * pad + text_h
     rows = [k for k in KINDS if any(p.kind == k for p in picks)]
     per_row = max([sum(p.kind == k for p in picks) for k in rows] + [1])
     label_w = 104
-    img = np.full((head + max(len(rows), 1) * (cell_h + pad) + pad, label_w + per_row * (cell_w + pad) + pad, 3),
-                  255, np.uint8)
+    text_w = max(cv2.getTextSize(TILE_LEGEND, cv2.FONT_HERSHEY_SIMPLEX, 0.4, 1)[0][0],
+                 cv2.getTextSize(title, cv2.FONT_HERSHEY_SIMPLEX, 0.55, 1)[0][0])
+    width = max(label_w + per_row * (cell_w + pad) + pad, text_w + 2 * pad)
+    img = np.full((head + max(len(rows), 1) * (cell_h + pad) + pad, width, 3), 255, np.uint8)
     cv2.putText(img, title, (pad, 20), cv2.FONT_HERSHEY_SIMPLEX, 0.55, (0, 0, 0), 1, cv2.LINE_AA)
+    cv2.putText(img, TILE_LEGEND, (pad, 38), cv2.FONT_HERSHEY_SIMPLEX, 0.4, (80, 80, 80), 1, cv2.LINE_AA)
     if not rows:
         cv2.putText(img, "no decisions", (pad, head + 20), cv2.FONT_HERSHEY_SIMPLEX, 0.45, (0, 0, 0), 1, cv2.LINE_AA)
     for r, kind in enumerate(rows):

@@ -10,13 +10,14 @@ from pathlib import Path
 import numpy as np
 
 from trn.data.build import MANIFEST
-from trn.data.luna1 import Luna1Dataset, read_luna1
+from trn.data.luna1 import Luna1Dataset, read_luna1_checked
 from trn.data.synth import SynthConfig, build_synthetic_luna1
 from trn.errors import DataError
 
 log = logging.getLogger(__name__)
 
-# --quick before the full world exists: a coarser DEM (16 px/deg), a frame every 50 s instead of
+# --quick always runs on its own small world, whatever else the cache holds, so that the same command
+# gives the same figures on every machine: a coarser DEM (16 px/deg), a frame every 50 s instead of
 # 10 s and 600 craters (a test half of 300, --quick's landmark cap); still at least 100
 # detections after NMS for Moon Navigation and Lost-in-Space (138 with the default seed)
 QUICK_PPD = 16
@@ -57,16 +58,12 @@ def _is_ready(d: Path) -> bool:
     return bool(m.get("complete")) or m.get("parts") == "scenarios"
 
 
-def check_before_scenarios(root: Path) -> None:
-    """Refuse a dataset that ``trn-data check`` finds faulty (boxes outside their frame, crater ids
-    without an image, malformed or non-UTF-8 annotations, missing frames), so that the two agree;
-    images are not decoded here (a corrupt one is named when it is read)."""
-    from trn.data.luna1 import check_luna1
-
-    problems = [p for p in check_luna1(root, decode_images=False) if p.blocks_scenarios]
-    if problems:
-        more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
-        raise DataError(f"dataset has problems: {problems[0]}{more}; `trn-data check {root}` lists them all", root)
+def check_before_scenarios(root: Path) -> Luna1Dataset:
+    """The dataset at ``root``, read by the loader that shares ``trn-data check``'s validation
+    (:func:`trn.data.luna1.read_luna1_checked`): refused, naming the first problem and the count,
+    whenever the check reports a blocking problem, so that the two cannot disagree. Images are
+    not decoded here (a corrupt one is named when it is read)."""
+    return read_luna1_checked(root)
 
 
 def prepare_luna1(data: Path | None, seed: int = 0, limit_frames: int | None = None,
@@ -76,18 +73,16 @@ def prepare_luna1(data: Path | None, seed: int = 0, limit_frames: int | None = N
 
     With ``data`` None, builds the procedural world's Luna-1 dataset once into the cache (resumable)
     and reuses it afterwards. ``world`` overrides the world's settings (its seed wins over ``seed``).
-    Only what the scenarios read is rendered (``--parts scenarios``). ``quick``: when the full
-    world is not built yet, build a small one instead (see QUICK_*), about a minute once.
+    Only what the scenarios read is rendered (``--parts scenarios``). ``quick``: the small quick
+    world (see QUICK_*; about a minute to build once), never the full one, even when the full one
+    is cached: a quick run's figures do not depend on what the cache holds.
     """
     if data is not None:
-        check_before_scenarios(Path(data))
-        return read_luna1(data), False
+        return check_before_scenarios(Path(data)), False
     suffix = ""
-    if quick and world is None and limit_frames is None and limit_craters is None \
-            and not _is_ready(builtin_dataset_dir(seed, None, None)):
+    if quick and world is None and limit_frames is None and limit_craters is None:
         world, limit_craters = SynthConfig(seed=seed, ppd=QUICK_PPD, step_s=QUICK_STEP_S), QUICK_CRATERS
         suffix = "-quick"
-        log.info("--quick: the full built-in world is not built yet; using a small one")
     world = world or SynthConfig(seed=seed)
     out = builtin_dataset_dir(world.seed, limit_frames, None if suffix else limit_craters)
     if suffix:
@@ -99,7 +94,29 @@ def prepare_luna1(data: Path | None, seed: int = 0, limit_frames: int | None = N
         log.info("building the built-in synthetic world into %s (once; later runs reuse it)", out)
         build_synthetic_luna1(world, out, limit_frames=limit_frames, limit_craters=limit_craters, workers=workers,
                               parts="scenarios")
-    return read_luna1(out), True
+    log.info("built-in world: %s", describe_world(world, limit_craters, quick=bool(suffix)))
+    return check_before_scenarios(out), True
+
+
+def builtin_world(root: Path) -> str | None:
+    """Which built-in world a dataset directory is (for the report), or None for any other dataset."""
+    root = Path(root)
+    if root.parent.resolve() != cache_root().resolve() or not root.name.startswith("luna1-synth-v"):
+        return None
+    if root.name.endswith("-quick"):
+        return (f"the quick built-in world (--quick): {QUICK_PPD} px/deg, a frame every {QUICK_STEP_S:g} s, "
+                f"{QUICK_CRATERS} craters; never the full world, whatever the cache holds")
+    if root.name.endswith("-custom"):
+        return "a custom built-in world"
+    return "the full built-in world"
+
+
+def describe_world(world: SynthConfig, limit_craters: int | None = None, quick: bool = False) -> str:
+    """One line naming the built-in world a run used, for the console and the report."""
+    kind = "the quick world (--quick)" if quick else "the full world" if world == SynthConfig(seed=world.seed) \
+        else "a custom world"
+    craters = f", {limit_craters} craters" if limit_craters else ""
+    return f"{kind}: seed {world.seed}, {world.ppd:g} px/deg, a frame every {world.step_s:g} s{craters}"
 
 
 @dataclass(frozen=True)

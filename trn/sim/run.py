@@ -15,7 +15,8 @@ from trn.data.luna1 import Luna1Dataset
 from trn.errors import ConfigError, DataError
 from trn.sim import scenarios as sc
 from trn.sim.embedders import Embedder
-from trn.sim.report import Report
+from trn.sim.prepare import builtin_world
+from trn.sim.report import Report, result_line
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +56,9 @@ def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequen
     each model matches at its own operating point's threshold (else ``s.threshold``)."""
     _check(scenarios, sc.SCENARIOS)
     rep = Report({**context, "seed": s.seed, "threshold": s.threshold, "nms": s.nms})
+    world = builtin_world(ds.root)
+    if world:
+        rep.context["world"] = world
     rep.context["thresholds"] = {e.name: settings_for(e, s, operating_points).threshold for e in embedders}
     need_landmarks = any(x in sc.LANDMARK_SCENARIOS for x in scenarios)
     names: list[str] = []
@@ -85,8 +89,7 @@ def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequen
         else:
             r = sc.lost_in_space(ds, emb, se)
         rep.results.append(r)
-        log.info("%s / %s: RA %.2f (%d correct, %d incorrect, %d missed) in %.1f s", emb.name, name, r.ra,
-                 r.correct, r.incorrect, r.missed, r.wall_s)
+        log.info("%s in %.1f s", result_line(r), r.wall_s)
         if on_result:
             on_result(r)
     return rep

@@ -42,6 +42,7 @@ from trn.sim.timing import timeable
 log = logging.getLogger(__name__)
 
 NMS_KINDS = ("release", "standard")
+MAX_SEED = 2**32 - 1  # scenario seeds, as every trn seed: 32 bits
 LUNA1_ORBITS = ((0, 703), (704, 1406), (1407, 2160))
 SCENARIOS = ("recall_at_1", "incremental_recall_at_1", "moon_navigation", "lost_in_space")
 LANDMARK_SCENARIOS = ("recall_at_1", "incremental_recall_at_1")
@@ -79,6 +80,9 @@ class ScenarioSettings:
     decline: bool = True
 
     def __post_init__(self) -> None:
+        if isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed <= MAX_SEED:
+            # torch generators are seeded with seed * 1_000_003 + salt, which must fit in 64 bits
+            raise ConfigError(f"seed={self.seed!r}: need a whole number from 0 to {MAX_SEED}")
         if not -1.0 <= self.threshold <= 1.0:
             raise ConfigError(f"threshold={self.threshold}: need a cosine in [-1, 1]")
         if self.nms not in NMS_KINDS:
@@ -421,7 +425,7 @@ def incremental_recall_at_1(bank: LandmarkViews, emb: Embedder, s: ScenarioSetti
     dec = db.match_or_insert(e.global_, labels=labels, tokens=e.tokens)
     c = tally(dec, labels, db)
     return ScenarioResult("incremental_recall_at_1", emb.name, c.ra, c.correct, c.incorrect, c.missed, 2 * n, s.seed,
-                          s.to_dict(), extra={"landmarks": n, "db_size": len(db), "distinct": db.distinct_labels(),
+                          s.to_dict(), extra={"landmarks": n, "db_size": len(db), "db_craters": db.distinct_labels(),
                                               "matching_accuracy": c.matching_accuracy},
                           series={"db_size": _growth(dec)}, sweep=threshold_sweep(e, labels, emb, s, SWEEP),
                           similarities=_scores(dec, labels), wall_s=time.perf_counter() - t0,
@@ -449,6 +453,7 @@ def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
     if dets is None:
         dets = detect(ds, frames, s, np.random.default_rng([s.seed, 3]), frame_shape(ds))
     declined: list[dict] = []
+    after_nms = [d.label for fr in frames for d in dets[fr]]
     if s.decline:
         dets, declined = decline_uninformative(ds, frames, dets)
     flat = [d for fr in frames for d in dets[fr]]
@@ -476,8 +481,12 @@ def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
         frame_ids.append(fr)
         ra_curve.append(100.0 * ok / (ok + bad + dup) if ok + bad + dup else float("nan"))
         size_curve.append(ins)
-    extra = {"frames": len(frames), "detections": len(flat), "db_size": len(db), "distinct": db.distinct_labels(),
-             "matching_accuracy": c.matching_accuracy, "declined": declined_summary(declined)}
+    # detections and craters after NMS, then what remains once uninformative crops are declined (the
+    # craters a perfect descriptor would store, once each), then the craters this method's database holds
+    extra = {"frames": len(frames), "detections_after_nms": len(after_nms), "craters_after_nms": len(set(after_nms)),
+             "detections": len(flat), "craters": len({d.label for d in flat}), "db_size": len(db),
+             "db_craters": db.distinct_labels(), "matching_accuracy": c.matching_accuracy,
+             "declined": declined_summary(declined)}
     series = {"frame": frame_ids, "ra": ra_curve, "db_size": size_curve}
     if timing is not None and timeable(emb):
         counts = [len(dets[fr]) for fr in frames]

@@ -2,7 +2,9 @@
 (``trn-sim run luna1 --profile NAME``) or measured on a board agent (``--board HOST:PORT``).
 
 A frame's time is the embedding of its detections plus one database search per detection, against
-the database as it stands when the frame arrives. Predicted: the latency model
+the database as it stands when the frame arrives, and nothing else (:data:`COVERS`): not reading
+and decoding the frame, not cutting and resizing the crops, and no detection (there is no
+detector yet: the boxes come from the annotations). Predicted: the latency model
 (:mod:`trn.hw.latency`) over the embedder's int8 TFLite backbone (an exported file, or the torch
 model lowered on the spot with fixed activation ranges: timing does not depend on them) and the
 profile's exact-scan search. Measured: the frame's crops sent to the board in one request (the
@@ -21,6 +23,11 @@ import numpy as np
 from trn.errors import ConfigError
 
 CADENCE_S = 10.0
+# what a frame's figure covers, written beside every figure (report, console, docs)
+COVERS = ("descriptor inference of every detection's crop and one database search per detection; "
+          "not frame reading and decoding, cropping, resizing or detection "
+          "(no detector yet: boxes from the annotations)")
+COVERS_SHORT = "inference + database search only; no frame I/O, cropping, resizing or detection"
 
 
 def timeable(emb) -> bool:
@@ -60,7 +67,8 @@ def _summary(frame_ms: list[float], source: str, per_landmark_ms: float, extra: 
     budget = CADENCE_S * 1e3
     v = np.asarray(frame_ms, float)
     worst = float(v.max()) if len(v) else 0.0
-    return {"source": source, "cadence_s": CADENCE_S, "per_landmark_ms": per_landmark_ms,
+    return {"source": f"{source} ({COVERS_SHORT})", "covers": COVERS, "cadence_s": CADENCE_S,
+            "per_landmark_ms": per_landmark_ms,
             "mean_frame_ms": float(v.mean()) if len(v) else 0.0, "worst_frame_ms": worst,
             "frames_over_budget": int((v > budget).sum()), "margin_ms": budget - worst,
             "keeps_cadence": bool(worst <= budget), **extra}
@@ -93,10 +101,9 @@ class BoardTiming:
         self.info = self.client.info()
 
     def frames(self, emb, counts: list[int], db_sizes: list[int], crops=None) -> tuple[dict, list[float]]:
-        size = int(self.info["input_size"])
-        if size != emb.input_size:
-            raise ConfigError(f"the board at {self.board} runs {self.info.get('model')} at {size} px; "
-                              f"{emb.name} takes {emb.input_size} px: flash the bundle of the model you evaluate")
+        from trn.hw.client import check_board_model
+
+        identity = check_board_model(self.client, emb, info=self.info)  # the model evaluated, or refused
         rng = np.random.default_rng(0)
         db = rng.standard_normal((max(db_sizes + [1]), emb.dim)).astype(np.float32)
         ms, board = [], []
@@ -115,7 +122,7 @@ class BoardTiming:
             ms.append(t_board + t_search)
         per = float(np.median([b for b, n in zip(board, counts) if n])) if any(counts) else 0.0
         return _summary(ms, f"measured: board agent at {self.board} ({self.info.get('backend')})", per,
-                        {"board_model": self.info.get("model")}), ms
+                        {"board_model": self.info.get("model"), "board": identity.to_dict()}), ms
 
 
 def make_timing(profile: str | None, board: str | None):
