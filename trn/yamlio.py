@@ -1,4 +1,6 @@
-"""YAML as trn reads it (training configs, hardware profiles): safe, with YAML 1.2 numbers.
+"""YAML as trn reads it (training configs, hardware profiles): safe, with YAML 1.2 numbers, and
+strict: a key given twice in one mapping is an error naming both lines (PyYAML would keep the
+last one silently, so ``epochs: 20`` further down a file could undo an edit above it).
 
 A leaf module (PyYAML only), so that every layer can read its YAML files without importing the
 layer that owns the format.
@@ -10,11 +12,38 @@ import re
 from typing import Any
 
 import yaml
+from yaml.constructor import ConstructorError
+
+
+class DuplicateKeyError(ConstructorError):
+    """A mapping gives the same key twice. ``line`` and ``first_line`` are 1-based."""
+
+    def __init__(self, key: Any, line: int, first_line: int, node_mark: yaml.Mark, key_mark: yaml.Mark):
+        super().__init__("while constructing a mapping", node_mark,
+                         f"key {key!r} is given twice (first on line {first_line})", key_mark)
+        self.key, self.line, self.first_line = key, line, first_line
 
 
 class Yaml12Loader(yaml.SafeLoader):
     """Safe YAML with YAML 1.2 numbers: ``1e-4`` is a float (PyYAML's 1.1 rules read it as a
-    string). Quoted values stay strings."""
+    string). Quoted values stay strings. A duplicated key raises :class:`DuplicateKeyError`."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        if isinstance(node, yaml.MappingNode):
+            seen: dict[Any, int] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue  # "<<: *base" brings keys that the mapping's own keys may override
+                key = self.construct_object(key_node, deep=True)
+                try:
+                    first = seen.get(key)
+                except TypeError:
+                    continue  # an unhashable key: the base constructor reports it
+                line = key_node.start_mark.line + 1
+                if first is not None:
+                    raise DuplicateKeyError(key, line, first, node.start_mark, key_node.start_mark)
+                seen[key] = line
+        return super().construct_mapping(node, deep=deep)
 
 
 Yaml12Loader.add_implicit_resolver(
@@ -24,6 +53,27 @@ Yaml12Loader.add_implicit_resolver(
     list("-+0123456789."))
 
 
+class YamlError(yaml.YAMLError):
+    """Text that is not valid YAML, or a mapping that gives a key twice, in one line:
+    ``line L, column C: problem``. ``line`` is 1-based (None when PyYAML gives no position)."""
+
+    def __init__(self, message: str, line: int | None = None):
+        super().__init__(message)
+        self.line = line
+
+
 def load_yaml(text: str) -> Any:
-    """The document in ``text``; raises ``yaml.YAMLError`` when it is not valid YAML."""
-    return yaml.load(text, Loader=Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    """The document in ``text``; raises :class:`YamlError` (a ``yaml.YAMLError``, one line) when
+    it is not valid YAML or gives a key twice in one mapping."""
+    try:
+        return yaml.load(text, Loader=Yaml12Loader)  # noqa: S506 - a SafeLoader subclass
+    except DuplicateKeyError as exc:
+        raise YamlError(f"line {exc.line}: key {exc.key!r} is given twice (first on line {exc.first_line}); keep "
+                        "one", exc.line) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
+        what = " ".join(x for x in (exc.problem, exc.context and f"({exc.context})") if x) or type(exc).__name__
+        raise YamlError(where + what, None if mark is None else mark.line + 1) from None
+    except yaml.YAMLError as exc:
+        raise YamlError(" ".join(str(exc).split())) from None

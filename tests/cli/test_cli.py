@@ -1,5 +1,7 @@
 """The console entry points, run as a user would (in-process for speed)."""
 
+import pytest
+
 from trn.cli import data as data_cli
 from trn.cli import sim as sim_cli
 
@@ -23,8 +25,8 @@ def test_build_errors_exit_2_with_a_clear_message(tmp_path, capsys):
 
 
 def test_build_rejects_out_of_range_options(tmp_path, capsys):
-    rc = data_cli.main(["build", "luna1", "--source", str(tmp_path), "--out", str(tmp_path / "o"), "--nav-size", "4"])
-    assert rc == 2 and "nav_size=4" in capsys.readouterr().err
+    rc = _run(data_cli.main, ["build", "luna1", "--source", str(tmp_path), "--out", str(tmp_path / "o"), "--nav-size", "4"])
+    assert rc == 2 and "--nav-size: 4 is out of range: expected 32 to 4096" in capsys.readouterr().err
 
 
 def test_sim_runs_the_scenarios_on_a_given_dataset(tmp_path, capsys):
@@ -94,12 +96,12 @@ def test_out_of_range_numbers_are_one_line_errors(tmp_path, capsys):
 
     make_dataset(tmp_path / "d")
     base = ["run", "luna1", "--data", str(tmp_path / "d"), "--model", "ncc", "--no-progress"]
-    for extra, match in ((["--seed", "-1"], "expected 0 or more"), (["--threads", "-1"], "expected 1 or more"),
+    for extra, match in ((["--seed", "-1"], "expected 0 to 4294967295"), (["--threads", "-1"], "expected 1 to 1024"),
                          (["--max-landmarks", "0"], "expected 2 or more"), (["--threshold", "1.5"], "out of range"),
                          (["--threads", "two"], "not a whole number")):
         _one_line_exit_2(_run(sim_cli.main, base + extra), capsys, match)
     _one_line_exit_2(_run(data_cli.main, ["build", "luna1-synth", "--out", str(tmp_path / "o"), "--workers", "0"]),
-                     capsys, "expected 1 or more")
+                     capsys, "expected 1 to 256")
     _one_line_exit_2(_run(train_cli.main, ["--config", "x.yaml", "--out", "o", "--stop-after", "0"]), capsys,
                      "expected 1 or more")
 
@@ -150,3 +152,216 @@ def test_stats_on_a_hand_built_dataset_with_known_counts(tmp_path, capsys):
     assert rows["annotated frames"][0] == "2" and rows["boxes"][0] == "3"
     assert rows["detections after NMS"][0] == "2" and rows["distinct craters in frames"][0] == "1"
     assert rows["boxes per annotated frame"][0] == "1.50"
+
+
+def test_sheet_counts_and_seeds_are_range_checked(tmp_path, capsys):
+    make_dataset(tmp_path / "d")
+    base = ["sheet", str(tmp_path / "d"), "--out", str(tmp_path / "s" / "x")]
+    for extra, match in ((["--craters", "-1"], "--craters: -1 is out of range: expected 1 or more"),
+                         (["--craters", "0"], "--craters: 0 is out of range"),
+                         (["--frames", "0"], "--frames: 0 is out of range: expected 1 or more"),
+                         (["--seed", "-1"], "--seed: -1 is out of range: expected 0 to 4294967295"),
+                         (["--seed", str(2**32)], "--seed: 4294967296 is out of range")):
+        _one_line_exit_2(_run(data_cli.main, base + extra), capsys, match)
+    assert not (tmp_path / "s").exists()
+    assert data_cli.main(base + ["--craters", "1", "--frames", "1", "--seed", str(2**32 - 1)]) == 0
+
+
+def test_build_options_are_range_checked_before_any_work(tmp_path, capsys):
+    base = ["build", "luna1-synth", "--out", str(tmp_path / "o")]
+    for extra, match in ((["--orbits", "0"], "--orbits: 0.0 is out of range: expected more than 0.0 and at most 50.0"),
+                         (["--orbits", "nan"], "--orbits: nan is not a finite number"),
+                         (["--light-elevation", "95"], "--light-elevation: 95.0 is out of range"),
+                         (["--min-sun-elevation", "inf"], "--min-sun-elevation: inf is not a finite number"),
+                         (["--frame-view-pass-sun", "31"], "--frame-view-pass-sun: 31.0 is out of range"),
+                         (["--views", "17"], "--views: 17 is out of range: expected 0 to 16"),
+                         (["--segments", "0"], "--segments: 0 is out of range: expected 1 to 200"),
+                         (["--limit-frames", "0"], "--limit-frames: 0 is out of range: expected 1 or more"),
+                         (["--crater-size", "16"], "--crater-size: 16 is out of range: expected 32 to 2048"),
+                         (["--min-box", "0"], "--min-box: 0 is out of range")):
+        _one_line_exit_2(_run(data_cli.main, base + extra), capsys, match)
+    (tmp_path / "file").write_text("x")
+    for extra, match in ((["--out", str(tmp_path / "file")], "is a file; a build writes a directory"),
+                         (["--world-dir", str(tmp_path / "file")], "--world-dir"),
+                         (["--annotate-validation-of", str(tmp_path / "nope")], "--annotate-validation-of")):
+        _one_line_exit_2(_run(data_cli.main, ["build", "luna1-synth", "--out", str(tmp_path / "o"), *extra]), capsys, match)
+    assert not (tmp_path / "o").exists()  # nothing was generated
+    _one_line_exit_2(_run(data_cli.main, ["build", "luna1", "--source", str(tmp_path / "file"), "--out",
+                                          str(tmp_path / "o")]), capsys, "--source")
+
+
+def _sim(tmp_path, *extra):
+    from ..sim.test_scenarios import write_dataset
+
+    if not (tmp_path / "d").exists():
+        write_dataset(tmp_path / "d", [[0, 1], [2], [0, 1, 2], [3], [0], [1, 3]])
+    return _run(sim_cli.main, ["run", "luna1", "--data", str(tmp_path / "d"), "--model", "ncc", "--no-progress",
+                               "--threads", "1", "--out", str(tmp_path / "r"), *extra])
+
+
+@pytest.mark.parametrize("extra, match", [
+    (["--map", "M"], "--map is read only by map_navigation, which this run does not include (scenarios: recall_at_1, "
+                     "incremental_recall_at_1, moon_navigation, lost_in_space): add --scenario map_navigation"),
+    (["--map-source", "S"], "--map-source is read only by map_navigation"),
+    (["--map-appearance", "predicted"], "--map-appearance is read only by map_navigation"),
+    (["--scenario", "recall_at_1", "--profile", "rpi4-coral-usb3"], "--profile is read only by moon_navigation"),
+    (["--scenario", "recall_at_1", "--board", "127.0.0.1:9"], "--board is read only by moon_navigation"),
+    (["--scenario", "recall_at_1", "--max-frames", "2"], "--max-frames is read only by moon_navigation, lost_in_space"),
+    (["--scenario", "recall_at_1", "--nms", "standard"], "--nms is read only by"),
+    (["--scenario", "moon_navigation", "--max-landmarks", "3"], "--max-landmarks is read only by recall_at_1"),
+    (["--scenario", "map_navigation", "--map", "M", "--map-source", "S"], "--map-source shapes a map built on the fly"),
+    (["--scenario", "map_navigation", "--map-appearance", "predicted"], "give --map-source"),
+    (["--world-seed", "1"], "--world-seed sets up the built-in world, which --data"),
+    (["--workers", "1"], "--workers sets up the built-in world"),
+    (["--shortlist", "4"], "--shortlist applies to two-stage matching with instance tokens: add --tokens K"),
+    (["--tokens", "0", "--token-seeds", "fps"], "--token-seeds applies to two-stage matching"),
+    (["--tokens", "-1"], "--tokens: -1 is out of range: expected 0 to 64"),
+    (["--tokens", "2", "--shortlist", "0"], "--shortlist: 0 is out of range"),
+    (["--seed", str(2**32)], "--seed: 4294967296 is out of range"),
+])
+def test_sim_refuses_options_the_run_would_ignore_or_cannot_take(tmp_path, capsys, extra, match):
+    _one_line_exit_2(_sim(tmp_path, *extra), capsys, match)
+    assert not (tmp_path / "r").exists()  # refused before any work
+
+
+def test_sim_takes_the_map_options_with_the_map_scenario(tmp_path, capsys):
+    # the neighbour that is fine: --map with its scenario gets as far as reading the map
+    rc = _sim(tmp_path, "--scenario", "map_navigation", "--map", str(tmp_path / "nomap"))
+    err = capsys.readouterr().err
+    assert rc == 2 and "nomap" in err and "read only by" not in err
+
+
+def test_sim_out_a_file_is_refused_before_any_work(tmp_path, capsys):
+    (tmp_path / "taken").write_text("x")
+    rc = _run(sim_cli.main, ["run", "luna1", "--data", str(tmp_path / "nope"), "--model", "ncc", "--out",
+                             str(tmp_path / "taken")])
+    _one_line_exit_2(rc, capsys, "--out")
+
+
+def test_check_and_sim_agree_on_empty_and_zero_size_inputs(tmp_path, capsys):
+    from trn.data import luna1
+
+    from ..sim.test_scenarios import write_dataset
+
+    cases = {}
+    for name in ("zero_width", "zero_height", "empty", "flip"):
+        write_dataset(tmp_path / name, [[0, 1], [2], [0, 1, 2], [3], [0], [1, 3]])
+    ann = tmp_path / "zero_width" / luna1.ANNOTATIONS
+    ann.write_text(ann.read_text().replace("nav_images/1.png 2,10,90,10,90", "nav_images/1.png 2,10,10,10,90"))
+    cases["zero_width"] = "annotations.txt:2: box '2,10,10,10,90': needs l < r and t < b"
+    ann = tmp_path / "zero_height" / luna1.ANNOTATIONS
+    ann.write_text(ann.read_text().replace("nav_images/3.png 3,10,90,10,90", "nav_images/3.png 3,10,90,90,90"))
+    cases["zero_height"] = "annotations.txt:4: box '3,10,90,90,90': needs l < r and t < b"
+    for p in (tmp_path / "empty" / luna1.CRATER_DIR).iterdir():
+        p.unlink()
+    cases["empty"] = "crater_images: has no <id>.png crater landmark images"
+    png = tmp_path / "flip" / luna1.NAV_IMAGES / "4.png"
+    b = bytearray(png.read_bytes())
+    b[len(b) // 2] ^= 1
+    png.write_bytes(bytes(b))
+    cases["flip"] = "nav_images/4.png: image is corrupt"
+    for name, match in cases.items():
+        for decode in ([], ["--no-decode"]):
+            assert data_cli.main(["check", str(tmp_path / name), *decode]) == 1
+            assert match in capsys.readouterr().out
+        for scenario in ("moon_navigation", "recall_at_1"):
+            rc = _run(sim_cli.main, ["run", "luna1", "--data", str(tmp_path / name), "--model", "ncc", "--no-progress",
+                                     "--scenario", scenario, "--threads", "1", "--out", str(tmp_path / "r")])
+            _one_line_exit_2(rc, capsys, match)
+
+
+def test_permission_denied_png_is_unreadable_in_check_sim_and_sheet(tmp_path):
+    from tests import permissions
+
+    from ..sim.test_scenarios import write_dataset
+
+    write_dataset(tmp_path / "d", [[0, 1], [2], [0, 1, 2], [3], [0], [1, 3]])
+    png = permissions.unreadable(tmp_path / "d" / "crater_images" / "2.png")
+    want = f"image is unreadable: permission denied; make it readable (chmod u+r {png}) or run as its owner"
+    r = permissions.cli("trn-data", ["check", str(tmp_path / "d")])
+    assert r.returncode == 1 and f"crater_images/2.png: {want}" in r.stdout, r.stdout + r.stderr
+    r = permissions.cli("trn-sim", ["run", "luna1", "--data", str(tmp_path / "d"), "--model", "ncc", "--no-progress",
+                                    "--threads", "1", "--out", str(tmp_path / "r")])
+    assert r.returncode == 2 and f"crater_images/2.png: {want}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+    r = permissions.cli("trn-data", ["sheet", str(tmp_path / "d"), "--out", str(tmp_path / "s" / "x")])
+    assert r.returncode == 2 and f"{png}: {want}" in r.stderr and "corrupt" not in r.stderr, r.stderr
+
+
+def test_train_check_verifies_every_image_and_the_split_inputs(tmp_path, capsys):
+    import yaml
+
+    from trn.cli import train as train_cli
+    from trn.data import luna1
+
+    make_dataset(tmp_path / "d", n_frames=4, crater_ids=tuple(range(1, 13)))
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump({"data": {"kind": "luna1", "path": str(tmp_path / "d")}, "model": {"preset": "flight"},
+                                   "batch_size": 8}))
+    argv = ["--config", str(cfg), "--out", str(tmp_path / "run"), "--check"]
+    assert train_cli.main(argv) == 0
+    assert "12 images readable and whole" in capsys.readouterr().out
+    _one_line_exit_2(train_cli.main(argv + ["batch_size=64"]), capsys, "batch_size=64 needs 32 identities per batch")
+    _one_line_exit_2(train_cli.main(argv + [f"init={tmp_path / 'nope.pt'}"]), capsys, "nope.pt")
+    crater = tmp_path / "d" / luna1.CRATER_DIR / "11.png"  # in no box: the training half
+    crater.write_bytes(crater.read_bytes()[:50])
+    _one_line_exit_2(train_cli.main(argv), capsys, f"{crater}: landmark image is truncated")
+    crater.write_bytes(b"")
+    _one_line_exit_2(train_cli.main(argv[:-1]), capsys, f"{crater}: landmark image is empty")  # training too
+    assert not (tmp_path / "run").exists()
+    crater.unlink()
+    (tmp_path / "d" / luna1.ANNOTATIONS).unlink()
+    _one_line_exit_2(train_cli.main(argv), capsys, "annotations.txt: annotations file is missing")
+
+
+def test_train_refuses_a_bad_out_or_resume_before_any_work(tmp_path, capsys):
+    from trn.cli import train as train_cli
+
+    from ..train.test_training import base_doc, tiny_folder
+    import yaml
+
+    tiny_folder(tmp_path / "lm")
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(yaml.safe_dump(base_doc(tmp_path / "lm")))
+    (tmp_path / "file").write_text("x")
+    _one_line_exit_2(train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "file")]), capsys,
+                     "--out")
+    _one_line_exit_2(train_cli.main(["--config", str(cfg), "--out", str(tmp_path / "new"), "--resume"]), capsys,
+                     "last.pt does not exist")
+    assert not (tmp_path / "new").exists()
+
+
+def test_build_option_ranges_are_the_config_ranges(tmp_path, capsys):
+    """The parser refuses exactly what the configs behind it refuse: each bound accepted by both,
+    each value just past it refused by both (so that the two cannot drift apart)."""
+    from trn.data.annotate import AnnotateConfig
+    from trn.data.build import BuildConfig, validation_segments
+    from trn.data.frame_views import FrameViewRanges
+    from trn.data.render import RenderConfig
+    from trn.data.synth import SynthConfig
+    from trn.errors import ConfigError
+
+    build = dict(source=tmp_path, out=tmp_path / "o")
+    cases = [  # option, values at the bounds, values just past them, the config check behind the option
+        ("--nav-size", ["32", "4096"], ["31", "4097"], lambda v: RenderConfig(nav_size=v)),
+        ("--crater-size", ["32", "2048"], ["31", "2049"], lambda v: RenderConfig(crater_size=v)),
+        ("--light-elevation", ["1", "90"], ["0.999", "90.001"], lambda v: RenderConfig(light_elevation_deg=v)),
+        ("--min-box", ["1", "10000"], ["0", "10001"], lambda v: AnnotateConfig(min_box_px=v)),
+        ("--min-sun-elevation", ["-90", "90"], ["-90.01", "90.01"], lambda v: AnnotateConfig(min_sun_elevation_deg=v)),
+        ("--frame-view-pass-sun", ["0", "30"], ["-0.01", "30.01"], lambda v: FrameViewRanges(pass_sun_deg=v)),
+        ("--views", ["0", "16"], ["-1", "17"], lambda v: BuildConfig(**build, views=v)),
+        ("--frame-views", ["0", "64"], ["-1", "65"], lambda v: BuildConfig(**build, frame_views=v)),
+        ("--workers", ["1", "256"], ["0", "257"], lambda v: BuildConfig(**build, workers=v)),
+        ("--segments", ["1", "200"], ["0", "201"], validation_segments),
+        ("--orbits", ["1e-6", "50"], ["0", "50.01"], lambda v: SynthConfig(orbits=v)),
+    ]
+    parser = data_cli.build_parser()
+    for opt, inside, outside, config in cases:
+        dest = opt.lstrip("-").replace("-", "_")
+        for text in inside:
+            config(getattr(parser.parse_args(["build", "luna1-synth", "--out", "o", f"{opt}={text}"]), dest))
+        for text in outside:
+            with pytest.raises(SystemExit):
+                parser.parse_args(["build", "luna1-synth", "--out", "o", f"{opt}={text}"])
+            assert f"argument {opt}: " in capsys.readouterr().err
+            with pytest.raises(ConfigError):
+                config(float(text) if "." in text or opt == "--orbits" else int(text))

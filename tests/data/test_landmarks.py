@@ -104,3 +104,63 @@ def test_trn_train_detects_the_kind(tmp_path):
     doc = {"data": {"kind": "auto", "path": str(tmp_path / "h")}, "model": {"preset": "flight"}}
     assert resolve_kind(from_dict(doc)).data.kind == "hirise"
     assert from_dict({**doc, "data": {"path": str(tmp_path / "h")}}).data.kind == "auto"  # the default
+
+
+def test_a_missing_root_and_a_file_are_named_as_such(tmp_path):
+    from trn.data.landmarks import detect_kind
+
+    (tmp_path / "f").write_text("x")
+    for reader in (read_folder, read_hirise, read_luna1_landmarks, detect_kind):
+        with pytest.raises(DataError, match="directory does not exist"):
+            reader(tmp_path / "nope")
+        with pytest.raises(DataError, match="directory is a file, not a directory"):
+            reader(tmp_path / "f")
+
+
+def test_verify_images_names_every_unusable_image_and_its_cause(tmp_path):
+    from trn.data.landmarks import refuse_bad_images, verify_images
+
+    for i in range(6):
+        img(tmp_path / f"lm{i}.png")
+    img(tmp_path / "lm6.jpg")
+    ls = read_folder(tmp_path)
+    assert verify_images(ls) == []
+    refuse_bad_images(ls)
+    b = bytearray((tmp_path / "lm1.png").read_bytes())
+    b[len(b) // 2] ^= 4
+    (tmp_path / "lm1.png").write_bytes(bytes(b))
+    (tmp_path / "lm2.png").write_bytes((tmp_path / "lm2.png").read_bytes()[:60])
+    (tmp_path / "lm3.png").write_bytes(b"")
+    (tmp_path / "lm6.jpg").write_bytes(b"not a jpeg")
+    (tmp_path / "lm4.png").unlink()
+    (tmp_path / "lm4.png").mkdir()
+    msgs = [str(e) for e in verify_images(ls)]
+    assert msgs == [f"{tmp_path / 'lm1.png'}: landmark image is corrupt (the checksum of its 'IDAT' chunk does not "
+                    "match); replace it or rebuild the dataset",
+                    f"{tmp_path / 'lm2.png'}: landmark image is truncated (its 'IDAT' chunk runs past the end of the "
+                    "file); replace it or rebuild the dataset",
+                    f"{tmp_path / 'lm3.png'}: landmark image is empty (0 bytes); replace it or rebuild the dataset",
+                    f"{tmp_path / 'lm4.png'}: landmark image is a directory, not a file",
+                    f"{tmp_path / 'lm6.jpg'}: landmark image cannot be decoded (corrupt or not an image); replace "
+                    "or re-render it"]
+    with pytest.raises(DataError, match=r"lm1.png: landmark image is corrupt .* \(and 4 more of 7 images\)"):
+        refuse_bad_images(ls)
+
+
+def test_the_split_refuses_a_navigation_sequence_without_readable_annotations(tmp_path):
+    from trn.data.landmarks import split_identities
+
+    for i in range(8):
+        img(tmp_path / "crater_images" / f"{i}.png")
+    ls = read_luna1_landmarks(tmp_path)
+    assert len(split_identities(ls, tmp_path, "luna1").test) == 4  # no navigation sequence: nothing forced
+    (tmp_path / "lro_navigation").mkdir()
+    with pytest.raises(DataError, match="annotations file is missing"):
+        split_identities(ls, tmp_path, "luna1")
+    (tmp_path / "lro_navigation" / "annotations.txt").mkdir()
+    with pytest.raises(DataError, match="annotations file is a directory"):
+        split_identities(ls, tmp_path, "luna1")
+    (tmp_path / "lro_navigation" / "annotations.txt").rmdir()
+    (tmp_path / "lro_navigation" / "annotations.txt").write_text("nav_images/0.png 5,1,9,1,9 6,1,9,1,9 7,1,9,1,9\n")
+    split = split_identities(ls, tmp_path, "luna1")
+    assert {"5", "6", "7"} <= set(split.test)

@@ -1,5 +1,6 @@
 """Luna-1 format: write -> read round trips, and every kind of bad input gives a clear error."""
 
+import shutil
 from pathlib import Path
 
 import cv2
@@ -85,7 +86,10 @@ def test_annotation_accepts_authors_variants(tmp_path):
 @pytest.mark.parametrize("line, match", [
     ("nav_images/0.png 1,2,3,4", "4 fields; expected id,l,r,t,b"),
     ("nav_images/0.png 1,2,x,4,5", "not a number"),
-    ("nav_images/0.png 1,9,3,4,5", "l <= r"),
+    ("nav_images/0.png 1,9,3,4,5", "l < r"),
+    ("nav_images/0.png 1,3,3,4,5", r"width 0, height 1 px: a box of zero"),  # zero width
+    ("nav_images/0.png 1,2,3,5,5", r"width 1, height 0 px: a box of zero"),  # zero height
+    ("nav_images/0.png 1,2.4,2.4,5,9", "width 0"),  # reals rounding to a zero-width box
     ("nav_images/zero.png 1,2,3,4,5", "frame number"),
     ("nav_images/0.png 1,2,3,nan,5", "not finite"),
 ])
@@ -131,11 +135,12 @@ def test_corrupt_png_and_missing_files_reported_by_check(tmp_path):
     with open(tmp_path / luna1.ANNOTATIONS, "a") as f:
         f.write("nav_images/3.png 1,2,3\n")
     problems = [str(p) for p in luna1.check_luna1(tmp_path)]
-    assert any("crater_images/5.png" in p and "corrupt" in p for p in problems)
+    # a PNG signature followed by junk: named by what is wrong with it
+    assert any("crater_images/5.png: image is truncated (it ends before its IEND chunk)" in p for p in problems)
     assert any("nav_images/2.png" in p and "missing" in p for p in problems)
     assert any("annotations.txt:5" in p and "twice" in p for p in problems)
     assert any("annotations.txt:5" in p and "expected id,l,r,t,b" in p for p in problems)
-    with pytest.raises(DataError, match="cannot be decoded"):
+    with pytest.raises(DataError, match="image is truncated"):
         luna1.read_gray(tmp_path / luna1.CRATER_DIR / "5.png")
 
 
@@ -165,3 +170,156 @@ def test_matrix_quat_consistency_of_written_kitti(tmp_path):
     k = luna1.poses_to_kitti(poses)
     for p, m in zip(poses, k):
         np.testing.assert_allclose(matrix_to_quat(m[:, :3]), p[3:], atol=1e-12)
+
+
+# ---- the one validation of the format (scan_luna1): the check lists, the loader refuses, alike
+
+def _png_bytes(h: int = 12, w: int = 20) -> bytes:
+    ok, buf = cv2.imencode(".png", np.arange(h * w, dtype=np.uint8).reshape(h, w))
+    assert ok
+    return buf.tobytes()
+
+
+def test_png_structure_catches_every_single_byte_change_and_every_truncation():
+    data = _png_bytes()
+    assert luna1.png_structure(data) == ((12, 20), None)
+    for i in range(len(data)):  # brute force: every byte of the file, each changed
+        damaged = bytearray(data)
+        damaged[i] ^= 0x10
+        size, problem = luna1.png_structure(bytes(damaged))
+        assert problem is not None, f"byte {i} changed, not caught"
+    for n in range(len(data)):
+        assert luna1.png_structure(data[:n])[1] is not None, f"cut at {n} bytes, not caught"
+    assert luna1.png_structure(b"")[1] == "is empty (0 bytes)"
+    assert "signature" in luna1.png_structure(b"GIF89a" + data[6:])[1]
+
+
+def test_read_image_names_the_cause(tmp_path):
+    p = tmp_path / "a.png"
+    p.write_bytes(_png_bytes())
+    assert luna1.read_gray(p).shape == (12, 20)
+    for content, match in ((b"", "is empty"), (_png_bytes()[:40], "is truncated"), (b"text", "cannot be decoded")):
+        p.write_bytes(content)
+        with pytest.raises(DataError, match=match) as e:
+            luna1.read_gray(p)
+        assert e.value.path == str(p)
+    with pytest.raises(DataError, match="image is a directory, not a file"):
+        luna1.read_gray(tmp_path)
+    with pytest.raises(DataError, match="image is missing"):
+        luna1.read_gray(tmp_path / "nope.png")
+
+
+def test_a_permission_denied_png_is_unreadable_not_corrupt(tmp_path):
+    from tests import permissions
+
+    make_dataset(tmp_path / "d")
+    png = permissions.unreadable(tmp_path / "d" / luna1.CRATER_DIR / "5.png")
+    code = ("from pathlib import Path; from trn.data import luna1\n"
+            f"p = Path({str(png)!r})\n"
+            "print('\\n'.join(str(x) for x in luna1.check_luna1(p.parents[1])))\n"
+            "print('\\n'.join(str(x) for x in luna1.check_luna1(p.parents[1], decode_images=False)))\n"
+            "luna1.read_gray(p)\n")
+    r = permissions.python(code)
+    want = f"is unreadable: permission denied; make it readable (chmod u+r {png}) or run as its owner"
+    lines = r.stdout.splitlines()
+    assert len(lines) == 2 and all(line.startswith("crater_images/5.png: image " + want) for line in lines), r.stdout
+    assert "corrupt" not in r.stdout + r.stderr and "decode" not in r.stdout + r.stderr
+    assert r.returncode != 0 and f"DataError: {png}: image {want}" in r.stderr
+
+
+def _damaged(root: Path, how: str) -> Path:
+    make_dataset(root, n_frames=4)
+    ann = root / luna1.ANNOTATIONS
+    if how == "zero-width box":
+        ann.write_text(ann.read_text().replace("1,3,31,4,40", "1,3,3,4,40", 1))
+    elif how == "zero-height box":
+        ann.write_text(ann.read_text().replace("1,3,31,4,40", "1,3,31,40,40", 1))
+    elif how == "empty crater_images":
+        for p in (root / luna1.CRATER_DIR).iterdir():
+            p.unlink()
+    elif how == "crater_images a file":
+        shutil.rmtree(root / luna1.CRATER_DIR)
+        (root / luna1.CRATER_DIR).write_text("x")
+    elif how == "crater bit flip":
+        p = root / luna1.CRATER_DIR / "9.png"  # crater 9 is in no box: scenarios never read it
+        b = bytearray(p.read_bytes())
+        b[len(b) // 2] ^= 1
+        p.write_bytes(bytes(b))
+    elif how == "frame truncated":
+        p = root / luna1.NAV_IMAGES / "2.png"
+        p.write_bytes(p.read_bytes()[:100])
+    elif how == "frame without boxes truncated":
+        p = root / luna1.NAV_IMAGES / "0.png"
+        p.write_bytes(p.read_bytes()[:100])
+    elif how == "frame a directory":
+        p = root / luna1.NAV_IMAGES / "1.png"
+        p.unlink()
+        p.mkdir()
+    elif how == "nav a file":
+        shutil.rmtree(root / luna1.NAV_DIR)
+        (root / luna1.NAV_DIR).write_text("x")
+    elif how == "annotations a directory":
+        ann.unlink()
+        ann.mkdir()
+    elif how != "intact":
+        raise AssertionError(how)
+    return root
+
+
+DAMAGES = {
+    "zero-width box": "lro_navigation/annotations.txt:2: box '1,3,3,4,40': needs l < r and t < b (width 0, height 36 px",
+    "zero-height box": "lro_navigation/annotations.txt:2: box '1,3,31,40,40': needs l < r and t < b (width 28, height 0 px",
+    "empty crater_images": "crater_images: has no <id>.png crater landmark images",
+    "crater_images a file": "crater_images: is a file, not a directory",
+    "crater bit flip": "crater_images/9.png: image is corrupt (the checksum of its 'IDAT' chunk does not match)",
+    "frame truncated": "lro_navigation/nav_images/2.png: image is truncated",
+    "frame without boxes truncated": "lro_navigation/nav_images/0.png: image is truncated",
+    "frame a directory": "lro_navigation/nav_images/1.png: image is a directory, not a file",
+    "nav a file": "lro_navigation: is a file, not a directory",
+    "annotations a directory": "lro_navigation/annotations.txt: is a directory, not a file",
+}
+
+
+@pytest.mark.parametrize("how", list(DAMAGES))
+def test_check_and_the_scenario_loader_refuse_the_same_problem(tmp_path, how):
+    root = _damaged(tmp_path / "d", how)
+    for decode in (False, True):
+        blocking = [str(p) for p in luna1.check_luna1(root, decode_images=decode) if p.blocks_scenarios]
+        assert blocking and blocking[0].startswith(DAMAGES[how]), (decode, blocking)
+        with pytest.raises(DataError) as e:
+            luna1.read_luna1_checked(root, decode_images=decode)
+        assert f"dataset has problems: {blocking[0]}" in str(e.value)
+
+
+def test_an_intact_dataset_passes_both_and_the_loader_returns_what_read_luna1_reads(tmp_path):
+    root = _damaged(tmp_path / "d", "intact")
+    assert luna1.check_luna1(root) == [] and luna1.check_luna1(root, decode_images=False) == []
+    a, b = luna1.read_luna1(root), luna1.read_luna1_checked(root)
+    assert a.crater_ids == b.crater_ids and a.frames == b.frames and a.metadata == b.metadata
+    np.testing.assert_array_equal(a.poses, b.poses)
+    np.testing.assert_array_equal(a.kitti, b.kitti)
+
+
+def test_the_loader_names_a_missing_root_or_a_file(tmp_path):
+    with pytest.raises(DataError, match="dataset directory does not exist; pass --data DIR"):
+        luna1.read_luna1_checked(tmp_path / "nope")
+    (tmp_path / "f").write_text("x")
+    with pytest.raises(DataError, match="dataset directory is a file, not a directory"):
+        luna1.read_luna1_checked(tmp_path / "f")
+
+
+def test_an_unreadable_crater_folder_is_named_as_such(tmp_path):
+    from tests import permissions
+
+    make_dataset(tmp_path / "d")
+    (tmp_path / "d" / luna1.CRATER_DIR / "notes.txt").write_text("x")
+    cdir = tmp_path / "d" / luna1.CRATER_DIR
+    assert [str(p) for p in luna1.check_luna1(tmp_path / "d")] == [
+        "crater_images/notes.txt: unexpected file; crater images are named <id>.png"]
+    permissions.unreadable(cdir)
+    try:
+        r = permissions.python(f"from trn.data import luna1; print(*luna1.check_luna1({str(tmp_path / 'd')!r}), sep='\\n')")
+    finally:
+        cdir.chmod(0o755)
+    assert r.stdout.splitlines() == [f"crater_images: folder is unreadable: permission denied; make it readable "
+                                     f"(chmod u+rx {cdir}) or run as its owner"], r.stdout + r.stderr

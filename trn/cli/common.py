@@ -4,14 +4,32 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 from collections.abc import Callable
 
 from trn.errors import TrnError
 
 
+class ProgressAwareHandler(logging.StreamHandler):
+    """A stream handler that writes through ``tqdm.write``: a progress bar on the same terminal is
+    cleared, the message printed on its own line and the bar redrawn below it, instead of the
+    message being written over the bar."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            from tqdm import tqdm
+
+            tqdm.write(self.format(record), file=self.stream)
+            self.flush()
+        except Exception:  # noqa: BLE001 - logging's own contract: report and carry on
+            self.handleError(record)
+
+
 def setup_logging(verbose: bool = False) -> None:
-    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    handler = ProgressAwareHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(name)s: %(message)s"))
+    logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO, handlers=[handler])
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs which SIMD build it picked
 
 
@@ -21,6 +39,17 @@ class Parser(argparse.ArgumentParser):
     def error(self, message: str):  # type: ignore[override]
         print(f"error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)
+
+
+MAX_SEED = 2**32 - 1  # every seed option: a 32-bit unsigned number
+
+
+def seed_number(text: str) -> int:
+    """An argparse type: a seed, a whole number from 0 to 2**32 - 1."""
+    return int_between(0, MAX_SEED)(text)
+
+
+seed_number.__name__ = "seed"
 
 
 def int_at_least(low: int) -> Callable[[str], int]:
@@ -39,25 +68,72 @@ def int_at_least(low: int) -> Callable[[str], int]:
     return parse
 
 
-def float_between(low: float, high: float) -> Callable[[str], float]:
-    """An argparse type: a finite number in [low, high]."""
+def int_between(low: int, high: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in [low, high]."""
+
+    def parse(text: str) -> int:
+        try:
+            v = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+        if not low <= v <= high:
+            raise argparse.ArgumentTypeError(f"{v} is out of range: expected {low} to {high}")
+        return v
+
+    parse.__name__ = f"integer in [{low}, {high}]"
+    return parse
+
+
+def float_between(low: float, high: float, low_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number in [low, high], or (low, high] with ``low_open``. NaN and
+    infinities are refused."""
 
     def parse(text: str) -> float:
         try:
             v = float(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{text!r} is not a number") from None
-        if not low <= v <= high:
-            raise argparse.ArgumentTypeError(f"{v} is out of range: expected {low} to {high}")
+        if not math.isfinite(v):
+            raise argparse.ArgumentTypeError(f"{text.strip()} is not a finite number: expected {low} to {high}")
+        if not (low < v if low_open else low <= v) or not v <= high:
+            span = f"more than {low} and at most {high}" if low_open else f"{low} to {high}"
+            raise argparse.ArgumentTypeError(f"{v} is out of range: expected {span}")
         return v
 
-    parse.__name__ = f"number in [{low}, {high}]"
+    parse.__name__ = f"number in {'(' if low_open else '['}{low}, {high}]"
     return parse
+
+
+class Terminated(BaseException):
+    """SIGTERM, raised in the main thread so that the process unwinds like Ctrl-C: worker pools
+    are terminated by their ``with`` blocks and their semaphores released (killed outright, the
+    process left them to multiprocessing's resource tracker, which warned of leaked semaphores)."""
+
+
+def _terminate(signum, frame) -> None:
+    raise Terminated()
 
 
 def run_main(fn: Callable[[], int]) -> int:
     """Run ``fn``; a :class:`TrnError`, or an operating-system error (permissions, a file where a
-    directory should be, a full disk), becomes a one-line message on stderr and exit status 2."""
+    directory should be, a full disk), becomes a one-line message on stderr and exit status 2;
+    Ctrl-C exits with 130 and SIGTERM with 143, each after a clean unwind."""
+    import signal
+    import threading
+
+    main_thread = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGTERM, _terminate) if main_thread else None
+    try:
+        return _run(fn)
+    except Terminated:
+        print("terminated (SIGTERM); a build can be resumed by running the same command again", file=sys.stderr)
+        return 143
+    finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, signal.SIG_DFL if previous is None else previous)
+
+
+def _run(fn: Callable[[], int]) -> int:
     try:
         return fn()
     except TrnError as exc:

@@ -13,31 +13,38 @@ import sys
 from dataclasses import replace
 from pathlib import Path
 
-from trn.cli.common import Parser, int_at_least, run_main, setup_logging
+from trn.cli.common import Parser, float_between, int_at_least, int_between, run_main, seed_number, setup_logging
 from trn.data.annotate import AnnotateConfig
 from trn.data.build import BuildConfig, build_luna1
 from trn.data.frame_views import FrameViewRanges
 from trn.data.luna1 import check_luna1
 from trn.data.render import RenderConfig
+from trn.errors import ConfigError
 
 
 def _add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", type=Path, required=True, help="output dataset directory (resumable)")
-    p.add_argument("--limit-frames", type=int_at_least(0), default=None, metavar="N", help="only N navigation frames")
+    p.add_argument("--limit-frames", type=int_at_least(1), default=None, metavar="N",
+                   help="only N navigation frames (leave it out for all)")
     p.add_argument("--first-frame", type=int_at_least(0), default=0, metavar="K", help="start at frame K (default 0)")
-    p.add_argument("--limit-craters", type=int_at_least(0), default=None, metavar="N",
-                   help="only N crater landmarks (those seen in the frames first)")
-    p.add_argument("--workers", type=int_at_least(1), default=max(1, os.cpu_count() or 1), help="parallel render processes")
-    p.add_argument("--seed", type=int_at_least(0), default=0, help="seed of the detail synthesis (and of the synthetic world)")
-    p.add_argument("--nav-size", type=int, default=RenderConfig.nav_size, help="navigation frame size in pixels")
-    p.add_argument("--crater-size", type=int, default=RenderConfig.crater_size, help="landmark image size in pixels")
+    p.add_argument("--limit-craters", type=int_at_least(1), default=None, metavar="N",
+                   help="only N crater landmarks (those seen in the frames first; leave it out for all)")
+    p.add_argument("--workers", type=int_between(1, 256), default=min(256, max(1, os.cpu_count() or 1)),
+                   help="parallel render processes (1 to 256)")
+    p.add_argument("--seed", type=seed_number, default=0,
+                   help="seed of the detail synthesis (and of the synthetic world), 0 to 2**32 - 1")
+    p.add_argument("--nav-size", type=int_between(32, 4096), default=RenderConfig.nav_size,
+                   help="navigation frame size in pixels (32 to 4096)")
+    p.add_argument("--crater-size", type=int_between(32, 2048), default=RenderConfig.crater_size,
+                   help="landmark image size in pixels (32 to 2048)")
     p.add_argument("--no-detail", action="store_true", help="switch off sub-pixel detail synthesis")
     p.add_argument("--no-shadows", action="store_true", help="switch off cast shadows")
     p.add_argument("--photometry", choices=("lunar-lambert", "lommel-seeliger", "lambert"), default="lunar-lambert")
-    p.add_argument("--light-elevation", type=float, default=RenderConfig.light_elevation_deg,
-                   help="elevation (deg) of the camera-tethered light in landmark renders")
-    p.add_argument("--min-box", type=int, default=AnnotateConfig.min_box_px, help="smallest annotated box side (px)")
-    p.add_argument("--min-sun-elevation", type=float, default=AnnotateConfig.min_sun_elevation_deg,
+    p.add_argument("--light-elevation", type=float_between(1.0, 90.0), default=RenderConfig.light_elevation_deg,
+                   help="elevation (deg, 1 to 90) of the camera-tethered light in landmark renders")
+    p.add_argument("--min-box", type=int_between(1, 10000), default=AnnotateConfig.min_box_px,
+                   help="smallest annotated box side (px)")
+    p.add_argument("--min-sun-elevation", type=float_between(-90.0, 90.0), default=AnnotateConfig.min_sun_elevation_deg,
                    help="annotate craters only where the Sun is at least this high (deg); -90 = all")
     p.add_argument("--no-frames", action="store_true",
                    help="landmarks, annotations, poses and metadata only (enough for training); the same command "
@@ -45,28 +52,44 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--parts", choices=("all", "scenarios"), default="all",
                    help="scenarios: render first only what trn-sim reads (test-half landmarks, annotated frames); "
                         "the same command with --parts all (the default) renders the rest later")
-    p.add_argument("--views", type=int_at_least(0), default=0, metavar="K",
+    p.add_argument("--views", type=int_between(0, 16), default=0, metavar="K",
                    help="K extra renders of every crater under other Sun azimuths and elevations, scales and small "
                         "off-nadir tilts (crater_views/, for training; can be added to a finished build)")
-    p.add_argument("--frame-views", type=int_at_least(0), default=0, metavar="K",
+    p.add_argument("--frame-views", type=int_between(0, 64), default=0, metavar="K",
                    help="K frame-domain views of every training and validation crater: the navigation camera's "
                         "perspective and photometry at 30-200 km, the crater anywhere in the field of view, the Sun "
                         "drawn over it, cut by the annotation rule's box with detector noise (frame_views/, for "
                         "training; can be added to a finished build)")
-    p.add_argument("--frame-view-pass-sun", type=float, default=None, metavar="DEG",
+    p.add_argument("--frame-view-pass-sun", type=float_between(0.0, 30.0), default=None, metavar="DEG",
                    help="one Sun per crater for its frame views, moved by at most DEG degrees per view (the "
                         "re-observations of one pass); default: a Sun drawn for every view")
     p.add_argument("--illumination", choices=("physical", "baked"), default="physical",
                    help="baked: the paper's scene conditions, one texture shaded once under a light fixed to the "
                         "local horizon, draped over the terrain for landmarks and frames alike (no Sun, no night, no "
                         "cast shadows); a diagnostic world")
-    p.add_argument("--segments", type=int_at_least(1), default=None, metavar="N",
+    p.add_argument("--segments", type=int_between(1, 200), default=None, metavar="N",
                    help="fly the trajectory N times, on N ground tracks spread in longitude and each 1.7 days "
                         "after the last (other Suns): with --annotate-validation-of, the validation orbit")
     p.add_argument("--annotate-validation-of", type=Path, default=None, metavar="BUILD",
                    help="box only the validation half of BUILD's split (no test-half crater), for choosing "
                         "recipes and thresholds on a navigation sequence")
     p.add_argument("-v", "--verbose", action="store_true")
+
+
+def _check_build_paths(a: argparse.Namespace) -> None:
+    """Refuse, before any work (luna1-synth generates its world in memory before it writes
+    anything), paths of the wrong kind: an output that is a file, a validation build that is not a
+    directory, a source that is a file (a missing one is named first thing by the builder)."""
+    for flag, path in (("--out", a.out), ("--world-dir", getattr(a, "world_dir", None))):
+        if path is not None and path.exists() and not path.is_dir():
+            raise ConfigError(f"{flag} {path} is a file; a build writes a directory: give a new or existing directory")
+    src = getattr(a, "source", None)
+    if src is not None and src.exists() and not src.is_dir():
+        raise ConfigError(f"--source {src} is a file; it must be a directory laid out like ../shared/data/moon")
+    v = a.annotate_validation_of
+    if v is not None and not v.is_dir():
+        raise ConfigError(f"--annotate-validation-of {v} {'is a file' if v.exists() else 'does not exist'}; it must be "
+                          "the directory of a finished trn-data build")
 
 
 def _render_config(a: argparse.Namespace) -> RenderConfig:
@@ -82,37 +105,47 @@ def _print_summary(s) -> None:
           f"({s.rendered_frames} rendered now), {s.boxes} boxes; seconds: {secs}")
 
 
-def main(argv: list[str] | None = None) -> int:
+def build_parser() -> Parser:
     parser = Parser(prog="trn-data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{build,check,stats,sheet}")
     b = sub.add_parser("build", help="build a dataset")
-    bsub = b.add_subparsers(dest="what", required=True)
+    bsub = b.add_subparsers(dest="what", required=True, metavar="{luna1,luna1-synth}")
     real = bsub.add_parser("luna1", help="Luna-1 from real lunar data (DEM, albedo, catalogue, LRO trajectory)")
     real.add_argument("--source", type=Path, required=True, help="directory laid out like ../shared/data/moon")
     real.add_argument("--catalogue", default=None, help="catalogue file in SOURCE/catalogs (default: Head et al. 2010)")
-    real.add_argument("--max-dem-ppd", type=int, default=None, help="ignore DEM tiles finer than this (px/deg)")
+    real.add_argument("--max-dem-ppd", type=int_at_least(1), default=None,
+                      help="ignore DEM tiles finer than this (px/deg)")
     _add_build_options(real)
     synth = bsub.add_parser("luna1-synth", help="Luna-1 of the built-in procedural Moon (no external data)")
     synth.add_argument("--world-dir", type=Path, default=None,
                        help="where to write the procedural world's terrain (default: OUT/.world)")
-    synth.add_argument("--orbits", type=float, default=3.0, help="number of orbits of the synthetic trajectory")
+    synth.add_argument("--orbits", type=float_between(0.0, 50.0, low_open=True), default=3.0,
+                       help="number of orbits of the synthetic trajectory (more than 0, at most 50)")
     _add_build_options(synth)
     c = sub.add_parser("check", help="validate a Luna-1-format directory and list every problem")
     c.add_argument("dir", type=Path)
-    c.add_argument("--no-decode", action="store_true", help="do not decode every image (faster)")
+    c.add_argument("--no-decode", action="store_true",
+                   help="verify every PNG's structure and checksums instead of decoding it (faster; exactly the "
+                        "validation trn-sim runs before its scenarios)")
     st = sub.add_parser("stats", help="navigation statistics of Luna-1 directories, side by side")
     st.add_argument("dirs", type=Path, nargs="+")
     st.add_argument("--nms", choices=("release", "standard"), default="release")
     sh = sub.add_parser("sheet", help="contact sheets: crater landmarks and navigation frames with boxes")
     sh.add_argument("dir", type=Path)
     sh.add_argument("--out", type=Path, required=True, help="output prefix: writes PREFIX_craters.png and PREFIX_frames.png")
-    sh.add_argument("--craters", type=int, default=24)
-    sh.add_argument("--frames", type=int, default=6)
-    sh.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    sh.add_argument("--craters", type=int_at_least(1), default=24, help="crater landmarks on the sheet (default 24)")
+    sh.add_argument("--frames", type=int_at_least(1), default=6, help="navigation frames on the sheet (default 6)")
+    sh.add_argument("--seed", type=seed_number, default=0, help="seed of the choice of craters (0 to 2**32 - 1)")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     setup_logging(getattr(args, "verbose", False))
 
     def run() -> int:
+        if args.cmd == "build":
+            _check_build_paths(args)
         if args.cmd == "check":
             problems = check_luna1(args.dir, decode_images=not args.no_decode)
             for p in problems:

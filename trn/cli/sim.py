@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from trn.cli.common import Parser, float_between, int_at_least, run_main, setup_logging
+from trn.cli.common import Parser, float_between, int_at_least, int_between, run_main, seed_number, setup_logging
 from trn.db.tokens import SEED_METHODS, TokenConfig
 from trn.errors import ConfigError
 from trn.sim import scenarios as sc
@@ -35,16 +35,19 @@ def _common(p: argparse.ArgumentParser, scenarios: tuple[str, ...]) -> None:
     p.add_argument("--scenario", action="append", choices=scenarios, default=None, help="repeat for several (default: all)")
     p.add_argument("--quick", action="store_true", help=f"cap the landmark scenarios at {QUICK_LANDMARKS} test landmarks")
     p.add_argument("--out", type=Path, default=None, help="report directory (default runs/sim/<set>-<time>)")
-    p.add_argument("--seed", type=int_at_least(0), default=0, help="scenario seed: views, orders, detector noise")
+    p.add_argument("--seed", type=seed_number, default=0,
+                   help="scenario seed: views, orders, detector noise (0 to 2**32 - 1)")
     p.add_argument("--threshold", type=float_between(-1.0, 1.0), default=None,
                    help="match threshold (cosine, or late-interaction score with tokens) for every model; default: "
                         "each model's operating point (operating_point.json beside its weights, chosen on "
                         "validation data), else 0.9")
-    p.add_argument("--tokens", type=int, action="append", default=None, metavar="K",
+    p.add_argument("--tokens", type=int_between(0, 64), action="append", default=None, metavar="K",
                    help="instance tokens per landmark for two-stage matching (0: global only); repeat to compare")
-    p.add_argument("--shortlist", type=int, action="append", default=None, metavar="S",
-                   help="candidates re-ranked by late interaction (default 10); repeat to compare")
-    p.add_argument("--token-seeds", choices=SEED_METHODS, default="saliency")
+    p.add_argument("--shortlist", type=int_between(1, 10000), action="append", default=None, metavar="S",
+                   help="candidates re-ranked by late interaction (default 10; needs --tokens K >= 1); repeat to "
+                        "compare")
+    p.add_argument("--token-seeds", choices=SEED_METHODS, default=None,
+                   help="how instance tokens are seeded (default saliency; needs --tokens K >= 1)")
     p.add_argument("--backend", choices=BACKENDS, default="torch",
                    help="torch: the checkpoint; onnx / onnx-int8: an exported graph (trn-export onnx / onnx-int8) "
                         "run by onnxruntime, the int8 graph with the arithmetic its QDQ nodes specify; "
@@ -52,16 +55,16 @@ def _common(p: argparse.ArgumentParser, scenarios: tuple[str, ...]) -> None:
                         "tflite) run by a TFLite interpreter with the head on the host. For an export backend "
                         "--model names the file or a trn-export directory")
     p.add_argument("--max-landmarks", type=int_at_least(2), default=None, help="cap on test landmarks")
-    p.add_argument("--threads", type=int_at_least(1), default=max(1, os.cpu_count() or 1), help="torch CPU threads")
+    p.add_argument("--threads", type=int_between(1, 1024), default=max(1, os.cpu_count() or 1), help="torch CPU threads")
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = Parser(prog="trn-sim", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd", required=True)
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{run,map,report}")
     run = sub.add_parser("run", help="run scenarios")
-    rsub = run.add_subparsers(dest="what", required=True)
+    rsub = run.add_subparsers(dest="what", required=True, metavar="{luna1,landmarks}")
     l1 = rsub.add_parser("luna1", help="Recall@1, Incremental Recall@1, Moon Navigation, Lost-in-Space")
     l1.add_argument("--data", type=Path, default=None, help="Luna-1-format dataset (default: the built-in world)")
     _common(l1, sc.SCENARIOS + ("map_navigation",))
@@ -70,24 +73,28 @@ def main(argv: list[str] | None = None) -> int:
                          "report directory from the dataset's catalogue)")
     l1.add_argument("--map-source", type=Path, default=None,
                     help="elevation source for a map built on the fly (e.g. ../shared/data/moon)")
-    l1.add_argument("--map-appearance", choices=("catalogue", "predicted"), default="catalogue",
-                    help="landmark appearance of a map built on the fly (predicted needs --map-source)")
-    l1.add_argument("--nms", choices=sc.NMS_KINDS, default="release", help="release: the authors' variant; standard: IoU")
+    l1.add_argument("--map-appearance", choices=("catalogue", "predicted"), default=None,
+                    help="landmark appearance of a map built on the fly (default catalogue; predicted needs "
+                         "--map-source, or the built-in world)")
+    l1.add_argument("--nms", choices=sc.NMS_KINDS, default=None,
+                    help="release (the default): the authors' variant; standard: IoU")
     l1.add_argument("--max-frames", type=int_at_least(1), default=None, help="cap on annotated frames (per orbit in Lost-in-Space)")
     l1.add_argument("--profile", default=None, metavar="NAME",
                     help="add each Moon Navigation frame's predicted latency on a timing profile (hw/profiles) and "
                          "check the 10 s frame cadence")
     l1.add_argument("--board", default=None, metavar="HOST:PORT",
                     help="the same, measured on a board agent (trn-hw agent / python3 -m trn_board.agent)")
-    l1.add_argument("--world-seed", type=int_at_least(0), default=0, help="seed of the built-in world")
-    l1.add_argument("--workers", type=int_at_least(1), default=max(1, os.cpu_count() or 1), help="built-in world build workers")
+    l1.add_argument("--world-seed", type=seed_number, default=None,
+                    help="seed of the built-in world (default 0; 0 to 2**32 - 1)")
+    l1.add_argument("--workers", type=int_between(1, 256), default=None,
+                    help="built-in world build workers (default: the number of CPUs)")
     lm = rsub.add_parser("landmarks", help="Recall@1 and Incremental Recall@1 on a landmark dataset")
     lm.add_argument("--data", type=Path, required=True)
     lm.add_argument("--kind", choices=("luna1", "hirise", "folder"), default=None,
                     help="dataset layout (default: detected: crater_images/ = luna1, labels*.txt = hirise, else folder)")
     _common(lm, sc.LANDMARK_SCENARIOS)
     mp = sub.add_parser("map", help="onboard landmark maps")
-    msub = mp.add_subparsers(dest="map_cmd", required=True)
+    msub = mp.add_subparsers(dest="map_cmd", required=True, metavar="{build}")
     mb = msub.add_parser("build", help="embed every catalogue crater of a Luna-1 directory into a read-only map")
     mb.add_argument("--data", type=Path, required=True)
     mb.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME|PATH")
@@ -98,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     mb.add_argument("--appearance", choices=("catalogue", "predicted"), default="catalogue",
                     help="catalogue: the dataset's landmark renders; predicted: each crater rendered from --source "
                          "under the Sun of the planned trajectory's pass, cut to its rim (docs/navigation.md)")
-    mb.add_argument("--threads", type=int_at_least(1), default=max(1, os.cpu_count() or 1))
+    mb.add_argument("--threads", type=int_between(1, 1024), default=max(1, os.cpu_count() or 1), help="torch CPU threads")
     mb.add_argument("-v", "--verbose", action="store_true")
     rp = sub.add_parser("report", help="re-render report.md and the plots of a report directory from its report.json")
     rp.add_argument("dir", type=Path)
@@ -117,14 +124,27 @@ def _rerender(d: Path) -> int:
     from trn.errors import DataError
     from trn.sim.report import Report
 
+    from trn.data.luna1 import read_bytes
+
+    if not d.is_dir():
+        raise DataError(f"{'is a file, not a report directory' if d.exists() else 'no report directory here'}; "
+                        "give the --out directory of a trn-sim run", d)
     path = d / "report.json"
     try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
-    except FileNotFoundError:
-        raise DataError("report.json is missing; run trn-sim run first", path) from None
-    except ValueError as exc:
+        doc = json.loads(read_bytes(path, "report.json").decode("utf-8"))
+    except DataError as exc:
+        raise DataError(f"{exc.message}; run trn-sim run first" if "missing" in exc.message else exc.message,
+                        path) from None
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise DataError(f"report.json is not valid JSON ({exc})", path) from None
-    rep = Report.from_json(doc)
+    try:
+        rep = Report.from_json(doc)
+    except DataError as exc:
+        raise DataError(f"{exc}; re-run trn-sim run to write it again", path) from None
+    except (KeyError, TypeError, ValueError, AttributeError, IndexError) as exc:
+        # a report.json of the right format with a field missing or of the wrong type (edited by hand)
+        raise DataError(f"report.json lacks a field or has one of the wrong type ({type(exc).__name__}: {exc}); "
+                        "re-run trn-sim run to write it again", path) from None
     rep.write(d)
     print("\n".join(rep.table() + [""] + rep.sweep_table()))
     return 0
@@ -134,6 +154,8 @@ def _map_build(args) -> int:
     from trn.data.luna1 import read_luna1
     from trn.nav.onboard_map import build_map
 
+    if args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {args.out} is a file; a map is a directory: give a new or existing directory")
     m = build_map(read_luna1(args.data), make_embedder(args.model, None, args.threads), args.out, args.source,
                   appearance=args.appearance, workers=args.threads)
     print(f"map {args.out}: {len(m.ids)} craters embedded by {m.info['model']} ({m.info['appearance']} appearance, "
@@ -154,7 +176,7 @@ def _map_navigation(ds, embedders, settings, args, out: Path) -> None:
         source = ds.root / ".world"  # the built-in world's terrain, from which its frames were rendered
     for emb in embedders:
         omap = OnboardMap.load(args.map) if args.map else build_map(ds, emb, out / f"map_{emb.name}", source,
-                                                                    appearance=args.map_appearance,
+                                                                    appearance=args.map_appearance or "catalogue",
                                                                     workers=args.threads)
         rep = map_navigation(ds, emb, omap, settings)
         plot_navigation(rep, out / f"map_navigation__{emb.name}.png",
@@ -181,12 +203,58 @@ def _map_navigation(ds, embedders, settings, args, out: Path) -> None:
     (out / "map_navigation.json").write_text(json.dumps(doc, indent=1, default=float) + "\n", encoding="utf-8")
 
 
+MOTION_SCENARIOS = ("moon_navigation", "lost_in_space", "map_navigation")  # the ones that read frames
+
+# (option, attribute, the scenarios that read it): given without any of them it would be ignored
+SCENARIO_OPTIONS = (
+    ("--map", "map", ("map_navigation",)),
+    ("--map-source", "map_source", ("map_navigation",)),
+    ("--map-appearance", "map_appearance", ("map_navigation",)),
+    ("--profile", "profile", ("moon_navigation",)),
+    ("--board", "board", ("moon_navigation",)),
+    ("--nms", "nms", MOTION_SCENARIOS),
+    ("--max-frames", "max_frames", MOTION_SCENARIOS),
+    ("--max-landmarks", "max_landmarks", sc.LANDMARK_SCENARIOS),
+)
+
+
+def check_options(args: argparse.Namespace, scenarios: list[str]) -> None:
+    """Refuse, before any work, an option that the run would ignore: one that only scenarios
+    not selected read, a map-building option beside a ready ``--map``, built-in world options
+    beside ``--data``, token options without tokens. Each message says how to ask for what the
+    option does."""
+    for flag, attr, readers in SCENARIO_OPTIONS:
+        if getattr(args, attr, None) is not None and not set(readers) & set(scenarios):
+            want = " or ".join(f"--scenario {r}" for r in readers)
+            raise ConfigError(f"{flag} is read only by {', '.join(readers)}, which this run does not include "
+                              f"(scenarios: {', '.join(scenarios)}): add {want}, or drop {flag}")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {args.out} is a file; the report is a directory: give a new or existing directory")
+    if getattr(args, "map", None) is not None:
+        for flag, attr in (("--map-source", "map_source"), ("--map-appearance", "map_appearance")):
+            if getattr(args, attr) is not None:
+                raise ConfigError(f"{flag} shapes a map built on the fly, but --map {args.map} loads a built one: "
+                                  f"drop {flag} or --map")
+    if getattr(args, "map_appearance", None) == "predicted" and args.map_source is None and args.data is not None:
+        raise ConfigError("--map-appearance predicted renders the craters from the terrain: give --map-source "
+                          "(e.g. ../shared/data/moon)")
+    if getattr(args, "data", None) is not None:
+        for flag, attr in (("--world-seed", "world_seed"), ("--workers", "workers")):
+            if getattr(args, attr, None) is not None:
+                raise ConfigError(f"{flag} sets up the built-in world, which --data {args.data} replaces: drop {flag} "
+                                  "(or --data)")
+    if not any(args.tokens or [0]):
+        for flag, attr in (("--shortlist", "shortlist"), ("--token-seeds", "token_seeds")):
+            if getattr(args, attr) is not None:
+                raise ConfigError(f"{flag} applies to two-stage matching with instance tokens: add --tokens K "
+                                  f"(K >= 1), or drop {flag}")
+
+
 def _embedders(args) -> list:
     models = list(dict.fromkeys((args.model or []) + (ABLATION if args.ablation else []))) or [DEFAULT_MODEL]
     tokens = args.tokens or [0]
     shortlists = args.shortlist or [10]
-    if any(k < 0 for k in tokens) or any(s < 1 for s in shortlists):
-        raise ConfigError(f"--tokens {tokens} / --shortlist {shortlists}: need K >= 0 and S >= 1")
+    seeds = args.token_seeds or "saliency"
     out, seen = [], set()
     for m in models:
         for k in tokens:
@@ -196,7 +264,7 @@ def _embedders(args) -> list:
                     out.append(make_embedder(m, None, args.threads, args.backend))
                 continue
             for s in shortlists:
-                e = make_embedder(m, TokenConfig(k=k, seeds=args.token_seeds), args.threads, args.backend)
+                e = make_embedder(m, TokenConfig(k=k, seeds=seeds), args.threads, args.backend)
                 e.shortlist = s
                 e.name = f"{e.name}+tok{k}s{s}"
                 out.append(e)
@@ -205,12 +273,20 @@ def _embedders(args) -> list:
 
 def _run(args, argv) -> int:
     t0 = time.perf_counter()
-    scenarios = args.scenario or list(sc.SCENARIOS if args.what == "luna1" else sc.LANDMARK_SCENARIOS)
+    scenarios = list(dict.fromkeys(args.scenario or (sc.SCENARIOS if args.what == "luna1" else sc.LANDMARK_SCENARIOS)))
+    check_options(args, scenarios)
+    timing = None
+    if args.what == "luna1":
+        from trn.sim.timing import make_timing
+
+        world_seed = 0 if args.world_seed is None else args.world_seed
+        workers = args.workers or min(256, max(1, os.cpu_count() or 1))
+        timing = make_timing(args.profile, args.board)  # an unknown profile or an absent board, before any work
     max_landmarks = args.max_landmarks or (QUICK_LANDMARKS if args.quick else None)
     base = dict(seed=args.seed, threshold=0.9 if args.threshold is None else args.threshold,
                 max_landmarks=max_landmarks)
     if args.what == "luna1":
-        base |= dict(nms=args.nms, max_frames=args.max_frames)
+        base |= dict(nms=args.nms or "release", max_frames=args.max_frames)
     settings = sc.ScenarioSettings(**base)
     embedders = _embedders(args)
     command = "trn-sim " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
@@ -222,13 +298,11 @@ def _run(args, argv) -> int:
             print("No --data: using the built-in procedural Moon. For real data build it with\n"
                   "  trn-data build luna1 --source ../shared/data/moon --out data/luna1\n"
                   f"and pass --data data/luna1. The built-in world is cached under {cache_root()}.")
-        ds, _ = prepare_luna1(args.data, seed=args.world_seed, workers=args.workers, quick=args.quick)
+        ds, _ = prepare_luna1(args.data, seed=world_seed, workers=workers, quick=args.quick)
         for line in summarize(ds).lines():
             print(line)
         context = {"dataset": str(ds.root), "command": command, "models": [e.name for e in embedders],
                    "scenarios": scenarios, "settings": settings.to_dict()}
-        from trn.sim.timing import make_timing
-
         do_map = "map_navigation" in scenarios
         scenarios = [x for x in scenarios if x != "map_navigation"]
         if do_map:
@@ -237,9 +311,6 @@ def _run(args, argv) -> int:
                 print(f"\nreport: {out / 'map_navigation.json'} in {time.perf_counter() - t0:.0f} s")
                 return 0
 
-        timing = make_timing(args.profile, args.board)
-        if timing is not None and "moon_navigation" not in scenarios:
-            raise ConfigError("--profile / --board time the Moon Navigation frames: include --scenario moon_navigation")
         rep = run_luna1(ds, embedders, scenarios, settings, context, not args.no_progress, timing=timing,
                         operating_points=args.threshold is None)
         for r in rep.results:
@@ -250,10 +321,11 @@ def _run(args, argv) -> int:
                       f"frames over the {t['cadence_s']:.0f} s cadence, margin {t['margin_ms'] / 1e3:.2f} s: "
                       f"{'keeps' if t['keeps_cadence'] else 'DOES NOT keep'} the cadence")
     else:
-        from trn.data.landmarks import read_landmarks
+        from trn.data.landmarks import read_landmarks, refuse_bad_images
         from trn.sim.run import run_landmarks
 
         ls, kind = read_landmarks(args.data, args.kind)
+        refuse_bad_images(ls)  # every image, not only the test half's: as trn-train and trn-data check
         print(f"dataset: {args.data}, {'read as' if args.kind else 'detected as'} {kind}: "
               f"{len(ls.instances)} identities, {len(ls.items)} images")
         args.kind = kind

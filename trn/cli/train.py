@@ -12,6 +12,22 @@ import sys
 from pathlib import Path
 
 from trn.cli.common import Parser, int_at_least, run_main, setup_logging
+from trn.errors import ConfigError
+
+
+def _verified_training_set(cfg):
+    """The landmark set and split training will use, every image of it verified first
+    (:func:`trn.data.landmarks.verify_images`: a bad one is refused before any work, with the
+    count of the others), and what training would refuse at its start
+    (:func:`trn.train.config.check_before_training`)."""
+    from trn.data.landmarks import refuse_bad_images
+    from trn.train.config import check_before_training
+    from trn.train.data import training_set
+
+    ls, split = training_set(cfg.data)
+    refuse_bad_images(ls)
+    check_before_training(cfg, len(split.train))
+    return ls, split
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -28,20 +44,23 @@ def main(argv: list[str] | None = None) -> int:
     setup_logging(args.verbose)
 
     def go() -> int:
-        from trn.train.config import load_config
+        from trn.train.config import load_config, resolve_kind
         from trn.train.loop import train
 
         cfg = load_config(args.config, args.overrides)
+        if args.out.exists() and not args.out.is_dir():
+            raise ConfigError(f"--out {args.out} is a file; a run is a directory: give a new or existing directory")
+        if args.resume and not args.check and not (args.out / "last.pt").is_file():
+            raise ConfigError(f"--resume: {args.out / 'last.pt'} does not exist; run without --resume to start, or "
+                              "give the --out of the run to continue")
+        given = cfg.data.kind
+        resolved = resolve_kind(cfg)
+        ls, s = _verified_training_set(resolved)
         if args.check:
-            from trn.train.config import resolve_kind
-            from trn.train.data import training_set
-
-            given = cfg.data.kind
-            cfg = resolve_kind(cfg)
             if given == "auto":
-                print(f"{cfg.data.path}: detected dataset kind {cfg.data.kind!r}")
-            ls, s = training_set(cfg.data)
-            print(f"config OK; {len(ls.instances)} identities: {len(s.train)} train, {len(s.val)} val, {len(s.test)} test")
+                print(f"{resolved.data.path}: detected dataset kind {resolved.data.kind!r}")
+            print(f"config OK; {len(ls.instances)} identities: {len(s.train)} train, {len(s.val)} val, {len(s.test)} "
+                  f"test; {len(ls.items)} images readable and whole")
             return 0
         state = train(cfg, args.out, resume=args.resume, stop_after=args.stop_after)
         from trn.train.loop import selected_epoch

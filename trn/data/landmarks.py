@@ -23,8 +23,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trn.data.luna1 import (ANNOTATIONS, CRATER_DIR, FRAME_VIEWS_DIR, METADATA, VIEWS_DIR, Luna1Metadata,
-                            read_annotations)
+from trn.data.luna1 import (ANNOTATIONS, CRATER_DIR, FRAME_VIEWS_DIR, METADATA, NAV_DIR, VIEWS_DIR, Luna1Metadata,
+                            png_structure, read_annotations, read_bytes, read_image, unreadable)
 from trn.errors import DataError
 
 IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff")
@@ -65,6 +65,13 @@ def is_frame_view(view: str) -> bool:
     return view.startswith(FRAME_VIEW_PREFIX)
 
 
+def _require_dir(root: str | Path, what: str) -> None:
+    """Refuse a dataset root that is missing or a file, saying which."""
+    root = Path(root)
+    if not root.is_dir():
+        raise DataError(f"{what} directory {'is a file, not a directory' if root.exists() else 'does not exist'}", root)
+
+
 def _numbered_views(vdir: Path) -> dict[str, list[Path]]:
     """``<id>_<k>.png`` files of a folder, per crater id, in k order."""
     out: dict[str, list[Path]] = {}
@@ -81,10 +88,15 @@ def read_luna1_landmarks(root: str | Path, extra_views: bool = False, frame_view
     follow its Luna-1 render as further views of the same instance (views ``view<k>``); with
     ``frame_views``, its frame-domain views ``frame_views/<id>_<k>.png`` (``trn-data build
     --frame-views``, training and validation craters only) follow as views ``frame<k>``."""
+    _require_dir(root, "Luna-1 dataset")
     cdir = Path(root) / CRATER_DIR
     if not cdir.is_dir():
         raise DataError(f"no {CRATER_DIR}/ folder: not a Luna-1 dataset", root)
-    paths = sorted((p for p in cdir.glob("*.png") if p.stem.isdigit()), key=lambda p: int(p.stem))
+    try:
+        listed = list(cdir.iterdir())  # unlike glob, says when the folder cannot be read
+    except OSError as exc:
+        raise unreadable(cdir, f"{CRATER_DIR}/ folder", exc) from None
+    paths = sorted((p for p in listed if p.suffix == ".png" and p.stem.isdigit()), key=lambda p: int(p.stem))
     if not paths:
         raise DataError("no <id>.png crater images", cdir)
     extra: list[tuple[str, dict[str, list[Path]]]] = []
@@ -118,8 +130,7 @@ def _hirise_base(stem: str) -> tuple[str, str]:
 def read_hirise(root: str | Path, class_name: str = "crater") -> LandmarkSet:
     """The HiRISE v3 labelled set, crater class only, variants grouped as views of one instance."""
     root = Path(root)
-    if not root.is_dir():
-        raise DataError("HiRISE directory does not exist", root)
+    _require_dir(root, "HiRISE")
     labels = [p for p in sorted(root.glob("labels*.txt")) if "train_val_test" not in p.name]
     labels = labels or sorted(root.glob("labels*.txt"))
     if not labels:
@@ -169,8 +180,7 @@ def read_folder(root: str | Path, name: str = "folder") -> LandmarkSet:
     other file shares its ``<instance>`` prefix; otherwise the whole stem is the instance.
     """
     root = Path(root)
-    if not root.is_dir():
-        raise DataError("landmark folder does not exist", root)
+    _require_dir(root, "landmark folder")
     flat = sorted(p for p in root.iterdir() if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
     nested = sorted(p for d in root.iterdir() if d.is_dir() for p in d.iterdir()
                     if p.is_file() and p.suffix.lower() in IMAGE_SUFFIXES)
@@ -188,6 +198,36 @@ def read_folder(root: str | Path, name: str = "folder") -> LandmarkSet:
     return LandmarkSet(name, tuple(items))
 
 
+def verify_images(ls: LandmarkSet) -> list[DataError]:
+    """One error per image of ``ls`` that cannot be used, naming the file and the cause:
+    unreadable (missing, permission denied, a directory), or damaged. PNGs are verified by their
+    structure and checksums (:func:`trn.data.luna1.png_structure`, no decoding), other formats
+    are decoded. What ``trn-train`` runs before it trains (and with ``--check``), so that a bad
+    image is named before any work rather than in the middle of an epoch."""
+    errors: list[DataError] = []
+    for item in ls.items:
+        try:
+            if item.path.suffix.lower() == ".png":
+                _, problem = png_structure(read_bytes(item.path, "landmark image"))
+                if problem:
+                    errors.append(DataError(f"landmark image {problem}; replace it or rebuild the dataset", item.path))
+            else:
+                read_image(item.path, what="landmark image")
+        except DataError as e:
+            errors.append(e)
+    return errors
+
+
+def refuse_bad_images(ls: LandmarkSet) -> None:
+    """Raise one :class:`DataError` naming the first image of ``ls`` that :func:`verify_images`
+    finds unusable, and how many more there are; the check ``trn-train`` and ``trn-sim run
+    landmarks`` run before any work."""
+    bad = verify_images(ls)
+    if bad:
+        more = f" (and {len(bad) - 1} more of {len(ls.items)} images)" if len(bad) > 1 else ""
+        raise DataError(f"{bad[0]}{more}")
+
+
 KINDS = ("luna1", "hirise", "folder")
 LAYOUTS = {
     "luna1": "a Luna-1 directory (crater_images/<id>.png, optionally lro_navigation/)",
@@ -201,8 +241,7 @@ def detect_kind(root: str | Path) -> str:
     """The layout of a landmark dataset: ``luna1`` (a ``crater_images/`` folder), ``hirise`` (a
     ``labels*.txt`` file), else ``folder``."""
     root = Path(root)
-    if not root.is_dir():
-        raise DataError("landmark dataset directory does not exist", root)
+    _require_dir(root, "landmark dataset")
     if (root / CRATER_DIR).is_dir():
         return "luna1"
     if any(root.glob("labels*.txt")):
@@ -287,9 +326,10 @@ def split_identities(ls: LandmarkSet, path: str | Path, kind: str = "auto",
     forced: set[str] = set()
     kind = detect_kind(path) if kind == "auto" else kind
     if kind == "luna1":
-        ann = Path(path) / ANNOTATIONS
-        if ann.is_file():
-            forced = {str(b.id) for f in read_annotations(ann) for b in f.boxes}
+        # a navigation sequence without a readable annotations file would let its craters into the
+        # training half (trn-sim refuses such a dataset): read_annotations refuses it, naming why
+        if (Path(path) / NAV_DIR).exists():
+            forced = {str(b.id) for f in read_annotations(Path(path) / ANNOTATIONS) for b in f.boxes}
         listed = luna1_identities(path)
         if listed is not None and set(ids) <= set(listed):
             ids = listed

@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import zlib
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -97,32 +98,78 @@ def parse_box(token: str, path: Path | str = "<annotations>", line: int | None =
     box = Box(*vals)
     if box.id < 0:
         raise DataError(f"box {token!r}: crater id must be >= 0", path, line)
-    if box.l > box.r or box.t > box.b:
-        raise DataError(f"box {token!r}: needs l <= r and t <= b", path, line)
+    # a box of zero width or height holds no pixel: no crop can be cut from it
+    if box.l >= box.r or box.t >= box.b:
+        raise DataError(f"box {token!r}: needs l < r and t < b (width {box.r - box.l}, height {box.b - box.t} "
+                        "px: a box of zero or negative size holds no pixel)", path, line)
     return box
+
+
+def read_bytes(path: Path, what: str) -> bytes:
+    """The bytes of a file; a missing, unreadable or wrong-kind path raises :class:`DataError`
+    naming ``what``, the path and the cause (never reported as corrupt)."""
+    try:
+        return path.read_bytes()
+    except OSError as exc:
+        raise unreadable(path, what, exc) from None
+
+
+def unreadable(path: Path, what: str, exc: OSError) -> DataError:
+    """The :class:`DataError` for an operating-system error reading ``path``: its cause in words."""
+    if isinstance(exc, FileNotFoundError):
+        return DataError(f"{what} is missing", path)
+    if isinstance(exc, IsADirectoryError):
+        return DataError(f"{what} is a directory, not a file", path)
+    if isinstance(exc, PermissionError):
+        mode = "u+rx" if path.is_dir() else "u+r"
+        return DataError(f"{what} is unreadable: permission denied; make it readable (chmod {mode} {path}) or run as "
+                         "its owner", path)
+    return DataError(f"{what} cannot be read ({exc.strerror or exc})", path)
+
+
+def _parse_annotations(data: bytes, path: Path) -> tuple[list[FrameAnnotation], list[DataError]]:
+    """Every line of an annotations file: the frames that parse (a line's good boxes kept) and one
+    error per problem, in line order. The one parser of the format: :func:`read_annotations`
+    raises the first error, :func:`scan_luna1` lists them all."""
+    frames: list[FrameAnnotation] = []
+    errors: list[DataError] = []
+    seen: dict[int, int] = {}
+    for i, raw_bytes in enumerate(data.splitlines(), start=1):
+        try:
+            raw = raw_bytes.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            errors.append(DataError(f"line is not UTF-8 text (byte {exc.start}); annotations.txt must be UTF-8",
+                                    path, i))
+            continue
+        tokens = raw.split()
+        if not tokens:
+            continue
+        try:
+            frame = _frame_number(tokens[0], path, i)
+        except DataError as e:
+            errors.append(e)
+            continue
+        if frame in seen:
+            errors.append(DataError(f"frame {frame} is annotated twice (first on line {seen[frame]})", path, i))
+        else:
+            seen[frame] = i
+        boxes = []
+        for t in tokens[1:]:
+            try:
+                boxes.append(parse_box(t, path, i))
+            except DataError as e:
+                errors.append(e)
+        frames.append(FrameAnnotation(frame, tokens[0], tuple(boxes)))
+    return frames, errors
 
 
 def read_annotations(path: str | Path) -> list[FrameAnnotation]:
     """Parse annotations.txt; raises :class:`DataError` naming the file and line of the first problem."""
     path = Path(path)
-    if not path.is_file():
-        raise DataError("annotations file is missing", path)
-    out: list[FrameAnnotation] = []
-    seen: dict[int, int] = {}
-    try:
-        text = path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as exc:
-        raise DataError(f"annotations file is not UTF-8 text ({exc.reason})", path) from None
-    for i, raw in enumerate(text.splitlines(), start=1):
-        tokens = raw.split()
-        if not tokens:
-            continue
-        frame = _frame_number(tokens[0], path, i)
-        if frame in seen:
-            raise DataError(f"frame {frame} is annotated twice (first on line {seen[frame]})", path, i)
-        seen[frame] = i
-        out.append(FrameAnnotation(frame, tokens[0], tuple(parse_box(t, path, i) for t in tokens[1:])))
-    return out
+    frames, errors = _parse_annotations(read_bytes(path, "annotations file"), path)
+    if errors:
+        raise errors[0]
+    return frames
 
 
 def atomic_write_text(path: Path, text: str) -> None:
@@ -140,11 +187,9 @@ def write_annotations(path: str | Path, frames: Iterable[FrameAnnotation]) -> No
 
 
 def _read_numeric_rows(path: Path, columns: int, what: str, delimiter: str | None) -> np.ndarray:
-    if not path.is_file():
-        raise DataError(f"{what} file is missing", path)
     rows = []
     try:
-        text = path.read_text(encoding="utf-8")
+        text = read_bytes(path, f"{what} file").decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DataError(f"{what} file is not UTF-8 text ({exc.reason} at byte {exc.start})", path) from None
     for i, raw in enumerate(text.splitlines(), start=1):
@@ -240,9 +285,10 @@ class Luna1Metadata:
     @classmethod
     def read(cls, path: str | Path) -> "Luna1Metadata":
         path = Path(path)
+        data = read_bytes(path, "metadata")
         try:
-            doc = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+            doc = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise DataError(f"metadata is not readable JSON ({exc}); delete it or rebuild the dataset", path) from None
         if not isinstance(doc, dict) or doc.get("format") != METADATA_FORMAT:
             raise DataError(f"metadata format is {doc.get('format') if isinstance(doc, dict) else None!r}; "
@@ -290,14 +336,27 @@ class Luna1Dataset:
         return {b.id for f in self.frames for b in f.boxes}
 
 
-def read_gray(path: Path) -> np.ndarray:
-    """uint8 [H, W] image; corrupt or missing files raise :class:`DataError`."""
-    if not path.is_file():
-        raise DataError("image is missing", path)
-    img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE)
+def read_image(path: Path, flags: int = cv2.IMREAD_GRAYSCALE, what: str = "image") -> np.ndarray:
+    """The decoded image (``cv2.imdecode`` with ``flags``). Missing, unreadable (permissions), empty
+    and undecodable files raise :class:`DataError`, each with its own cause: a file the user may
+    not read is never reported as corrupt."""
+    data = read_bytes(path, what)
+    if not data:
+        raise DataError(f"{what} is empty (0 bytes); replace or re-render it", path)
+    if data[:8] == PNG_SIGNATURE:
+        # named precisely (and without libpng's own complaints on stderr) before decoding
+        _, problem = png_structure(data)
+        if problem:
+            raise DataError(f"{what} {problem}; replace or re-render it", path)
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
     if img is None:
-        raise DataError("image cannot be decoded (corrupt or not an image); replace or re-render it", path)
+        raise DataError(f"{what} cannot be decoded (corrupt or not an image); replace or re-render it", path)
     return img
+
+
+def read_gray(path: Path) -> np.ndarray:
+    """uint8 [H, W] image; missing, unreadable or corrupt files raise :class:`DataError`."""
+    return read_image(path, cv2.IMREAD_GRAYSCALE)
 
 
 def _crater_ids(root: Path) -> list[int]:
@@ -344,20 +403,82 @@ class Problem:
         return f"{self.file}:{self.line}: {self.message}" if self.line else f"{self.file}: {self.message}"
 
 
-def png_size(path: Path) -> tuple[int, int] | None:
-    """(height, width) from a PNG's IHDR chunk without decoding it; None if it is not a PNG."""
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
+
+
+def png_structure(data: bytes) -> tuple[tuple[int, int] | None, str | None]:
+    """((height, width), None) when ``data`` is a whole PNG file by its structure: the signature,
+    IHDR first, every chunk inside the file with a matching CRC-32, image data, IEND last; else
+    (None, what is wrong). Much cheaper than decoding and catches what storage damage does (a
+    flipped bit, a truncation); a PNG whose checksums match but whose compressed data does not
+    decode is only caught by decoding it."""
+    if not data:
+        return None, "is empty (0 bytes)"
+    if data[:8] != PNG_SIGNATURE:
+        return None, "is not a PNG (bad signature)"
+    pos, size, idat = 8, None, False
+    while True:
+        if pos + 12 > len(data):
+            return None, "is truncated (it ends before its IEND chunk)"
+        n = int.from_bytes(data[pos:pos + 4], "big")
+        kind = data[pos + 4:pos + 8]
+        end = pos + 8 + n
+        if end + 4 > len(data):
+            return None, f"is truncated (its {kind.decode('latin-1')!r} chunk runs past the end of the file)"
+        if zlib.crc32(data[pos + 4:end]) != int.from_bytes(data[end:end + 4], "big"):
+            return None, f"is corrupt (the checksum of its {kind.decode('latin-1')!r} chunk does not match)"
+        if size is None:
+            if kind != b"IHDR" or n < 8:
+                return None, "is not a PNG (no IHDR chunk first)"
+            size = int.from_bytes(data[pos + 12:pos + 16], "big"), int.from_bytes(data[pos + 8:pos + 12], "big")
+        idat |= kind == b"IDAT"
+        pos = end + 4
+        if kind == b"IEND":
+            return (size, None) if idat else (None, "is corrupt (it holds no image data)")
+
+
+def _probe_image(path: Path, decode: bool) -> tuple[tuple[int, int] | None, str | None]:
+    """((height, width) or None, problem or None) of an image file: decoded in full, or its PNG
+    structure and checksums verified (:func:`png_structure`)."""
     try:
-        with open(path, "rb") as f:
-            head = f.read(24)
-    except OSError:
-        return None
-    if len(head) < 24 or head[:8] != b"\x89PNG\r\n\x1a\n" or head[12:16] != b"IHDR":
-        return None
-    return int.from_bytes(head[20:24], "big"), int.from_bytes(head[16:20], "big")
+        if decode:
+            return read_image(path, cv2.IMREAD_UNCHANGED).shape[:2], None
+        size, problem = png_structure(read_bytes(path, "image"))
+    except DataError as e:
+        return None, e.message
+    return size, None if problem is None else f"image {problem}; replace or re-render it"
 
 
-def check_luna1(root: str | Path, decode_images: bool = True) -> list[Problem]:
-    """Validate a Luna-1 directory; returns every problem found (empty list = valid)."""
+@dataclass(frozen=True)
+class Luna1Scan:
+    """What :func:`scan_luna1` read: the dataset as far as it could be read (``None`` when the
+    root is not a directory) and every problem found."""
+
+    dataset: Luna1Dataset | None
+    problems: list[Problem]
+
+    @property
+    def blocking(self) -> list[Problem]:
+        """The problems that make the dataset unusable for the scenarios (``trn-sim``)."""
+        return [p for p in self.problems if p.blocks_scenarios]
+
+
+def scan_luna1(root: str | Path, decode_images: bool = True) -> Luna1Scan:
+    """Read and validate a Luna-1 directory in one pass: the single validation of the format.
+    ``trn-data check`` prints its problems; :func:`read_luna1_checked` (the loader ``trn-sim``
+    uses) refuses the dataset when any of them blocks and otherwise returns the dataset this very
+    scan read, so that the two cannot disagree.
+
+    Blocking: a missing or empty ``crater_images/``, unexpected files in it, annotation lines that
+    are not UTF-8 or do not parse (a box of zero width or height included), frames annotated
+    twice, a frame with boxes whose image is missing, boxes outside their frame, crater ids
+    without an image, malformed pose files or pose files shorter than the sequence, a malformed
+    metadata.json, and any crater image or listed frame that is unreadable (its cause named:
+    permission denied, a directory, ...) or damaged. Images are decoded with ``decode_images``;
+    without it their PNG structure and every chunk's checksum are verified (which catches flipped
+    bits and truncations; only a PNG with intact checksums around undecodable data needs the
+    decode). Not blocking: missing pose files and missing images of frames without boxes.
+    """
     root = Path(root)
     problems: list[Problem] = []
 
@@ -365,85 +486,74 @@ def check_luna1(root: str | Path, decode_images: bool = True) -> list[Problem]:
         problems.append(Problem(rel, line, msg))
 
     if not root.is_dir():
-        return [Problem(str(root), None, "directory does not exist")]
-    crater_ids = _crater_ids(root)
+        what = "is a file, not a directory" if root.exists() else "does not exist"
+        return Luna1Scan(None, [Problem(str(root), None, f"dataset directory {what}")])
     cdir = root / CRATER_DIR
+    listed = True
+    try:
+        entries = sorted(cdir.iterdir()) if cdir.is_dir() else []
+    except OSError as exc:
+        entries, listed = [], False
+        add(CRATER_DIR, None, unreadable(cdir, "folder", exc).message)
+    crater_ids = sorted(int(p.stem) for p in entries if p.suffix == ".png" and p.stem.isdigit())
     if cdir.is_dir():
-        for p in sorted(cdir.iterdir()):
+        for p in entries:
             if p.suffix != ".png" or not p.stem.isdigit():
                 if not p.name.startswith("."):
                     add(f"{CRATER_DIR}/{p.name}", None, "unexpected file; crater images are named <id>.png")
                 continue
-            if decode_images:
-                img = cv2.imread(str(p), cv2.IMREAD_UNCHANGED)
-                if img is None:
-                    add(f"{CRATER_DIR}/{p.name}", None, "cannot be decoded (corrupt PNG)")
+            _, msg = _probe_image(p, decode_images)
+            if msg:
+                add(f"{CRATER_DIR}/{p.name}", None, msg)
+        if not crater_ids and listed:
+            add(CRATER_DIR, None, "has no <id>.png crater landmark images; render them with trn-data build (or "
+                                  "restore them)")
+    elif cdir.exists():
+        add(CRATER_DIR, None, "is a file, not a directory (crater landmark images are crater_images/<id>.png)")
     else:
         add(CRATER_DIR, None, "missing (no crater landmark images)")
     frames: list[FrameAnnotation] = []
-    if not (root / NAV_DIR).is_dir():
+    poses = kitti = None
+    if (root / NAV_DIR).exists() and not (root / NAV_DIR).is_dir():
+        add(NAV_DIR, None, "is a file, not a directory (the navigation sequence)")
+    elif not (root / NAV_DIR).is_dir():
         add(NAV_DIR, None, "missing (no navigation sequence)")
     else:
         ann = root / ANNOTATIONS
-        if not ann.is_file():
-            add(ANNOTATIONS, None, "missing")
-        else:
-            seen: set[int] = set()
-            for i, raw_bytes in enumerate(ann.read_bytes().splitlines(), start=1):
-                try:
-                    raw = raw_bytes.decode("utf-8")
-                except UnicodeDecodeError as exc:
-                    add(ANNOTATIONS, i, f"line is not UTF-8 text (byte {exc.start}); annotations.txt must be UTF-8")
-                    continue
-                tokens = raw.split()
-                if not tokens:
-                    continue
-                try:
-                    frame = _frame_number(tokens[0], ann, i)
-                except DataError as e:
-                    add(ANNOTATIONS, i, e.message)
-                    continue
-                if frame in seen:
-                    add(ANNOTATIONS, i, f"frame {frame} is annotated twice")
-                seen.add(frame)
-                boxes = []
-                for t in tokens[1:]:
-                    try:
-                        boxes.append(parse_box(t, ann, i))
-                    except DataError as e:
-                        add(ANNOTATIONS, i, e.message)
-                frames.append(FrameAnnotation(frame, tokens[0], tuple(boxes)))
-            known = set(crater_ids)
-            for f in frames:
-                ipath = root / NAV_IMAGES / f"{f.frame}.png"
-                size = None
-                if not ipath.is_file() and not f.boxes:
-                    # no scenario reads a frame without boxes (a build with --parts scenarios
-                    # leaves them for later): reported, not blocking
-                    problems.append(Problem(f"{NAV_IMAGES}/{f.frame}.png", None, "missing (listed in annotations.txt, no "
-                                            "boxes; `trn-data build` without --parts renders it)", blocks_scenarios=False))
-                elif not ipath.is_file():
-                    add(f"{NAV_IMAGES}/{f.frame}.png", None, "missing (listed in annotations.txt)")
-                elif decode_images:
-                    img = cv2.imread(str(ipath), cv2.IMREAD_UNCHANGED)
-                    if img is None:
-                        add(f"{NAV_IMAGES}/{f.frame}.png", None, "cannot be decoded (corrupt PNG)")
-                    else:
-                        size = img.shape[:2]
-                elif f.boxes:
-                    size = png_size(ipath)
-                    if size is None:
-                        add(f"{NAV_IMAGES}/{f.frame}.png", None, "is not a PNG image (bad header)")
-                for b in f.boxes:
-                    if known and b.id not in known:
-                        add(ANNOTATIONS, None, f"frame {f.frame}: crater id {b.id} has no {CRATER_DIR}/{b.id}.png")
-                    if size is not None and (b.l < 0 or b.t < 0 or b.r > size[1] or b.b > size[0]):
-                        add(ANNOTATIONS, None, f"frame {f.frame}: box {b.to_token()} lies outside the "
-                                               f"{size[1]}x{size[0]} image")
+        try:
+            frames, errors = _parse_annotations(read_bytes(ann, "annotations file"), ann)
+        except DataError as e:
+            frames, errors = [], []
+            add(ANNOTATIONS, None, e.message.removeprefix("annotations file "))
+        for e in errors:
+            add(ANNOTATIONS, e.line, e.message)
+        known = set(crater_ids)
+        for f in frames:
+            ipath = root / NAV_IMAGES / f"{f.frame}.png"
+            rel = f"{NAV_IMAGES}/{f.frame}.png"
+            size = None
+            if not ipath.exists() and not f.boxes:
+                # no scenario reads a frame without boxes (a build with --parts scenarios
+                # leaves them for later): reported, not blocking
+                problems.append(Problem(rel, None, "missing (listed in annotations.txt, no boxes; `trn-data build` "
+                                                   "without --parts renders it)", blocks_scenarios=False))
+            elif not ipath.exists():
+                add(rel, None, "missing (listed in annotations.txt)")
+            else:
+                size, msg = _probe_image(ipath, decode_images)
+                if msg:
+                    add(rel, None, msg)
+            for b in f.boxes:
+                if known and b.id not in known:
+                    add(ANNOTATIONS, None, f"frame {f.frame}: crater id {b.id} has no {CRATER_DIR}/{b.id}.png")
+                if size is not None and (b.l < 0 or b.t < 0 or b.r > size[1] or b.b > size[0]):
+                    add(ANNOTATIONS, None, f"frame {f.frame}: box {b.to_token()} lies outside the "
+                                           f"{size[1]}x{size[0]} image")
         n_frames = (max(f.frame for f in frames) + 1) if frames else 0
+        read = {}
         for rel, reader in ((POSES_CSV, read_poses_csv), (POSES_KITTI, read_poses_kitti)):
             p = root / rel
-            if not p.is_file():
+            if not p.exists():
                 problems.append(Problem(rel, None, "missing (optional, but Lost-in-Space orbit splits and metadata use it)",
                                         blocks_scenarios=False))
                 continue
@@ -454,9 +564,33 @@ def check_luna1(root: str | Path, decode_images: bool = True) -> list[Problem]:
                 continue
             if n_frames and len(arr) < n_frames:
                 add(rel, None, f"has {len(arr)} rows; annotations.txt needs at least {n_frames}")
-    if (root / METADATA).is_file():
+            read[rel] = arr
+        poses, kitti = read.get(POSES_CSV), read.get(POSES_KITTI)
+    meta = None
+    if (root / METADATA).exists():
         try:
-            Luna1Metadata.read(root / METADATA)
+            meta = Luna1Metadata.read(root / METADATA)
         except DataError as e:
             add(METADATA, None, e.message)
-    return problems
+    return Luna1Scan(Luna1Dataset(root, crater_ids, frames, poses, kitti, meta), problems)
+
+
+def check_luna1(root: str | Path, decode_images: bool = True) -> list[Problem]:
+    """Validate a Luna-1 directory; returns every problem found (empty list = valid). See
+    :func:`scan_luna1` for what is checked and what blocks."""
+    return scan_luna1(root, decode_images).problems
+
+
+def read_luna1_checked(root: str | Path, decode_images: bool = False) -> Luna1Dataset:
+    """The dataset as :func:`scan_luna1` read it, refused with one :class:`DataError` (the first
+    blocking problem and how many more) when ``trn-data check`` would report any blocking problem.
+    The loader of ``trn-sim``: with the same ``decode_images`` (``trn-data check --no-decode``),
+    what one accepts the other accepts; ``trn-data check``'s default decode is only stricter."""
+    scan = scan_luna1(root, decode_images)
+    blocking = scan.blocking
+    if scan.dataset is None:
+        raise DataError(f"{blocking[0].message}; pass --data DIR of a Luna-1-format dataset", root)
+    if blocking:
+        more = f" (and {len(blocking) - 1} more)" if len(blocking) > 1 else ""
+        raise DataError(f"dataset has problems: {blocking[0]}{more}; `trn-data check {root}` lists them all", root)
+    return scan.dataset

@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 
 from trn.data.luna1 import Luna1Dataset, read_luna1
-from trn.errors import DataError
+from trn.errors import ConfigError, DataError
 
 
 def _grid(images: list[np.ndarray], cols: int, pad: int = 4) -> np.ndarray:
@@ -30,8 +30,19 @@ def _label(img: np.ndarray, text: str) -> np.ndarray:
     return img
 
 
+def _check_counts(seed: int = 0, **counts: int) -> None:
+    """Tile counts and columns are whole numbers >= 1, the seed one >= 0 (numpy refuses negative
+    seeds)."""
+    for name, v in counts.items():
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 1:
+            raise ConfigError(f"sheet {name}={v!r}: expected a whole number >= 1")
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ConfigError(f"sheet seed={seed!r}: expected a whole number >= 0")
+
+
 def crater_sheet(ds: Luna1Dataset, n: int = 24, cols: int = 6, seed: int = 0) -> np.ndarray:
     """``n`` crater landmarks (a seeded random choice), labelled with id and diameter when known."""
+    _check_counts(n=n, cols=cols, seed=seed)
     if not ds.crater_ids:
         raise DataError("dataset has no crater images", ds.root)
     rng = np.random.default_rng(seed)
@@ -48,6 +59,7 @@ def crater_sheet(ds: Luna1Dataset, n: int = 24, cols: int = 6, seed: int = 0) ->
 def frame_sheet(ds: Luna1Dataset, n: int = 6, cols: int = 3) -> np.ndarray:
     """``n`` navigation frames with their boxes: the frames with most boxes, spread along the
     sequence (one per equal slice of the annotated frames)."""
+    _check_counts(n=n, cols=cols)
     annotated = [f for f in ds.frames if f.boxes]
     if not annotated:
         raise DataError("no navigation frame has a box", ds.root)
@@ -65,7 +77,9 @@ def frame_sheet(ds: Luna1Dataset, n: int = 6, cols: int = 3) -> np.ndarray:
 
 
 def write_sheets(root: Path, out_prefix: Path, n_craters: int = 24, n_frames: int = 6, seed: int = 0) -> list[Path]:
-    """Write ``<prefix>_craters.png`` and ``<prefix>_frames.png``; returns the paths written."""
+    """Write ``<prefix>_craters.png`` and ``<prefix>_frames.png``; returns the paths written.
+    The counts are checked before anything is read."""
+    _check_counts(craters=n_craters, frames=n_frames, seed=seed)
     ds = read_luna1(root)
     out_prefix.parent.mkdir(parents=True, exist_ok=True)
     paths = []

@@ -38,6 +38,7 @@ OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 DEVICES = ("cpu", "cuda", "auto")
 SELECTIONS = ("render", "frame", "both")
+MAX_SEED = 2**32 - 1  # seeds are 32-bit everywhere in trn (the command lines refuse larger ones too)
 
 
 @dataclass(frozen=True)
@@ -78,6 +79,8 @@ class DataConfig:
             raise ConfigError("data.frame_views needs data.kind luna1 (the views come from trn-data build --frame-views)")
         if not 0.0 <= self.test_fraction < 1.0 or not 0.0 <= self.val_fraction < 1.0:
             raise ConfigError(f"data fractions test={self.test_fraction}, val={self.val_fraction}: expected [0, 1)")
+        if not 0 <= self.split_seed <= MAX_SEED:
+            raise ConfigError(f"data.split_seed={self.split_seed}: expected 0 to {MAX_SEED}")
 
 
 @dataclass(frozen=True)
@@ -181,8 +184,9 @@ class TrainConfig:
             raise ConfigError(f"max_batches={self.max_batches}: expected 1 or more (leave it out for no cap)")
         if not 0 <= self.threads <= 1024:
             raise ConfigError(f"threads={self.threads}: expected 0 (torch's default) to 1024")
-        if self.seed < 0:
-            raise ConfigError(f"seed={self.seed}: expected 0 or more")
+        if not 0 <= self.seed <= MAX_SEED:
+            # the epoch generators are seeded with seed * 1000003 + epoch, which torch needs in 64 bits
+            raise ConfigError(f"seed={self.seed}: expected 0 to {MAX_SEED}")
         if self.device not in DEVICES:
             raise ConfigError(f"device={self.device!r}: expected one of {DEVICES}")
 
@@ -304,14 +308,37 @@ def resolve_kind(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, kind=kind))
 
 
+def check_before_training(cfg: TrainConfig, train_identities: int) -> None:
+    """What training refuses only once it has loaded its images, checked without training (for
+    ``trn-train --check`` and before a run starts): enough training identities for one batch, and
+    an ``init`` checkpoint that loads (checksum verified) with the architecture of ``model:``."""
+    need = cfg.batch_size // cfg.views_per_identity
+    if train_identities < need:
+        raise ConfigError(f"batch_size={cfg.batch_size} needs {need} identities per batch; the train split of "
+                          f"{cfg.data.path} has {train_identities}: lower batch_size or use a larger dataset")
+    if cfg.init:
+        from trn.models.checkpoint import load_descriptor
+
+        start = load_descriptor(cfg.init)
+        if start.cfg.to_dict() != cfg.model.to_dict():
+            raise ConfigError(f"init={cfg.init}: that descriptor's architecture differs from model: in the config")
+
+
 def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:
+    """The config in the YAML file ``path`` with ``key.sub=value`` overrides applied, validated
+    (types, ranges, unknown and duplicated keys)."""
     path = Path(path)
+    if path.is_dir():
+        raise ConfigError(f"config file {path} is a directory; give the YAML file (e.g. models/flight_ric_ca.yaml)")
     if not path.is_file():
         raise ConfigError(f"config file {path} does not exist")
     try:
         doc = _yaml(path.read_text(encoding="utf-8")) or {}
     except UnicodeDecodeError:
         raise ConfigError(f"config file {path} is not UTF-8 text") from None
+    except PermissionError:
+        raise ConfigError(f"config file {path} is unreadable: permission denied; make it readable (chmod u+r "
+                          f"{path}) or run as its owner") from None
     except OSError as exc:
         raise ConfigError(f"config file {path} cannot be read ({exc.strerror})") from None
     except yaml.YAMLError as exc:

@@ -1,0 +1,1066 @@
+"""Bad inputs for the six command lines, each run as a real subprocess and classified.
+
+    python benchmarks/bad_inputs.py [--jobs 2] [--timeout 90] [--out docs/bench_bad_inputs.txt]
+
+Every case is a command a user could type with one thing wrong: an option out of range or of the
+wrong kind, a missing, empty, corrupt, truncated or permission-denied file, a malformed annotation
+line, NaN in a pose file or a config, a file of the wrong shape, a YAML config with a key given
+twice, an option the run would ignore. The fixtures are built in a temporary directory from
+scratch (a small Luna-1 dataset written with trn's own writers, configs, a landmark database, a
+key pair and, when the repository's models and exports are present, a signed bundle); nothing
+under data/ is read, and every command runs with the temporary directory as its working
+directory and as its TRN_CACHE, so no built-in world is used or built.
+
+Each outcome is one of:
+
+* clear: a non-zero exit status, no traceback, and the output names the thing that is wrong
+  (every expected fragment of the case is in stdout or stderr, case-insensitive);
+* traceback: a Python traceback, or a death by a signal;
+* silent success: exit status 0, or still running after the timeout (the bad input was
+  accepted and work started);
+* unclear: a refusal that does not name the thing (or names another cause).
+
+Permission-denied cases run with the file at mode 000; as root, whose reads ignore file modes,
+they run under ``setpriv --bounding-set -dac_override,-dac_read_search`` (skipped when setpriv
+is absent). The script prints the table per command line and in total, the hardware, and every
+case that is not clear with its command and the last line it printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import cv2
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _hw import hardware  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+CLIS = ("trn-data", "trn-sim", "trn-train", "trn-db", "trn-export", "trn-hw")
+MODULES = {c: f"trn.cli.{c.removeprefix('trn-')}" for c in CLIS}
+CLASSES = ("clear", "traceback", "silent success", "unclear")
+# who owns the code a case exercises, where it is not this script's (see the report)
+OWNERS = {"trn-hw": "hw/export owner", "trn-export": "hw/export owner", "trn-db": "db owner"}
+NO_DAC = ["setpriv", "--bounding-set", "-dac_override,-dac_read_search"]
+
+
+@dataclass(frozen=True)
+class Case:
+    """One bad invocation. ``argv`` follows the program name; every fragment of ``expect`` (each
+    may list alternatives separated by ``|``) must appear in the output for the case to be clear.
+    ``unreadable``: the command must run without the power to read mode-000 files. ``needs``:
+    the fixture it needs (skipped when that could not be built). ``owner``: who owns the code the
+    case exercises when that is not the command line's own (see OWNERS)."""
+
+    cli: str
+    name: str
+    argv: tuple[str, ...]
+    expect: tuple[str, ...]
+    unreadable: bool = False
+    needs: str | None = None
+    timeout: float | None = None
+    owner: str | None = None  # where the code it exercises lives, when not with its command line
+
+
+@dataclass
+class Outcome:
+    case: Case
+    kind: str  # one of CLASSES, or "skipped"
+    rc: int | None
+    seconds: float
+    last_line: str
+    note: str = ""
+
+
+@dataclass
+class Fixtures:
+    """Paths of everything the cases use, under ``root``; ``missing`` lists the optional fixtures
+    that could not be built (and why)."""
+
+    root: Path
+    missing: dict[str, str] = field(default_factory=dict)
+
+    def p(self, *parts: str) -> str:
+        return str(self.root.joinpath(*parts))
+
+
+# ---------------------------------------------------------------- fixtures
+
+N_CRATERS, N_FRAMES, CRATER_PX, FRAME_H, FRAME_W = 24, 8, 64, 96, 256
+TRAIN_HALF_CRATER = 20  # never in a box, so in the training half of the split
+ANNOTATED_FRAME = 2
+
+
+def write_luna1(root: Path, seed: int = 0) -> None:
+    """A small valid Luna-1 dataset: 24 crater discs, 8 frames of 96x256 px with two 64-px boxes
+    each (craters 0..7), poses of a circular orbit in both formats."""
+    from trn.data import luna1
+    from trn.data.luna1 import Box, FrameAnnotation
+
+    rng = np.random.default_rng(seed)
+    (root / luna1.CRATER_DIR).mkdir(parents=True)
+    (root / luna1.NAV_IMAGES).mkdir(parents=True)
+    yy, xx = np.mgrid[:CRATER_PX, :CRATER_PX]
+    discs = []
+    for c in range(N_CRATERS):
+        img = rng.normal(110, 10, (CRATER_PX, CRATER_PX))
+        r = 6 + (c * 7) % 22
+        img[(yy - 32) ** 2 + (xx - 32 - c % 5) ** 2 < r * r] -= 50
+        discs.append(np.clip(img, 0, 255).astype(np.uint8))
+        cv2.imwrite(str(root / luna1.CRATER_DIR / f"{c}.png"), discs[-1])
+    frames = []
+    for i in range(N_FRAMES):
+        img = np.clip(rng.normal(100, 10, (FRAME_H, FRAME_W)), 0, 255).astype(np.uint8)
+        boxes = []
+        for j, cid in enumerate(((2 * i) % 8, (2 * i + 1) % 8)):
+            left = 16 + 96 * j
+            img[16:80, left:left + 64] = discs[cid]
+            boxes.append(Box(cid, left, left + 64, 16, 80))
+        cv2.imwrite(str(root / luna1.NAV_IMAGES / f"{i}.png"), img)
+        frames.append(FrameAnnotation(i, f"nav_images/{i}.png", tuple(boxes)))
+    luna1.write_annotations(root / luna1.ANNOTATIONS, frames)
+    a = np.linspace(0, 0.2, N_FRAMES)
+    poses = np.stack([1837 * np.cos(a), 1837 * np.sin(a), np.zeros_like(a),
+                      np.cos(a / 2), np.zeros_like(a), np.zeros_like(a), np.sin(a / 2)], axis=1)
+    luna1.write_poses_csv(root / luna1.POSES_CSV, poses)
+    luna1.write_poses_kitti(root / luna1.POSES_KITTI, luna1.poses_to_kitti(poses))
+
+
+def _flip(path: Path, at: float = 0.5) -> None:
+    b = bytearray(path.read_bytes())
+    b[int(len(b) * at)] ^= 0x5A
+    path.write_bytes(bytes(b))
+
+
+def _edit(path: Path, fn: Callable[[str], str]) -> None:
+    path.write_text(fn(path.read_text(encoding="utf-8")), encoding="utf-8")
+
+
+def _replace_first_box(token: str) -> Callable[[Path], None]:
+    def damage(d: Path) -> None:
+        _edit(d / "lro_navigation" / "annotations.txt", lambda t: t.replace("0,16,80,16,80", token, 1))
+    return damage
+
+
+def _unreadable(rel: str) -> Callable[[Path], None]:
+    def damage(d: Path) -> None:
+        (d / rel).chmod(0)
+    return damage
+
+
+def _as_dir(rel: str) -> Callable[[Path], None]:
+    def damage(d: Path) -> None:
+        p = d / rel
+        p.unlink()
+        p.mkdir()
+    return damage
+
+
+def _rewrite(rel: str, data: bytes) -> Callable[[Path], None]:
+    def damage(d: Path) -> None:
+        (d / rel).write_bytes(data)
+    return damage
+
+
+CRATER = f"crater_images/{TRAIN_HALF_CRATER}.png"
+FRAME = f"lro_navigation/nav_images/{ANNOTATED_FRAME}.png"
+ANN = "lro_navigation/annotations.txt"
+CSV = "lro_navigation/poses/LROCWAC_22Sep06_000000_6H_10S_poses.csv"
+KITTI = "lro_navigation/poses/kitti_LROCWAC_22Sep06_000000_6H_10S_poses.txt"
+
+
+def _metadata(doc: dict) -> Callable[[Path], None]:
+    def damage(d: Path) -> None:
+        (d / "metadata.json").write_text(json.dumps(doc), encoding="utf-8")
+    return damage
+
+
+def _text(rel: str, transform: Callable[[str], str]) -> Callable[[Path], None]:
+    return lambda d: _edit(d / rel, transform)
+
+
+def _truncate(rel: str, size: int) -> Callable[[Path], None]:
+    return lambda d: (d / rel).write_bytes((d / rel).read_bytes()[:size])
+
+
+def _columns(n: int, sep: str | None = ",") -> Callable[[str], str]:
+    """Every row cut to its first ``n`` fields."""
+    join = sep or " "
+    return lambda t: "\n".join(join.join(r.split(sep)[:n]) for r in t.splitlines()) + "\n"
+
+
+def _first_row(fn: Callable[[str], str]) -> Callable[[str], str]:
+    return lambda t: "\n".join([fn(t.splitlines()[0]), *t.splitlines()[1:]]) + "\n"
+
+
+def _first_value_nan(t: str) -> str:
+    return t.replace(t.split(",")[1], "nan", 1)
+
+
+def _no_crater_images(d: Path) -> None:
+    for p in (d / "crater_images").iterdir():
+        p.unlink()
+
+
+def _crater_images_a_file(d: Path) -> None:
+    shutil.rmtree(d / "crater_images")
+    (d / "crater_images").write_text("x")
+
+
+def _not_utf8(d: Path) -> None:
+    (d / ANN).write_bytes((d / ANN).read_bytes().replace(b"nav_images/1.png", b"nav_images/1.png \xff\xfe", 1))
+
+
+def _unreadable_metadata(d: Path) -> None:
+    (d / "metadata.json").write_text("{}")
+    (d / "metadata.json").chmod(0)
+
+
+# name -> (damage, fragments naming it, read by training (trn-train --check sees it), unreadable)
+CRATER_N, FRAME_N = f"{TRAIN_HALF_CRATER}.png", f"{ANNOTATED_FRAME}.png"
+DAMAGES: dict[str, tuple[Callable[[Path], None], tuple[str, ...], bool, bool]] = {
+    "zero-width box": (_replace_first_box("0,16,16,16,80"), ("annotations.txt", "l < r"), True, False),
+    "zero-height box": (_replace_first_box("0,16,80,16,16"), ("annotations.txt", "t < b"), True, False),
+    "inverted box": (_replace_first_box("0,80,16,16,80"), ("annotations.txt", "l < r"), True, False),
+    "NaN in a box": (_replace_first_box("0,nan,80,16,80"), ("annotations.txt", "finite"), True, False),
+    "box with 4 fields": (_replace_first_box("0,16,80,16"), ("annotations.txt", "id,l,r,t,b"), True, False),
+    "box with text": (_replace_first_box("0,16,eighty,16,80"), ("annotations.txt", "not a number"), True, False),
+    "negative crater id": (_replace_first_box("-3,16,80,16,80"), ("annotations.txt", "id"), True, False),
+    "box outside its frame": (_replace_first_box("0,200,300,16,80"), ("annotations.txt", "outside"), False, False),
+    "box of an unknown crater": (_replace_first_box("999,16,80,16,80"), ("annotations.txt", "999"), False, False),
+    "frame annotated twice": (_text(ANN, lambda t: t + t.splitlines()[1] + "\n"), ("annotations.txt", "twice"), True,
+                              False),
+    "image path without a frame number": (_text(ANN, lambda t: t.replace("nav_images/3.png", "nav_images/x.png")),
+                                          ("annotations.txt", "frame number"), True, False),
+    "annotations not UTF-8": (_not_utf8, ("annotations.txt", "UTF-8"), True, False),
+    "annotations missing": (lambda d: (d / ANN).unlink(), ("annotations.txt", "missing"), True, False),
+    "annotations a directory": (_as_dir(ANN), ("annotations.txt", "directory"), True, False),
+    "annotations unreadable": (_unreadable(ANN), ("annotations.txt", "permission denied"), True, True),
+    "empty crater_images/": (_no_crater_images, ("crater_images", "no <id>.png|no crater"), True, False),
+    "no crater_images/": (lambda d: shutil.rmtree(d / "crater_images"), ("crater_images",), True, False),
+    "crater_images a file": (_crater_images_a_file, ("crater_images", "not a directory|no crater_images"), True, False),
+    "stray file in crater_images/": (lambda d: (d / "crater_images" / "notes.txt").write_text("x"),
+                                     ("notes.txt", "unexpected"), False, False),
+    "crater_images/ unreadable": (_unreadable("crater_images"), ("crater_images", "permission denied"), True, True),
+    "crater image bit flip": (lambda d: _flip(d / CRATER), (CRATER_N, "corrupt|checksum|decode"), True, False),
+    "crater image truncated": (_truncate(CRATER, 300), (CRATER_N, "truncated|decode"), True, False),
+    "crater image empty (0 bytes)": (_rewrite(CRATER, b""), (CRATER_N, "empty|0 bytes"), True, False),
+    "crater image is text": (_rewrite(CRATER, b"not an image\n"), (CRATER_N, "not a PNG|decode"), True, False),
+    "crater image a directory": (_as_dir(CRATER), (CRATER_N, "directory"), True, False),
+    "crater image unreadable": (_unreadable(CRATER), (CRATER_N, "permission denied"), True, True),
+    "annotated frame missing": (lambda d: (d / FRAME).unlink(), (FRAME_N, "missing"), False, False),
+    "annotated frame bit flip": (lambda d: _flip(d / FRAME), (FRAME_N, "corrupt|checksum|decode"), False, False),
+    "annotated frame truncated": (_truncate(FRAME, 500), (FRAME_N, "truncated|decode"), False, False),
+    "annotated frame unreadable": (_unreadable(FRAME), (FRAME_N, "permission denied"), False, True),
+    "frame smaller than its boxes": (lambda d: cv2.imwrite(str(d / FRAME), np.zeros((40, 40), np.uint8)),
+                                     ("annotations.txt", "outside"), False, False),
+    "NaN in the pose CSV": (_text(CSV, _first_value_nan), ("poses.csv", "NaN"), False, False),
+    "pose CSV with 6 columns": (_text(CSV, _columns(6)), ("poses.csv", "columns"), False, False),
+    "pose CSV with text": (_text(CSV, lambda t: "x,y,z,q0,q1,q2,q3\n" + t), ("poses.csv", "not a number"), False, False),
+    "non-unit quaternion": (_text(CSV, _first_row(lambda r: ",".join(r.split(",")[:3] + ["2", "0", "0", "0"]))),
+                            ("poses.csv", "unit quaternion"), False, False),
+    "pose CSV shorter than the sequence": (_text(CSV, lambda t: "\n".join(t.splitlines()[:3]) + "\n"),
+                                           ("poses.csv", "rows|poses"), False, False),
+    "KITTI rotation not orthonormal": (_text(KITTI, _first_row(lambda r: " ".join(["2"] * 12))),
+                                       ("kitti", "orthonormal"), False, False),
+    "KITTI row of 11 numbers": (_text(KITTI, _first_row(lambda r: " ".join(r.split()[:11]))), ("kitti", "columns"),
+                                False, False),
+    "pose file unreadable": (_unreadable(CSV), ("poses.csv", "permission denied"), False, True),
+    "metadata.json not JSON": (_rewrite("metadata.json", b"{not json"), ("metadata.json", "JSON"), True, False),
+    "metadata.json of another format": (_metadata({"format": "other", "version": 1}), ("metadata.json", "format"),
+                                        True, False),
+    "metadata.json of a newer version": (_metadata({"format": "trn-luna1-metadata", "version": 9}),
+                                         ("metadata.json", "version"), True, False),
+    "metadata.json unreadable": (_unreadable_metadata, ("metadata.json", "permission denied"), True, True),
+}
+
+
+def _world_file(pattern: str) -> Callable[[Path], Path]:
+    return lambda w: next(iter(sorted(w.glob(pattern))))
+
+
+DEM_TILE = _world_file("dem/*/*lat+00_lon000.png")
+CATALOGUE = _world_file("catalogs/*.csv")
+TRAJECTORY = _world_file("trajectory/*_poses_moon_pa.csv")
+KITTI_TRAJECTORY = _world_file("trajectory/*_kitti_3x4_iau_moon.txt")
+ALBEDO = _world_file("albedo/*.png")
+
+# damages of a source directory (the tiny procedural world) for trn-data build luna1:
+# name -> (damage, fragments naming it, unreadable); the DEM and albedo readers are in trn/data/terrain.py
+TERRAIN = "trn/data/terrain.py"
+def _in_world(file: Callable[[Path], Path], damage: Callable[[Path], None]) -> Callable[[Path], None]:
+    return lambda w: damage(file(w))
+
+
+def _text_of(transform: Callable[[str], str]) -> Callable[[Path], None]:
+    return lambda path: _edit(path, transform)
+
+
+SOURCE_DAMAGES: dict[str, tuple[Callable[[Path], None], tuple[str, ...], bool]] = {
+    "DEM tile bit flip": (_in_world(DEM_TILE, _flip), ("lat+00_lon000.png", "corrupt|decode|checksum"), False),
+    "DEM tile truncated": (_in_world(DEM_TILE, lambda p: p.write_bytes(p.read_bytes()[:200])),
+                           ("lat+00_lon000.png", "truncated|decode"), False),
+    "DEM tile of the wrong shape": (_in_world(DEM_TILE, lambda p: cv2.imwrite(str(p), np.zeros((7, 9), np.uint16))),
+                                    ("lat+00_lon000.png", "shape"), False),
+    "DEM tile 8-bit": (_in_world(DEM_TILE, lambda p: cv2.imwrite(str(p), np.zeros((120, 120), np.uint8))),
+                       ("lat+00_lon000.png", "uint16|dtype"), False),
+    "DEM tile unreadable": (_in_world(DEM_TILE, lambda p: p.chmod(0)), ("lat+00_lon000.png", "permission denied"), True),
+    "no dem/": (lambda w: shutil.rmtree(w / "dem"), ("dem",), False),
+    "catalogue missing": (_in_world(CATALOGUE, Path.unlink), ("catalogs", "catalogue"), False),
+    "catalogue with NaN": (_in_world(CATALOGUE, _text_of(lambda t: t.replace(t.splitlines()[1].split(",")[2], "nan", 1))),
+                           ("synth_craters.csv", "diameter|nan|finite"), False),
+    "catalogue with text": (_in_world(CATALOGUE, _text_of(lambda t: t + "east,north,big\n")),
+                            ("synth_craters.csv", "numeric"), False),
+    "catalogue without a diameter column": (_in_world(CATALOGUE, _text_of(lambda t: t.replace("Diam_km", "Size", 1))),
+                                            ("synth_craters.csv", "column"), False),
+    "catalogue unreadable": (_in_world(CATALOGUE, lambda p: p.chmod(0)), ("synth_craters.csv", "permission denied"),
+                             True),
+    "trajectory missing": (_in_world(TRAJECTORY, Path.unlink), ("trajectory", "poses"), False),
+    "trajectory with NaN": (_in_world(TRAJECTORY, _text_of(_first_value_nan)), ("poses_moon_pa.csv", "NaN"), False),
+    "trajectory with 6 columns": (_in_world(TRAJECTORY, _text_of(_columns(6))), ("poses_moon_pa.csv", "columns"), False),
+    "trajectory files disagree": (_in_world(KITTI_TRAJECTORY, _text_of(lambda t: "\n".join(t.splitlines()[:-1]) + "\n")),
+                                  ("kitti", "poses"), False),
+    "trajectory.json without a step": (lambda w: (w / "trajectory" / "trajectory.json").write_text(
+        '{"start_utc": "2022-09-06T00:00:00Z"}'), ("trajectory.json", "step_s"), False),
+    "albedo corrupt": (_in_world(ALBEDO, lambda p: p.write_bytes(b"\x89PNG\r\n\x1a\n" + bytes(64))),
+                       ("albedo", "corrupt|decode|checksum"), False),
+}
+
+
+def _yaml_config(path: Path, data: str, body: str = "model: {preset: flight}\nepochs: 2\nbatch_size: 8\n") -> str:
+    path.write_text(f"data: {{kind: luna1, path: {data}}}\n{body}", encoding="utf-8")
+    return str(path)
+
+
+def build_fixtures(root: Path, optional: bool = True) -> Fixtures:
+    """Everything the cases need, under ``root``. ``optional``: also the tiny procedural world, the
+    landmark database, the key pair and the signed bundle (some trn-data, trn-db, trn-export and
+    trn-hw cases need them; without them those cases are skipped)."""
+    fx = Fixtures(root)
+    good = root / "good"
+    write_luna1(good)
+    (root / "cfg").mkdir()
+    _yaml_config(root / "cfg" / "good.yaml", str(good))
+    for name, (damage, _, _, _) in DAMAGES.items():
+        d = root / "bad" / _slug(name)
+        shutil.copytree(good, d)
+        damage(d)
+        _yaml_config(root / "cfg" / f"{_slug(name)}.yaml", str(d))
+    (root / "empty_dir").mkdir()
+    (root / "a_file").write_text("not a directory\n", encoding="utf-8")
+    (root / "empty_file").write_bytes(b"")
+    (root / "random.bin").write_bytes(np.random.default_rng(1).bytes(4096))
+    (root / "unreadable.yaml").write_text((root / "cfg" / "good.yaml").read_text(), encoding="utf-8")
+    (root / "unreadable.yaml").chmod(0)
+    # landmark folders
+    one = root / "one_landmark"
+    one.mkdir()
+    shutil.copy(good / "crater_images" / "0.png", one / "a.png")
+    broken = root / "folder_broken"
+    shutil.copytree(good / "crater_images", broken)
+    _flip(broken / "3.png")
+    hirise = root / "hirise_bad"
+    hirise.mkdir()
+    shutil.copy(good / "crater_images" / "0.png", hirise / "a.png")
+    (hirise / "labels-map-proj_v3_2.txt").write_text("a.png\n", encoding="utf-8")
+    hirise_missing = root / "hirise_missing"
+    hirise_missing.mkdir()
+    (hirise_missing / "labels-map-proj_v3_2.txt").write_text("gone.png 1\nother.png 1\n", encoding="utf-8")
+    # model files
+    (root / "models").mkdir()
+    (root / "models" / "empty.pt").write_bytes(b"")
+    (root / "models" / "random.pt").write_bytes(np.random.default_rng(2).bytes(2048))
+    (root / "models" / "run_without_weights").mkdir()
+    (root / "models" / "model.onnx").write_bytes(b"not onnx")
+    # reports for trn-sim report
+    rep = root / "reports"
+    (rep / "no_json").mkdir(parents=True)
+    (rep / "bad_json").mkdir()
+    (rep / "bad_json" / "report.json").write_text("{", encoding="utf-8")
+    (rep / "list_json").mkdir()
+    (rep / "list_json" / "report.json").write_text("[1, 2]", encoding="utf-8")
+    (rep / "wrong_keys").mkdir()
+    (rep / "wrong_keys" / "report.json").write_text('{"context": 3, "results": "x"}', encoding="utf-8")
+    (rep / "no_results").mkdir()
+    (rep / "no_results" / "report.json").write_text('{"format": "trn-sim-report"}', encoding="utf-8")
+    (rep / "results_of_numbers").mkdir()
+    (rep / "results_of_numbers" / "report.json").write_text('{"format": "trn-sim-report", "context": {}, "results": [1, 2]}',
+                                                            encoding="utf-8")
+    # DEM sources for trn-data build luna1
+    src = root / "sources"
+    (src / "no_dem").mkdir(parents=True)
+    (src / "empty_dem" / "dem").mkdir(parents=True)
+    (root / "runs").mkdir()
+    if optional:
+        _world_fixtures(fx)
+        _db_fixtures(fx)
+        _export_fixtures(fx)
+    else:
+        fx.missing.update({k: "not built (optional fixtures off)" for k in ("world", "db", "keys", "bundle")})
+    return fx
+
+
+def _world_fixtures(fx: Fixtures) -> None:
+    """The tiny procedural world (4 px/deg, a short orbit; a few seconds) as a source directory,
+    and one damaged copy per SOURCE_DAMAGES entry."""
+    try:
+        from trn.data.synth import SynthConfig, make_world
+
+        world = fx.root / "sources" / "world"
+        make_world(SynthConfig(seed=3, ppd=4, min_crater_km=30.0, orbits=0.04, step_s=30.0, n20=3000), world)
+        for name, (damage, _, _) in SOURCE_DAMAGES.items():
+            d = fx.root / "sources" / "damaged" / _slug(name)
+            shutil.copytree(world, d)
+            damage(d)
+    except Exception as exc:  # noqa: BLE001 - a fixture we could not build: its cases are skipped
+        fx.missing["world"] = f"{type(exc).__name__}: {exc}"
+
+
+def _slug(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name.lower()).strip("_")
+
+
+def _db_fixtures(fx: Fixtures) -> None:
+    try:
+        from trn.db import DBConfig, LandmarkDB
+        from trn.db.store import journal_path
+
+        d = fx.root / "db"
+        d.mkdir()
+        rng = np.random.default_rng(3)
+        good = d / "good.trndb"
+        with LandmarkDB.open(good, DBConfig(dim=16)) as db:
+            for _ in range(5):
+                db.match_or_insert(rng.normal(size=(1, 16)).astype(np.float32))
+            db.checkpoint()
+            for _ in range(3):
+                db.match_or_insert(rng.normal(size=(1, 16)).astype(np.float32))
+        j = journal_path(good)
+        for name, fn in (("flipped", lambda p: _flip(p, 0.6)), ("truncated", lambda p: p.write_bytes(p.read_bytes()[:40])),
+                         ("no_journal", None), ("journal_garbage", None), ("journal_truncated", None),
+                         ("unreadable", lambda p: p.chmod(0))):
+            copy = d / f"{name}.trndb"
+            shutil.copy(good, copy)
+            shutil.copy(j, journal_path(copy))
+            if fn is not None:
+                fn(copy)
+        journal_path(d / "no_journal.trndb").unlink()
+        journal_path(d / "journal_garbage.trndb").write_bytes(np.random.default_rng(4).bytes(300))
+        jt = journal_path(d / "journal_truncated.trndb")
+        jt.write_bytes(jt.read_bytes()[:10])
+        fx.missing.pop("db", None)
+    except Exception as exc:  # noqa: BLE001 - a fixture we could not build: its cases are skipped
+        fx.missing["db"] = f"{type(exc).__name__}: {exc}"
+
+
+def _export_fixtures(fx: Fixtures) -> None:
+    exe = _command("trn-export")
+    keys = fx.root / "keys"
+    r = subprocess.run(exe + ["keygen", "--out", str(keys)], capture_output=True, text=True, cwd=fx.root,
+                       env=_env(fx), timeout=120)
+    if r.returncode != 0:
+        fx.missing["keys"] = (r.stderr or r.stdout).strip().splitlines()[-1:]
+        fx.missing["bundle"] = "no key pair"
+        return
+    (fx.root / "other_keys").mkdir()
+    r = subprocess.run(exe + ["keygen", "--out", str(fx.root / "other_keys")], capture_output=True, text=True,
+                       cwd=fx.root, env=_env(fx), timeout=120)
+    shipped = REPO / "export" / "flight_conv2d_se_union"
+    if not (shipped / "model_int8.tflite").is_file():
+        fx.missing["bundle"] = f"no export at {shipped}"
+        return
+    # the TFLite part only (a Coral board's bundle): no ONNX file in it
+    export = fx.root / "export_tflite"
+    export.mkdir()
+    for name in ("model_int8.tflite", "head.npz", "tflite_report.json", "edgetpu_report.json", "edgetpu_report.md"):
+        if (shipped / name).is_file():
+            shutil.copy(shipped / name, export / name)
+    r = subprocess.run(exe + ["bundle", "--model", "flight_conv2d_se_union", "--export", str(export), "--key",
+                              str(keys / "trn_signing_key.pem"), "--out", str(fx.root / "bundle")],
+                       capture_output=True, text=True, cwd=fx.root, env=_env(fx), timeout=300)
+    if r.returncode != 0:
+        fx.missing["bundle"] = " ".join((r.stderr or r.stdout).strip().splitlines()[-1:])
+        return
+    tampered = fx.root / "bundle_tampered"
+    shutil.copytree(fx.root / "bundle", tampered)
+    victim = next(p for p in sorted(tampered.rglob("*"))
+                  if p.is_file() and p.name != "manifest.json" and p.stat().st_size > 64)
+    _flip(victim)
+
+
+# ---------------------------------------------------------------- cases
+
+
+def cases(fx: Fixtures) -> list[Case]:
+    p = fx.p
+    out: list[Case] = []
+
+    def add(cli: str, name: str, argv: list[str], expect: tuple[str, ...] | list[str], **kw) -> None:
+        out.append(Case(cli, name, tuple(argv), tuple(expect), **kw))
+
+    good = p("good")
+    # ---- trn-data: options
+    sheet = ["sheet", good, "--out", p("runs", "sheet")]
+    for opt, val, exp in (("--craters", "-1", "--craters"), ("--craters", "0", "--craters"), ("--frames", "0", "--frames"),
+                          ("--frames", "-2", "--frames"), ("--seed", "-1", "--seed"), ("--seed", str(2**40), "--seed"),
+                          ("--craters", "many", "--craters"), ("--frames", "2.5", "--frames")):
+        add("trn-data", f"sheet {opt} {val}", sheet + [opt, val], [exp])
+    add("trn-data", "sheet without --out", ["sheet", good], ["--out"])
+    synth = ["build", "luna1-synth", "--out", p("runs", "synth")]
+    for opt, val in (("--workers", "0"), ("--workers", "100000"), ("--nav-size", "4"), ("--nav-size", "99999"),
+                     ("--crater-size", "0"), ("--light-elevation", "nan"), ("--light-elevation", "95"),
+                     ("--min-box", "0"), ("--min-sun-elevation", "-100"), ("--min-sun-elevation", "inf"),
+                     ("--frame-view-pass-sun", "-1"), ("--frame-view-pass-sun", "45"), ("--views", "-1"),
+                     ("--views", "17"), ("--frame-views", "65"), ("--segments", "0"), ("--segments", "201"),
+                     ("--orbits", "0"), ("--orbits", "-3"), ("--orbits", "nan"), ("--limit-frames", "0"),
+                     ("--limit-craters", "0"), ("--first-frame", "-5"), ("--seed", "-1"), ("--seed", str(2**33)),
+                     ("--photometry", "phong"), ("--illumination", "sun"), ("--parts", "some")):
+        add("trn-data", f"build luna1-synth {opt} {val}", synth + [opt, val], [opt])
+    add("trn-data", "build luna1 --source missing", ["build", "luna1", "--source", p("no_such_source"), "--out", p("runs", "b1")],
+        ["no_such_source"])
+    add("trn-data", "build luna1 --source a file", ["build", "luna1", "--source", p("a_file"), "--out", p("runs", "b2")],
+        ["a_file", "is a file|not a directory"])
+    add("trn-data", "build luna1 --source without dem/", ["build", "luna1", "--source", p("sources", "no_dem"), "--out",
+                                                           p("runs", "b3")], ["dem"])
+    add("trn-data", "build luna1 --source with an empty dem/", ["build", "luna1", "--source", p("sources", "empty_dem"),
+                                                                 "--out", p("runs", "b4")], ["dem"])
+    for name, (_, exp, unreadable) in SOURCE_DAMAGES.items():
+        add("trn-data", f"build luna1 --source: {name}", ["build", "luna1", "--source", p("sources", "damaged", _slug(name)), "--out",
+                                                          p("runs", "src_" + _slug(name)), "--limit-frames", "2",
+                                                          "--limit-craters", "4", "--workers", "1"],
+            exp, unreadable=unreadable, needs="world", owner=TERRAIN if name.startswith(("DEM", "albedo")) else None)
+    add("trn-data", "build luna1 --first-frame past the trajectory",
+        ["build", "luna1", "--source", p("sources", "world"), "--out", p("runs", "b11"), "--first-frame", "100000",
+         "--limit-craters", "4", "--workers", "1"], ["--first-frame|first_frame"], needs="world")
+    add("trn-data", "build luna1 --catalogue unknown", ["build", "luna1", "--source", p("sources", "world"), "--out",
+                                                        p("runs", "b12"), "--catalogue", "nope.csv"], ["nope.csv"],
+        needs="world")
+    add("trn-data", "build luna1 --max-dem-ppd 0", ["build", "luna1", "--source", p("sources", "no_dem"), "--out",
+                                                     p("runs", "b6"), "--max-dem-ppd", "0"], ["--max-dem-ppd"])
+    add("trn-data", "build luna1 without --source", ["build", "luna1", "--out", p("runs", "b7")], ["--source"])
+    add("trn-data", "build luna1-synth --out a file", ["build", "luna1-synth", "--out", p("a_file"), "--limit-frames", "1",
+                                                       "--limit-craters", "2"], ["a_file"])
+    add("trn-data", "build luna1-synth --world-dir a file", ["build", "luna1-synth", "--out", p("runs", "b9"),
+                                                             "--world-dir", p("a_file")], ["--world-dir", "a_file"])
+    add("trn-data", "build luna1-synth --annotate-validation-of missing",
+        ["build", "luna1-synth", "--out", p("runs", "b10"), "--annotate-validation-of", p("no_such_build")],
+        ["--annotate-validation-of", "no_such_build"])
+    add("trn-data", "build without a kind", ["build", "--out", p("runs", "b8")], ["luna1"])
+    add("trn-data", "check a missing directory", ["check", p("no_such_dataset")], ["no_such_dataset", "does not exist"])
+    add("trn-data", "check a file", ["check", p("a_file")], ["a_file", "not a directory"])
+    add("trn-data", "check an empty directory", ["check", p("empty_dir")], ["crater_images"])
+    add("trn-data", "stats of a missing directory", ["stats", p("no_such_dataset")], ["no_such_dataset"])
+    add("trn-data", "stats --nms bogus", ["stats", good, "--nms", "bogus"], ["--nms"])
+    add("trn-data", "stats without a directory", ["stats"], ["dirs"])
+    add("trn-data", "unknown command", ["frobnicate"], ["frobnicate"])
+    add("trn-data", "unknown option", ["check", good, "--decode-harder"], ["--decode-harder"])
+    # ---- the damaged datasets: trn-data check, trn-sim run luna1, and trn-train --check where training reads it
+    for name, (_, exp, training, unreadable) in DAMAGES.items():
+        d = p("bad", _slug(name))
+        add("trn-data", f"check: {name}", ["check", d], exp, unreadable=unreadable)
+        add("trn-sim", f"run luna1: {name}", ["run", "luna1", "--data", d, "--model", "ncc", "--no-progress",
+                                              "--threads", "1", "--out", p("runs", "sim_" + _slug(name))],
+            exp, unreadable=unreadable)
+        if training:
+            add("trn-train", f"--check: {name}", ["--config", p("cfg", f"{_slug(name)}.yaml"), "--out",
+                                                  p("runs", "train"), "--check"], exp, unreadable=unreadable)
+    for name in ("zero-width box", "crater image bit flip", "annotated frame truncated", "NaN in a box"):
+        d = p("bad", _slug(name))
+        add("trn-data", f"sheet: {name}", ["sheet", d, "--out", p("runs", "sheet_" + _slug(name))], DAMAGES[name][1])
+    for name in ("zero-height box", "pose CSV with 6 columns", "metadata.json not JSON"):
+        add("trn-data", f"stats: {name}", ["stats", p("bad", _slug(name))], DAMAGES[name][1])
+
+    # ---- trn-sim: options, on the good dataset
+    run = ["run", "luna1", "--data", good, "--model", "ncc", "--no-progress", "--threads", "1"]
+
+    def sim(name: str, extra: list[str], expect: list[str], **kw) -> None:
+        add("trn-sim", name, run + ["--out", p("runs", "sim_opt_" + _slug(name))] + extra, expect, **kw)
+
+    for opt, val in (("--threshold", "2"), ("--threshold", "nan"), ("--seed", "-1"),
+                     ("--seed", str(2**40)), ("--threads", "0"), ("--max-landmarks", "1"), ("--max-frames", "0"),
+                     ("--tokens", "-1"), ("--tokens", "1000"), ("--scenario", "bogus"), ("--nms", "bogus"),
+                     ("--backend", "bogus"), ("--token-seeds", "bogus"), ("--world-seed", "-2"), ("--workers", "0")):
+        sim(f"{opt} {val}", [opt, val], [opt])
+    sim("--threshold=-inf", ["--threshold=-inf"], ["--threshold", "finite"])
+    sim("--shortlist 0 with tokens", ["--tokens", "2", "--shortlist", "0"], ["--shortlist"])
+    sim("--shortlist without --tokens", ["--shortlist", "5"], ["--shortlist", "--tokens"])
+    sim("--token-seeds without --tokens", ["--token-seeds", "fps"], ["--token-seeds", "--tokens"])
+    sim("--map without the map scenario", ["--map", p("empty_dir")], ["--map", "map_navigation"])
+    sim("--map-source without the map scenario", ["--map-source", p("empty_dir")], ["--map-source", "map_navigation"])
+    sim("--map-appearance without the map scenario", ["--map-appearance", "predicted"], ["--map-appearance", "map_navigation"])
+    sim("--map and --map-source together", ["--scenario", "map_navigation", "--map", p("empty_dir"), "--map-source",
+                                            p("empty_dir")], ["--map-source", "--map"])
+    sim("--map-appearance predicted without a source", ["--scenario", "map_navigation", "--map-appearance", "predicted"],
+        ["--map-source"])
+    sim("--map of a directory that is not a map", ["--scenario", "map_navigation", "--map", p("empty_dir")],
+        ["empty_dir"])
+    sim("--map of a missing directory", ["--scenario", "map_navigation", "--map", p("no_such_map")], ["no_such_map"])
+    sim("--profile without Moon Navigation", ["--scenario", "recall_at_1", "--profile", "rpi4-coral-usb3"],
+        ["--profile", "moon_navigation"])
+    sim("--profile unknown", ["--profile", "no-such-board"], ["no-such-board"])
+    sim("--profile and --board together", ["--profile", "rpi4-coral-usb3", "--board", "127.0.0.1:9"],
+        ["--profile", "--board"])
+    sim("--board without a port", ["--scenario", "moon_navigation", "--board", "localhost"], ["localhost"])
+    sim("--board with nothing listening", ["--scenario", "moon_navigation", "--board", "127.0.0.1:9"], ["127.0.0.1:9"])
+    sim("--max-frames without a frame scenario", ["--scenario", "recall_at_1", "--max-frames", "3"], ["--max-frames"])
+    sim("--nms without a frame scenario", ["--scenario", "recall_at_1", "--nms", "standard"], ["--nms"])
+    sim("--max-landmarks without a landmark scenario", ["--scenario", "moon_navigation", "--max-landmarks", "5"],
+        ["--max-landmarks"])
+    sim("--world-seed with --data", ["--world-seed", "3"], ["--world-seed", "--data"])
+    sim("--workers with --data", ["--workers", "2"], ["--workers", "--data"])
+    sim("--model unknown", ["--model", "no_such_model"], ["no_such_model"])
+    sim("--model an empty .pt", ["--model", p("models", "empty.pt")], ["empty.pt"])
+    sim("--model a random .pt", ["--model", p("models", "random.pt")], ["random.pt"])
+    sim("--model a run directory without weights", ["--model", p("models", "run_without_weights")],
+        ["run_without_weights"])
+    sim("--backend onnx with a file that is not ONNX", ["--backend", "onnx", "--model", p("models", "model.onnx")],
+        ["model.onnx"])
+    add("trn-sim", "--out is a file", run + ["--out", p("a_file")], ["a_file"])
+    add("trn-sim", "run luna1 --data missing", ["run", "luna1", "--data", p("no_such_dataset"), "--model", "ncc"],
+        ["no_such_dataset", "does not exist"])
+    add("trn-sim", "run luna1 --data a file", ["run", "luna1", "--data", p("a_file"), "--model", "ncc"],
+        ["a_file", "is a file|not a directory"])
+    add("trn-sim", "run luna1 --data an empty directory", ["run", "luna1", "--data", p("empty_dir"), "--model", "ncc"],
+        ["crater_images"])
+    lm = ["run", "landmarks", "--model", "ncc", "--no-progress", "--threads", "1"]
+    add("trn-sim", "run landmarks --data missing", lm + ["--data", p("no_such_dataset")], ["no_such_dataset", "does not exist"])
+    add("trn-sim", "run landmarks --data a file", lm + ["--data", p("a_file")], ["a_file", "is a file|not a directory"])
+    add("trn-sim", "run landmarks: one landmark", lm + ["--data", p("one_landmark"), "--out", p("runs", "lm1")],
+        ["one_landmark", "identit"])
+    add("trn-sim", "run landmarks --kind hirise on a folder", lm + ["--data", p("one_landmark"), "--kind", "hirise",
+                                                                   "--out", p("runs", "lm2")], ["labels"])
+    add("trn-sim", "run landmarks: malformed HiRISE labels", lm + ["--data", p("hirise_bad"), "--out", p("runs", "lm3")],
+        ["labels-map-proj_v3_2.txt", "class id"])
+    add("trn-sim", "run landmarks: HiRISE labels naming missing images", lm + ["--data", p("hirise_missing"), "--out",
+                                                                               p("runs", "lm4")], ["gone.png"])
+    add("trn-sim", "run landmarks: a corrupt image", lm + ["--data", p("folder_broken"), "--out", p("runs", "lm5")],
+        ["3.png", "corrupt|decode|checksum"])
+    add("trn-sim", "run landmarks --kind bogus", lm + ["--data", good, "--kind", "bogus"], ["--kind"])
+    add("trn-sim", "run landmarks --scenario moon_navigation", lm + ["--data", good, "--scenario", "moon_navigation"],
+        ["--scenario"])
+    add("trn-sim", "map build --data missing", ["map", "build", "--data", p("no_such_dataset"), "--out", p("runs", "m1"),
+                                                "--model", "ncc"], ["no_such_dataset"])
+    add("trn-sim", "map build --out a file", ["map", "build", "--data", good, "--out", p("a_file"), "--model", "ncc",
+                                              "--threads", "1"], ["a_file"])
+    add("trn-sim", "map build --threads 0", ["map", "build", "--data", good, "--out", p("runs", "m2"), "--threads", "0"],
+        ["--threads"])
+    add("trn-sim", "map build --appearance predicted without --source",
+        ["map", "build", "--data", good, "--out", p("runs", "m3"), "--appearance", "predicted", "--threads", "1"],
+        ["--source|source"])
+    add("trn-sim", "map build without metadata.json", ["map", "build", "--data", good, "--out", p("runs", "m4"),
+                                                       "--threads", "1"], ["metadata.json"])
+    add("trn-sim", "report of a missing directory", ["report", p("no_such_report")], ["no_such_report"])
+    add("trn-sim", "report without report.json", ["report", p("reports", "no_json")], ["report.json", "missing"])
+    add("trn-sim", "report.json not JSON", ["report", p("reports", "bad_json")], ["report.json", "JSON"])
+    add("trn-sim", "report.json a list", ["report", p("reports", "list_json")], ["report.json"])
+    add("trn-sim", "report.json with wrong fields", ["report", p("reports", "wrong_keys")], ["report.json"])
+    add("trn-sim", "report.json without results", ["report", p("reports", "no_results")], ["report.json", "field"])
+    add("trn-sim", "report.json with results of numbers", ["report", p("reports", "results_of_numbers")],
+        ["report.json", "field"])
+    add("trn-sim", "report of a file", ["report", p("a_file")], ["a_file", "is a file"])
+    add("trn-sim", "run without a set", ["run"], ["luna1|landmarks"])
+
+    # ---- trn-train
+    cfg = fx.root / "cfg"
+    gcfg = str(cfg / "good.yaml")
+
+    def train(name: str, text: str | bytes | None, expect: list[str], extra: list[str] = (), config: str | None = None,
+              **kw) -> None:
+        path = config
+        if path is None:
+            path = str(cfg / f"t_{_slug(name)}.yaml")
+            Path(path).write_bytes(text if isinstance(text, bytes) else text.encode("utf-8"))
+        add("trn-train", name, ["--config", path, "--out", p("runs", "train_" + _slug(name)), "--check", *extra],
+            expect, **kw)
+
+    head = f"data: {{kind: luna1, path: {good}}}\n"
+    train("duplicated top-level key", head + "model: {preset: flight}\nepochs: 2\nepochs: 3\n",
+          ["epochs", "twice", "line 4"])
+    train("duplicated nested key", head + "model:\n  preset: flight\n  attention: se\n  attention: ca\n",
+          ["attention", "twice", "line 5"])
+    train("duplicated key in a flow mapping", f"data: {{kind: luna1, path: {good}, kind: folder}}\nmodel: {{preset: flight}}\n",
+          ["kind", "twice"])
+    train("duplicated section", head + "model: {preset: flight}\nmodel: {preset: flight}\n", ["model", "twice"])
+    train("unknown top-level key", head + "model: {preset: flight}\nepoch: 2\n", ["epoch"])
+    train("unknown nested key", head + "model: {preset: flight}\nmars: {enable: true}\n", ["enable"])
+    train("epochs a string", head + "model: {preset: flight}\nepochs: ten\n", ["epochs"])
+    train("epochs 0", head + "model: {preset: flight}\nepochs: 0\n", ["epochs"])
+    train("epochs -1", head + "model: {preset: flight}\nepochs: -1\n", ["epochs"])
+    train("batch_size 3", head + "model: {preset: flight}\nbatch_size: 3\n", ["batch_size"])
+    train("lr NaN", head + "model: {preset: flight}\nlr: .nan\n", ["lr"])
+    train("lr infinite", head + "model: {preset: flight}\nlr: .inf\n", ["lr"])
+    train("lr negative", head + "model: {preset: flight}\nlr: -0.1\n", ["lr"])
+    train("lr a quoted string", head + "model: {preset: flight}\nlr: \"1e-4\"\n", ["lr"])
+    train("boolean as a string", head + "model: {preset: flight}\nmars: {enabled: \"false\"}\n", ["enabled"])
+    train("seed -1", head + "model: {preset: flight}\nseed: -1\n", ["seed"])
+    train("seed beyond 32 bits", head + "model: {preset: flight}\nseed: 100000000000000000000\n", ["seed"])
+    train("split_seed -1", f"data: {{kind: luna1, path: {good}, split_seed: -1}}\nmodel: {{preset: flight}}\n",
+          ["split_seed"])
+    train("test_fraction 1.5", f"data: {{kind: luna1, path: {good}, test_fraction: 1.5}}\nmodel: {{preset: flight}}\n",
+          ["test_fraction|fractions"])
+    train("val_fraction NaN", f"data: {{kind: luna1, path: {good}, val_fraction: .nan}}\nmodel: {{preset: flight}}\n",
+          ["val_fraction"])
+    train("pair_mix of 2 numbers", head + "model: {preset: flight}\npair_mix: [1, 0]\n", ["pair_mix"])
+    train("augment range reversed or short", head + "model: {preset: flight}\naugment: {angle_deg: [10]}\n",
+          ["angle_deg"])
+    train("data.kind bogus", f"data: {{kind: bogus, path: {good}}}\nmodel: {{preset: flight}}\n", ["kind"])
+    train("data.path missing", f"data: {{kind: luna1, path: {p('no_such_dataset')}}}\nmodel: {{preset: flight}}\n",
+          ["no_such_dataset", "does not exist"])
+    train("data.path a file", f"data: {{kind: auto, path: {p('a_file')}}}\nmodel: {{preset: flight}}\n",
+          ["a_file", "is a file|not a directory"])
+    train("data.also missing", f"data: {{kind: luna1, path: {good}, also: [{p('no_such_dataset')}]}}\n"
+          "model: {preset: flight}\n", ["no_such_dataset", "does not exist"])
+    train("data.path empty", "data: {kind: luna1, path: ''}\nmodel: {preset: flight}\n", ["data.path"])
+    train("no model section", head, ["model"])
+    train("model a list", head + "model: [flight]\n", ["model"])
+    train("model.preset unknown", head + "model: {preset: nope}\n", ["nope"])
+    train("loss unknown", head + "model: {preset: flight}\nloss: hinge-of-doom\n", ["hinge-of-doom"])
+    train("optimizer unknown", head + "model: {preset: flight}\noptimizer: sgdx\n", ["optimizer"])
+    train("top level a list", "- 1\n- 2\n", ["mapping"])
+    train("empty file", "", ["data"])
+    train("invalid YAML", head + "model: [flight\n", ["YAML", "line"])
+    train("tab-indented YAML", head + "model:\n\tpreset: flight\n", ["YAML", "line"])
+    train("not UTF-8", b"data: {kind: luna1, path: \xff\xfe}\n", ["UTF-8"])
+    train("config missing", None, ["no_such.yaml", "does not exist"], config=p("no_such.yaml"))
+    train("config a directory", None, ["directory"], config=p("empty_dir"))
+    train("config unreadable", None, ["unreadable.yaml", "permission denied"], config=p("unreadable.yaml"),
+          unreadable=True)
+    train("init a missing checkpoint", None, ["no_such.pt"], extra=[f"init={p('no_such.pt')}"], config=gcfg)
+    train("init random bytes", None, ["random.pt"], extra=[f"init={p('models', 'random.pt')}"], config=gcfg)
+    train("batch larger than the training half", None, ["batch_size", "identities"], extra=["batch_size=64"],
+          config=gcfg)
+    train("override without =", None, ["epochs"], extra=["epochs"], config=gcfg)
+    train("override unknown key", None, ["epochz"], extra=["epochz=3"], config=gcfg)
+    train("override of a bad value", None, ["epochs"], extra=["epochs=0"], config=gcfg)
+    train("override NaN", None, ["lr"], extra=["lr=.nan"], config=gcfg)
+    train("override not YAML", None, ["model"], extra=["model={preset: flight"], config=gcfg)
+    train("override with a duplicated key", None, ["preset", "twice"], extra=["model={preset: flight, preset: tiny}"],
+          config=gcfg)
+    train("override into a value", None, ["epochs"], extra=["epochs.x=3"], config=gcfg)
+    add("trn-train", "--stop-after 0", ["--config", gcfg, "--out", p("runs", "t1"), "--stop-after", "0"], ["--stop-after"])
+    add("trn-train", "--stop-after -3", ["--config", gcfg, "--out", p("runs", "t2"), "--stop-after", "-3"], ["--stop-after"])
+    add("trn-train", "without --out", ["--config", gcfg], ["--out"])
+    add("trn-train", "--resume with nothing to resume", ["--config", gcfg, "--out", p("runs", "t3"), "--resume"],
+        ["last.pt"])
+    add("trn-train", "--out is a file", ["--config", gcfg, "--out", p("a_file")], ["a_file"])
+
+    # ---- trn-db
+    db = fx.root / "db"
+    add("trn-db", "check a missing file", ["check", p("no_such.trndb")], ["no_such.trndb"])
+    add("trn-db", "check a directory", ["check", p("empty_dir")], ["empty_dir", "directory"])
+    add("trn-db", "check an empty file", ["check", p("empty_file")], ["empty_file"])
+    add("trn-db", "check random bytes", ["check", p("random.bin")], ["random.bin"])
+    add("trn-db", "check a YAML file", ["check", gcfg], ["good.yaml"])
+    add("trn-db", "repair a missing file", ["repair", p("no_such.trndb")], ["no_such.trndb"])
+    add("trn-db", "repair a directory", ["repair", p("empty_dir")], ["empty_dir", "directory"])
+    add("trn-db", "without a command", [], ["check|repair|command"])
+    add("trn-db", "check without a path", ["check"], ["path"])
+    for name, exp, unreadable in (("flipped", ["flipped.trndb"], False), ("truncated", ["truncated.trndb"], False),
+                                  ("no_journal", ["journal", "missing"], False),
+                                  ("journal_garbage", ["journal"], False), ("journal_truncated", ["journal"], False),
+                                  ("unreadable", ["unreadable.trndb", "permission denied"], True)):
+        add("trn-db", f"check: snapshot {name}", ["check", str(db / f"{name}.trndb")], exp, needs="db",
+            unreadable=unreadable)
+    add("trn-db", "repair: snapshot flipped", ["repair", str(db / "flipped.trndb")], ["flipped.trndb"], needs="db")
+    add("trn-db", "repair: snapshot unreadable", ["repair", str(db / "unreadable.trndb")],
+        ["unreadable.trndb", "permission denied"], needs="db", unreadable=True)
+
+    # ---- trn-export
+    keys = fx.root / "keys"
+    pub, pem = str(keys / "trn_signing_key.pub"), str(keys / "trn_signing_key.pem")
+    bundle, tampered = p("bundle"), p("bundle_tampered")
+    add("trn-export", "verify a missing bundle", ["verify", p("no_such_bundle"), "--pub", "00" * 32], ["no_such_bundle"])
+    add("trn-export", "verify an empty directory", ["verify", p("empty_dir"), "--pub", "00" * 32], ["manifest"])
+    add("trn-export", "verify a file", ["verify", p("a_file"), "--pub", "00" * 32], ["a_file"])
+    add("trn-export", "verify --pub not hex", ["verify", bundle, "--pub", "zz" * 32], ["--pub|public key|hex"],
+        needs="bundle")
+    add("trn-export", "verify --pub too short", ["verify", bundle, "--pub", "abcd"], ["public key|--pub"], needs="bundle")
+    add("trn-export", "verify --pub a missing file", ["verify", bundle, "--pub", p("no_such.pub")],
+        ["no_such.pub"], needs="bundle")
+    add("trn-export", "verify --pub an empty file", ["verify", bundle, "--pub", p("empty_file")], ["empty_file|public key"],
+        needs="bundle")
+    add("trn-export", "verify with another key", ["verify", bundle, "--pub", p("other_keys", "trn_signing_key.pub")],
+        ["signature"], needs="bundle")
+    add("trn-export", "verify a tampered bundle", ["verify", tampered, "--pub", pub], ["sha256|hash|signature|differ"],
+        needs="bundle")
+    add("trn-export", "keygen --out a file", ["keygen", "--out", p("a_file")], ["a_file", "is a file|not a directory"])
+    add("trn-export", "keygen over an existing key", ["keygen", "--out", str(keys)], ["trn_signing_key.pem|exists"],
+        needs="keys")
+    add("trn-export", "bundle --export missing", ["bundle", "--model", "flight_conv2d_se_union", "--export",
+                                                  p("no_such_export"), "--key", pem, "--out", p("runs", "bx1")],
+        ["no_such_export"], needs="keys")
+    add("trn-export", "bundle --key missing", ["bundle", "--model", "flight_conv2d_se_union", "--export",
+                                               p("export_tflite"), "--key", p("no_such.pem"), "--out", p("runs", "bx2")],
+        ["no_such.pem"], needs="bundle")
+    add("trn-export", "bundle --key random bytes", ["bundle", "--model", "flight_conv2d_se_union", "--export",
+                                                    p("export_tflite"), "--key", p("random.bin"), "--out", p("runs", "bx3")],
+        ["random.bin|key"], needs="bundle")
+    add("trn-export", "bundle of another model's export", ["bundle", "--model", "flight_ric_ca", "--export",
+                                                           p("export_tflite"), "--key", pem, "--out", p("runs", "bx7")],
+        ["flight_ric_ca|weights|sha256"], needs="bundle")
+    add("trn-export", "bundle --threshold 2", ["bundle", "--model", "x", "--export", p("empty_dir"), "--key", pem,
+                                               "--out", p("runs", "bx4"), "--threshold", "2"], ["--threshold"])
+    add("trn-export", "bundle --version -1", ["bundle", "--model", "x", "--export", p("empty_dir"), "--key", pem,
+                                              "--out", p("runs", "bx5"), "--version", "-1"], ["--version"])
+    add("trn-export", "bundle --model unknown", ["bundle", "--model", "no_such_model", "--export", p("empty_dir"),
+                                                 "--key", pem, "--out", p("runs", "bx6")], ["no_such_model|empty_dir"],
+        needs="keys")
+    for sub, opt, val in (("onnx", "--crops", "0"), ("onnx", "--min-cosine", "2"), ("onnx", "--threads", "0"),
+                          ("onnx-int8", "--calib", "0"), ("tflite", "--calib", "-1"), ("tflite", "--min-cosine", "nan"),
+                          ("tflite", "--crops", "x")):
+        add("trn-export", f"{sub} {opt} {val}", [sub, "--model", "flight_conv2d_se", "--out", p("runs", "ex"), opt, val],
+            [opt])
+    add("trn-export", "onnx --model unknown", ["onnx", "--model", "no_such_model", "--out", p("runs", "ex1"),
+                                               "--no-parity"], ["no_such_model"])
+    add("trn-export", "onnx --model a random .pt", ["onnx", "--model", p("models", "random.pt"), "--out",
+                                                    p("runs", "ex2"), "--no-parity"], ["random.pt"])
+    add("trn-export", "tflite --model an empty .pt", ["tflite", "--model", p("models", "empty.pt"), "--out",
+                                                      p("runs", "ex3")], ["empty.pt"])
+    add("trn-export", "onnx without --data (parity needs crops)", ["onnx", "--model", "flight_conv2d_se", "--out",
+                                                                   p("runs", "ex4")], ["--data"])
+
+    # ---- trn-hw
+    add("trn-hw", "flash a missing bundle", ["flash", p("no_such_bundle"), "--to", p("runs", "sd1"), "--pub", "00" * 32],
+        ["no_such_bundle"])
+    add("trn-hw", "flash an empty directory", ["flash", p("empty_dir"), "--to", p("runs", "sd2"), "--pub", "00" * 32],
+        ["manifest"])
+    add("trn-hw", "flash --pub not hex", ["flash", bundle, "--to", p("runs", "sd3"), "--pub", "zz" * 32],
+        ["--pub|public key|hex"], needs="bundle")
+    add("trn-hw", "flash --pub of another key", ["flash", bundle, "--to", p("runs", "sd4"), "--pub",
+                                                 p("other_keys", "trn_signing_key.pub")], ["signature|key"], needs="bundle")
+    add("trn-hw", "flash a tampered bundle", ["flash", tampered, "--to", p("runs", "sd5"), "--pub", pub],
+        ["sha256|hash|signature|differ"], needs="bundle")
+    add("trn-hw", "flash --to a file", ["flash", bundle, "--to", p("a_file"), "--pub", pub], ["a_file"], needs="bundle")
+    add("trn-hw", "flash --to a bad ssh URL", ["flash", bundle, "--to", "ssh://", "--pub", pub], ["ssh://"],
+        needs="bundle")
+    add("trn-hw", "rollback --to a missing path", ["rollback", "--to", p("no_such_target")], ["no_such_target"])
+    add("trn-hw", "rollback with nothing to roll back to", ["rollback", "--to", p("empty_dir")], ["previous"])
+    add("trn-hw", "rollback --pub not hex", ["rollback", "--to", p("empty_dir"), "--pub", "xyz"], ["--pub|public key|hex"])
+    add("trn-hw", "status --to a missing path", ["status", "--to", p("no_such_target")], ["no_such_target"])
+    add("trn-hw", "status --to a file", ["status", "--to", p("a_file")], ["a_file", "is a file|not a directory"])
+    agent = ["agent", "--bundle", bundle, "--pub", pub]
+    for opt, val in (("--port", "-1"), ("--port", "70000"), ("--port", "http"), ("--threads", "0"),
+                     ("--threads", "-4"), ("--backend", "cuda")):
+        add("trn-hw", f"agent {opt} {val}", agent + [opt, val], [opt], needs="bundle", timeout=30)
+    add("trn-hw", "agent --backend onnx on a bundle without ONNX", agent + ["--backend", "onnx", "--port", "0"],
+        ["onnx"], needs="bundle", timeout=30)
+    add("trn-hw", "agent --bundle missing", ["agent", "--bundle", p("no_such_bundle"), "--pub", "00" * 32, "--port", "0"],
+        ["no_such_bundle"], timeout=30)
+    add("trn-hw", "agent --bundle a file", ["agent", "--bundle", p("a_file"), "--pub", "00" * 32, "--port", "0"],
+        ["a_file"], timeout=30)
+    add("trn-hw", "agent --pub not hex", ["agent", "--bundle", bundle, "--pub", "nothex", "--port", "0"],
+        ["--pub|public key|hex"], needs="bundle", timeout=30)
+    add("trn-hw", "agent with a tampered bundle", ["agent", "--bundle", tampered, "--pub", pub, "--port", "0"],
+        ["sha256|hash|signature|differ"], needs="bundle", timeout=30)
+    bench = ["bench", "--board", "127.0.0.1:9", "--data", good, "--out", p("runs", "hil")]
+    add("trn-hw", "bench --n 0", bench + ["--n", "0"], ["--n"])
+    add("trn-hw", "bench --n -5", bench + ["--n", "-5"], ["--n"])
+    add("trn-hw", "bench --warmup -1", bench + ["--warmup", "-1"], ["--warmup"])
+    add("trn-hw", "bench --board without a port", ["bench", "--board", "localhost", "--data", good, "--out",
+                                                   p("runs", "hil")], ["localhost"])
+    add("trn-hw", "bench --board port 99999", ["bench", "--board", "127.0.0.1:99999", "--data", good, "--out",
+                                               p("runs", "hil")], ["99999"])
+    add("trn-hw", "bench with nothing listening", bench, ["127.0.0.1:9"])
+    add("trn-hw", "unknown command", ["frobnicate"], ["frobnicate"])
+    return out
+
+
+# ---------------------------------------------------------------- running
+
+
+def _env(fx: Fixtures) -> dict:
+    env = {**os.environ, "TRN_CACHE": str(fx.root / "cache"), "OMP_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+           "COLUMNS": "200"}
+    return env
+
+
+def _command(cli: str) -> list[str]:
+    exe = shutil.which(cli)
+    if exe:
+        return [exe]
+    return [sys.executable, "-c", f"import sys; from {MODULES[cli]} import main; sys.exit(main())"]
+
+
+def can_drop_read_override() -> bool:
+    """Whether a mode-000 file is unreadable to the commands: always for an ordinary user; for root
+    only under setpriv without the DAC capabilities."""
+    return os.geteuid() != 0 or shutil.which("setpriv") is not None
+
+
+def run_case(case: Case, fx: Fixtures, timeout: float) -> Outcome:
+    if case.needs and case.needs in fx.missing:
+        return Outcome(case, "skipped", None, 0.0, "", f"fixture {case.needs!r} unavailable: {fx.missing[case.needs]}")
+    cmd = _command(case.cli) + list(case.argv)
+    if case.unreadable and os.geteuid() == 0:
+        if not shutil.which("setpriv"):
+            return Outcome(case, "skipped", None, 0.0, "", "root without setpriv: mode-000 files stay readable")
+        cmd = NO_DAC + cmd
+    limit = case.timeout or timeout
+    t0 = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=fx.root, env=_env(fx),
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=limit)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        return Outcome(case, "silent success", None, time.perf_counter() - t0, _last(out, err),
+                       f"accepted: still running after {limit:.0f} s")
+    dt = time.perf_counter() - t0
+    text_out, text_err = out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+    kind, note = classify(case, proc.returncode, text_out, text_err)
+    return Outcome(case, kind, proc.returncode, dt, _last(out, err), note)
+
+
+def _last(out: bytes, err: bytes) -> str:
+    lines = [ln for ln in (err or out).decode("utf-8", "replace").splitlines() if ln.strip()]
+    return lines[-1].strip()[:300] if lines else ""
+
+
+def classify(case: Case, rc: int, out: str, err: str) -> tuple[str, str]:
+    """(class, note) of one finished run; see the module docstring."""
+    if "Traceback (most recent call last)" in err or "Traceback (most recent call last)" in out:
+        return "traceback", ""
+    if rc < 0:
+        return "traceback", f"killed by signal {-rc}"
+    if rc == 0:
+        return "silent success", "exit status 0"
+    text = (out + "\n" + err).lower()
+    missing = [e for e in case.expect if not any(alt.lower() in text for alt in e.split("|"))]
+    if missing:
+        return "unclear", f"exit {rc}; does not name {missing}"
+    return "clear", ""
+
+
+def run_all(fx: Fixtures, selected: list[Case], jobs: int, timeout: float,
+            progress: Callable[[Outcome], None] | None = None) -> list[Outcome]:
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        futures = [pool.submit(run_case, c, fx, timeout) for c in selected]
+        results = []
+        for f in futures:
+            results.append(f.result())
+            if progress:
+                progress(results[-1])
+    return results
+
+
+def table(results: list[Outcome]) -> list[str]:
+    lines = ["| command line | invocations | clear | traceback | silent success | unclear | skipped |",
+             "| --- | ---: | ---: | ---: | ---: | ---: | ---: |"]
+
+    def row(name: str, rs: list[Outcome]) -> str:
+        ran = [r for r in rs if r.kind != "skipped"]
+        counts = [sum(r.kind == k for r in ran) for k in CLASSES]
+        return f"| {name} | {len(ran)} | " + " | ".join(map(str, counts)) + f" | {len(rs) - len(ran)} |"
+
+    for cli in CLIS:
+        lines.append(row(cli, [r for r in results if r.case.cli == cli]))
+    lines.append(row("**total**", results))
+    return lines
+
+
+def _shown(argv: tuple[str, ...], root: Path) -> str:
+    return " ".join(shlex.quote(a.replace(str(root), "$TMP")) for a in argv)
+
+
+def report(results: list[Outcome], fx: Fixtures, seconds: float, jobs: int, timeout: float,
+           command: str = "python benchmarks/bad_inputs.py") -> list[str]:
+    ran = [r for r in results if r.kind != "skipped"]
+    who = "root (mode-000 cases under setpriv without DAC capabilities)" if os.geteuid() == 0 else "an ordinary user"
+    lines = ["# Bad inputs for the six command lines",
+             "",
+             f"Command: `{command}` (each case a real subprocess; fixtures built in a temp directory, `$TMP` "
+             "below; nothing under data/ read)",
+             f"Hardware: {hardware()}",
+             f"Run: {len(ran)} invocations ({len(results) - len(ran)} skipped) in {seconds:.0f} s, {jobs} at a time, "
+             f"timeout {timeout:.0f} s per case; as {who}",
+             ""]
+    lines += table(results)
+    bad = [r for r in ran if r.kind != "clear"]
+    lines += ["", f"Not clear: {len(bad)}"]
+    def owner_of(r: Outcome) -> str:
+        return r.case.owner or OWNERS.get(r.case.cli, "trn-data / trn-sim / trn-train command lines")
+
+    for owner in sorted({owner_of(r) for r in bad}):
+        group = [r for r in bad if owner_of(r) == owner]
+        lines += ["", f"## {owner}: {len(group)}"]
+        for r in group:
+            lines.append(f"- [{r.kind}] {r.case.cli}: {r.case.name}: `{r.case.cli} {_shown(r.case.argv, fx.root)}` "
+                         f"({r.note}); last line: {r.last_line.replace(str(fx.root), '$TMP')}")
+    skipped = [r for r in results if r.kind == "skipped"]
+    if skipped:
+        lines += ["", f"Skipped: {len(skipped)}"]
+        lines += [f"- {r.case.cli}: {r.case.name} ({r.note})" for r in skipped]
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, default=2, help="cases run at a time (default 2)")
+    ap.add_argument("--timeout", type=float, default=90.0, help="seconds before a case counts as accepted (default 90)")
+    ap.add_argument("--only", default=None, help="comma-separated command lines to run (default: all six)")
+    ap.add_argument("--match", default=None, help="only the cases whose name contains this text")
+    ap.add_argument("--all", action="store_true", help="list every case with its class and last line")
+    ap.add_argument("--out", type=Path, default=None, help="also write the report to this file")
+    ap.add_argument("--keep", action="store_true", help="keep the temporary directory")
+    args = ap.parse_args(argv)
+    if args.jobs < 1 or args.timeout <= 0:
+        ap.error("--jobs needs 1 or more and --timeout a positive number")
+    root = Path(tempfile.mkdtemp(prefix="trn-bad-inputs-"))
+    try:
+        t0 = time.perf_counter()
+        fx = build_fixtures(root)
+        selected = cases(fx)
+        if args.only:
+            wanted = set(args.only.split(","))
+            selected = [c for c in selected if c.cli in wanted]
+        if args.match:
+            selected = [c for c in selected if args.match.lower() in c.name.lower()]
+        print(f"{len(selected)} cases; fixtures in {root}" + (f" (unavailable: {fx.missing})" if fx.missing else ""),
+              file=sys.stderr)
+
+        def progress(o: Outcome) -> None:
+            if o.kind not in ("clear", "skipped"):
+                print(f"  {o.kind}: {o.case.cli}: {o.case.name}: {o.last_line}", file=sys.stderr)
+
+        results = run_all(fx, selected, args.jobs, args.timeout, progress)
+        command = " ".join(["python benchmarks/bad_inputs.py", *map(shlex.quote, sys.argv[1:] if argv is None else argv)])
+        lines = report(results, fx, time.perf_counter() - t0, args.jobs, args.timeout, command)
+        if args.all:
+            lines += ["", "Every case:"]
+            lines += [f"- [{r.kind}] {r.case.cli}: {r.case.name}: {r.last_line.replace(str(root), '$TMP')}"
+                      for r in results]
+        print("\n".join(lines))
+        if args.out:
+            args.out.parent.mkdir(parents=True, exist_ok=True)
+            args.out.write_text("\n".join(lines) + "\n", encoding="utf-8")
+        ran = [r for r in results if r.kind != "skipped"]
+        return 0 if all(r.kind == "clear" for r in ran) else 1
+    finally:
+        if args.keep:
+            print(f"kept {root}", file=sys.stderr)
+        else:
+            for p in root.rglob("*"):
+                try:
+                    p.chmod(0o700 if p.is_dir() else 0o600)
+                except OSError:
+                    pass
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

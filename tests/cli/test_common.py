@@ -1,0 +1,45 @@
+"""The argparse types every command line uses for numbers: ranges, NaN and infinities refused."""
+
+import argparse
+
+import pytest
+
+from trn.cli.common import MAX_SEED, float_between, int_at_least, int_between, seed_number
+
+
+@pytest.mark.parametrize("parse, text, value", [
+    (int_at_least(1), "1", 1), (int_between(0, 16), "16", 16), (int_between(-3, 3), "-3", -3),
+    (float_between(0.0, 1.0), "0", 0.0), (float_between(0.0, 1.0), "1", 1.0),
+    (float_between(0.0, 50.0, low_open=True), "1e-9", 1e-9), (seed_number, "0", 0), (seed_number, str(MAX_SEED), MAX_SEED),
+])
+def test_the_bounds_are_accepted(parse, text, value):
+    assert parse(text) == value
+
+
+@pytest.mark.parametrize("parse, text, match", [
+    (int_at_least(1), "0", "0 is out of range: expected 1 or more"),
+    (int_at_least(0), "2.5", "'2.5' is not a whole number"),
+    (int_between(0, 16), "17", "17 is out of range: expected 0 to 16"),
+    (int_between(0, 16), "-1", "-1 is out of range: expected 0 to 16"),
+    (int_between(0, 16), "nan", "'nan' is not a whole number"),
+    (float_between(0.0, 1.0), "nan", "nan is not a finite number: expected 0.0 to 1.0"),
+    (float_between(0.0, 1.0), "inf", "inf is not a finite number"),
+    (float_between(-1.0, 1.0), "-inf", "-inf is not a finite number"),
+    (float_between(0.0, 1.0), "1.0000001", "out of range: expected 0.0 to 1.0"),
+    (float_between(0.0, 50.0, low_open=True), "0", "0.0 is out of range: expected more than 0.0 and at most 50.0"),
+    (float_between(0.0, 1.0), "half", "'half' is not a number"),
+    (seed_number, "-1", "-1 is out of range: expected 0 to 4294967295"),
+    (seed_number, str(MAX_SEED + 1), "out of range: expected 0 to 4294967295"),
+])
+def test_out_of_range_and_non_numbers_are_refused(parse, text, match):
+    with pytest.raises(argparse.ArgumentTypeError, match=match):
+        parse(text)
+
+
+def test_a_seed_fits_torch_generator_seeding():
+    # the scenarios seed torch generators with seed * 1_000_003 + salt, which must fit in 63 bits
+    import torch
+
+    torch.Generator().manual_seed(MAX_SEED * 1_000_003 + 1000)
+    with pytest.raises((ValueError, RuntimeError)):
+        torch.Generator().manual_seed(2**62 * 1_000_003)  # what an unchecked seed did: a traceback
