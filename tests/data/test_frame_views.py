@@ -259,3 +259,60 @@ def test_pass_sun_moves_on_when_a_crater_shows_nothing_under_it(world):
     assert all(r.draw.sun_elevation_deg > 3.0 for r in recs)
     moved = [r for r in recs if r.tries > 2]  # a later Sun: at least one quarter of the draws refused
     assert moved and all(r.refused for r in moved)
+
+
+def test_a_track_is_consecutive_frames_of_one_pass(world):
+    """Track views share altitude, pointing, heading and Sun; the crater steps along the image's y
+    axis by one step per view; each view's box is the annotation rule's at that pose; the track is
+    the same bytes when drawn again."""
+    from trn.data.frame_views import render_frame_track
+
+    surface, cat, big = world
+    height = height_of(surface)
+    ranges = FrameViewRanges(track_step_px=(8.0, 16.0))
+    k = int(big[0])
+    args = (int(cat.ids[k]), float(cat.lat[k]), float(cat.lon[k]), float(cat.diameter_km[k]))
+    track = render_frame_track(surface, height, *args, 3, 0, RENDER, RULE, ranges)
+    recs = [r for _, r in track]
+    assert [r.k for r in recs] == [0, 1, 2]
+    for field in ("altitude_km", "heading_deg", "off_nadir_deg", "off_nadir_azimuth_deg", "sun_elevation_deg",
+                  "sun_azimuth_deg"):
+        assert len({getattr(r.draw, field) for r in recs}) == 1, field
+    assert len({r.draw.pixel[0] for r in recs}) == 1
+    ys = [r.draw.pixel[1] for r in recs]
+    steps = np.diff(ys)
+    assert np.allclose(steps, steps[0]) and 8.0 <= steps[0] <= 16.0
+    for crop, r in track:
+        rotation, position = view_pose(args[1], args[2], float(height(np.array([args[1]]), np.array([args[2]]))[0]),
+                                       r.draw, RENDER)
+        sun = local_direction(args[1], args[2], r.draw.sun_azimuth_deg, r.draw.sun_elevation_deg)
+        from trn.data.annotate import crater_box
+        assert crater_box(args[1], args[2], args[3], rotation, position, RENDER.camera, height, sun, RULE) == r.box
+        l, rr, t, b = r.crop_box
+        assert crop.shape == (b - t, rr - l)
+    again = render_frame_track(surface, height, *args, 3, 0, RENDER, RULE, ranges)
+    assert all(np.array_equal(a[0], b[0]) and a[1] == b[1] for a, b in zip(track, again))
+    with pytest.raises(ConfigError, match="exclusive"):
+        FrameViewRanges(track_step_px=(8.0, 16.0), pass_sun_deg=2.0)
+    with pytest.raises(ConfigError, match="track_step_px"):
+        FrameViewRanges(track_step_px=(0.0, 16.0))
+    assert ranges.key_dict()["track_step_px"] == (8.0, 16.0) and "track_step_px" not in FrameViewRanges().key_dict()
+
+
+def test_builder_renders_tracks_whole_and_refuses_mixing_them_with_other_views(boxed_world, tmp_path):
+    base = dict(source=boxed_world, out=tmp_path / "t", limit_frames=20, limit_craters=12, workers=1,
+                render=RenderConfig(nav_size=64, crater_size=32), annotate=AnnotateConfig(min_box_px=4))
+    track = FrameViewRanges(track_step_px=(4.0, 8.0))
+    build_luna1(BuildConfig(**base, frame_views=2, frame_view_ranges=track))
+    vdir = tmp_path / "t" / luna1.FRAME_VIEWS_DIR
+    recs = [json.loads(p.read_text()) for p in vdir.glob("*.json") if p.stem.isdigit()]
+    assert recs and all([r["k"] for r in rs] == [0, 1] for rs in recs)
+    assert all(rs[0]["draw"]["altitude_km"] == rs[1]["draw"]["altitude_km"] and
+               rs[0]["draw"]["sun_azimuth_deg"] == rs[1]["draw"]["sun_azimuth_deg"] for rs in recs)
+    assert json.loads((tmp_path / "t" / luna1.FRAME_VIEWS_MANIFEST).read_text())["ranges"]["track_step_px"] == [4.0, 8.0]
+    first = {p.name: p.read_bytes() for p in vdir.glob("*.png")}
+    build_luna1(BuildConfig(**{**base, "workers": 2}, frame_views=3, frame_view_ranges=track))  # a longer track
+    assert all(len(json.loads(p.read_text())) == 3 for p in vdir.glob("*.json") if p.stem.isdigit())
+    assert len(list(vdir.glob("*.png"))) == 3 * len(first) // 2
+    with pytest.raises(DataError, match="other view settings"):
+        build_luna1(BuildConfig(**base, frame_views=3))

@@ -63,6 +63,10 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--frame-view-pass-sun", type=float_between(0.0, 30.0), default=None, metavar="DEG",
                    help="one Sun per crater for its frame views, moved by at most DEG degrees per view (the "
                         "re-observations of one pass); default: a Sun drawn for every view")
+    p.add_argument("--frame-view-track", type=float_between(1.0, 400.0), nargs=2, default=None, metavar=("LO", "HI"),
+                   help="a crater's frame views are consecutive frames of one pass: one altitude, pointing and "
+                        "Sun, the crater moving LO to HI px along the image per view (LRO: about 100-160); "
+                        "exclusive with --frame-view-pass-sun")
     p.add_argument("--illumination", choices=("physical", "baked"), default="physical",
                    help="baked: the paper's scene conditions, one texture shaded once under a light fixed to the "
                         "local horizon, draped over the terrain for landmarks and frames alike (no Sun, no night, no "
@@ -103,6 +107,13 @@ def _print_summary(s) -> None:
     secs = ", ".join(f"{k} {v:.1f}" for k, v in s.seconds.items())
     print(f"built {s.out}: {s.craters} crater landmarks ({s.rendered_craters} rendered now), {s.frames} frames "
           f"({s.rendered_frames} rendered now), {s.boxes} boxes; seconds: {secs}")
+
+
+def _frame_view_ranges(args) -> FrameViewRanges:
+    track = tuple(args.frame_view_track) if args.frame_view_track else None
+    if track is not None and track[0] > track[1]:
+        raise ConfigError(f"--frame-view-track {track[0]:g} {track[1]:g}: LO must not exceed HI")
+    return FrameViewRanges(pass_sun_deg=args.frame_view_pass_sun, track_step_px=track)
 
 
 def build_parser() -> Parser:
@@ -175,7 +186,7 @@ def main(argv: list[str] | None = None) -> int:
                               max_dem_ppd=args.max_dem_ppd, render=render, annotate=annotate,
                               render_frames=not args.no_frames, views=args.views, parts=args.parts,
                               frame_views=args.frame_views, segments=segments,
-                              frame_view_ranges=FrameViewRanges(pass_sun_deg=args.frame_view_pass_sun),
+                              frame_view_ranges=_frame_view_ranges(args),
                               annotate_validation_of=args.annotate_validation_of)
             _print_summary(build_luna1(cfg))
             return 0
@@ -186,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
                                         limit_craters=args.limit_craters, workers=args.workers, render=render,
                                         annotate=annotate, parts=args.parts, render_frames=not args.no_frames,
                                         views=args.views, frame_views=args.frame_views, segments=segments,
-                                        frame_view_ranges=FrameViewRanges(pass_sun_deg=args.frame_view_pass_sun),
+                                        frame_view_ranges=_frame_view_ranges(args),
                                         annotate_validation_of=args.annotate_validation_of)
         _print_summary(summary)
         return 0

@@ -26,7 +26,7 @@ from tqdm import tqdm
 from trn.data import luna1
 from trn.data.annotate import AnnotateConfig, annotate_frame
 from trn.data.ephemeris import sun_direction_body
-from trn.data.frame_views import FrameViewRanges, render_frame_view
+from trn.data.frame_views import FrameViewRanges, render_frame_track, render_frame_view
 from trn.data.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION, split_ids
 from trn.data.render import RENDERER_VERSION, CraterView, RenderConfig, Surface, render_crater, render_frame
 from trn.data.sources import Catalogue, Trajectory, find_catalogue, read_catalogue, read_trajectory, segment_trajectory
@@ -238,6 +238,14 @@ def _render_frame_view_task(task: tuple[int, float, float, float, int, int]) -> 
     out = _STATE["out"] / luna1.FRAME_VIEWS_DIR
     surface = _STATE["surface"]
     rec_path = out / f"{cid}.json"
+    ranges: FrameViewRanges = _STATE["frame_view_ranges"]
+    if ranges.track_step_px is not None:  # one pass: the track is drawn whole, so all its views again
+        track = render_frame_track(surface, _rule_height(surface), cid, lat, lon, dia, k1, _STATE["seed"],
+                                   _STATE["render"], _STATE["annotate"], ranges)
+        for crop, rec in track:
+            _write_png(out / f"{cid}_{rec.k}.png", crop)
+        luna1.atomic_write_text(rec_path, json.dumps([rec.to_dict() for _, rec in track]) + "\n")
+        return cid
     records = json.loads(rec_path.read_text(encoding="utf-8")) if k0 > 0 else []
     for k in range(k0, k1):
         crop, rec = render_frame_view(surface, _rule_height(surface), cid, lat, lon, dia, k, _STATE["seed"],

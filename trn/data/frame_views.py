@@ -60,6 +60,14 @@ class FrameViewRanges:
         Sun (a bright floor saturated under a high Sun, a floor in shadow) moves on to the next
         Sun of its own seeded sequence, so its views may then see two Suns; each view's record
         holds the Sun it saw.
+    track_step_px: None draws every view's geometry on its own. A pair (lo, hi) makes a crater's
+        K views K consecutive frames of one pass: one altitude, pointing, heading and Sun per
+        crater, the crater moving along the image's y axis by a step drawn once per crater from
+        [lo, hi] px per frame (the LRO sequence, 10 s a frame at 1.6 km/s from 74-114 km with a
+        39.6-degree field, moves the ground by about 100-160 px), so that the views differ as Moon
+        Navigation's re-observations do: position in the field, perspective, clipping, box noise.
+        A track is drawn again whole (up to ``max_tries``) until every view has a box and an
+        informative crop; a view's box noise is its own.
     The crater centre falls on a pixel drawn uniformly over the whole frame, and the image's
     heading (the azimuth of its +x axis) is uniform: craters near the edge come out clipped as the
     annotation rule allows.
@@ -73,8 +81,13 @@ class FrameViewRanges:
     shift_px: int = 10
     max_tries: int = 40
     pass_sun_deg: float | None = None
+    track_step_px: tuple[float, float] | None = None
 
     def __post_init__(self) -> None:
+        if self.track_step_px is not None:
+            _pair("track_step_px", self.track_step_px, 1.0, 400.0)
+            if self.pass_sun_deg is not None:
+                raise ConfigError("frame views: track_step_px and pass_sun_deg are exclusive (a track has one Sun)")
         if self.pass_sun_deg is not None and not 0.0 <= self.pass_sun_deg <= 30.0:
             raise ConfigError(f"frame view pass_sun_deg={self.pass_sun_deg}: expected 0 to 30 degrees (or None)")
         _pair("altitude_km", self.altitude_km, 5.0, 2000.0)
@@ -87,11 +100,12 @@ class FrameViewRanges:
             raise ConfigError(f"frame view max_tries={self.max_tries}: expected 1 to 1000")
 
     def key_dict(self) -> dict:
-        """The settings as recorded in frame_views.json (pass_sun_deg only when set, so that the
-        views rendered before it existed keep their manifest)."""
+        """The settings as recorded in frame_views.json (pass_sun_deg and track_step_px only when
+        set, so that the views rendered before they existed keep their manifest)."""
         d = asdict(self)
-        if self.pass_sun_deg is None:
-            d.pop("pass_sun_deg")
+        for optional in ("pass_sun_deg", "track_step_px"):
+            if d[optional] is None:
+                d.pop(optional)
         return d
 
     @classmethod
@@ -236,3 +250,60 @@ def render_frame_view(surface: Surface, height: HeightFn, crater: int, lat: floa
         return crop, FrameViewRecord(int(crater), int(k), draw, box, cut, bool(clipped), tries, refused)
     raise DataError(f"crater {crater} ({diameter_km:.1f} km at {lat:.3f}, {lon:.3f}): no frame view with a box and an "
                     f"informative crop in {ranges.max_tries} draws (refused: {refused}); widen the view ranges")
+
+
+TRACK_SEED_TAG = 7_919
+
+
+def render_frame_track(surface: Surface, height: HeightFn, crater: int, lat: float, lon: float, diameter_km: float,
+                       views: int, seed: int, render: RenderConfig, annotate: AnnotateConfig,
+                       ranges: FrameViewRanges, rule: InformationRule | None = None
+                       ) -> list[tuple[np.ndarray, FrameViewRecord]]:
+    """Views 0..views-1 of a crater as consecutive frames of one pass (``ranges.track_step_px``).
+
+    Attempt t draws the track from ``default_rng([seed, 104729, crater, 7919, t])``: one
+    :class:`ViewDraw` (its pixel is the track's middle), and the step along the image's y axis.
+    View k puts the crater centre at ``y_mid + (k - (views - 1) / 2) * step``; its box noise comes
+    from view k's own generator, as in :func:`render_frame_view`. The first attempt whose every
+    view has a box and an informative crop is kept; after ``ranges.max_tries`` a DataError names
+    the crater.
+    """
+    if ranges.track_step_px is None:
+        raise ConfigError("render_frame_track needs ranges.track_step_px")
+    camera = render.camera
+    h_centre = float(height(np.array([lat]), np.array([lon]))[0])
+    refused: dict[str, int] = {}
+    for tries in range(1, ranges.max_tries + 1):
+        rng = np.random.default_rng([seed, VIEW_SEED_TAG, int(crater), TRACK_SEED_TAG, tries])
+        base = ViewDraw.sample(rng, ranges, camera.width, camera.height)
+        lo, hi = ranges.track_step_px
+        step = float(lo + rng.random() * (hi - lo))
+        sun = local_direction(lat, lon, base.sun_azimuth_deg, base.sun_elevation_deg)
+        out: list[tuple[np.ndarray, FrameViewRecord]] = []
+        for k in range(views):
+            y = base.pixel[1] + (k - (views - 1) / 2.0) * step
+            draw = replace(base, pixel=(base.pixel[0], float(y)))
+            try:
+                rotation, position = view_pose(lat, lon, h_centre, draw, render)
+            except DataError:
+                refused["no camera"] = refused.get("no camera", 0) + 1
+                break
+            box = crater_box(lat, lon, diameter_km, rotation, position, camera, height, sun, annotate)
+            if box is None:
+                refused["no box"] = refused.get("no box", 0) + 1
+                break
+            jitter = np.random.default_rng([seed, VIEW_SEED_TAG, int(crater), int(k)])
+            cut = jitter_box(box, jitter, ranges.shrink_px, ranges.shift_px, (camera.height, camera.width))
+            l, r, t, b = cut
+            crop, _ = render_frame(surface, rotation, position, sun, render, window=(l, t, r, b))
+            why = crop_information(crop, rule)
+            if why is not None:
+                refused[why] = refused.get(why, 0) + 1
+                break
+            clipped = box[0] == 0 or box[2] == 0 or box[1] == camera.width or box[3] == camera.height
+            out.append((crop, FrameViewRecord(int(crater), int(k), draw, box, cut, bool(clipped), tries, dict(refused))))
+        if len(out) == views:
+            return out
+    raise DataError(f"crater {crater} ({diameter_km:.1f} km at {lat:.3f}, {lon:.3f}): no track of {views} frame views "
+                    f"with boxes and informative crops in {ranges.max_tries} draws (refused: {refused}); widen the "
+                    "view ranges or lower --frame-views")
