@@ -1,4 +1,4 @@
-"""A representative third of ``benchmarks/bad_inputs.py``, run here so that the suite holds its
+"""A representative subset (37 cases) of ``benchmarks/bad_inputs.py``, run here so that the suite holds its
 property: every bad invocation exits non-zero with a message naming the thing, never a traceback,
 never exit 0. Each case is a real subprocess of the console command. The full benchmark (all six
 command lines, the procedural world, the database and bundle fixtures) is a script:
@@ -26,8 +26,9 @@ SUBSET = {
     "trn-train": ["duplicated top-level key", "duplicated nested key", "lr NaN", "seed beyond 32 bits",
                   "--check: crater image bit flip", "--check: annotations missing", "config unreadable",
                   "override with a duplicated key"],
-    "trn-db": ["check a missing file", "check random bytes"],
-    "trn-export": ["verify a missing bundle"],
+    "trn-db": ["check a missing file", "check random bytes", "check a directory", "repair a directory",
+               "without a command"],
+    "trn-export": ["verify a missing bundle", "keygen --out a file"],
     "trn-hw": ["bench --n 0"],
 }
 

@@ -4,7 +4,7 @@ import argparse
 
 import pytest
 
-from trn.cli.common import MAX_SEED, float_between, int_at_least, int_between, seed_number
+from trn.cli.common import MAX_SEED, Parser, float_between, int_at_least, int_between, seed_number
 
 
 @pytest.mark.parametrize("parse, text, value", [
@@ -43,3 +43,37 @@ def test_a_seed_fits_torch_generator_seeding():
     torch.Generator().manual_seed(MAX_SEED * 1_000_003 + 1000)
     with pytest.raises((ValueError, RuntimeError)):
         torch.Generator().manual_seed(2**62 * 1_000_003)  # what an unchecked seed did: a traceback
+
+
+def test_a_missing_command_is_named_by_the_list_of_commands(capsys):
+    ap = Parser(prog="tool")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    for name in ("check", "repair"):
+        sub.add_parser(name).add_argument("path")
+    with pytest.raises(SystemExit) as e:
+        ap.parse_args([])
+    assert e.value.code == 2
+    assert capsys.readouterr().err == ("error: tool: the following arguments are required: {check,repair} "
+                                       "(see tool --help)\n")
+    assert ap.parse_args(["repair", "x"]).cmd == "repair"
+    assert "usage: tool [-h] {check,repair} ..." in ap.format_help()
+    named = Parser(prog="t2")
+    named.add_subparsers(dest="cmd", required=True, metavar="COMMAND").add_parser("go")
+    with pytest.raises(SystemExit):
+        named.parse_args([])
+    assert "required: COMMAND" in capsys.readouterr().err  # an explicit metavar is kept
+
+
+@pytest.mark.parametrize("cli, commands", [
+    ("db", "{check,repair}"), ("export", "{onnx,onnx-int8,tflite,keygen,bundle,verify}"),
+    ("hw", "{provision,flash,rollback,status,agent,bench,stop}"), ("data", "{build,check,stats,sheet}"),
+    ("sim", "{run,map,report}"),
+])
+def test_every_command_line_without_a_command_lists_its_commands(cli, commands, capsys):
+    import importlib
+
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(f"trn.cli.{cli}").main([])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"the following arguments are required: {commands}" in err and "required: cmd" not in err

@@ -291,6 +291,19 @@ def test_check_and_the_scenario_loader_refuse_the_same_problem(tmp_path, how):
         assert f"dataset has problems: {blocking[0]}" in str(e.value)
 
 
+@pytest.mark.parametrize("how", ["zero-width box", "crater bit flip", "nav a file"])
+def test_the_map_builder_loads_through_the_same_scan(tmp_path, how, capsys):
+    """`trn-sim map build` reads its dataset with trn-sim's loader too: what the check blocks, it
+    refuses before any model is loaded or any file written."""
+    from trn.cli import sim as sim_cli
+
+    root = _damaged(tmp_path / "d", how)
+    assert sim_cli.main(["map", "build", "--data", str(root), "--out", str(tmp_path / "m"), "--model", "ncc",
+                         "--threads", "1"]) == 2
+    assert f"dataset has problems: {DAMAGES[how]}" in capsys.readouterr().err
+    assert not (tmp_path / "m").exists()
+
+
 def test_an_intact_dataset_passes_both_and_the_loader_returns_what_read_luna1_reads(tmp_path):
     root = _damaged(tmp_path / "d", "intact")
     assert luna1.check_luna1(root) == [] and luna1.check_luna1(root, decode_images=False) == []

@@ -72,6 +72,51 @@ def test_corrupt_and_wrong_shape_tiles(tmp_path):
         load_elevation(tmp_path)
 
 
+def test_dem_tile_and_albedo_problems_are_named_by_their_cause(tmp_path):
+    """Read through trn.data.luna1.read_image: empty, a directory, a truncated PNG each named as
+    such, never as "cannot be decoded"."""
+    tile = tmp_path / "t.png"
+    (tmp_path / "albedo").mkdir()
+    albedo = tmp_path / "albedo" / "a.png"
+    header_only = b"\x89PNG\r\n\x1a\n" + bytes(64)
+    for content, match in ((b"", "is empty \\(0 bytes\\)"), (header_only, "is truncated|is corrupt")):
+        tile.write_bytes(content)
+        albedo.write_bytes(content)
+        with pytest.raises(DataError, match=f"DEM tile ({match})") as e:
+            read_dem_tile(tile, 2)
+        assert e.value.path == str(tile)
+        with pytest.raises(DataError, match=f"albedo map ({match})") as e:
+            load_albedo(tmp_path)
+        assert e.value.path == str(albedo)
+    tile.unlink()
+    tile.mkdir()
+    with pytest.raises(DataError, match="DEM tile is a directory, not a file"):
+        read_dem_tile(tile, 2)
+    albedo.unlink()
+    albedo.mkdir()
+    with pytest.raises(DataError, match="albedo map is a directory, not a file"):
+        load_albedo(tmp_path)
+
+
+def test_a_permission_denied_dem_tile_or_albedo_is_unreadable_not_corrupt(tmp_path):
+    from tests import permissions
+
+    write_dem_tile(tmp_path / "t.png", np.zeros((60, 60)))
+    (tmp_path / "albedo").mkdir()
+    cv2.imwrite(str(tmp_path / "albedo" / "a.png"), np.zeros((10, 20), np.uint8))
+    tile = permissions.unreadable(tmp_path / "t.png")
+    albedo = permissions.unreadable(tmp_path / "albedo" / "a.png")
+    code = ("from pathlib import Path\nfrom trn.data.terrain import load_albedo, read_dem_tile\n"
+            "from trn.errors import DataError\n"
+            f"for f in (lambda: read_dem_tile(Path({str(tile)!r}), 2), lambda: load_albedo(Path({str(tmp_path)!r}))):\n"
+            "    try:\n        f()\n    except DataError as e:\n        print(e)\n")
+    r = permissions.python(code)
+    assert r.stdout.splitlines() == [
+        f"{tile}: DEM tile is unreadable: permission denied; make it readable (chmod u+r {tile}) or run as its owner",
+        f"{albedo}: albedo map is unreadable: permission denied; make it readable (chmod u+r {albedo}) or run as its "
+        "owner"], r.stdout + r.stderr
+
+
 def test_no_dem_folder(tmp_path):
     with pytest.raises(DataError, match="no dem/ folder"):
         load_elevation(tmp_path)

@@ -60,6 +60,31 @@ def test_truncated_and_bit_flipped_files_are_refused(tmp_path):
         LandmarkDB.load(tmp_path / "missing.trndb")
 
 
+def test_a_directory_is_named_as_one_with_the_path_expected(tmp_path, capsys):
+    """A directory given for the database (the folder it lives in) is refused as a directory by
+    every reader and by trn-db, naming the snapshot path expected, and nothing is created."""
+    from trn.cli.db import main as trn_db
+
+    d = tmp_path / "maps"
+    d.mkdir()
+    want = r"is a directory, not a landmark database: give the path of the database's snapshot file"
+    for read in (LandmarkDB.load, lambda x: LandmarkDB.open(x, read_only=True), LandmarkDB.open):
+        with pytest.raises(DataError, match=want) as e:
+            read(d)
+        assert e.value.path == str(d) and f"{d}/<name>.trndb" in e.value.message
+    assert trn_db(["check", str(d)]) == 1
+    assert capsys.readouterr().out == (f"{d}: is a directory, not a landmark database: give the path of the database's "
+                                       f"snapshot file, e.g. {d}/<name>.trndb (its journal is the <name>.trndb.journal "
+                                       "beside it)\n")
+    assert trn_db(["repair", str(d)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {d}: is a directory") and "does not exist" not in err
+    assert list(tmp_path.iterdir()) == [d] and not list(d.iterdir())  # no journal or lock beside it or in it
+    filled().save(d / "moon.trndb")  # one inside: named as the path to give
+    with pytest.raises(DataError, match=rf"e\.g\. {d}/moon\.trndb .*\(it holds moon\.trndb\)"):
+        LandmarkDB.open(d, read_only=True)
+
+
 def test_interrupted_save_keeps_the_previous_snapshot(tmp_path, monkeypatch):
     p = tmp_path / "a.trndb"
     db = filled()

@@ -44,6 +44,24 @@ def test_a_bundle_verifies_and_carries_its_specification(signed):
         keygen(tmp / "keys")
 
 
+def test_keygen_out_a_file_is_named_as_a_file_not_a_directory(tmp_path, capsys):
+    from trn.cli import export as export_cli
+
+    f = tmp_path / "a_file"
+    f.write_text("kept\n")
+    want = "is a file, not a directory; --out takes the directory to write trn_signing_key.pem and trn_signing_key.pub"
+    with pytest.raises(DataError, match=want) as e:
+        keygen(f)
+    assert e.value.path == str(f)
+    with pytest.raises(DataError, match=f"{f} {want}") as e:  # a file on the way to --out
+        keygen(f / "sub" / "keys")
+    assert e.value.path == str(f / "sub" / "keys")
+    assert export_cli.main(["keygen", "--out", str(f)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {f}: {want}") and "File exists" not in err
+    assert f.read_text() == "kept\n" and sorted(tmp_path.iterdir()) == [f]
+
+
 @pytest.mark.parametrize("name", ["model.onnx", "model_int8.onnx", "MODEL_CARD.md", MANIFEST, SIGNATURE])
 def test_one_flipped_byte_anywhere_is_refused(signed, name):
     b, pub, _ = signed

@@ -33,8 +33,29 @@ def setup_logging(verbose: bool = False) -> None:
     logging.getLogger("faiss.loader").setLevel(logging.WARNING)  # it logs which SIMD build it picked
 
 
+class _Commands(argparse._SubParsersAction):
+    """Subcommands that, without a ``metavar`` of their own, are named by their list of commands
+    (``{check,repair}``) rather than by their ``dest``: a missing command is then reported as
+    "required: {check,repair}", not as "required: cmd"."""
+
+    @property
+    def metavar(self) -> str | None:  # type: ignore[override]
+        if self._metavar is not None:
+            return self._metavar
+        return "{" + ",".join(self.choices) + "}" if self.choices else None
+
+    @metavar.setter
+    def metavar(self, value: str | None) -> None:
+        self._metavar = value
+
+
 class Parser(argparse.ArgumentParser):
-    """argparse with one-line errors: ``error: <what> (see <prog> --help)``, exit status 2."""
+    """argparse with one-line errors: ``error: <what> (see <prog> --help)``, exit status 2; a
+    missing subcommand is named by the list of commands."""
+
+    def add_subparsers(self, **kwargs):  # type: ignore[override]
+        kwargs.setdefault("action", _Commands)
+        return super().add_subparsers(**kwargs)
 
     def error(self, message: str):  # type: ignore[override]
         print(f"error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)

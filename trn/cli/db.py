@@ -33,10 +33,14 @@ from trn.cli.common import Parser, run_main, setup_logging
 def _check(path: Path) -> int:
     from trn.db import LandmarkDB
     from trn.db.database import JOURNAL_KINDS, REPLAYABLE, journal_state, missing_snapshot_message
-    from trn.db.store import journal_path
+    from trn.db.store import journal_path, snapshot_kind_problem
     from trn.errors import DataError
 
     j = journal_path(path)
+    problem = snapshot_kind_problem(path)
+    if problem is not None:
+        print(f"{path}: {problem}")
+        return 1
     if not path.exists() and j.exists():
         print(f"{path}: MISSING: {missing_snapshot_message(path)}")
         return 1
@@ -82,10 +86,13 @@ def _set_aside(j: Path, tag: str) -> Path:
 def _repair(path: Path) -> int:
     from trn.db import LandmarkDB
     from trn.db.database import journal_state, missing_snapshot_message
-    from trn.db.store import JournalFile, journal_path, repair_journal
+    from trn.db.store import JournalFile, journal_path, repair_journal, snapshot_kind_problem
     from trn.errors import DataError
 
     j = journal_path(path)
+    problem = snapshot_kind_problem(path)
+    if problem is not None:  # before any lock is taken beside it
+        raise DataError(problem, path)
     if not path.exists():
         if j.exists():
             raise DataError(missing_snapshot_message(path) + "; `trn-db repair` cannot rebuild a snapshot", path)
@@ -142,7 +149,7 @@ def _repair(path: Path) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="trn-db", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub = ap.add_subparsers(dest="cmd", required=True)  # a missing command is named {check,repair} (Parser)
     for name, text in (("check", "report the state of a database and its journal (changes nothing)"),
                        ("repair", "make a database openable again and report what is given up")):
         p = sub.add_parser(name, help=text)

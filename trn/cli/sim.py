@@ -151,12 +151,12 @@ def _rerender(d: Path) -> int:
 
 
 def _map_build(args) -> int:
-    from trn.data.luna1 import read_luna1
     from trn.nav.onboard_map import build_map
+    from trn.sim.prepare import check_before_scenarios
 
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file; a map is a directory: give a new or existing directory")
-    m = build_map(read_luna1(args.data), make_embedder(args.model, None, args.threads), args.out, args.source,
+    m = build_map(check_before_scenarios(args.data), make_embedder(args.model, None, args.threads), args.out, args.source,
                   appearance=args.appearance, workers=args.threads)
     print(f"map {args.out}: {len(m.ids)} craters embedded by {m.info['model']} ({m.info['appearance']} appearance, "
           f"{m.info['surface']})")

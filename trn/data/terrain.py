@@ -22,6 +22,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
+from trn.data.luna1 import read_image
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz
 
@@ -40,12 +41,11 @@ def tile_name(prefix: str, ppd: int, top: int, west: int) -> str:
 
 
 def read_dem_tile(path: Path, ppd: int) -> np.ndarray:
-    """One DEM tile -> float32 [30*ppd, 30*ppd] elevation in km."""
-    if not path.is_file():
+    """One DEM tile -> float32 [30*ppd, 30*ppd] elevation in km. A missing, unreadable, empty or
+    undecodable tile raises :class:`DataError` naming its own cause (:func:`trn.data.luna1.read_image`)."""
+    if not path.exists():
         raise DataError("DEM tile is missing; restore it or point --source at a complete data directory", path)
-    img = cv2.imread(str(path), cv2.IMREAD_UNCHANGED)
-    if img is None:
-        raise DataError("DEM tile cannot be decoded (corrupt or not a PNG); replace the file", path)
+    img = read_image(path, cv2.IMREAD_UNCHANGED, "DEM tile")
     n = TILE_DEG * ppd
     if img.dtype != np.uint16 or img.ndim != 2 or img.shape != (n, n):
         raise DataError(
@@ -278,10 +278,7 @@ def load_albedo(source: Path, strength: float = 1.0) -> Albedo:
     files = sorted([*adir.glob("*.jpg"), *adir.glob("*.png")]) if adir.is_dir() else []
     if not files:
         raise DataError("no albedo map (albedo/*.jpg or *.png); add one or build with --no-albedo", adir)
-    img = cv2.imread(str(files[0]), cv2.IMREAD_GRAYSCALE)
-    if img is None:
-        raise DataError("albedo map cannot be decoded (corrupt image); replace the file", files[0])
-    return Albedo(img, strength)
+    return Albedo(read_image(files[0], cv2.IMREAD_GRAYSCALE, "albedo map"), strength)
 
 
 @dataclass(frozen=True)

@@ -434,6 +434,9 @@ class LandmarkDB:
         missing, stale, newer, foreign or damaged journal) is refused with the reason and the fix,
         never truncated or replaced: see :func:`journal_state` and ``trn-db repair``."""
         path = Path(os.path.abspath(path))  # checkpoints must not depend on the working directory
+        problem = store.snapshot_kind_problem(path)
+        if problem is not None:  # a directory: never read as a snapshot nor given a journal beside it
+            raise DataError(problem, path)
         if read_only:
             return cls._open_read_only(path)
         for _ in range(8):

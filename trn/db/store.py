@@ -141,10 +141,33 @@ def write_snapshot(path: Path, header: dict, arrays: dict[str, np.ndarray]) -> N
     atomic_write_bytes(path, [prefix, *blobs, digest.digest()])
 
 
+def snapshot_kind_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a database's snapshot although something is there: a directory (most
+    often the folder the database lives in) or another file that is not a regular one; None for a
+    regular file or an absent path. The message says what path is expected."""
+    if path.is_file() or not path.exists():
+        return None
+    if path.is_dir():
+        try:
+            found = sorted(p.name for p in path.glob("*.trndb") if p.is_file())
+        except OSError:
+            found = []
+        example = f"{path / found[0]}" if found else f"{path / '<name>.trndb'}"
+        held = f" (it holds {', '.join(found[:3])}{', ...' if len(found) > 3 else ''})" if found else ""
+        return (f"is a directory, not a landmark database: give the path of the database's snapshot file, "
+                f"e.g. {example} (its journal is the <name>.trndb.journal beside it){held}")
+    return ("is not a regular file (a device, socket or pipe), not a landmark database: give the path of the "
+            "database's snapshot file (<name>.trndb)")
+
+
 def read_snapshot(path: Path, data: bytes | None = None) -> tuple[dict, dict[str, np.ndarray]]:
-    """(header, arrays) of a snapshot; truncated, bit-flipped or foreign files raise DataError.
+    """(header, arrays) of a snapshot; truncated, bit-flipped or foreign files raise DataError, as
+    do a missing path and one of the wrong kind (:func:`snapshot_kind_problem`).
     ``data``: the snapshot's bytes, if already read."""
     if data is None:
+        problem = snapshot_kind_problem(path)
+        if problem is not None:
+            raise DataError(problem, path)
         if not path.is_file():
             raise DataError("landmark database file does not exist", path)
         data = path.read_bytes()

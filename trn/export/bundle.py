@@ -62,7 +62,14 @@ def keygen(out: str | Path, name: str = "trn_signing_key") -> tuple[Path, Path]:
     to overwrite an existing private key."""
     serialization, priv_cls = _crypto()
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    expected = f"--out takes the directory to write {name}.pem and {name}.pub into: give a new or existing directory"
+    if out.exists() and not out.is_dir():
+        raise DataError(f"is a file, not a directory; {expected}", out)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # a file on the way to it
+        file = next((p for p in out.parents if p.exists() and not p.is_dir()), out)
+        raise DataError(f"{file} is a file, not a directory; {expected}", out) from None
     priv_path, pub_path = out / f"{name}.pem", out / f"{name}.pub"
     if priv_path.exists():
         raise DataError("a private key is already there; choose another --out or delete it knowingly", priv_path)

@@ -13,6 +13,7 @@ from trn.data import landmarks
 from trn.data.augment import AugmentConfig, Draw, apply, contrast, crop_resize, sample, sample_boxes
 from trn.data.crops import preprocess
 from trn.data.landmarks import LandmarkItem, LandmarkSet, Split, is_frame_view, read_landmarks
+from trn.data.luna1 import read_image
 from trn.errors import DataError
 from trn.train.config import DataConfig
 
@@ -79,9 +80,7 @@ class ImageBank:
             k = want.get(item.instance)
             if k is None or (select is not None and not select(item.view)):
                 continue
-            img = cv2.imread(str(item.path), cv2.IMREAD_GRAYSCALE)
-            if img is None:
-                raise DataError("landmark image cannot be decoded; replace it or rebuild the dataset", item.path)
+            img = read_image(item.path, cv2.IMREAD_GRAYSCALE, "landmark image")  # names why a file cannot be read
             if is_frame_view(item.view):
                 self.frames[k].append(len(rows))
             self.views[k].append(len(rows))
