@@ -285,7 +285,8 @@ def test_the_shipped_exports_are_cross_checked_against_the_shipped_models(tmp_pa
         bundle_model("flight_ric_ca", union, tmp_path / "ric", priv, version=1)
     assert not (tmp_path / "ric").exists()
     b = bundle_model("flight_conv2d_se_union", union, tmp_path / "union", priv, version=1)
-    assert set(b.manifest["source"]["checked"]) == {"model.onnx", "model_int8.onnx", "model_int8.tflite", "head.npz"}
+    graphs = {n for n in ("model.onnx", "model_int8.onnx") if (union / n).is_file()}  # the ONNX graphs are not in git
+    assert set(b.manifest["source"]["checked"]) == graphs | {"model_int8.tflite", "head.npz"}
     # the right reports and graphs, but another model's head
     exp = tmp_path / "exp"
     shutil.copytree(union, exp)
