@@ -29,36 +29,12 @@ streams real crater crops to an agent and reports board-side and round-trip late
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from pathlib import Path
 
 from trn.cli.common import Parser, int_at_least, run_main, setup_logging
-
-
-def _int_in(low: int, high: int, what: str):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} {text!r} is not a whole number") from None
-        if not low <= v <= high:
-            raise argparse.ArgumentTypeError(f"{what} {v} is out of range: expected {low} to {high}")
-        return v
-
-    parse.__name__ = what
-    return parse
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < v <= 86400:
-        raise argparse.ArgumentTypeError(f"{v} s is out of range: expected more than 0 and at most 86400")
-    return v
+from trn_board.options import ranged_int, seconds
 
 
 KEY_HELP = "public key: a .pub file (trn-export keygen) or 64 hex digits"
@@ -86,14 +62,14 @@ def build_parser() -> Parser:
     a.add_argument("--bundle", required=True, type=Path, help="bundle directory (on a board: ROOT/current)")
     a.add_argument("--pub", default=None, help=KEY_HELP + "; for a bundle outside a provisioned board root")
     a.add_argument("--host", default="127.0.0.1")
-    a.add_argument("--port", type=_int_in(0, 65535, "port"), default=5555, help="TCP port, 0 for any free one")
-    a.add_argument("--threads", type=_int_in(1, 64, "interpreter threads"), default=1,
+    a.add_argument("--port", type=ranged_int(0, 65535, "port"), default=5555, help="TCP port, 0 for any free one")
+    a.add_argument("--threads", type=ranged_int(1, 64, "interpreter threads"), default=1,
                    help="threads of the TFLite interpreter / onnxruntime (default 1)")
-    a.add_argument("--blas-threads", type=_int_in(1, 64, "BLAS threads"), default=1,
+    a.add_argument("--blas-threads", type=ranged_int(1, 64, "BLAS threads"), default=1,
                    help="threads of numpy's BLAS for the host head (default 1)")
     a.add_argument("--backend", default="auto", choices=("auto", "tflite", "edgetpu", "onnx"))
-    a.add_argument("--max-connections", type=_int_in(1, 4096, "max connections"), default=128)
-    a.add_argument("--idle-timeout", type=_seconds, default=30.0, help="seconds between requests (default 30)")
+    a.add_argument("--max-connections", type=ranged_int(1, 4096, "max connections"), default=128)
+    a.add_argument("--idle-timeout", type=seconds, default=30.0, help="seconds between requests (default 30)")
     a.add_argument("--stop-token-file", type=Path, default=None,
                    help="allow stop requests carrying the random token the agent writes here (mode 0600)")
     b = sub.add_parser("bench", help="stream real crater crops to an agent and time them")

@@ -206,6 +206,30 @@ class FrameViewRecord:
         return d
 
 
+def _shoot(surface: Surface, height: HeightFn, lat: float, lon: float, diameter_km: float, h_centre: float,
+           draw: ViewDraw, jitter: np.random.Generator, render: RenderConfig, annotate: AnnotateConfig,
+           ranges: FrameViewRanges, rule: InformationRule | None
+           ) -> tuple[np.ndarray, tuple[int, int, int, int], tuple[int, int, int, int], bool] | str:
+    """One view at ``draw``: the crop cut by the annotation rule's box moved by detector noise from
+    ``jitter``, with the rule's box, the cut box and whether the box is clipped; or why there is
+    none ("no box", or :func:`crop_information`'s reason). Raises DataError when no camera can
+    see the crater through the drawn pixel."""
+    camera = render.camera
+    rotation, position = view_pose(lat, lon, h_centre, draw, render)
+    sun = local_direction(lat, lon, draw.sun_azimuth_deg, draw.sun_elevation_deg)
+    box = crater_box(lat, lon, diameter_km, rotation, position, camera, height, sun, annotate)
+    if box is None:
+        return "no box"
+    cut = jitter_box(box, jitter, ranges.shrink_px, ranges.shift_px, (camera.height, camera.width))
+    l, r, t, b = cut
+    crop, _ = render_frame(surface, rotation, position, sun, render, window=(l, t, r, b))
+    why = crop_information(crop, rule)
+    if why is not None:
+        return why
+    clipped = box[0] == 0 or box[2] == 0 or box[1] == camera.width or box[3] == camera.height
+    return crop, box, cut, bool(clipped)
+
+
 def render_frame_view(surface: Surface, height: HeightFn, crater: int, lat: float, lon: float, diameter_km: float,
                       k: int, seed: int, render: RenderConfig, annotate: AnnotateConfig,
                       ranges: FrameViewRanges, rule: InformationRule | None = None
@@ -233,21 +257,12 @@ def render_frame_view(surface: Surface, height: HeightFn, crater: int, lat: floa
             j = ranges.pass_sun_deg * (2.0 * rng.random(2) - 1.0)
             el = float(np.clip(pass_sun[0] + j[0], *ranges.sun_elevation_deg))
             draw = replace(draw, sun_elevation_deg=el, sun_azimuth_deg=float((pass_sun[1] + j[1]) % 360.0))
-        rotation, position = view_pose(lat, lon, h_centre, draw, render)
-        sun = local_direction(lat, lon, draw.sun_azimuth_deg, draw.sun_elevation_deg)
-        box = crater_box(lat, lon, diameter_km, rotation, position, camera, height, sun, annotate)
-        if box is None:
-            refused["no box"] = refused.get("no box", 0) + 1
+        shot = _shoot(surface, height, lat, lon, diameter_km, h_centre, draw, rng, render, annotate, ranges, rule)
+        if isinstance(shot, str):
+            refused[shot] = refused.get(shot, 0) + 1
             continue
-        cut = jitter_box(box, rng, ranges.shrink_px, ranges.shift_px, (camera.height, camera.width))
-        l, r, t, b = cut
-        crop, _ = render_frame(surface, rotation, position, sun, render, window=(l, t, r, b))
-        why = crop_information(crop, rule)
-        if why is not None:
-            refused[why] = refused.get(why, 0) + 1
-            continue
-        clipped = box[0] == 0 or box[2] == 0 or box[1] == camera.width or box[3] == camera.height
-        return crop, FrameViewRecord(int(crater), int(k), draw, box, cut, bool(clipped), tries, refused)
+        crop, box, cut, clipped = shot
+        return crop, FrameViewRecord(int(crater), int(k), draw, box, cut, clipped, tries, refused)
     raise DataError(f"crater {crater} ({diameter_km:.1f} km at {lat:.3f}, {lon:.3f}): no frame view with a box and an "
                     f"informative crop in {ranges.max_tries} draws (refused: {refused}); widen the view ranges")
 
@@ -278,30 +293,21 @@ def render_frame_track(surface: Surface, height: HeightFn, crater: int, lat: flo
         base = ViewDraw.sample(rng, ranges, camera.width, camera.height)
         lo, hi = ranges.track_step_px
         step = float(lo + rng.random() * (hi - lo))
-        sun = local_direction(lat, lon, base.sun_azimuth_deg, base.sun_elevation_deg)
         out: list[tuple[np.ndarray, FrameViewRecord]] = []
         for k in range(views):
             y = base.pixel[1] + (k - (views - 1) / 2.0) * step
             draw = replace(base, pixel=(base.pixel[0], float(y)))
-            try:
-                rotation, position = view_pose(lat, lon, h_centre, draw, render)
-            except DataError:
-                refused["no camera"] = refused.get("no camera", 0) + 1
-                break
-            box = crater_box(lat, lon, diameter_km, rotation, position, camera, height, sun, annotate)
-            if box is None:
-                refused["no box"] = refused.get("no box", 0) + 1
-                break
             jitter = np.random.default_rng([seed, VIEW_SEED_TAG, int(crater), int(k)])
-            cut = jitter_box(box, jitter, ranges.shrink_px, ranges.shift_px, (camera.height, camera.width))
-            l, r, t, b = cut
-            crop, _ = render_frame(surface, rotation, position, sun, render, window=(l, t, r, b))
-            why = crop_information(crop, rule)
-            if why is not None:
-                refused[why] = refused.get(why, 0) + 1
+            try:
+                shot = _shoot(surface, height, lat, lon, diameter_km, h_centre, draw, jitter, render, annotate, ranges,
+                              rule)
+            except DataError:
+                shot = "no camera"
+            if isinstance(shot, str):
+                refused[shot] = refused.get(shot, 0) + 1
                 break
-            clipped = box[0] == 0 or box[2] == 0 or box[1] == camera.width or box[3] == camera.height
-            out.append((crop, FrameViewRecord(int(crater), int(k), draw, box, cut, bool(clipped), tries, dict(refused))))
+            crop, box, cut, clipped = shot
+            out.append((crop, FrameViewRecord(int(crater), int(k), draw, box, cut, clipped, tries, dict(refused))))
         if len(out) == views:
             return out
     raise DataError(f"crater {crater} ({diameter_km:.1f} km at {lat:.3f}, {lon:.3f}): no track of {views} frame views "

@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 
 from trn_board import protocol as P  # noqa: E402
 from trn_board import trust  # noqa: E402
+from trn_board.options import ranged_int, seconds  # noqa: E402
 from trn_board.bundle import BundleError, manifest_sha256, verify_bundle  # noqa: E402
 
 MAX_BATCH = 64
@@ -494,30 +495,6 @@ class Agent:
 # -- the program
 
 
-def _ranged(low: int, high: int, what: str):
-    def parse(text: str) -> int:
-        try:
-            v = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"{what} {text!r} is not a whole number") from None
-        if not low <= v <= high:
-            raise argparse.ArgumentTypeError(f"{what} {v} is out of range: expected {low} to {high}")
-        return v
-
-    parse.__name__ = what
-    return parse
-
-
-def _seconds(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not 0 < v <= 86400:
-        raise argparse.ArgumentTypeError(f"{v} s is out of range: expected more than 0 and at most 86400")
-    return v
-
-
 def write_stop_token(path: str | Path) -> bytes:
     """A fresh random stop token written to ``path`` with mode 0600 (replacing an older one)."""
     path = Path(path)
@@ -537,14 +514,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--pub", default=None, help="a bundle outside any board root: the public key to verify it with "
                                                 "(a .pub file or 64 hex digits); on a board the anchor is used")
     ap.add_argument("--host", default="127.0.0.1")
-    ap.add_argument("--port", type=_ranged(0, 65535, "port"), default=5555, help="TCP port, 0 for any free one")
-    ap.add_argument("--threads", type=_ranged(1, MAX_THREADS, "interpreter threads"), default=1,
+    ap.add_argument("--port", type=ranged_int(0, 65535, "port"), default=5555, help="TCP port, 0 for any free one")
+    ap.add_argument("--threads", type=ranged_int(1, MAX_THREADS, "interpreter threads"), default=1,
                     help="threads of the TFLite interpreter / onnxruntime (default 1)")
-    ap.add_argument("--blas-threads", type=_ranged(1, MAX_THREADS, "BLAS threads"), default=1,
+    ap.add_argument("--blas-threads", type=ranged_int(1, MAX_THREADS, "BLAS threads"), default=1,
                     help="threads of numpy's BLAS for the host head (default 1, the fast choice)")
     ap.add_argument("--backend", default="auto", choices=BACKENDS)
-    ap.add_argument("--max-connections", type=_ranged(1, 4096, "max connections"), default=128)
-    ap.add_argument("--idle-timeout", type=_seconds, default=30.0,
+    ap.add_argument("--max-connections", type=ranged_int(1, 4096, "max connections"), default=128)
+    ap.add_argument("--idle-timeout", type=seconds, default=30.0,
                     help="seconds a connection may wait between requests (default 30)")
     ap.add_argument("--stop-token-file", type=Path, default=None,
                     help="allow SHUTDOWN requests carrying the random token written to this file (mode 0600); "
