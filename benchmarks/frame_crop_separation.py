@@ -45,10 +45,7 @@ def main() -> int:
     print("hardware:", hardware())
     ds = read_luna1(args.data)
     s = sc.ScenarioSettings()
-    frames = sc.navigation_frames(ds, s)
-    dets = sc.detect(ds, frames, s, np.random.default_rng([s.seed, 3]), sc.frame_shape(ds))
-    dets, declined = sc.decline_uninformative(ds, frames, dets)  # as Moon Navigation does
-    flat = [d for fr in frames for d in dets[fr]]
+    flat, declined = sc.moon_navigation_crops(ds, s)  # exactly Moon Navigation's inputs
     if declined:
         print(f"{len(declined)} crops declined (nothing to recognise), as in Moon Navigation")
     lab = np.array([d.label for d in flat])

@@ -79,11 +79,8 @@ def main() -> int:
     print("hardware:", hardware())
     ds = read_luna1(args.data)
     s = sc.ScenarioSettings()
-    frames = sc.navigation_frames(ds, s)
+    flat, declined = sc.moon_navigation_crops(ds, s)  # exactly Moon Navigation's inputs
     h, w = sc.frame_shape(ds)
-    dets = sc.detect(ds, frames, s, np.random.default_rng([s.seed, 3]), (h, w))
-    dets, declined = sc.decline_uninformative(ds, frames, dets)
-    flat = [d for fr in frames for d in dets[fr]]
     lab = np.array([d.label for d in flat])
     print(f"{len(flat)} crops of {len(set(lab))} craters ({len(declined)} declined)")
     few = flat[:args.n]

@@ -436,6 +436,19 @@ def _growth(decisions: list[Decision]) -> list[int]:
     return np.cumsum([not d.matched for d in decisions]).tolist()
 
 
+def moon_navigation_crops(ds: Luna1Dataset, s: ScenarioSettings) -> tuple[list[Detection], list[dict]]:
+    """The detections Moon Navigation matches, in its order (every annotated frame's boxes through
+    NMS and the seeded detector noise, uninformative crops declined when ``s.decline``), and the
+    declined ones: for tools that study the scenario's inputs (benchmarks/frame_crop_separation.py,
+    benchmarks/nuisance.py)."""
+    frames = navigation_frames(ds, s)
+    dets = detect(ds, frames, s, np.random.default_rng([s.seed, 3]), frame_shape(ds))
+    declined: list[dict] = []
+    if s.decline:
+        dets, declined = decline_uninformative(ds, frames, dets)
+    return [d for fr in frames for d in dets[fr]], declined
+
+
 def navigation_frames(ds: Luna1Dataset, s: ScenarioSettings) -> list[int]:
     frames = [f.frame for f in ds.frames if f.boxes]
     return frames[: s.max_frames] if s.max_frames else frames
