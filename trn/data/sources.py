@@ -166,7 +166,8 @@ def find_catalogue(source: str | Path, name: str | None = None) -> Path:
             if p.name == name or p.stem == name:
                 return p
         raise DataError(f"catalogue {name!r} not found; available: {[p.name for p in files]}", cdir)
-    preferred = [p for p in files if p.name.startswith("head2010")]
+    # the Luna-1 catalogue of the real Moon or of the built-in world, beside their small-crater ones
+    preferred = [p for p in files if p.name.startswith("head2010") or p.name == "synth_craters.csv"]
     if preferred:
         return preferred[0]
     if len(files) == 1:
@@ -192,3 +193,56 @@ def segment_trajectory(traj: Trajectory, segments: tuple[tuple[float, float], ..
         epochs += [e + dt.timedelta(seconds=float(offset_s)) for e in traj.epochs]
     name = f"{traj.name} in {len(segments)} segments"
     return Trajectory(name, np.concatenate(poses), np.concatenate(kitti), epochs)
+
+
+# Ids of the union catalogue: the large-crater catalogue keeps its own (1-based rows, as in every
+# Luna-1 build); the small-crater catalogue's rows are offset past any large-crater row.
+SMALL_ID_OFFSET = 1_000_000
+
+
+@dataclass(frozen=True)
+class UnionRule:
+    """Which craters the union catalogue holds (defaults: Head et al. 2010 craters of 20 km and
+    more anywhere; Povilaitis et al. 2018 craters of 5 to 20 km within 60 degrees of the equator,
+    the ranges in which each catalogue is complete)."""
+
+    large_min_km: float = 20.0
+    small_min_km: float = 5.0
+    small_max_km: float = 20.0
+    small_max_abs_lat: float = 60.0
+
+    def __post_init__(self) -> None:
+        if not 0 < self.small_min_km < self.small_max_km <= self.large_min_km:
+            raise ConfigError(f"union catalogue ranges small {self.small_min_km}..{self.small_max_km} km, large from "
+                              f"{self.large_min_km} km: expected 0 < small min < small max <= large min")
+        if not 0 < self.small_max_abs_lat <= 90:
+            raise ConfigError(f"small_max_abs_lat={self.small_max_abs_lat}: expected (0, 90] degrees")
+
+
+def small_catalogue_path(source: str | Path) -> Path:
+    """The small-crater catalogue of a source: Povilaitis et al. 2018 (``povilaitis*.csv``) for the
+    real Moon, ``synth_craters_6_20km.csv`` for the built-in world
+    (:func:`trn.data.synth.small_crater_catalogue` writes it)."""
+    cdir = Path(source) / "catalogs"
+    files = sorted(cdir.glob("povilaitis*.csv")) + sorted(cdir.glob("synth_craters_6_20km.csv"))
+    if len(files) != 1:
+        raise DataError(f"expected one small-crater catalogue (povilaitis*.csv or synth_craters_6_20km.csv), found "
+                        f"{[p.name for p in files]}", cdir)
+    return files[0]
+
+
+def union_catalogue(source: str | Path, rule: UnionRule | None = None) -> Catalogue:
+    """The large-crater catalogue of ``source`` (its Luna-1 one, ids unchanged) united with its
+    small-crater one (ids offset by :data:`SMALL_ID_OFFSET`), each within ``rule``'s ranges."""
+    rule = rule or UnionRule()
+    large = read_catalogue(find_catalogue(source))
+    small = read_catalogue(small_catalogue_path(source))
+    large = large.subset(large.diameter_km >= rule.large_min_km)
+    small = small.subset((small.diameter_km >= rule.small_min_km) & (small.diameter_km < rule.small_max_km)
+                         & (np.abs(small.lat) <= rule.small_max_abs_lat))
+    if len(large) and int(large.ids.max()) >= SMALL_ID_OFFSET:
+        raise DataError(f"the large-crater catalogue has {len(large)} rows; ids past {SMALL_ID_OFFSET} would collide",
+                        find_catalogue(source))
+    cat = lambda *a: np.concatenate(a)  # noqa: E731
+    return Catalogue("union", cat(large.ids, small.ids + SMALL_ID_OFFSET), cat(large.lat, small.lat),
+                     cat(large.lon, small.lon), cat(large.diameter_km, small.diameter_km))

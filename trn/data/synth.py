@@ -40,7 +40,7 @@ from trn.data.luna1 import write_poses_csv, write_poses_kitti
 from trn.data.render import RenderConfig
 from trn.data.sources import write_catalogue
 from trn.data.terrain import KM_PER_DEG, TILE_DEG, TILE_TOPS, TILE_WESTS, _value_noise, tile_name, write_dem_tile
-from trn.errors import ConfigError
+from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_GM_KM3_S2, MOON_RADIUS_KM, latlon_to_xyz, matrix_to_quat, nadir_pose
 
 log = logging.getLogger(__name__)
@@ -302,6 +302,74 @@ def _noise_field(shape: tuple[int, int], ppd: int, seed: int, octaves: list[tupl
     return out
 
 
+FLOOD_AGE = 0.7  # primaries older than this (age 0 = oldest) lie under the maria where those flood
+SMALL_CATALOGUE = "synth_craters_6_20km.csv"
+
+
+def _mare(cfg: SynthConfig) -> np.ndarray:
+    """The maria: float32 [180 ppd, 360 ppd], 1 = flooded, thresholded at the quantile that floods
+    ``mare_fraction`` of the surface (area-weighted, read off every 4th pixel: the noise is smooth
+    at that scale)."""
+    ppd = cfg.ppd
+    shape = (180 * ppd, 360 * ppd)
+    mare_noise = _noise_field(shape, ppd, cfg.seed, [(1500.0, 1.0), (600.0, 0.5), (200.0, 0.15)], salt=700)
+    if cfg.mare_fraction <= 0:
+        return np.zeros(shape, np.float32)
+    sub = mare_noise[::4, ::4]
+    wts = np.repeat(np.cos(np.radians(90.0 - (np.arange(0, shape[0], 4) + 0.5) / ppd))[:, None], sub.shape[1], axis=1)
+    order = np.argsort(sub, axis=None)[::-1]
+    cum = np.cumsum(wts.reshape(-1)[order]) / wts.sum()
+    thresh = sub.reshape(-1)[order][min(np.searchsorted(cum, cfg.mare_fraction), order.size - 1)]
+    return np.clip((mare_noise - thresh) / 0.05, 0.0, 1.0).astype(np.float32)
+
+
+def _flooded(c: Crater, mare: np.ndarray, ppd: int) -> bool:
+    r = min(int((90.0 - c.lat) * ppd), mare.shape[0] - 1)
+    col = min(int(c.lon * ppd), mare.shape[1] - 1)
+    return c.age < FLOOD_AGE and mare[r, col] > 0.5
+
+
+def small_crater_catalogue(world_dir: Path, max_abs_lat: float = 60.0, max_km: float = 20.0) -> Path:
+    """The built-in world's analogue of the Povilaitis et al. 2018 catalogue: its primaries from
+    the world's smallest stamped size up to ``max_km`` within ``max_abs_lat`` of the equator that
+    are still visible, written once to ``catalogs/synth_craters_6_20km.csv`` (Head-style columns).
+
+    Visible: not buried by maria (the rule of the >= 20 km catalogue) and not excavated by a younger
+    crater, primary or secondary, whose rim encloses its centre (small craters are the ones later
+    impacts erase). The primaries are drawn again from the world's seed exactly as
+    :func:`make_world` drew them."""
+    world_dir = Path(world_dir)
+    path = world_dir / "catalogs" / SMALL_CATALOGUE
+    if path.is_file():
+        return path
+    marker = world_dir / WORLD_MARKER
+    if not marker.is_file():
+        raise DataError("not a finished built-in world (no world.json); build it first with trn-data build luna1-synth",
+                        world_dir)
+    cfg = SynthConfig(**json.loads(marker.read_text(encoding="utf-8"))["config"])
+    rng = np.random.default_rng(cfg.seed)
+    primaries = sample_craters(cfg, rng)
+    every = primaries + secondaries(primaries, cfg, rng)
+    mare = _mare(cfg)
+    small = [c for c in primaries if c.diameter_km < max_km and abs(c.lat) <= max_abs_lat
+             and not _flooded(c, mare, cfg.ppd)]
+    xyz = latlon_to_xyz(np.array([c.lat for c in every]), np.array([c.lon for c in every]), 1.0)
+    radius = np.array([c.diameter_km for c in every]) / (2.0 * MOON_RADIUS_KM)  # radians
+    age = np.array([c.age for c in every])
+    index = {id(c): k for k, c in enumerate(every)}
+    keep = []
+    for c in small:
+        k = index[id(c)]
+        ang = np.arccos(np.clip(xyz @ xyz[k], -1.0, 1.0))
+        if not np.any((age > c.age) & (ang < radius) & (radius > radius[k])):
+            keep.append(c)
+    write_catalogue(path, np.array([c.lat for c in keep]), np.array([c.lon for c in keep]),
+                    np.array([c.diameter_km for c in keep]))
+    log.info("built-in world: %d of %d primaries below %g km within %g deg are visible; written to %s",
+             len(keep), len(small), max_km, max_abs_lat, path)
+    return path
+
+
 def make_world(cfg: SynthConfig, world_dir: Path) -> dict:
     """Write the procedural world as a source directory; returns its description (also world.json).
 
@@ -322,22 +390,12 @@ def make_world(cfg: SynthConfig, world_dir: Path) -> dict:
     ppd = cfg.ppd
     shape = (180 * ppd, 360 * ppd)
     base = _noise_field(shape, ppd, cfg.seed, [(800.0, 1.2), (300.0, 0.6), (100.0, 0.3), (30.0, 0.12)], salt=500)
-    mare_noise = _noise_field(shape, ppd, cfg.seed, [(1500.0, 1.0), (600.0, 0.5), (200.0, 0.15)], salt=700)
-    # Threshold the noise at the quantile that floods the requested fraction of the surface
-    # (area-weighted), read off every 4th pixel: the noise is smooth at that scale.
-    sub = mare_noise[::4, ::4]
-    wts = np.repeat(np.cos(np.radians(90.0 - (np.arange(0, shape[0], 4) + 0.5) / ppd))[:, None], sub.shape[1], axis=1)
-    order = np.argsort(sub, axis=None)[::-1]
-    cum = np.cumsum(wts.reshape(-1)[order]) / wts.sum()
-    thresh = sub.reshape(-1)[order][min(np.searchsorted(cum, cfg.mare_fraction), order.size - 1)] if cfg.mare_fraction > 0 else np.inf
-    mare = np.clip((mare_noise - thresh) / 0.05, 0.0, 1.0).astype(np.float32)
-    del wts, order, cum, sub
+    mare = _mare(cfg)
     grid = base.astype(np.float32)
     primaries = sample_craters(cfg, rng)
     seconds = secondaries(primaries, cfg, rng)
-    flood_age = 0.7
-    old = sorted([c for c in primaries if c.age < flood_age], key=lambda c: c.age)
-    young = sorted([c for c in primaries if c.age >= flood_age] + seconds, key=lambda c: c.age)
+    old = sorted([c for c in primaries if c.age < FLOOD_AGE], key=lambda c: c.age)
+    young = sorted([c for c in primaries if c.age >= FLOOD_AGE] + seconds, key=lambda c: c.age)
     for c in tqdm(old, desc="world: old craters", disable=None, mininterval=2.0):
         _stamp(grid, ppd, c)
     mare_level = -1.5 + 0.2 * base
@@ -345,15 +403,7 @@ def make_world(cfg: SynthConfig, world_dir: Path) -> dict:
     for c in tqdm(young, desc="world: young craters", disable=None, mininterval=2.0):
         _stamp(grid, ppd, c)
     # Catalogue: primaries >= 20 km that are still visible (not buried by maria).
-    catalogue = []
-    for c in primaries:
-        if c.diameter_km < 20.0:
-            continue
-        r = min(int((90.0 - c.lat) * ppd), shape[0] - 1)
-        col = min(int(c.lon * ppd), shape[1] - 1)
-        if c.age < flood_age and mare[r, col] > 0.5:
-            continue
-        catalogue.append(c)
+    catalogue = [c for c in primaries if c.diameter_km >= 20.0 and not _flooded(c, mare, ppd)]
     # Remove sub-pixel discontinuities (rim crests, terrace edges) that would alias at this ppd.
     k = 4  # columns wrapped around the 0/360 seam so that the blur has no seam
     wrapped = np.concatenate([grid[:, -k:], grid, grid[:, :k]], axis=1).astype(np.float32)
