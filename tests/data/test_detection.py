@@ -1,0 +1,86 @@
+"""Detector labels: the union catalogue, labels on constructed geometry, the footprint rule that
+keeps training frames off the test pass's ground, and refusal of malformed label files."""
+
+import json
+
+import numpy as np
+import pytest
+
+from trn.data.annotate import AnnotateConfig
+from trn.data.detection import LABELS, clear_of, detection_segments, label_frames, read_labels
+from trn.data.sources import SMALL_ID_OFFSET, Catalogue, UnionRule, union_catalogue, write_catalogue
+from trn.errors import ConfigError, DataError
+from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose
+
+CAM = PinholeCamera(512, 512, 39.6)
+FLAT = lambda lat, lon: np.zeros_like(np.asarray(lat, dtype=float))  # noqa: E731
+
+
+def _source(tmp_path):
+    write_catalogue(tmp_path / "catalogs" / "head2010_lola_large_craters.csv", np.array([0.0, 70.0, 10.0]),
+                    np.array([0.0, 0.0, 5.0]), np.array([30.0, 25.0, 19.0]))
+    (tmp_path / "catalogs" / "povilaitis2018_lroc_5_20km_craters.csv").write_text(
+        ",Unnamed: 0,Diameter (km),Long,Lat,tag\n0,0,6.0,1.0,0.5,standard\n1,1,4.0,1.0,0.5,standard\n"
+        "2,2,12.0,2.0,65.0,standard\n3,3,21.0,2.0,1.0,standard\n", encoding="utf-8")
+    return tmp_path
+
+
+def test_union_keeps_each_catalogue_within_its_range_and_ids_apart(tmp_path):
+    c = union_catalogue(_source(tmp_path))
+    # Head: >= 20 km anywhere (rows 1, 2; the 19 km row 3 is out); Povilaitis: 5-20 km within 60 deg (row 1 only)
+    assert c.ids.tolist() == [1, 2, SMALL_ID_OFFSET + 1]
+    assert c.diameter_km.tolist() == [30.0, 25.0, 6.0]
+    with pytest.raises(ConfigError, match="union catalogue ranges"):
+        UnionRule(small_min_km=20.0)
+
+
+def test_labels_on_constructed_geometry():
+    pos = latlon_to_xyz(0.0, 0.0, MOON_RADIUS_KM + 100.0)
+    rot = nadir_pose(pos, np.array([0.0, 0.0, 1.0]))
+    kitti = np.concatenate([rot, pos[:, None]], axis=1)[None]
+    # the Sun 30 degrees above the eastern horizon of (0, 0)
+    sun = np.array([[np.cos(np.radians(60.0)), np.sin(np.radians(60.0)), 0.0]])
+    half = np.degrees(np.arctan(256 / CAM.focal_px) * 100 / MOON_RADIUS_KM)
+    cat = Catalogue("t", np.array([7, 8]), np.array([0.0, 0.0]), np.array([0.0, half * 0.97]), np.array([20.0, 30.0]))
+    (b1, b2), = label_frames(cat, kitti, sun, [0], CAM, FLAT, AnnotateConfig()).values()
+    assert (b1.id, b1.diameter_km, b1.clipped) == (7, 20.0, False)
+    assert (b1.box[1] - b1.box[0]) == pytest.approx(20 * CAM.focal_px / 100, rel=0.03)
+    assert b1.sun_elevation_deg == pytest.approx(30.0, abs=1e-6)
+    assert b2.clipped and b2.box[1] == 512
+    assert b2.sun_elevation_deg == pytest.approx(30.0 + half * 0.97, abs=1e-3)
+
+
+def test_frames_near_the_reference_pass_are_not_clear():
+    ref = latlon_to_xyz(np.zeros(5), np.linspace(-2, 2, 5), 1.0)
+    # 100 km altitude on both sides, 0.6 / R rad per km: the clearance is 2 * 100 * 0.6 km = 120 km of arc
+    per_km = 0.6 * 180 / (np.pi * MOON_RADIUS_KM)
+    deg_120km = np.degrees(120.0 / MOON_RADIUS_KM)
+    pts = latlon_to_xyz(np.array([deg_120km * 0.99, deg_120km * 1.01, 30.0]), np.zeros(3), 1.0)
+    ok = clear_of(pts, np.full(3, 100.0), ref, np.full(5, 100.0), per_km)
+    assert ok.tolist() == [False, True, True]
+
+
+def test_segments_never_fly_the_source_track():
+    plan = detection_segments(16)
+    assert len(plan) == 16 and all(rot % 360 != 0 for rot, _ in plan)
+    assert len({round(dt) for _, dt in plan}) == 16
+
+
+@pytest.mark.parametrize("doc, what", [
+    ("not json", "not readable JSON"),
+    (json.dumps({"format": "other", "version": 1}), "trn-detection-labels"),
+    (json.dumps({"format": "trn-detection-labels", "version": 1, "frames": [{"frame": 0}]}), "malformed"),
+    (json.dumps({"format": "trn-detection-labels", "version": 1, "frames": [
+        {"frame": 0, "split": "train", "segment": 0, "altitude_km": 100, "sun_elevation_deg": 10, "lat_deg": 0,
+         "lon_deg": 0, "boxes": [{"id": 1, "box": [10, 5, 0, 10], "diameter_km": 5, "sun_elevation_deg": 10,
+                                  "clipped": False}]}]}), "empty"),
+])
+def test_malformed_label_files_are_refused(tmp_path, doc, what):
+    (tmp_path / LABELS).write_text(doc, encoding="utf-8")
+    with pytest.raises(DataError, match=what):
+        read_labels(tmp_path)
+
+
+def test_missing_label_file_names_itself(tmp_path):
+    with pytest.raises(DataError, match="detection labels"):
+        read_labels(tmp_path)
