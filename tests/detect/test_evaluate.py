@@ -1,0 +1,56 @@
+"""Detector metrics against hand-computed cases: IoU, greedy matching, COCO AP@0.5, P/R/F1."""
+
+import numpy as np
+import pytest
+
+from trn.detect.boxes import iou_matrix, nms_boxes
+from trn.detect.evaluate import average_precision, best_f1_threshold, match_frame, summarise
+
+
+def test_iou_by_hand():
+    a = np.array([[0, 10, 0, 10]], float)            # l, r, t, b: a 10 x 10 square
+    b = np.array([[5, 15, 0, 10], [20, 30, 20, 30], [0, 10, 0, 10]], float)
+    # half overlap: 50 / (100 + 100 - 50) = 1/3; disjoint: 0; identical: 1
+    assert iou_matrix(a, b) == pytest.approx(np.array([[1 / 3, 0.0, 1.0]]))
+
+
+def test_matching_is_greedy_by_score_and_one_to_one():
+    gt = np.array([[0, 10, 0, 10]], float)
+    dets = np.array([[0, 10, 0, 9], [0, 10, 0, 10]], float)   # IoU 0.9 and 1.0
+    m = match_frame(dets, np.array([0.9, 0.5]), gt)
+    # the higher score takes the label although the other box fits better; the second is a false positive
+    assert m.det_hit.tolist() == [True, False] and m.gt_hit.tolist() == [True]
+
+
+def test_a_detection_below_iou_half_is_not_a_hit():
+    m = match_frame(np.array([[5, 15, 0, 10]], float), np.array([0.9]), np.array([[0, 10, 0, 10]], float))
+    assert not m.det_hit[0] and not m.gt_hit[0]
+
+
+def test_average_precision_by_hand():
+    # ranked hits T, F, T over 2 labels: precision 1, 1/2, 2/3 at recall 1/2, 1/2, 1;
+    # monotone precision: 1 up to recall 0.5, 2/3 beyond; 101 points: 51 at 1, 50 at 2/3
+    ap = average_precision(np.array([0.9, 0.8, 0.7]), np.array([True, False, True]), 2)
+    assert ap == pytest.approx((51 * 1.0 + 50 * 2 / 3) / 101)
+    # a label never found: recall stops at 1/2, so the points above 0.5 count 0
+    assert average_precision(np.array([0.9]), np.array([True]), 2) == pytest.approx(51 / 101)
+    assert average_precision(np.zeros(0), np.zeros(0, bool), 3) == 0.0
+    assert np.isnan(average_precision(np.array([0.5]), np.array([False]), 0))
+
+
+def test_precision_recall_f1_at_a_threshold():
+    gt = np.array([[0, 10, 0, 10], [20, 30, 20, 30]], float)
+    dets = np.array([[0, 10, 0, 10], [50, 60, 50, 60], [20, 30, 20, 30]], float)
+    m = match_frame(dets, np.array([0.9, 0.6, 0.3]), gt)
+    s = summarise([m], 0.5)
+    assert (s.detections, s.hits, s.labels) == (2, 1, 2)
+    assert (s.precision, s.recall) == (0.5, 0.5) and s.f1 == pytest.approx(0.5)
+    s = summarise([m], 0.2)
+    assert s.precision == pytest.approx(2 / 3) and s.recall == 1.0
+    assert best_f1_threshold([m], np.array([0.2, 0.5, 0.95])) == 0.2
+
+
+def test_nms_keeps_the_best_of_overlapping_boxes():
+    boxes = np.array([[0, 10, 0, 10], [1, 11, 0, 10], [30, 40, 30, 40]], float)
+    kept = nms_boxes(boxes, np.array([0.5, 0.9, 0.4]), 0.5)
+    assert kept.tolist() == [1, 2]

@@ -1,0 +1,216 @@
+"""``trn-detect``: the crater detector's data, training, evaluation and use.
+
+    trn-detect build --source ../shared/data/moon --out data/det-real
+    trn-detect label data/luna1 --source ../shared/data/moon
+    trn-detect train --config models/detector.yaml --out /work/runs/det [--resume] [--stop-after N]
+    trn-detect eval MODEL --data data/luna1 [--json OUT]
+    trn-detect run MODEL IMAGE_OR_FOLDER ... --out DIR
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from trn.cli.common import Parser, float_between, int_at_least, int_between, run_main, setup_logging, seed_number
+from trn.errors import ConfigError
+
+
+def _build(args) -> int:
+    from trn.data.detection import DetectionBuildConfig, build_detection_set
+
+    labels = build_detection_set(DetectionBuildConfig(
+        source=args.source, out=args.out, segments=args.segments, val_segments=args.val_segments, stride=args.stride,
+        limit_frames=args.limit_frames, workers=args.workers, seed=args.seed))
+    for split in ("train", "val"):
+        fr = labels.split(split)
+        boxes = [b for f in fr for b in f.boxes]
+        print(f"{split}: {len(fr)} frames, {len(boxes)} boxes of {len({b.id for b in boxes})} craters")
+    return 0
+
+
+def _label(args) -> int:
+    from trn.data.detection import UNION_ANNOTATIONS, label_build
+
+    labels = label_build(args.build, args.source)
+    boxes = [b for f in labels.frames for b in f.boxes]
+    print(f"{args.build}: {len(labels.frames)} frames, {sum(1 for f in labels.frames if f.boxes)} with boxes, "
+          f"{len(boxes)} union boxes of {len({b.id for b in boxes})} craters; written to "
+          f"{args.build / UNION_ANNOTATIONS} and {args.build / 'detection_labels.json'}")
+    return 0
+
+
+def _train(args) -> int:
+    from trn.detect.train import DetectTrainConfig, train_detector
+    from trn.train.config import apply_overrides
+    from trn.yamlio import load_yaml
+
+    if not args.config.is_file():
+        raise ConfigError(f"--config {args.config} does not exist")
+    doc = apply_overrides(load_yaml(args.config.read_text(encoding="utf-8")) or {}, args.overrides)
+    cfg = DetectTrainConfig.from_dict(doc)
+    if args.resume and not (args.out / "last.pt").is_file():
+        raise ConfigError(f"--resume: {args.out / 'last.pt'} does not exist; run without --resume to start")
+    history = train_detector(cfg, args.out, resume=args.resume, stop_after=args.stop_after)
+    if history:
+        best = max(history, key=lambda r: r["val_ap50"])
+        print(f"trained {history[-1]['epoch']} of {cfg.epochs} epochs; best validation AP@0.5 {best['val_ap50']:.4f} "
+              f"(epoch {best['epoch']}, F1 {best['val_f1']:.4f} at score {best['val_threshold']}); run in {args.out}")
+    return 0
+
+
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".pgm")
+
+
+def _load_model(spec: Path):
+    """A detector from a run directory (its best.pt), a checkpoint file or a shipped model
+    directory (its detector.pt), and the score threshold chosen on validation frames."""
+    from trn.detect.train import load_detector, chosen_threshold
+
+    if spec.is_dir():
+        for name in ("detector.pt", "best.pt"):
+            if (spec / name).is_file():
+                spec = spec / name
+                break
+        else:
+            raise ConfigError(f"{spec} holds no detector.pt or best.pt; give a detector run, checkpoint or model directory")
+    if not spec.is_file():
+        raise ConfigError(f"detector {spec} does not exist; give a run directory, a checkpoint or models/NAME")
+    model, meta = load_detector(spec)
+    return model, chosen_threshold(meta), spec
+
+
+def _eval(args) -> int:
+    import json
+
+    from trn.data.detection import read_labels
+    from trn.detect.run import evaluate, report
+
+    model, chosen, path = _load_model(args.model)
+    threshold = chosen if args.threshold is None else args.threshold
+    labels = read_labels(args.data)
+    split = args.split or ("test" if labels.split("test") else "val")
+    if not labels.split(split):
+        raise ConfigError(f"{args.data} has no {split!r} frames; choose --split from "
+                          f"{sorted({f.split for f in labels.frames})}")
+    rep = report(evaluate(model, labels, split, threshold))
+    rep.update({"model": str(path), "data": str(args.data), "split": split,
+                "threshold_source": "chosen on validation frames" if args.threshold is None else "--threshold"})
+    s = rep["summary"]
+    print(f"{args.data} ({split}, {rep['frames']} frames, {s['labels']} labelled craters), score >= {threshold}: "
+          f"precision {s['precision']:.4f}, recall {s['recall']:.4f}, F1 {s['f1']:.4f}; AP@0.5 {s['ap50']:.4f}")
+    for key in ("recall_by_diameter", "recall_by_sun_elevation", "recall_by_clipping", "precision_by_estimated_diameter",
+                "precision_by_clipping"):
+        print(f"  {key.replace('_', ' ')}: " + "; ".join(
+            f"{r['bin']} {r['hits']}/{r['count']}" for r in rep[key]))
+    fp = rep["false_positives"]
+    print(f"  false positives: {fp['total']} ({fp['outside_catalogue_ranges']} outside the catalogues' ranges, "
+          f"{fp['inside_catalogue_ranges']} inside)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(rep, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def _images(inputs: list[Path]) -> list[Path]:
+    out = []
+    for p in inputs:
+        if p.is_dir():
+            out += sorted(q for q in p.iterdir() if q.suffix.lower() in IMAGE_SUFFIXES)
+        elif p.is_file():
+            out.append(p)
+        else:
+            raise ConfigError(f"{p} does not exist; give image files or folders of images")
+    if not out:
+        raise ConfigError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {[str(p) for p in inputs]}")
+    return out
+
+
+def _run(args) -> int:
+    import json
+
+    import cv2
+
+    from trn.data.luna1 import Box, FrameAnnotation, read_gray, write_annotations
+    from trn.detect.run import detect_frames, overlay
+
+    model, chosen, _ = _load_model(args.model)
+    threshold = chosen if args.threshold is None else args.threshold
+    paths = _images(args.inputs)
+    (args.out / "overlays").mkdir(parents=True, exist_ok=True)
+    records, frames = [], []
+    for k, p in enumerate(paths):
+        img = read_gray(p)
+        det = detect_frames(model, [img], threshold)[0]
+        boxes = [tuple(int(round(v)) for v in b) for b in det.boxes]
+        records.append({"image": str(p), "shape": list(img.shape), "boxes": [list(b) for b in boxes],
+                        "scores": [round(float(s), 4) for s in det.scores]})
+        frame = int(p.stem) if p.stem.isdigit() else k
+        frames.append(FrameAnnotation(frame, str(p), tuple(Box(j + 1, *b) for j, b in enumerate(boxes)
+                                                         if b[1] > b[0] and b[3] > b[2])))
+        cv2.imwrite(str(args.out / "overlays" / f"{p.stem}.png"), overlay(img, None, det, threshold))
+    write_annotations(args.out / "annotations.txt", frames)
+    (args.out / "detections.json").write_text(json.dumps({"threshold": threshold, "images": records}, indent=1) + "\n",
+                                              encoding="utf-8")
+    print(f"{len(paths)} images, {sum(len(r['boxes']) for r in records)} craters at score >= {threshold}; "
+          f"boxes in {args.out / 'annotations.txt'} and {args.out / 'detections.json'}, pictures in {args.out / 'overlays'}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = Parser(prog="trn-detect", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-v", "--verbose", action="store_true")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    b = sub.add_parser("build", help="render and label a detector's training and validation frames")
+    b.add_argument("--source", type=Path, required=True, help="../shared/data/moon or a built-in world directory")
+    b.add_argument("--out", type=Path, required=True, help="output directory (resumable)")
+    b.add_argument("--segments", type=int_between(1, 200), default=16, help="copies of the source pass (default 16)")
+    b.add_argument("--val-segments", type=int_between(0, 199), default=2,
+                   help="last segments held out as validation frames (default 2)")
+    b.add_argument("--stride", type=int_between(1, 10000), default=10, help="keep every N-th frame (default 10)")
+    b.add_argument("--limit-frames", type=int_at_least(1), default=None, metavar="N", help="only the first N frames")
+    b.add_argument("--workers", type=int_between(1, 256), default=2)
+    b.add_argument("--seed", type=seed_number, default=0, help="detail synthesis seed (default 0)")
+    b.set_defaults(fn=_build)
+
+    lb = sub.add_parser("label", help="label a Luna-1 build's frames from the union catalogue")
+    lb.add_argument("build", type=Path, help="Luna-1 build directory (its annotations.txt is left as it is)")
+    lb.add_argument("--source", type=Path, required=True, help="the build's source (../shared/data/moon or its world)")
+    lb.set_defaults(fn=_label)
+
+    t = sub.add_parser("train", help="train a detector")
+    t.add_argument("--config", type=Path, required=True, help="YAML detector training config")
+    t.add_argument("--out", type=Path, required=True, help="run directory (keep it outside the work tree)")
+    t.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
+    t.add_argument("--stop-after", type=int_at_least(1), default=None, metavar="EPOCHS",
+                   help="stop after this many more epochs (continue later with --resume)")
+    t.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")
+    t.set_defaults(fn=_train)
+
+    e = sub.add_parser("eval", help="precision, recall, F1 and AP@0.5 against union-catalogue labels")
+    e.add_argument("model", type=Path, help="detector run directory, checkpoint or models/NAME")
+    e.add_argument("--data", type=Path, required=True, help="directory with detection_labels.json (trn-detect label/build)")
+    e.add_argument("--split", choices=("train", "val", "test"), default=None,
+                   help="frames to evaluate (default: test when present, else val)")
+    e.add_argument("--threshold", type=float_between(0.0, 1.0), default=None,
+                   help="score threshold (default: the one chosen on validation frames)")
+    e.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
+    e.set_defaults(fn=_eval)
+
+    r = sub.add_parser("run", help="detect craters on images or folders; boxes as Luna-1 annotations and JSON, overlays")
+    r.add_argument("model", type=Path, help="detector run directory, checkpoint or models/NAME")
+    r.add_argument("inputs", type=Path, nargs="+", help="image files or folders")
+    r.add_argument("--out", type=Path, required=True, help="output directory")
+    r.add_argument("--threshold", type=float_between(0.0, 1.0), default=None,
+                   help="score threshold (default: the one chosen on validation frames)")
+    r.set_defaults(fn=_run)
+
+    args = ap.parse_args(argv)
+    setup_logging(args.verbose)
+    return run_main(lambda: args.fn(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

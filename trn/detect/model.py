@@ -1,0 +1,141 @@
+"""A small centre-point crater detector (CenterNet's heads on a compact residual backbone with a
+top-down feature pyramid), built only from operators that quantise to int8 and map onto the
+Edge TPU: 3 x 3 and 1 x 1 convolutions, batch normalisation (folded at export), ReLU, additions
+and 2x nearest-neighbour up-sampling.
+
+Input: float32 [N, 1, S, S], a frame from :func:`trn.detect.boxes.preprocess_frame`.
+Outputs at stride 4: heat logits [N, 1, S/4, S/4] (a crater centre), size [N, 2, S/4, S/4] (log of
+the box width and height in cells) and offset [N, 2, S/4, S/4] (sub-cell centre, x then y).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from trn.errors import ConfigError
+
+STRIDE = 4
+
+
+@dataclass(frozen=True)
+class DetectorConfig:
+    """input_size: side of the square network input (frames are resized to it), a multiple of 32.
+    widths: channels of the backbone's five stages (strides 2, 4, 8, 16, 32).
+    depths: residual blocks after each stage's strided convolution.
+    neck: channels of the feature pyramid and the heads (stride 4).
+    prior: initial centre probability (focal-loss bias initialisation)."""
+
+    input_size: int = 256
+    widths: tuple[int, ...] = (16, 32, 64, 96, 128)
+    depths: tuple[int, ...] = (0, 1, 1, 2, 2)
+    neck: int = 48
+    prior: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.input_size % 32 or not 64 <= self.input_size <= 1024:
+            raise ConfigError(f"detector input_size={self.input_size}: expected a multiple of 32 from 64 to 1024")
+        if len(self.widths) != 5 or len(self.depths) != 5 or min(self.widths) < 4 or min(self.depths) < 0:
+            raise ConfigError(f"detector widths {self.widths} / depths {self.depths}: expected five stages, "
+                              "widths >= 4, depths >= 0")
+        if not 4 <= self.neck <= 512:
+            raise ConfigError(f"detector neck={self.neck}: expected 4 to 512 channels")
+        if not 0 < self.prior < 1:
+            raise ConfigError(f"detector prior={self.prior}: expected (0, 1)")
+
+    def to_dict(self) -> dict:
+        return {k: list(v) if isinstance(v, tuple) else v for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "DetectorConfig":
+        return cls(**strict_fields(cls, d, "model"))
+
+
+def strict_fields(cls, d: object, section: str) -> dict:
+    """``d``'s keys checked against the dataclass ``cls``: unknown keys and values of another type
+    than the field's default (int, float, str, or a tuple given as a list of ints) are refused by
+    name; lists become tuples."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"{section}: expected a mapping of settings, got {type(d).__name__}")
+    fields = cls.__dataclass_fields__
+    unknown = set(d) - set(fields)
+    if unknown:
+        raise ConfigError(f"{section}: unknown settings {sorted(unknown)}; known: {sorted(fields)}")
+    out = {}
+    for k, v in d.items():
+        f = fields[k]
+        default = f.default if f.default is not f.default_factory else None
+        if isinstance(default, bool) or isinstance(v, bool):
+            ok = isinstance(v, bool) and isinstance(default, bool)
+        elif isinstance(default, tuple):
+            ok = isinstance(v, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
+            v = tuple(v) if ok else v
+        elif isinstance(default, float):
+            ok = isinstance(v, (int, float))
+            v = float(v) if ok else v
+        elif isinstance(default, int):
+            ok = isinstance(v, int)
+        elif isinstance(default, str):
+            ok = isinstance(v, str)
+        else:
+            ok = True
+        if not ok:
+            raise ConfigError(f"{section}.{k}={v!r}: expected {type(default).__name__}"
+                              + (" of whole numbers" if isinstance(default, tuple) else ""))
+        out[k] = v
+    return out
+
+
+def conv_bn(cin: int, cout: int, stride: int = 1, k: int = 3, relu: bool = True) -> nn.Sequential:
+    layers: list[nn.Module] = [nn.Conv2d(cin, cout, k, stride, k // 2, bias=False), nn.BatchNorm2d(cout)]
+    if relu:
+        layers.append(nn.ReLU(inplace=True))
+    return nn.Sequential(*layers)
+
+
+class Residual(nn.Module):
+    def __init__(self, ch: int):
+        super().__init__()
+        self.a = conv_bn(ch, ch)
+        self.b = conv_bn(ch, ch, relu=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.relu(x + self.b(self.a(x)))
+
+
+class CraterDetector(nn.Module):
+    def __init__(self, cfg: DetectorConfig | None = None):
+        super().__init__()
+        self.cfg = cfg = cfg or DetectorConfig()
+        stages, cin = [], 1
+        for w, d in zip(cfg.widths, cfg.depths):
+            stages.append(nn.Sequential(conv_bn(cin, w, stride=2), *[Residual(w) for _ in range(d)]))
+            cin = w
+        self.stages = nn.ModuleList(stages)
+        # top-down pyramid from stride 32 to stride 4 (stages 1..4)
+        self.lateral = nn.ModuleList([conv_bn(w, cfg.neck, k=1, relu=False) for w in cfg.widths[1:]])
+        self.smooth = conv_bn(cfg.neck, cfg.neck)
+
+        def head(out: int) -> nn.Sequential:
+            return nn.Sequential(conv_bn(cfg.neck, cfg.neck), nn.Conv2d(cfg.neck, out, 1))
+
+        self.heat, self.size, self.offset = head(1), head(2), head(2)
+        nn.init.constant_(self.heat[-1].bias, -float(torch.log(torch.tensor((1 - cfg.prior) / cfg.prior))))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        feats = []
+        for stage in self.stages:
+            x = stage(x)
+            feats.append(x)
+        top = self.lateral[-1](feats[-1])
+        for lat, f in zip(reversed(self.lateral[:-1]), reversed(feats[1:-1])):
+            top = lat(f) + F.interpolate(top, scale_factor=2.0, mode="nearest")
+        y = self.smooth(F.relu(top))
+        return self.heat(y), self.size(y), self.offset(y)
+
+
+def parameter_count(model: nn.Module) -> int:
+    return sum(p.numel() for p in model.parameters())

@@ -1,0 +1,131 @@
+"""Running a trained detector on frames, and its evaluation report against union-catalogue labels.
+
+A detection that matches no label is a false positive for precision, whatever it shows; the
+report also sorts the false positives by whether a catalogue could hold them: a box whose
+estimated diameter (its longer side times the altitude over the focal length, nadir
+approximation) is below the small-crater catalogue's 5 km, or below 20 km outside its 60 degree
+latitude band, is "outside the catalogues' ranges" (quite possibly a real crater that no
+catalogue lists) and is counted and sampled separately; the rest are "inside the ranges".
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import cv2
+import numpy as np
+import torch
+
+from trn.data.detection import DetectionLabels, LabelledFrame
+from trn.data.sources import UnionRule
+from trn.detect.boxes import Detections, decode, preprocess_frame
+from trn.detect.evaluate import FrameMatch, binned, label_hits, match_frame, summarise
+from trn.detect.model import STRIDE, CraterDetector
+
+DIAMETER_EDGES = [0.0, 10.0, 20.0, 40.0, math.inf]
+SUN_EDGES = [0.0, 10.0, 20.0, 40.0, 90.01]
+
+
+@torch.no_grad()
+def detect_inputs(model: CraterDetector, x: np.ndarray, shapes: list[tuple[int, int]], threshold: float,
+                  batch: int = 16, nms_threshold: float = 0.5) -> list[Detections]:
+    """Detections for network inputs float32 [N, S, S] (already preprocessed), boxes in the pixels
+    of each original frame (``shapes``: rows, cols), scores >= threshold."""
+    model.eval()
+    s = model.cfg.input_size
+    out: list[Detections] = []
+    for i in range(0, len(x), batch):
+        h, sz, of = model(torch.from_numpy(np.ascontiguousarray(x[i:i + batch], np.float32))[:, None])
+        h = torch.sigmoid(h).numpy()
+        for k in range(len(h)):
+            out.append(decode(h[k, 0], sz[k].numpy(), of[k].numpy(), STRIDE, s, shapes[i + k], threshold,
+                              nms_threshold=nms_threshold))
+    return out
+
+
+def detect_frames(model: CraterDetector, frames: list[np.ndarray], threshold: float, nms_threshold: float = 0.5
+                  ) -> list[Detections]:
+    """Detections of each grey frame [H, W] (boxes in its own pixels), scores >= threshold."""
+    s = model.cfg.input_size
+    x = np.stack([preprocess_frame(f, s) for f in frames]) if frames else np.zeros((0, s, s), np.float32)
+    return detect_inputs(model, x, [f.shape for f in frames], threshold, nms_threshold=nms_threshold)
+
+
+def focal_px(width_px: int = 512, fov_deg: float = 39.6) -> float:
+    return width_px / (2.0 * math.tan(math.radians(fov_deg) / 2.0))
+
+
+@dataclass
+class Evaluation:
+    labels: DetectionLabels
+    frames: list[LabelledFrame]
+    detections: list[Detections]
+    matches: list[FrameMatch]
+    threshold: float
+
+
+def evaluate(model: CraterDetector, labels: DetectionLabels, split: str, threshold: float,
+             floor: float = 0.01) -> Evaluation:
+    """Run the detector on every frame of ``split`` (scores down to ``floor``, for AP) and match."""
+    frames = labels.split(split)
+    dets, matches = [], []
+    for i in range(0, len(frames), 64):
+        chunk = frames[i:i + 64]
+        d = detect_frames(model, [labels.load(f.frame) for f in chunk], floor)
+        dets += d
+        matches += [match_frame(x.boxes, x.scores, np.array([b.box for b in f.boxes], np.float32).reshape(-1, 4))
+                    for x, f in zip(d, chunk)]
+    return Evaluation(labels, frames, dets, matches, threshold)
+
+
+def report(ev: Evaluation, rule: UnionRule | None = None, frame_px: int = 512) -> dict:
+    """Summary at the threshold, AP@0.5, recall by diameter, Sun elevation and clipping, precision
+    by estimated diameter and clipping, and the false positives sorted (module docstring)."""
+    rule = rule or UnionRule()
+    t = ev.threshold
+    s = summarise(ev.matches, t)
+    dia, sun, clip, hit = [], [], [], []
+    for f, m in zip(ev.frames, ev.matches):
+        h = label_hits(m, t)
+        for b, ok in zip(f.boxes, h):
+            dia.append(b.diameter_km), sun.append(b.sun_elevation_deg), clip.append(b.clipped), hit.append(ok)
+    est, dclip, dhit, outside = [], [], [], []
+    fpx = focal_px(frame_px)
+    for f, d, m in zip(ev.frames, ev.detections, ev.matches):
+        keep = d.scores >= t
+        for box, ok in zip(d.boxes[keep], m.det_hit[keep]):
+            side = float(max(box[1] - box[0], box[3] - box[2]))
+            e = side * f.altitude_km / fpx
+            est.append(e)
+            dclip.append(box[0] <= 1 or box[2] <= 1 or box[1] >= frame_px - 1 or box[3] >= frame_px - 1)
+            dhit.append(bool(ok))
+            if not ok:
+                outside.append(e < rule.small_min_km or (e < rule.large_min_km and abs(f.lat_deg) > rule.small_max_abs_lat))
+    rows = lambda rs: [{"bin": r.name, "count": r.count, "hits": r.hits, "share": r.share} for r in rs]  # noqa: E731
+    fp = len(outside)
+    return {
+        "threshold": t, "frames": len(ev.frames), "summary": s.to_dict(),
+        "recall_by_diameter": rows(binned(np.array(dia), np.array(hit), DIAMETER_EDGES, "km")),
+        "recall_by_sun_elevation": rows(binned(np.array(sun), np.array(hit), SUN_EDGES, "deg")),
+        "recall_by_clipping": rows(binned(np.array(clip, float), np.array(hit), [0, 0.5, 1.5], "clipped")),
+        "precision_by_estimated_diameter": rows(binned(np.array(est), np.array(dhit), DIAMETER_EDGES, "km")),
+        "precision_by_clipping": rows(binned(np.array(dclip, float), np.array(dhit), [0, 0.5, 1.5], "clipped")),
+        "false_positives": {"total": fp, "outside_catalogue_ranges": int(sum(outside)),
+                            "inside_catalogue_ranges": fp - int(sum(outside))},
+    }
+
+
+def overlay(frame: np.ndarray, labels: LabelledFrame | None, det: Detections, threshold: float) -> np.ndarray:
+    """BGR picture: labels in green, detections at or above the threshold in orange (score written)."""
+    img = cv2.cvtColor(frame, cv2.COLOR_GRAY2BGR)
+    if labels is not None:
+        for b in labels.boxes:
+            cv2.rectangle(img, (b.box[0], b.box[2]), (b.box[1] - 1, b.box[3] - 1), (0, 200, 0), 1)
+    for box, sc in zip(det.boxes, det.scores):
+        if sc < threshold:
+            continue
+        l, r, t, b = (int(round(v)) for v in box)
+        cv2.rectangle(img, (l, t), (r - 1, b - 1), (0, 140, 255), 1)
+        cv2.putText(img, f"{sc:.2f}", (l + 2, max(10, t + 10)), cv2.FONT_HERSHEY_SIMPLEX, 0.35, (0, 140, 255), 1)
+    return img
