@@ -23,6 +23,7 @@ RULES = [
     ("trn.export", ("trn.train",)),
     ("trn.hw", ("trn.train",)),
     ("trn.data", ("trn.train", "trn.sim", "trn.nav", "trn.models")),
+    ("trn.detect", ("trn.train", "trn.sim", "trn.nav")),
 ]
 
 

@@ -41,6 +41,18 @@ def _label(args) -> int:
     return 0
 
 
+def _sheet(args) -> int:
+    import cv2
+
+    from trn.data.sheets import detection_sheet
+
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    if not cv2.imwrite(str(args.out), detection_sheet(args.dir, args.frames, seed=args.seed)):
+        raise ConfigError(f"could not write {args.out}; give a .png or .jpg path in a writable directory")
+    print(f"wrote {args.out}")
+    return 0
+
+
 def _train(args) -> int:
     from trn.detect.train import DetectTrainConfig, train_detector
     from trn.train.config import apply_overrides
@@ -78,7 +90,7 @@ def _load_model(spec: Path):
     if not spec.is_file():
         raise ConfigError(f"detector {spec} does not exist; give a run directory, a checkpoint or models/NAME")
     model, meta = load_detector(spec)
-    return model, chosen_threshold(meta), spec
+    return model, chosen_threshold(meta), spec, meta.get("gate_km")
 
 
 def _eval(args) -> int:
@@ -87,15 +99,16 @@ def _eval(args) -> int:
     from trn.data.detection import read_labels
     from trn.detect.run import evaluate, report
 
-    model, chosen, path = _load_model(args.model)
+    model, chosen, path, gate = _load_model(args.model)
     threshold = chosen if args.threshold is None else args.threshold
+    gate = gate if args.gate_km is None else (args.gate_km or None)
     labels = read_labels(args.data)
     split = args.split or ("test" if labels.split("test") else "val")
     if not labels.split(split):
         raise ConfigError(f"{args.data} has no {split!r} frames; choose --split from "
                           f"{sorted({f.split for f in labels.frames})}")
-    rep = report(evaluate(model, labels, split, threshold))
-    rep.update({"model": str(path), "data": str(args.data), "split": split,
+    rep = report(evaluate(model, labels, split, threshold, gate_km=gate))
+    rep.update({"model": str(path), "data": str(args.data), "split": split, "gate_km": gate,
                 "threshold_source": "chosen on validation frames" if args.threshold is None else "--threshold"})
     s = rep["summary"]
     print(f"{args.data} ({split}, {rep['frames']} frames, {s['labels']} labelled craters), score >= {threshold}: "
@@ -106,7 +119,8 @@ def _eval(args) -> int:
             f"{r['bin']} {r['hits']}/{r['count']}" for r in rep[key]))
     fp = rep["false_positives"]
     print(f"  false positives: {fp['total']} ({fp['outside_catalogue_ranges']} outside the catalogues' ranges, "
-          f"{fp['inside_catalogue_ranges']} inside)")
+          f"{fp['inside_catalogue_ranges']} inside); precision within the ranges "
+          f"{rep['precision_in_catalogue_ranges']:.4f}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(rep, indent=1) + "\n", encoding="utf-8")
@@ -135,14 +149,17 @@ def _run(args) -> int:
     from trn.data.luna1 import Box, FrameAnnotation, read_gray, write_annotations
     from trn.detect.run import detect_frames, overlay
 
-    model, chosen, _ = _load_model(args.model)
+    model, chosen, _, gate = _load_model(args.model)
     threshold = chosen if args.threshold is None else args.threshold
     paths = _images(args.inputs)
+    from trn.detect.run import size_gate
     (args.out / "overlays").mkdir(parents=True, exist_ok=True)
     records, frames = [], []
     for k, p in enumerate(paths):
         img = read_gray(p)
         det = detect_frames(model, [img], threshold)[0]
+        if gate and args.altitude_km is not None:
+            det = size_gate(det, args.altitude_km, gate, img.shape[1])
         boxes = [tuple(int(round(v)) for v in b) for b in det.boxes]
         records.append({"image": str(p), "shape": list(img.shape), "boxes": [list(b) for b in boxes],
                         "scores": [round(float(s), 4) for s in det.scores]})
@@ -155,6 +172,18 @@ def _run(args) -> int:
                                               encoding="utf-8")
     print(f"{len(paths)} images, {sum(len(r['boxes']) for r in records)} craters at score >= {threshold}; "
           f"boxes in {args.out / 'annotations.txt'} and {args.out / 'detections.json'}, pictures in {args.out / 'overlays'}")
+    return 0
+
+
+def _ship(args) -> int:
+    import shlex
+
+    from trn.detect.train import ship_detector
+
+    if not (args.run / "best.pt").is_file():
+        raise ConfigError(f"{args.run} holds no best.pt; give a detector run directory")
+    out = ship_detector(args.run, args.out, args.gate_km, "trn-detect " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    print(f"shipped {args.run / 'best.pt'} to {out}")
     return 0
 
 
@@ -180,6 +209,13 @@ def main(argv: list[str] | None = None) -> int:
     lb.add_argument("--source", type=Path, required=True, help="the build's source (../shared/data/moon or its world)")
     lb.set_defaults(fn=_label)
 
+    sh = sub.add_parser("sheet", help="contact sheet of labelled frames")
+    sh.add_argument("dir", type=Path, help="directory with detection_labels.json")
+    sh.add_argument("--out", type=Path, required=True, help="picture to write (.png or .jpg)")
+    sh.add_argument("--frames", type=int_between(1, 64), default=12, help="frames on the sheet (default 12)")
+    sh.add_argument("--seed", type=seed_number, default=0, help="seed of the choice of frames")
+    sh.set_defaults(fn=_sheet)
+
     t = sub.add_parser("train", help="train a detector")
     t.add_argument("--config", type=Path, required=True, help="YAML detector training config")
     t.add_argument("--out", type=Path, required=True, help="run directory (keep it outside the work tree)")
@@ -196,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="frames to evaluate (default: test when present, else val)")
     e.add_argument("--threshold", type=float_between(0.0, 1.0), default=None,
                    help="score threshold (default: the one chosen on validation frames)")
+    e.add_argument("--gate-km", type=float_between(0.0, 1000.0), default=None, metavar="KM",
+                   help="drop unclipped boxes whose estimated diameter (box side x altitude / focal length) is below "
+                        "KM, as the navigator does with its altimeter (default: the shipped detector's; 0: none)")
     e.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
     e.set_defaults(fn=_eval)
 
@@ -205,7 +244,16 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, required=True, help="output directory")
     r.add_argument("--threshold", type=float_between(0.0, 1.0), default=None,
                    help="score threshold (default: the one chosen on validation frames)")
+    r.add_argument("--altitude-km", type=float_between(1.0, 100000.0), default=None,
+                   help="camera altitude of the images: applies the detector's size gate (a 39.6 degree camera)")
     r.set_defaults(fn=_run)
+
+    sp = sub.add_parser("ship", help="copy a run's best epoch to a model directory with its card")
+    sp.add_argument("run", type=Path, help="detector run directory")
+    sp.add_argument("--out", type=Path, required=True, help="model directory (e.g. models/detector)")
+    sp.add_argument("--gate-km", type=float_between(0.0, 1000.0), default=None, metavar="KM",
+                    help="size gate chosen on validation frames (trn-detect eval --gate-km)")
+    sp.set_defaults(fn=_ship)
 
     args = ap.parse_args(argv)
     setup_logging(args.verbose)

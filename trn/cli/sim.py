@@ -14,6 +14,7 @@ import os
 import shlex
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from trn.cli.common import Parser, float_between, int_at_least, int_between, run_main, seed_number, setup_logging
@@ -76,6 +77,12 @@ def main(argv: list[str] | None = None) -> int:
     l1.add_argument("--map-appearance", choices=("catalogue", "predicted"), default=None,
                     help="landmark appearance of a map built on the fly (default catalogue; predicted needs "
                          "--map-source, or the built-in world)")
+    l1.add_argument("--boxes", default=None, metavar="KIND[,KIND...]",
+                    help="navigation boxes: annotations (the default: the paper's Head et al. craters, emulated "
+                         "detector noise), union (every union-catalogue crater, trn-detect label), detector (a "
+                         "trained detector's boxes, no emulated noise); several, comma-separated, share one report")
+    l1.add_argument("--detector", type=Path, default=None,
+                    help="detector checkpoint for --boxes detector (default models/detector/detector.pt)")
     l1.add_argument("--nms", choices=sc.NMS_KINDS, default=None,
                     help="release (the default): the authors' variant; standard: IoU")
     l1.add_argument("--max-frames", type=int_at_least(1), default=None, help="cap on annotated frames (per orbit in Lost-in-Space)")
@@ -271,6 +278,47 @@ def _embedders(args) -> list:
     return out
 
 
+def _box_kinds(args) -> list[str]:
+    from trn.sim.boxes import BOX_SOURCES
+
+    kinds = list(dict.fromkeys(k.strip() for k in (args.boxes or "annotations").split(",") if k.strip()))
+    bad = [k for k in kinds if k not in BOX_SOURCES]
+    if bad or not kinds:
+        raise ConfigError(f"--boxes {args.boxes!r}: choose from {', '.join(BOX_SOURCES)} (comma-separated)")
+    if args.detector is not None and "detector" not in kinds:
+        raise ConfigError("--detector applies to --boxes detector: add detector to --boxes, or drop --detector")
+    return kinds
+
+
+def _run_boxes(ds, embedders, scenarios, settings, context, args, timing):
+    """run_luna1 once per box source; the landmark scenarios (which use no boxes) only with the
+    first; results of other sources than the annotations are named "<model> [<source> boxes]"."""
+    from trn.sim.boxes import with_boxes
+    from trn.sim.run import run_luna1
+
+    kinds = _box_kinds(args)
+    detector = args.detector or MODELS_DIR / "detector" / "detector.pt"
+    rep = None
+    context["boxes"] = {}
+    for k, kind in enumerate(kinds):
+        scen = scenarios if k == 0 else [x for x in scenarios if x not in sc.LANDMARK_SCENARIOS]
+        if not scen:
+            continue
+        dsk, summary = with_boxes(ds, kind, detector if kind == "detector" else None)
+        context["boxes"][kind] = summary
+        sk = replace(settings, shrink_px=0, shift_px=0) if kind == "detector" else settings
+        r = run_luna1(dsk, embedders, scen, sk, context, not args.no_progress, timing=timing,
+                      operating_points=args.threshold is None)
+        for x in r.results:
+            if kind != "annotations" and x.scenario not in sc.LANDMARK_SCENARIOS:
+                x.method = f"{x.method} [{kind} boxes]"
+        if rep is None:
+            rep = r
+        else:
+            rep.results += r.results
+    return rep
+
+
 def _run(args, argv) -> int:
     t0 = time.perf_counter()
     scenarios = list(dict.fromkeys(args.scenario or (sc.SCENARIOS if args.what == "luna1" else sc.LANDMARK_SCENARIOS)))
@@ -282,6 +330,7 @@ def _run(args, argv) -> int:
         world_seed = 0 if args.world_seed is None else args.world_seed
         workers = args.workers or min(256, max(1, os.cpu_count() or 1))
         timing = make_timing(args.profile, args.board)  # an unknown profile or an absent board, before any work
+        _box_kinds(args)  # a misspelt box source, before any work
     max_landmarks = args.max_landmarks or (QUICK_LANDMARKS if args.quick else None)
     base = dict(seed=args.seed, threshold=0.9 if args.threshold is None else args.threshold,
                 max_landmarks=max_landmarks)
@@ -292,8 +341,6 @@ def _run(args, argv) -> int:
     command = "trn-sim " + " ".join(shlex.quote(a) for a in (argv if argv is not None else sys.argv[1:]))
     out = args.out or Path("runs") / "sim" / f"{args.what}-{time.strftime('%Y%m%d-%H%M%S')}"
     if args.what == "luna1":
-        from trn.sim.run import run_luna1
-
         if args.data is None:
             print("No --data: using the built-in procedural Moon. For real data build it with\n"
                   "  trn-data build luna1 --source ../shared/data/moon --out data/luna1\n"
@@ -311,8 +358,7 @@ def _run(args, argv) -> int:
                 print(f"\nreport: {out / 'map_navigation.json'} in {time.perf_counter() - t0:.0f} s")
                 return 0
 
-        rep = run_luna1(ds, embedders, scenarios, settings, context, not args.no_progress, timing=timing,
-                        operating_points=args.threshold is None)
+        rep = _run_boxes(ds, embedders, scenarios, settings, context, args, timing)
         for r in rep.results:
             t = r.extra.get("timing")
             if t:

@@ -74,6 +74,17 @@ class LabelledFrame:
     boxes: tuple[LabelledBox, ...]
 
 
+# half the diagonal of the 39.6-degree camera's footprint per km of altitude (nadir): tan(26.7 deg)
+FOOTPRINT_HALF_DIAGONAL_PER_KM = 0.503
+
+
+def catalogue_complete(frame: LabelledFrame, small_max_abs_lat: float) -> bool:
+    """Whether the union catalogue covers every size in the frame's whole footprint: the small-crater
+    catalogue stops at ``small_max_abs_lat``, so a frame reaching past it has unlabelled small craters."""
+    reach = math.degrees(FOOTPRINT_HALF_DIAGONAL_PER_KM * frame.altitude_km / MOON_RADIUS_KM)
+    return abs(frame.lat_deg) + reach <= small_max_abs_lat
+
+
 @dataclass(frozen=True)
 class DetectionLabels:
     root: Path
@@ -88,6 +99,9 @@ class DetectionLabels:
 
     def split(self, name: str) -> list[LabelledFrame]:
         return [f for f in self.frames if f.split == name]
+
+    def rule(self) -> UnionRule:
+        return UnionRule(**self.settings.get("rule", {}))
 
 
 def label_frames(cat: Catalogue, kitti: np.ndarray, sun: np.ndarray, frames: list[int], camera: PinholeCamera,

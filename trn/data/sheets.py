@@ -89,3 +89,29 @@ def write_sheets(root: Path, out_prefix: Path, n_craters: int = 24, n_frames: in
             raise DataError("could not write the contact sheet", p)
         paths.append(p)
     return paths
+
+
+def detection_sheet(root: Path, n: int = 12, cols: int = 4, seed: int = 0, size: int = 256) -> np.ndarray:
+    """``n`` labelled frames of a detector data directory (a seeded random choice among the frames
+    with boxes), each with its union-catalogue boxes (large craters orange, 5-20 km cyan),
+    its split, altitude and Sun elevation, resized to ``size`` px."""
+    from trn.data.detection import read_labels
+    from trn.data.sources import SMALL_ID_OFFSET
+
+    _check_counts(n=n, cols=cols, seed=seed, size=size)
+    labels = read_labels(root)
+    boxed = [f for f in labels.frames if f.boxes]
+    if not boxed:
+        raise DataError("no labelled frame has a box", root)
+    rng = np.random.default_rng(seed)
+    chosen = sorted(rng.choice(len(boxed), size=min(n, len(boxed)), replace=False).tolist())
+    tiles = []
+    for k in chosen:
+        f = boxed[k]
+        img = cv2.cvtColor(labels.load(f.frame), cv2.COLOR_GRAY2BGR)
+        for b in f.boxes:
+            colour = (255, 220, 0) if b.id >= SMALL_ID_OFFSET else (0, 160, 255)
+            cv2.rectangle(img, (b.box[0], b.box[2]), (b.box[1] - 1, b.box[3] - 1), colour, 2)
+        img = cv2.resize(img, (size, size), interpolation=cv2.INTER_AREA)
+        tiles.append(_label(img, f"{f.split} {f.frame}: {f.altitude_km:.0f} km, Sun {f.sun_elevation_deg:.0f} deg"))
+    return _grid(tiles, cols)

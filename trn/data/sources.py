@@ -60,15 +60,16 @@ def _col(header: list[str], names: tuple[str, ...], path: Path) -> int:
     raise DataError(f"catalogue header {header} has none of the columns {names}", path, 1)
 
 
-def read_catalogue(path: str | Path) -> Catalogue:
+def read_catalogue(path: str | Path, allow_empty: bool = False) -> Catalogue:
     """Crater catalogue CSV with a header naming longitude, latitude and diameter columns
-    (Head et al. 2010 ``Lon,Lat,Diam_km``; Povilaitis et al. 2018 ``Diameter (km),Long,Lat``)."""
+    (Head et al. 2010 ``Lon,Lat,Diam_km``; Povilaitis et al. 2018 ``Diameter (km),Long,Lat``);
+    ``allow_empty``: a header without rows is an empty catalogue (else refused)."""
     path = Path(path)
     if not path.is_file():
         raise DataError("crater catalogue is missing", path)
     with open(path, newline="", encoding="utf-8") as f:
         rows = list(csv.reader(f))
-    if len(rows) < 2:
+    if len(rows) < 2 and not (allow_empty and rows):
         raise DataError("crater catalogue has no data rows", path)
     header = rows[0]
     ci_lon, ci_lat, ci_d = _col(header, _LON, path), _col(header, _LAT, path), _col(header, _DIAM, path)
@@ -236,7 +237,7 @@ def union_catalogue(source: str | Path, rule: UnionRule | None = None) -> Catalo
     small-crater one (ids offset by :data:`SMALL_ID_OFFSET`), each within ``rule``'s ranges."""
     rule = rule or UnionRule()
     large = read_catalogue(find_catalogue(source))
-    small = read_catalogue(small_catalogue_path(source))
+    small = read_catalogue(small_catalogue_path(source), allow_empty=True)  # a world may have no small craters
     large = large.subset(large.diameter_km >= rule.large_min_km)
     small = small.subset((small.diameter_km >= rule.small_min_km) & (small.diameter_km < rule.small_max_km)
                          & (np.abs(small.lat) <= rule.small_max_abs_lat))

@@ -303,7 +303,7 @@ def _noise_field(shape: tuple[int, int], ppd: int, seed: int, octaves: list[tupl
 
 
 FLOOD_AGE = 0.7  # primaries older than this (age 0 = oldest) lie under the maria where those flood
-SMALL_CATALOGUE = "synth_craters_6_20km.csv"
+SMALL_CATALOGUE = "synth_craters_6_20km.csv"  # v2: secondaries included
 
 
 def _mare(cfg: SynthConfig) -> np.ndarray:
@@ -330,14 +330,14 @@ def _flooded(c: Crater, mare: np.ndarray, ppd: int) -> bool:
 
 
 def small_crater_catalogue(world_dir: Path, max_abs_lat: float = 60.0, max_km: float = 20.0) -> Path:
-    """The built-in world's analogue of the Povilaitis et al. 2018 catalogue: its primaries from
-    the world's smallest stamped size up to ``max_km`` within ``max_abs_lat`` of the equator that
-    are still visible, written once to ``catalogs/synth_craters_6_20km.csv`` (Head-style columns).
+    """The built-in world's analogue of the Povilaitis et al. 2018 catalogue: its craters, primary
+    or secondary (a mapper catalogues a secondary as a crater), from the world's smallest stamped
+    size up to ``max_km`` within ``max_abs_lat`` of the equator that are still visible, written once
+    to ``catalogs/synth_craters_6_20km.csv`` (Head-style columns).
 
     Visible: not buried by maria (the rule of the >= 20 km catalogue) and not excavated by a younger
-    crater, primary or secondary, whose rim encloses its centre (small craters are the ones later
-    impacts erase). The primaries are drawn again from the world's seed exactly as
-    :func:`make_world` drew them."""
+    larger crater whose rim encloses its centre (small craters are the ones later impacts erase).
+    The craters are drawn again from the world's seed exactly as :func:`make_world` drew them."""
     world_dir = Path(world_dir)
     path = world_dir / "catalogs" / SMALL_CATALOGUE
     if path.is_file():
@@ -351,8 +351,7 @@ def small_crater_catalogue(world_dir: Path, max_abs_lat: float = 60.0, max_km: f
     primaries = sample_craters(cfg, rng)
     every = primaries + secondaries(primaries, cfg, rng)
     mare = _mare(cfg)
-    small = [c for c in primaries if c.diameter_km < max_km and abs(c.lat) <= max_abs_lat
-             and not _flooded(c, mare, cfg.ppd)]
+    small = [c for c in every if c.diameter_km < max_km and abs(c.lat) <= max_abs_lat and not _flooded(c, mare, cfg.ppd)]
     xyz = latlon_to_xyz(np.array([c.lat for c in every]), np.array([c.lon for c in every]), 1.0)
     radius = np.array([c.diameter_km for c in every]) / (2.0 * MOON_RADIUS_KM)  # radians
     age = np.array([c.age for c in every])
@@ -365,7 +364,7 @@ def small_crater_catalogue(world_dir: Path, max_abs_lat: float = 60.0, max_km: f
             keep.append(c)
     write_catalogue(path, np.array([c.lat for c in keep]), np.array([c.lon for c in keep]),
                     np.array([c.diameter_km for c in keep]))
-    log.info("built-in world: %d of %d primaries below %g km within %g deg are visible; written to %s",
+    log.info("built-in world: %d of %d craters below %g km within %g deg are visible; written to %s",
              len(keep), len(small), max_km, max_abs_lat, path)
     return path
 

@@ -56,6 +56,22 @@ def focal_px(width_px: int = 512, fov_deg: float = 39.6) -> float:
     return width_px / (2.0 * math.tan(math.radians(fov_deg) / 2.0))
 
 
+def estimated_diameter_km(boxes: np.ndarray, altitude_km: float, frame_px: int = 512) -> np.ndarray:
+    """float [N]: a box's longer side seen from ``altitude_km`` (nadir approximation), km."""
+    b = np.asarray(boxes, np.float64).reshape(-1, 4)
+    return np.maximum(b[:, 1] - b[:, 0], b[:, 3] - b[:, 2]) * altitude_km / focal_px(frame_px)
+
+
+def size_gate(det: Detections, altitude_km: float, min_km: float, frame_px: int = 512) -> Detections:
+    """The detections whose estimated diameter is at least ``min_km``: with the altimeter's range the
+    navigator drops boxes smaller than any crater its map can hold. A box clipped by the frame edge
+    is kept (its visible side underestimates the crater)."""
+    b = det.boxes
+    clipped = (b[:, 0] <= 1) | (b[:, 2] <= 1) | (b[:, 1] >= frame_px - 1) | (b[:, 3] >= frame_px - 1)
+    keep = clipped | (estimated_diameter_km(b, altitude_km, frame_px) >= min_km)
+    return Detections(b[keep].reshape(-1, 4), det.scores[keep])
+
+
 @dataclass
 class Evaluation:
     labels: DetectionLabels
@@ -66,13 +82,16 @@ class Evaluation:
 
 
 def evaluate(model: CraterDetector, labels: DetectionLabels, split: str, threshold: float,
-             floor: float = 0.01) -> Evaluation:
-    """Run the detector on every frame of ``split`` (scores down to ``floor``, for AP) and match."""
+             floor: float = 0.01, gate_km: float | None = None) -> Evaluation:
+    """Run the detector on every frame of ``split`` (scores down to ``floor``, for AP), drop boxes
+    below ``gate_km`` by :func:`size_gate` at the frame's altitude when given, and match."""
     frames = labels.split(split)
     dets, matches = [], []
     for i in range(0, len(frames), 64):
         chunk = frames[i:i + 64]
         d = detect_frames(model, [labels.load(f.frame) for f in chunk], floor)
+        if gate_km is not None:
+            d = [size_gate(x, f.altitude_km, gate_km) for x, f in zip(d, chunk)]
         dets += d
         matches += [match_frame(x.boxes, x.scores, np.array([b.box for b in f.boxes], np.float32).reshape(-1, 4))
                     for x, f in zip(d, chunk)]
@@ -91,13 +110,10 @@ def report(ev: Evaluation, rule: UnionRule | None = None, frame_px: int = 512) -
         for b, ok in zip(f.boxes, h):
             dia.append(b.diameter_km), sun.append(b.sun_elevation_deg), clip.append(b.clipped), hit.append(ok)
     est, dclip, dhit, outside = [], [], [], []
-    fpx = focal_px(frame_px)
     for f, d, m in zip(ev.frames, ev.detections, ev.matches):
         keep = d.scores >= t
-        for box, ok in zip(d.boxes[keep], m.det_hit[keep]):
-            side = float(max(box[1] - box[0], box[3] - box[2]))
-            e = side * f.altitude_km / fpx
-            est.append(e)
+        for box, ok, e in zip(d.boxes[keep], m.det_hit[keep], estimated_diameter_km(d.boxes[keep], f.altitude_km)):
+            est.append(float(e))
             dclip.append(box[0] <= 1 or box[2] <= 1 or box[1] >= frame_px - 1 or box[3] >= frame_px - 1)
             dhit.append(bool(ok))
             if not ok:
@@ -113,6 +129,10 @@ def report(ev: Evaluation, rule: UnionRule | None = None, frame_px: int = 512) -
         "precision_by_clipping": rows(binned(np.array(dclip, float), np.array(dhit), [0, 0.5, 1.5], "clipped")),
         "false_positives": {"total": fp, "outside_catalogue_ranges": int(sum(outside)),
                             "inside_catalogue_ranges": fp - int(sum(outside))},
+        # precision over the detections a catalogue can judge: hits and the false positives of a size
+        # and latitude the union catalogue covers (the strict precision above counts every one)
+        "precision_in_catalogue_ranges": s.hits / (s.hits + fp - int(sum(outside))) if s.hits + fp - sum(outside)
+        else float("nan"),
     }
 
 

@@ -28,7 +28,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from trn.data.detection import LabelledFrame, read_labels
+from trn.data.detection import LabelledFrame, catalogue_complete, read_labels
 from trn.detect.boxes import resize_frame, standardise
 from trn.detect.evaluate import best_f1_threshold, match_frame, summarise
 from trn.detect.model import STRIDE, CraterDetector, DetectorConfig, parameter_count, strict_fields
@@ -98,18 +98,22 @@ class DetectTrainConfig:
 @dataclass
 class FrameSet:
     """Frames resized to the network input: images uint8 [N, S, S]; boxes per frame float32 [k, 4]
-    (l, r, t, b) px of the network input; frames: their labels."""
+    (l, r, t, b) px of the network input; frames: their labels; complete: bool [N], the union
+    catalogue covers every size over the whole frame (poleward of the small-crater catalogue's
+    band, small craters are real but unlabelled, so such a frame supervises only its boxes)."""
 
     images: np.ndarray
     boxes: list[np.ndarray]
     frames: list[LabelledFrame]
     shapes: list[tuple[int, int]]
+    complete: np.ndarray
 
 
 def load_frames(dirs: tuple[str, ...] | list[str], split: str, size: int, limit: int | None = None) -> FrameSet:
-    imgs, boxes, frames, shapes = [], [], [], []
+    imgs, boxes, frames, shapes, complete = [], [], [], [], []
     for d in dirs:
         labels = read_labels(d)
+        band = labels.rule().small_max_abs_lat
         chosen = labels.split(split)
         for f in tqdm(chosen[:limit] if limit else chosen, desc=f"load {Path(d).name} {split}", unit="frame",
                       disable=None, mininterval=2.0):
@@ -120,9 +124,10 @@ def load_frames(dirs: tuple[str, ...] | list[str], split: str, size: int, limit:
             boxes.append(b * np.array([size / w, size / w, size / h, size / h], np.float32))
             frames.append(f)
             shapes.append((h, w))
+            complete.append(catalogue_complete(f, band))
     if not imgs:
         raise DataError(f"no {split} frames in {list(dirs)}; build detector data with trn-detect build")
-    return FrameSet(np.stack(imgs), boxes, frames, shapes)
+    return FrameSet(np.stack(imgs), boxes, frames, shapes, np.array(complete, bool))
 
 
 def augment(img: np.ndarray, boxes: np.ndarray, crop: int, min_box: int, rng: np.random.Generator
@@ -182,20 +187,25 @@ def targets(boxes: np.ndarray, out: int) -> tuple[np.ndarray, np.ndarray, np.nda
     return heat, size, off, mask
 
 
-def focal_loss(logits: torch.Tensor, heat: torch.Tensor) -> torch.Tensor:
-    """CenterNet's penalty-reduced focal loss, summed (normalise by the number of peaks)."""
+def focal_loss(logits: torch.Tensor, heat: torch.Tensor, negatives: torch.Tensor | None = None) -> torch.Tensor:
+    """CenterNet's penalty-reduced focal loss, summed (normalise by the number of peaks).
+    logits, heat: [N, H, W]; negatives: float [N], the weight of each sample's negative cells
+    (0 where unlabelled craters may lie)."""
     p = torch.sigmoid(logits).clamp(1e-4, 1 - 1e-4)
     pos = heat.eq(1).float()
     pos_loss = -torch.log(p) * (1 - p) ** 2 * pos
     neg_loss = -torch.log(1 - p) * p ** 2 * (1 - heat) ** 4 * (1 - pos)
+    if negatives is not None:
+        neg_loss = neg_loss * negatives[:, None, None]
     return pos_loss.sum() + neg_loss.sum()
 
 
 def detection_loss(out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], heat: torch.Tensor, size: torch.Tensor,
-                   off: torch.Tensor, mask: torch.Tensor, cfg: DetectTrainConfig) -> tuple[torch.Tensor, dict]:
+                   off: torch.Tensor, mask: torch.Tensor, negatives: torch.Tensor, cfg: DetectTrainConfig
+                   ) -> tuple[torch.Tensor, dict]:
     h_logit, s_pred, o_pred = out
     n = mask.sum().clamp(min=1.0)
-    lh = focal_loss(h_logit[:, 0], heat) / n
+    lh = focal_loss(h_logit[:, 0], heat, negatives) / n
     m = mask[:, None]
     ls = (F.l1_loss(s_pred * m, size * m, reduction="sum") / n) * cfg.size_weight
     lo = (F.l1_loss(o_pred * m, off * m, reduction="sum") / n) * cfg.offset_weight
@@ -233,8 +243,8 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
     history: list[dict] = []
     start = 0
     if resume and (out / "last.pt").is_file():
-        ck = load_checked(out / "last.pt")
-        if ck.get("format") != CHECKPOINT_FORMAT or DetectTrainConfig.from_dict(ck["train_config"]) != cfg:
+        ck = load_checked(out / "last.pt", fmt=CHECKPOINT_FORMAT, what="detector")
+        if DetectTrainConfig.from_dict(ck["train_config"]) != cfg:
             raise ConfigError(f"{out / 'last.pt'} was trained with other settings; resume with the same config "
                               "or choose another --out")
         load_state(model, ck["model"], out / "last.pt", "detector")
@@ -268,7 +278,8 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * _lr(epoch * steps_per_epoch + k, total, warm, cfg)
             outp = model(torch.from_numpy(np.stack(xs))[:, None])
-            loss, parts = detection_loss(outp, *(torch.from_numpy(np.stack(v)) for v in (hs, ss, os_, ms)), cfg)
+            neg = torch.from_numpy(train.complete[idx].astype(np.float32))
+            loss, parts = detection_loss(outp, *(torch.from_numpy(np.stack(v)) for v in (hs, ss, os_, ms)), neg, cfg)
             opt.zero_grad(set_to_none=True)
             loss.backward()
             opt.step()
@@ -297,9 +308,7 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
 def load_detector(path: str | Path) -> tuple[CraterDetector, dict]:
     """A trained detector (``best.pt``, ``last.pt`` or a shipped ``detector.pt``) and its checkpoint
     metadata (configs, history, the chosen score threshold when shipped)."""
-    ck = load_checked(path)
-    if ck.get("format") != CHECKPOINT_FORMAT:
-        raise DataError(f"not a detector checkpoint (format {ck.get('format')!r}); expected {CHECKPOINT_FORMAT}", path)
+    ck = load_checked(path, fmt=CHECKPOINT_FORMAT, what="detector")
     model = CraterDetector(DetectorConfig.from_dict(ck["model_config"]))
     load_state(model, ck["model"], path, "detector")
     return model.eval(), {k: v for k, v in ck.items() if k not in ("model", "optimizer")}
@@ -316,3 +325,55 @@ def chosen_threshold(meta: dict) -> float:
         raise DataError("this detector checkpoint has no validated epoch, so no chosen score threshold; give --threshold")
     best = max(history, key=lambda r: (r["val_ap50"], r["epoch"]))
     return float(best["val_threshold"])
+
+
+def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, command: str) -> Path:
+    """Copy a run's best epoch to a model directory: ``detector.pt`` (weights, configs, history, the
+    score threshold and size gate chosen on validation frames), ``log.jsonl``, ``curves.png`` and
+    ``MODEL_CARD.md``."""
+    run, out = Path(run), Path(out)
+    ck = load_checked(run / "best.pt", fmt=CHECKPOINT_FORMAT, what="detector")
+    threshold = chosen_threshold(ck)
+    out.mkdir(parents=True, exist_ok=True)
+    save_checked({**ck, "optimizer": {}, "score_threshold": threshold, "gate_km": gate_km}, out / "detector.pt")
+    history = ck["history"]
+    (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
+    best = max(history, key=lambda r: (r["val_ap50"], r["epoch"]))
+    _plot_curves(history, out / "curves.png")
+    cfg = DetectTrainConfig.from_dict(ck["train_config"])
+    m = cfg.model
+    lines = [
+        "# Crater detector", "",
+        f"- Architecture: centre-point detector (heat map, log box size, centre offset at stride {STRIDE}), residual "
+        f"backbone widths {list(m.widths)}, depths {list(m.depths)}, pyramid and heads {m.neck} channels, input "
+        f"{m.input_size} px grey, {parameter_count(CraterDetector(m)):,} parameters",
+        f"- Data: {', '.join(cfg.data)} (frames clear of the test passes' ground; union-catalogue labels)",
+        f"- Training: {len(history)} of {cfg.epochs} epochs, batch {cfg.batch_size}, crops {cfg.crop} px, AdamW lr "
+        f"{cfg.lr}, cosine to {cfg.min_lr_ratio} x, {sum(r['seconds'] for r in history) / 60:.0f} min on this CPU",
+        f"- Selected epoch {best['epoch']} (highest validation AP@0.5 {best['val_ap50']:.4f}); score threshold "
+        f"{threshold} (highest validation F1: precision {best['val_precision']}, recall {best['val_recall']})",
+        f"- Size gate: {'none' if gate_km is None else f'{gate_km} km (chosen on validation frames)'}",
+        f"- Command: `{command}`", "",
+        "![curves](curves.png)", "",
+    ]
+    (out / "MODEL_CARD.md").write_text("\n".join(lines), encoding="utf-8")
+    return out
+
+
+def _plot_curves(history: list[dict], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ep = [r["epoch"] for r in history]
+    fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
+    for k in ("heat", "size", "offset"):
+        ax[0].plot(ep, [r[f"loss_{k}"] for r in history], label=k)
+    ax[0].set_xlabel("epoch"), ax[0].set_title("training losses"), ax[0].legend()
+    for k in ("ap50", "precision", "recall", "f1"):
+        ax[1].plot(ep, [r.get(f"val_{k}") or 0.0 for r in history], label=k)
+    ax[1].set_xlabel("epoch"), ax[1].set_title("validation (best-F1 threshold)"), ax[1].legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=90)
+    plt.close(fig)

@@ -86,8 +86,10 @@ def verify(path: str | Path) -> None:
                         "or was changed; restore it from its bundle or retrain", path)
 
 
-def load_checked(path: str | Path, map_location: str | torch.device = "cpu") -> dict:
-    """Verify, then ``torch.load(weights_only=True)`` a trn checkpoint dictionary."""
+def load_checked(path: str | Path, map_location: str | torch.device = "cpu", fmt: str = CHECKPOINT_FORMAT,
+                 what: str = "descriptor") -> dict:
+    """Verify, then ``torch.load(weights_only=True)`` a trn checkpoint dictionary whose format
+    marker is ``fmt`` (a ``what`` checkpoint)."""
     path = Path(path)
     verify(path)
     try:
@@ -95,8 +97,9 @@ def load_checked(path: str | Path, map_location: str | torch.device = "cpu") -> 
     except Exception as exc:  # noqa: BLE001 - torch raises many types for corrupt files
         raise DataError(f"checkpoint cannot be read ({type(exc).__name__}); it is corrupt or not a trn checkpoint",
                         path) from None
-    if not isinstance(ck, dict) or ck.get("format") != CHECKPOINT_FORMAT:
-        raise DataError("not a trn descriptor checkpoint (no trn format marker)", path)
+    if not isinstance(ck, dict) or ck.get("format") != fmt:
+        found = ck.get("format") if isinstance(ck, dict) else None
+        raise DataError(f"not a trn {what} checkpoint (format marker {found!r}, expected {fmt!r})", path)
     for key in ("model_config", "model"):
         if not isinstance(ck.get(key), dict):
             raise DataError(f"checkpoint has no {key!r} entry; it is incomplete: retrain or restore it", path)

@@ -1,0 +1,123 @@
+"""The detector's training pieces and its whole path on a tiny world: build frames, train, resume,
+ship, evaluate, run on a folder, and the navigation scenarios on its boxes."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from trn.cli.detect import main as detect_main
+from trn.data.annotate import AnnotateConfig
+from trn.data.build import BuildConfig, build_luna1
+from trn.data.detection import DetectionBuildConfig, build_detection_set, label_build, read_labels
+from trn.data.render import RenderConfig
+from trn.detect.model import CraterDetector, DetectorConfig
+from trn.detect.train import DetectTrainConfig, augment, focal_loss, load_detector, train_detector
+from trn.errors import ConfigError
+
+SMALL = RenderConfig(nav_size=64, crater_size=32)
+RULE = AnnotateConfig(min_box_px=3)
+
+
+def test_augmented_boxes_still_frame_their_squares():
+    img = np.full((128, 128), 40, np.uint8)
+    boxes = np.array([[10, 30, 60, 90], [70, 110, 20, 40]], np.float32)
+    for l, r, t, b in boxes.astype(int):
+        img[t:b, l:r] = 220
+    rng = np.random.default_rng(1)
+    for _ in range(20):
+        x, bx = augment(img, boxes, 96, 4, rng)
+        for l, r, t, b in bx:
+            inside = x[int(t) + 2:int(b) - 2, int(l) + 2:int(r) - 2]
+            if inside.size:
+                assert inside.mean() > x.mean(), "a transformed box no longer covers its bright square"
+
+
+def test_focal_loss_ignores_negatives_where_told():
+    heat = torch.zeros(2, 4, 4)
+    heat[:, 1, 1] = 1.0
+    logits = torch.zeros(2, 4, 4)
+    full = focal_loss(logits, heat)
+    pos_only = focal_loss(logits, heat, torch.zeros(2))
+    half = focal_loss(logits, heat, torch.tensor([1.0, 0.0]))
+    assert pos_only < half < full
+    assert float(full - half) == pytest.approx(float(half - pos_only))
+
+
+@pytest.fixture(scope="module")
+def det_run(boxed_world, tmp_path_factory):
+    root = tmp_path_factory.mktemp("det")
+    labels = build_detection_set(DetectionBuildConfig(source=boxed_world, out=root / "data", segments=4, val_segments=1,
+                                                      stride=2, min_sun_elevation_deg=-90, workers=1, render=SMALL,
+                                                      annotate=RULE))
+    cfg = DetectTrainConfig(data=(str(root / "data"),), model=DetectorConfig(input_size=64, widths=(4, 8, 8, 8, 8),
+                                                                            neck=8), epochs=2, batch_size=4, crop=64,
+                            threads=1)
+    history = train_detector(cfg, root / "run", stop_after=1)
+    return root, labels, cfg, history
+
+
+def test_detector_data_are_labelled_and_split(det_run):
+    _, labels, _, _ = det_run
+    assert labels.split("train") and all(f.segment < 3 for f in labels.split("train"))
+    assert labels.split("val") and all(f.segment == 3 for f in labels.split("val"))
+    assert any(f.boxes for f in labels.frames)
+
+
+def test_training_resumes_and_refuses_other_settings(det_run):
+    root, _, cfg, history = det_run
+    assert len(history) == 1 and 0.0 <= history[0]["val_ap50"] <= 1.0
+    with pytest.raises(ConfigError, match="already holds a run"):
+        train_detector(cfg, root / "run")
+    with pytest.raises(ConfigError, match="other settings"):
+        train_detector(DetectTrainConfig(**{**cfg.__dict__, "lr": 1e-3}), root / "run", resume=True)
+    assert len(train_detector(cfg, root / "run", resume=True)) == 2
+    model, meta = load_detector(root / "run" / "best.pt")
+    assert isinstance(model, CraterDetector) and meta["epoch"] in (1, 2)
+
+
+def test_ship_eval_and_run_commands(det_run, capsys):
+    root, labels, _, _ = det_run
+    assert detect_main(["ship", str(root / "run"), "--out", str(root / "model"), "--gate-km", "0"]) == 0
+    assert (root / "model" / "detector.pt").is_file() and (root / "model" / "MODEL_CARD.md").is_file()
+    assert detect_main(["eval", str(root / "model"), "--data", str(root / "data"), "--json", str(root / "e.json")]) == 0
+    rep = json.loads((root / "e.json").read_text())
+    assert rep["split"] == "val" and rep["summary"]["labels"] == sum(len(f.boxes) for f in labels.split("val"))
+    assert detect_main(["run", str(root / "model"), str(labels.image_path(labels.frames[0].frame).parent),
+                        "--out", str(root / "out"), "--threshold", "0.01"]) == 0
+    doc = json.loads((root / "out" / "detections.json").read_text())
+    assert len(doc["images"]) == len(labels.frames) and (root / "out" / "annotations.txt").is_file()
+    assert len(list((root / "out" / "overlays").glob("*.png"))) == len(labels.frames)
+
+
+def test_navigation_scenarios_take_the_detectors_boxes(det_run, boxed_world, tmp_path):
+    from trn.data.luna1 import read_luna1
+    from trn.sim.boxes import FALSE_ID_BASE, with_boxes
+
+    root, _, _, _ = det_run
+    build_luna1(BuildConfig(source=boxed_world, out=tmp_path / "b", limit_frames=6, limit_craters=4, workers=1,
+                            render=SMALL, annotate=RULE))
+    label_build(tmp_path / "b", boxed_world)
+    ds = read_luna1(tmp_path / "b")
+    union, _ = with_boxes(ds, "union")
+    assert [f.frame for f in union.frames] == [f.frame for f in read_labels(tmp_path / "b").frames]
+    det, summary = with_boxes(ds, "detector", root / "run" / "best.pt")
+    assert summary["boxes"] == "detector" and len(det.frames) == len(union.frames)
+    labelled = {b.id for f in union.frames for b in f.boxes}
+    for f in det.frames:
+        for b in f.boxes:
+            assert b.id in labelled or b.id >= FALSE_ID_BASE
+    with pytest.raises(ConfigError, match="boxes"):
+        with_boxes(ds, "yolo")
+
+
+@pytest.mark.parametrize("argv, what", [
+    (["train", "--config", "nope.yaml", "--out", "x"], "does not exist"),
+    (["eval", "nope", "--data", "x"], "does not exist"),
+    (["run", "nope", "x", "--out", "y"], "does not exist"),
+])
+def test_bad_command_lines_get_one_clear_line(argv, what, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    assert detect_main(argv) == 2
+    assert what in capsys.readouterr().err
