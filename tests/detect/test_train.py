@@ -121,3 +121,18 @@ def test_bad_command_lines_get_one_clear_line(argv, what, capsys, tmp_path, monk
     monkeypatch.chdir(tmp_path)
     assert detect_main(argv) == 2
     assert what in capsys.readouterr().err
+
+
+def test_export_keeps_parity_and_int8_scores_like_float(det_run):
+    pytest.importorskip("onnxruntime")
+    root, labels, _, _ = det_run
+    assert detect_main(["export", str(root / "run"), "--out", str(root / "export"), "--data", str(root / "data"),
+                        "--calib-frames", "4"]) == 0
+    doc = json.loads((root / "export" / "export_report.json").read_text())
+    assert doc["parity_fp32"]["max_abs_heat"] < 1e-4 and doc["parity_fp32"]["max_abs_size"] < 1e-3
+    ops = doc["exports"][1]["ops"]
+    assert set(ops) <= {"Add", "Constant", "Conv", "DequantizeLinear", "QuantizeLinear", "Relu", "Resize", "Sigmoid"}
+    v = doc["validation"]
+    for d, s in v["torch"].items():
+        assert v["onnx-fp32"][d]["labels"] == s["labels"]
+        assert v["onnx-fp32"][d]["hits"] == pytest.approx(s["hits"], abs=1)

@@ -187,6 +187,42 @@ def _ship(args) -> int:
     return 0
 
 
+def _export(args) -> int:
+    import numpy as np
+
+    from trn.data.detection import read_labels
+    from trn.detect.boxes import preprocess_frame
+    from trn.detect.run import detect_frames
+    from trn.export.detector import (OnnxDetector, export_detector_onnx, parity, quantize_detector, score,
+                                     write_report)
+
+    model, threshold, path, gate = _load_model(args.model)
+    args.out.mkdir(parents=True, exist_ok=True)
+    fp32 = export_detector_onnx(model, args.out / "detector.onnx")
+    sets = [read_labels(d) for d in args.data]
+    val_frames = [ls.load(f.frame) for ls in sets for f in ls.split("val")[:16]]
+    par = parity(model, fp32.path, val_frames)
+    rng = np.random.default_rng(0)
+    pool = [(ls, f) for ls in sets for f in ls.split("train")]
+    pick = rng.choice(len(pool), size=min(args.calib_frames, len(pool)), replace=False)
+    calib = np.stack([preprocess_frame(pool[i][0].load(pool[i][1].frame), model.cfg.input_size) for i in sorted(pick)])
+    int8 = quantize_detector(fp32.path, args.out / "detector_int8.onnx", calib,
+                             f"{len(calib)} training frames of {', '.join(map(str, args.data))}")
+    runners = {"torch": lambda fr, t: detect_frames(model, [fr], t)[0],
+               "onnx-fp32": OnnxDetector(fp32.path), "onnx-int8": OnnxDetector(int8.path)}
+    scores = {name: {str(d): score(fn, ls, "val", threshold, gate) for d, ls in zip(args.data, sets)}
+              for name, fn in runners.items()}
+    doc = {"model": str(path), "score_threshold": threshold, "gate_km": gate, "exports": [fp32.to_dict(), int8.to_dict()],
+           "parity_fp32": par.to_dict(), "validation": scores}
+    write_report(args.out, doc)
+    print(f"fp32 {fp32.path} ({fp32.bytes} bytes), int8 {int8.path} ({int8.bytes} bytes); fp32 parity over "
+          f"{par.frames} frames: max |heat| {par.max_abs_heat:.2e}, |size| {par.max_abs_size:.2e}")
+    for name, per in scores.items():
+        print(f"  {name}: " + "; ".join(f"{d}: P {s['precision']:.4f} R {s['recall']:.4f} AP {s['ap50']:.4f}"
+                                          for d, s in per.items()))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = Parser(prog="trn-detect", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("-v", "--verbose", action="store_true")
@@ -254,6 +290,14 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("--gate-km", type=float_between(0.0, 1000.0), default=None, metavar="KM",
                     help="size gate chosen on validation frames (trn-detect eval --gate-km)")
     sp.set_defaults(fn=_ship)
+
+    x = sub.add_parser("export", help="fp32 and int8 ONNX with parity and validation scores")
+    x.add_argument("model", type=Path, help="detector run directory, checkpoint or models/NAME")
+    x.add_argument("--out", type=Path, required=True, help="export directory")
+    x.add_argument("--data", type=Path, nargs="+", required=True,
+                   help="detector data directories: training frames calibrate, validation frames score")
+    x.add_argument("--calib-frames", type=int_between(1, 10000), default=200, help="calibration frames (default 200)")
+    x.set_defaults(fn=_export)
 
     args = ap.parse_args(argv)
     setup_logging(args.verbose)

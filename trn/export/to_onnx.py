@@ -258,9 +258,11 @@ def calibration_crops(root: str | Path, split_json: str | Path | None, size: int
     return x.astype(np.float32), f"{root} ({kind}): {len(x)} training-half landmark images under draws from T", used
 
 
-def quantize_int8(fp32: str | Path, out: str | Path, calib: np.ndarray, calib_source: str) -> OnnxExport:
+def quantize_int8(fp32: str | Path, out: str | Path, calib: np.ndarray, calib_source: str,
+                  float_nodes=None) -> OnnxExport:
     """Static int8 QDQ ONNX (per-channel symmetric int8 weights, int8 activations, min-max
-    calibration), the form Vitis-AI-style FPGA toolchains take."""
+    calibration), the form Vitis-AI-style FPGA toolchains take. ``float_nodes(name) -> bool``:
+    the nodes left in float (default: the descriptor's head, everything outside the backbone)."""
     import onnx
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
@@ -278,7 +280,8 @@ def quantize_int8(fp32: str | Path, out: str | Path, calib: np.ndarray, calib_so
     tmp = out.with_name(f".{out.name}.tmp")
     # the backbone in int8; the head (GeM's root, the Linear, PReLU, the L2 normalisation, the
     # per-location projection) stays in float at the end of the graph, where it runs on the host
-    head = [n.name for n in onnx.load(str(fp32)).graph.node if not n.name.startswith("/backbone/")]
+    keep_float = float_nodes or (lambda name: not name.startswith("/backbone/"))
+    head = [n.name for n in onnx.load(str(fp32)).graph.node if keep_float(n.name)]
     quantize_static(str(fp32), str(tmp), _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, nodes_to_exclude=head,
                     extra_options={"WeightSymmetric": True, "ActivationSymmetric": False})
