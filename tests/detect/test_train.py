@@ -132,7 +132,10 @@ def test_export_keeps_parity_and_int8_scores_like_float(det_run):
     assert doc["parity_fp32"]["max_abs_heat"] < 1e-4 and doc["parity_fp32"]["max_abs_size"] < 1e-3
     ops = doc["exports"][1]["ops"]
     assert set(ops) <= {"Add", "Constant", "Conv", "DequantizeLinear", "QuantizeLinear", "Relu", "Resize", "Sigmoid"}
+    assert doc["tflite"]["lowering_max_abs_error"] < 1e-4 and doc["edgetpu"]["ready"]
+    assert set(doc["edgetpu"]["ops"]) <= {"ADD", "CONV_2D", "LOGISTIC", "PAD", "RESIZE_NEAREST_NEIGHBOR"}
     v = doc["validation"]
+    assert set(v) == {"torch", "onnx-fp32", "onnx-int8", "tflite-int8"}
     for d, s in v["torch"].items():
         assert v["onnx-fp32"][d]["labels"] == s["labels"]
         assert v["onnx-fp32"][d]["hits"] == pytest.approx(s["hits"], abs=1)

@@ -193,8 +193,10 @@ def _export(args) -> int:
     from trn.data.detection import read_labels
     from trn.detect.boxes import preprocess_frame
     from trn.detect.run import detect_frames
-    from trn.export.detector import (OnnxDetector, export_detector_onnx, parity, quantize_detector, score,
-                                     write_report)
+    from trn.export.detector import (OnnxDetector, TfliteDetector, export_detector_onnx, export_detector_tflite, parity,
+                                     quantize_detector, score, write_report)
+    from trn.export.edgetpu import edgetpu_report
+    from trn.export.edgetpu import write_report as write_tpu_report
 
     model, threshold, path, gate = _load_model(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -208,15 +210,22 @@ def _export(args) -> int:
     calib = np.stack([preprocess_frame(pool[i][0].load(pool[i][1].frame), model.cfg.input_size) for i in sorted(pick)])
     int8 = quantize_detector(fp32.path, args.out / "detector_int8.onnx", calib,
                              f"{len(calib)} training frames of {', '.join(map(str, args.data))}")
+    tfl = export_detector_tflite(model, args.out / "detector_int8.tflite", calib)
+    tpu = edgetpu_report(args.out / "detector_int8.tflite")
+    write_tpu_report(tpu, args.out)
     runners = {"torch": lambda fr, t: detect_frames(model, [fr], t)[0],
-               "onnx-fp32": OnnxDetector(fp32.path), "onnx-int8": OnnxDetector(int8.path)}
+               "onnx-fp32": OnnxDetector(fp32.path), "onnx-int8": OnnxDetector(int8.path),
+               "tflite-int8": TfliteDetector(args.out / "detector_int8.tflite")}
     scores = {name: {str(d): score(fn, ls, "val", threshold, gate) for d, ls in zip(args.data, sets)}
               for name, fn in runners.items()}
     doc = {"model": str(path), "score_threshold": threshold, "gate_km": gate, "exports": [fp32.to_dict(), int8.to_dict()],
-           "parity_fp32": par.to_dict(), "validation": scores}
+           "tflite": tfl, "edgetpu": {"verdict": tpu.verdict, "ready": tpu.ready, "ops": tpu.summary(),
+                                      "param_bytes": tpu.param_bytes_mapped},
+           "calibration": f"{len(calib)} training frames", "parity_fp32": par.to_dict(), "validation": scores}
     write_report(args.out, doc)
     print(f"fp32 {fp32.path} ({fp32.bytes} bytes), int8 {int8.path} ({int8.bytes} bytes); fp32 parity over "
-          f"{par.frames} frames: max |heat| {par.max_abs_heat:.2e}, |size| {par.max_abs_size:.2e}")
+          f"{par.frames} frames: max |heat| {par.max_abs_heat:.2e}, |size| {par.max_abs_size:.2e}; "
+          f"{tfl['path']} ({tfl['bytes']} bytes): {tpu.verdict}")
     for name, per in scores.items():
         print(f"  {name}: " + "; ".join(f"{d}: P {s['precision']:.4f} R {s['recall']:.4f} AP {s['ap50']:.4f}"
                                           for d, s in per.items()))
@@ -291,7 +300,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="size gate chosen on validation frames (trn-detect eval --gate-km)")
     sp.set_defaults(fn=_ship)
 
-    x = sub.add_parser("export", help="fp32 and int8 ONNX with parity and validation scores")
+    x = sub.add_parser("export", help="fp32 and int8 ONNX, full-integer int8 TFLite with its Edge TPU report; parity "
+                                      "and validation scores of each")
     x.add_argument("model", type=Path, help="detector run directory, checkpoint or models/NAME")
     x.add_argument("--out", type=Path, required=True, help="export directory")
     x.add_argument("--data", type=Path, nargs="+", required=True,

@@ -20,7 +20,7 @@ _PAD = {"SAME": 0, "VALID": 1}
 # operator versions for int8 kernels (per-channel CONV_2D is version 3); float kernels are version 1
 _INT8_VERSION = {"CONV_2D": 3, "MAX_POOL_2D": 2, "PAD": 2, "STRIDED_SLICE": 2, "MEAN": 2, "LOGISTIC": 2, "MUL": 2,
                  "ADD": 2, "CONCATENATION": 2, "GATHER": 2, "DEPTHWISE_CONV_2D": 3, "AVERAGE_POOL_2D": 2,
-                 "FULLY_CONNECTED": 4, "RESHAPE": 1}
+                 "FULLY_CONNECTED": 4, "RESHAPE": 1, "RESIZE_NEAREST_NEIGHBOR": 2}
 
 
 def _mod(name: str):
@@ -93,6 +93,9 @@ def _options(b, kind: str, opts: dict) -> tuple[int, int | None]:
         return bo.GatherOptions, _table(b, "GatherOptions", Axis=opts["axis"], BatchDims=0)
     if kind == "LOGISTIC":
         return bo.NONE, None
+    if kind == "RESIZE_NEAREST_NEIGHBOR":  # the output size is the operator's second input
+        return bo.ResizeNearestNeighborOptions, _table(b, "ResizeNearestNeighborOptions", AlignCorners=False,
+                                                       HalfPixelCenters=False)
     raise DataError(f"the TFLite writer has no options for operator {kind}")
 
 

@@ -43,7 +43,8 @@ from trn.errors import DataError
 
 ACTIVATIONS = ("NONE", "RELU", "RELU6")
 # operators that keep their input's quantisation parameters
-SAME_QUANT = frozenset({"PAD", "STRIDED_SLICE", "MAX_POOL_2D", "AVERAGE_POOL_2D", "GATHER", "RESHAPE"})
+SAME_QUANT = frozenset({"PAD", "STRIDED_SLICE", "MAX_POOL_2D", "AVERAGE_POOL_2D", "GATHER", "RESHAPE",
+                        "RESIZE_NEAREST_NEIGHBOR"})
 # operators with a per-channel int8 weight and an int32 bias at scale input x weight
 WEIGHTED = frozenset({"CONV_2D", "DEPTHWISE_CONV_2D", "FULLY_CONNECTED"})
 
@@ -375,12 +376,21 @@ def run_float(g: Graph, images: np.ndarray, keep: bool = False) -> dict[int, np.
             y = torch.cat(a, dim=o["axis"])
         elif op.kind == "GATHER":
             y = torch.index_select(a[0], o["axis"], a[1].long())
+        elif op.kind == "RESIZE_NEAREST_NEIGHBOR":  # no half-pixel centres: source index floor(dst * in / out)
+            h, w = (int(v) for v in a[1].numpy())
+            y = F.interpolate(a[0].permute(0, 3, 1, 2), size=(h, w), mode="nearest").permute(0, 2, 3, 1)
         else:
             raise DataError(f"no float reference for operator {op.kind}")
         vals[op.outputs[0]] = y.contiguous()
     if keep:
         return {i: v.numpy() for i, v in vals.items()}
     return vals[g.outputs[0]].numpy()
+
+
+def run_float_outputs(g: Graph, images: np.ndarray) -> list[np.ndarray]:
+    """Every output of the graph, in order, for ``images`` [N, S, S, 1]."""
+    vals = run_float(g, images, keep=True)
+    return [vals[i] for i in g.outputs]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -421,10 +431,15 @@ def calibrate(g: Graph, images: np.ndarray, batch: int = 32) -> dict[int, tuple[
     return ranges
 
 
-def quantize(g: Graph, ranges: dict[int, tuple[float, float]]) -> None:
-    """Set int8 parameters on every tensor (in place), following the TFLite int8 specification."""
+def quantize(g: Graph, ranges: dict[int, tuple[float, float]], signed_input: bool = False) -> None:
+    """Set int8 parameters on every tensor (in place), following the TFLite int8 specification.
+    ``signed_input``: the input takes its calibrated range (a standardised frame), not [0, hi]."""
     t = g.tensors
     for i in g.inputs:
+        if signed_input:
+            s, z = _asym(*ranges[i])
+            t[i].scale, t[i].zero_point = np.array([s]), np.array([z])
+            continue
         hi = max(1.0, ranges[i][1]) if i in ranges else 1.0
         t[i].scale, t[i].zero_point = np.array([hi / 255.0]), np.array([INPUT_ZERO_POINT])
     for op in g.ops:
