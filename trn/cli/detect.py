@@ -178,11 +178,23 @@ def _run(args) -> int:
 def _ship(args) -> int:
     import shlex
 
+    import numpy as np
+
     from trn.detect.train import ship_detector
 
     if not (args.run / "best.pt").is_file():
         raise ConfigError(f"{args.run} holds no best.pt; give a detector run directory")
-    out = ship_detector(args.run, args.out, args.gate_km, "trn-detect " + " ".join(shlex.quote(a) for a in sys.argv[1:]))
+    from trn.data.detection import read_labels
+    from trn.detect.run import centre_sigma_px, evaluate
+    from trn.detect.train import chosen_threshold, load_detector
+
+    model, meta = load_detector(args.run / "best.pt")
+    thr = chosen_threshold(meta)
+    errs = [centre_sigma_px(evaluate(model, read_labels(d), "val", thr, gate_km=args.gate_km))
+            for d in meta["train_config"]["data"]]
+    sigma = float(np.sqrt(np.nanmean(np.square(errs)))) if errs else None
+    out = ship_detector(args.run, args.out, args.gate_km, "trn-detect " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                        sigma)
     print(f"shipped {args.run / 'best.pt'} to {out}")
     return 0
 

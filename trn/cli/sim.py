@@ -171,43 +171,61 @@ def _map_build(args) -> int:
 
 
 def _map_navigation(ds, embedders, settings, args, out: Path) -> None:
+    """Map navigation for every model and every box source of --boxes (one map per model, shared
+    by the box sources); results keyed "<model>" for the annotations, "<model> [<source> boxes]"
+    otherwise."""
     import json
 
     from trn.nav.onboard_map import OnboardMap, build_map
     from trn.nav.scenario import map_navigation, plot_navigation
+    from trn.sim.boxes import with_boxes
 
     out.mkdir(parents=True, exist_ok=True)
     doc = {}
     source = args.map_source
     if source is None and args.data is None and (ds.root / ".world").is_dir():
         source = ds.root / ".world"  # the built-in world's terrain, from which its frames were rendered
-    for emb in embedders:
-        omap = OnboardMap.load(args.map) if args.map else build_map(ds, emb, out / f"map_{emb.name}", source,
-                                                                    appearance=args.map_appearance or "catalogue",
-                                                                    workers=args.threads)
-        rep = map_navigation(ds, emb, omap, settings)
-        plot_navigation(rep, out / f"map_navigation__{emb.name}.png",
-                        f"{emb.name}: map navigation at threshold {settings.threshold:g}")
-        for r in rep["runs"].values():
-            r.pop("result")
-        doc[emb.name] = rep
-        print(f"\nmap navigation, {emb.name} ({rep['detections']} detections, {rep['in_map']} of their craters in "
-              f"the map of {rep['map_size']}, {rep['appearance']} appearance; against the whole map: top-1 correct "
-              f"{rep['top1_correct']}, the true crater's median similarity {rep['true_similarity_median']:.3f} and "
-              f"median rank {rep['true_rank_median']:.0f}):")
-        print("| threshold | whole map: matches (correct) | search window: matches (correct) | precision | "
-              "frames with a fix | RMS km | 95th km | max km | after the first fix: day RMS km, night max km | "
-              "dead reckoning RMS km | max km |")
-        print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-        for thr, r in rep["runs"].items():
-            n, g = r["navigation"], r["recognition"]
-            w = g["whole_map"]
-            print(f"| {thr} | {w['matched']} ({w['correct']}) | {g['matched']} ({g['correct']}) | "
-                  f"{100 * g['precision']:.1f} | {n['frames_with_fix']} / {n['frames']} | {n['trn']['rms_km']:.3f} | "
-                  f"{n['trn']['p95_km']:.3f} | {n['trn']['max_km']:.3f} | {n['trn_day_after_first_fix']['rms_km']:.3f}, "
-                  f"{n['trn_night_after_first_fix']['max_km']:.3f} (first fix at {(n['first_fix_s'] or float('nan')) / 60:.0f} min) | "
-                  f"{n['dead_reckoning']['rms_km']:.3f} | {n['dead_reckoning']['max_km']:.3f} |")
+    maps = {}
+    for kind in _box_kinds(args):
+        detector = args.detector or MODELS_DIR / "detector" / "detector.pt"
+        dsk, summary = with_boxes(ds, kind, detector if kind == "detector" else None)
+        sk = replace(settings, shrink_px=0, shift_px=0) if kind == "detector" else settings
+        sigma = summary.get("centre_sigma_px") if kind == "detector" else None
+        for emb in embedders:
+            if emb.name not in maps:
+                maps[emb.name] = OnboardMap.load(args.map) if args.map else build_map(
+                    ds, emb, out / f"map_{emb.name}", source, appearance=args.map_appearance or "catalogue",
+                    workers=args.threads)
+            omap = maps[emb.name]
+            name = emb.name if kind == "annotations" else f"{emb.name} [{kind} boxes]"
+            rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma)
+            rep["boxes"] = summary
+            _print_map_navigation(name, rep)
+            plot_navigation(rep, out / f"map_navigation__{name.replace(' ', '_')}.png",
+                            f"{name}: map navigation at threshold {settings.threshold:g}")
+            for r in rep["runs"].values():
+                r.pop("result")
+            doc[name] = rep
     (out / "map_navigation.json").write_text(json.dumps(doc, indent=1, default=float) + "\n", encoding="utf-8")
+
+
+def _print_map_navigation(name: str, rep: dict) -> None:
+    print(f"\nmap navigation, {name} ({rep['detections']} detections, {rep['in_map']} of their craters in "
+          f"the map of {rep['map_size']}, {rep['appearance']} appearance; against the whole map: top-1 correct "
+          f"{rep['top1_correct']}, the true crater's median similarity {rep['true_similarity_median']:.3f} and "
+          f"median rank {rep['true_rank_median']:.0f}):")
+    print("| threshold | whole map: matches (correct) | search window: matches (correct) | precision | "
+          "frames with a fix | RMS km | 95th km | max km | after the first fix: day RMS km, night max km | "
+          "dead reckoning RMS km | max km |")
+    print("| --- | --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for thr, r in rep["runs"].items():
+        n, g = r["navigation"], r["recognition"]
+        w = g["whole_map"]
+        print(f"| {thr} | {w['matched']} ({w['correct']}) | {g['matched']} ({g['correct']}) | "
+              f"{100 * g['precision']:.1f} | {n['frames_with_fix']} / {n['frames']} | {n['trn']['rms_km']:.3f} | "
+              f"{n['trn']['p95_km']:.3f} | {n['trn']['max_km']:.3f} | {n['trn_day_after_first_fix']['rms_km']:.3f}, "
+              f"{n['trn_night_after_first_fix']['max_km']:.3f} (first fix at {(n['first_fix_s'] or float('nan')) / 60:.0f} min) | "
+              f"{n['dead_reckoning']['rms_km']:.3f} | {n['dead_reckoning']['max_km']:.3f} |")
 
 
 MOTION_SCENARIOS = ("moon_navigation", "lost_in_space", "map_navigation")  # the ones that read frames

@@ -136,6 +136,19 @@ def report(ev: Evaluation, rule: UnionRule | None = None, frame_px: int = 512) -
     }
 
 
+def centre_sigma_px(ev: Evaluation) -> float:
+    """Per-axis RMS distance (frame px) between the centres of matched detections and of their
+    labelled boxes at the threshold: the measurement noise a navigator should assume for a box
+    centre from this detector."""
+    d2 = []
+    for f, d, m in zip(ev.frames, ev.detections, ev.matches):
+        sel = m.det_hit & (m.scores >= ev.threshold)
+        for box, j in zip(d.boxes[sel], m.det_label[sel]):
+            g = f.boxes[j].box
+            d2 += [((box[0] + box[1]) - (g[0] + g[1])) ** 2 / 4.0, ((box[2] + box[3]) - (g[2] + g[3])) ** 2 / 4.0]
+    return float(np.sqrt(np.mean(d2))) if d2 else float("nan")
+
+
 def overlay(frame: np.ndarray, labels: LabelledFrame | None, det: Detections, threshold: float) -> np.ndarray:
     """BGR picture: labels in green, detections at or above the threshold in orange (score written)."""
     img = cv2.cvtColor(frame, cv2.COLOR_GRAY2BGR)

@@ -327,7 +327,8 @@ def chosen_threshold(meta: dict) -> float:
     return float(best["val_threshold"])
 
 
-def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, command: str) -> Path:
+def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, command: str,
+                  centre_sigma_px: float | None = None) -> Path:
     """Copy a run's best epoch to a model directory: ``detector.pt`` (weights, configs, history, the
     score threshold and size gate chosen on validation frames), ``log.jsonl``, ``curves.png`` and
     ``MODEL_CARD.md``."""
@@ -335,7 +336,8 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
     ck = load_checked(run / "best.pt", fmt=CHECKPOINT_FORMAT, what="detector")
     threshold = chosen_threshold(ck)
     out.mkdir(parents=True, exist_ok=True)
-    save_checked({**ck, "optimizer": {}, "score_threshold": threshold, "gate_km": gate_km}, out / "detector.pt")
+    save_checked({**ck, "optimizer": {}, "score_threshold": threshold, "gate_km": gate_km,
+                  "centre_sigma_px": centre_sigma_px}, out / "detector.pt")
     history = ck["history"]
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
     best = max(history, key=lambda r: (r["val_ap50"], r["epoch"]))
@@ -353,6 +355,8 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
         f"- Selected epoch {best['epoch']} (highest validation AP@0.5 {best['val_ap50']:.4f}); score threshold "
         f"{threshold} (highest validation F1: precision {best['val_precision']}, recall {best['val_recall']})",
         f"- Size gate: {'none' if gate_km is None else f'{gate_km} km (chosen on validation frames)'}",
+        f"- Box centre error (validation, per axis RMS): "
+        f"{'not measured' if centre_sigma_px is None else f'{centre_sigma_px:.2f} px'}",
         f"- Command: `{command}`", "",
         "![curves](curves.png)", "",
     ]

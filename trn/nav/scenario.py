@@ -237,10 +237,13 @@ class SearchWindow:
 
 
 def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None,
-                   thresholds: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9, 0.95), n_sigma: float = 3.0) -> dict:
+                   thresholds: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9, 0.95), n_sigma: float = 3.0,
+                   box_sigma_px: float | None = None) -> dict:
     """Navigation with TRN at ``s.threshold`` and at each of ``thresholds``, against dead
     reckoning: each detection matched within its search window (:class:`SearchWindow`).
-    Recognition against the whole map (no window) is reported beside it."""
+    Recognition against the whole map (no window) is reported beside it. ``box_sigma_px``: the
+    per-axis error of a box centre when the boxes come from a detector (measured on its validation
+    frames), in place of the scenario's emulated detector noise."""
     sensors = sensors or SensorModel()
     flat, sims = map_matches(ds, emb, omap, s)
     ids = np.asarray(omap.ids)
@@ -251,7 +254,8 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     row = {c: k for k, c in enumerate(omap.ids)}
     true_sim = np.array([sims[k, row[t]] if t in row else np.nan for k, t in enumerate(truth)])
     rank = np.array([1 + int((sims[k] > true_sim[k]).sum()) if t in row else -1 for k, t in enumerate(truth)])
-    pix = detector_pixel_sigma(s.shift_px, s.shrink_px, sensors.pixel_sigma)
+    pix = detector_pixel_sigma(s.shift_px, s.shrink_px, sensors.pixel_sigma) if box_sigma_px is None \
+        else float(np.hypot(box_sigma_px, sensors.pixel_sigma))
     cam = PinholeCamera(int(ds.metadata.camera["width"]), int(ds.metadata.camera["height"]),
                         float(ds.metadata.camera["fov_deg"]))
     positions = omap.positions(list(omap.ids))

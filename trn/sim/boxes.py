@@ -89,6 +89,7 @@ def with_boxes(ds: luna1.Luna1Dataset, source: str, detector: Path | None = None
             n_det += len(d)
             n_lab += len(f.boxes)
     summary = {"boxes": "detector", "detector": str(detector), "score_threshold": threshold, "gate_km": gate,
+               "centre_sigma_px": meta.get("centre_sigma_px"),
                "detections": n_det,
                "union_labels": n_lab, "precision": hits / n_det if n_det else float("nan"),
                "recall": hits / n_lab if n_lab else float("nan")}
