@@ -192,7 +192,8 @@ def _ship(args) -> int:
     thr = chosen_threshold(meta)
     errs = [centre_sigma_px(evaluate(model, read_labels(d), "val", thr, gate_km=args.gate_km))
             for d in meta["train_config"]["data"]]
-    sigma = float(np.sqrt(np.nanmean(np.square(errs)))) if errs else None
+    finite = [e for e in errs if np.isfinite(e)]
+    sigma = float(np.sqrt(np.mean(np.square(finite)))) if finite else None  # no matched detection: not measured
     out = ship_detector(args.run, args.out, args.gate_km, "trn-detect " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                         sigma)
     print(f"shipped {args.run / 'best.pt'} to {out}")
