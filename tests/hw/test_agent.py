@@ -493,3 +493,63 @@ def test_the_shipped_bundle_is_recognised_and_its_fine_tuned_sibling_is_not(tmp_
     finally:
         a.shutdown()
         t.join(5)
+
+
+def _detector_export(tmp: Path) -> Path:
+    """A small random-weight detector exported by trn-detect's code path (int8 TFLite + report)."""
+    import torch
+
+    from trn.detect.model import CraterDetector, DetectorConfig
+    from trn.export.detector import export_detector_tflite
+
+    torch.manual_seed(0)
+    model = CraterDetector(DetectorConfig(input_size=64, widths=(4, 8, 8, 8, 8), neck=8, prior=0.3)).eval()
+    out = tmp / "det_export"
+    out.mkdir()
+    calib = np.random.default_rng(1).normal(size=(8, 64, 64)).astype(np.float32)
+    tfl = export_detector_tflite(model, out / "detector_int8.tflite", calib)
+    (out / "export_report.json").write_text(json.dumps({"model": "tiny-detector", "score_threshold": 0.2,
+                                                        "gate_km": 5.0, "tflite": tfl}))
+    return out
+
+
+def test_detect_requests_run_the_bundled_detector_as_the_ground_does(bundle, tmp_path):
+    from trn.export.bundle import make_bundle
+    from trn.export.detector import TfliteDetector
+    from trn.hw.client import BoardClient
+    from trn_board.detect import decode_input
+
+    det = _detector_export(tmp_path)
+    _, _, tmp = bundle
+    b = make_bundle(tmp / "export", tmp_path / "bundle", tmp / "keys" / "trn_signing_key.pem", "tiny-se", SIZE, 512,
+                    0.9, version=6, detector=det)
+    assert b.manifest["detector"]["score_threshold"] == 0.2 and "detector_int8.tflite" in b.manifest["files"]
+    model = BoardModel(b.directory, bundle[1])
+    a = Agent(model, "127.0.0.1", 0, io_timeout=1.0)
+    t = a.start()
+    try:
+        with BoardClient(a.address) as c:
+            info = c.info()
+            assert info["detector"]["input_size"] == 64 and info["detector"]["gate_km"] == 5.0
+            x = np.random.default_rng(2).normal(size=(64, 64)).astype(np.float32)
+            got = c.detect(x)
+            ref = TfliteDetector(det / "detector_int8.tflite")
+            want_boxes, want_scores = decode_input(*ref.maps(x), 4, 64, 0.2)
+            assert np.array_equal(got.boxes, want_boxes) and np.array_equal(got.scores, want_scores)
+            assert len(got.scores) > 0 and got.board_ms >= 0
+            with pytest.raises(Exception, match="BAD_PAYLOAD"):
+                c.detect(np.zeros((32, 32), np.float32))
+            with pytest.raises(Exception, match="NON_FINITE"):
+                c.detect(np.full((64, 64), np.nan, np.float32))
+    finally:
+        a.shutdown()
+        t.join(5)
+
+
+def test_detect_on_a_bundle_without_a_detector_says_so(agent):
+    from trn.hw.client import BoardClient
+
+    with BoardClient(agent.address) as c:
+        assert c.info()["detector"] is None
+        with pytest.raises(Exception, match="no crater detector"):
+            c.detect(np.zeros((64, 64), np.float32))

@@ -79,6 +79,8 @@ def build_parser() -> Parser:
                         "(default: the signing time in UTC as YYYYMMDDHHMMSS)")
     b.add_argument("--key", required=True, type=Path, help="private key (trn-export keygen)")
     b.add_argument("--out", required=True, type=Path, help="bundle directory to create (a .tar is written beside it)")
+    b.add_argument("--detector", type=Path, default=None,
+                   help="also carry the int8 TFLite crater detector of this trn-detect export directory")
     b.add_argument("--threshold", type=float_between(-1.0, 1.0), default=None,
                    help="match threshold recorded in the manifest (default: the model's operating point, "
                         "operating_point.json beside its weights, else 0.9)")
@@ -101,7 +103,7 @@ def _keys(args) -> int:
 def _bundle(args) -> int:
     from trn.export.bundle import bundle_model
 
-    b = bundle_model(args.model, args.export, args.out, args.key, args.version, args.threshold)
+    b = bundle_model(args.model, args.export, args.out, args.key, args.version, args.threshold, args.detector)
     m = b.manifest
     print(f"export checked against {m['model']}'s weights (sha256 {m['source']['weights_sha256'][:12]}): "
           + ", ".join(m["source"]["checked"]))

@@ -156,15 +156,47 @@ def _tflite_spec(export_dir: Path) -> dict | None:
                        "then": "dequantise, GeM (clamp eps, power p, mean, root), head.npz Linear, PReLU, L2"}}
 
 
+DETECTOR_FILE = "detector_int8.tflite"
+
+
+def detector_spec(detector_export: str | Path) -> dict:
+    """How a board feeds and reads the int8 TFLite crater detector (``trn-detect export``), from the
+    file and its export report: input and output quantisation, stride, the score threshold, size
+    gate and box-centre error chosen on validation frames, and the shipped weights it came from."""
+    d = Path(detector_export)
+    path, rep = d / DETECTOR_FILE, d / "export_report.json"
+    if not path.is_file() or not rep.is_file():
+        raise DataError(f"no {DETECTOR_FILE} with its export_report.json here; run trn-detect export", d)
+    from trn.export.tflite_format import read_tflite
+
+    doc = json.loads(rep.read_text(encoding="utf-8"))
+    if (doc.get("tflite") or {}).get("sha256") != file_sha256(path):
+        raise DataError(f"{DETECTOR_FILE} is not the file its export_report.json describes; run trn-detect export again",
+                        path)
+    info = read_tflite(path)
+    i = info.tensors[info.inputs[0]]
+    outs = {info.tensors[k].name: {"shape": list(info.tensors[k].shape), "scale": list(info.tensors[k].scale),
+                                   "zero_point": list(info.tensors[k].zero_point)} for k in info.outputs}
+    return {"file": DETECTOR_FILE, "stride": 4, "score_threshold": doc["score_threshold"], "gate_km": doc.get("gate_km"),
+            "model": doc.get("model"),
+            "input": {"shape": list(i.shape), "layout": "NHWC", "scale": list(i.scale), "zero_point": list(i.zero_point),
+                      "from": "the frame resized to the input (area averaging) and standardised: (x - mean) / "
+                              "max(std, 4 grey levels)"},
+            "outputs": outs, "decode": "trn_board.detect.decode_input (3 x 3 peaks, exp(size) x stride, NMS 0.5)"}
+
+
 def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, model_name: str,
                 input_size: int, embedding_dim: int, threshold: float, card: Path | None = None,
-                quantisation: dict | None = None, *, version: int | None = None, source: dict | None = None) -> Bundle:
+                quantisation: dict | None = None, *, version: int | None = None, source: dict | None = None,
+                detector: str | Path | None = None) -> Bundle:
     """Write the bundle directory ``out`` (refused when it exists) and ``out``.tar, signed.
 
     ``card``: the model card (bundled as MODEL_CARD.md and bound by its sha256; else the export
     directory's MODEL_CARD.md, if any). ``version``: the bundle version (>= 1; default
     :func:`derived_version`). ``source``: what the bundle was checked against
-    (:func:`check_export`), recorded in the manifest. Signs what it is given: use
+    (:func:`check_export`), recorded in the manifest. ``detector``: a ``trn-detect export``
+    directory whose int8 TFLite crater detector the bundle also carries (``detector`` in the
+    manifest). Signs what it is given: use
     :func:`bundle_model` for a bundle of a trained model."""
     serialization, _ = _crypto()
     version = derived_version() if version is None else version
@@ -184,12 +216,15 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
         raise DataError("no exported model (model.onnx, model_int8.onnx, *.tflite) to bundle; run trn-export first",
                         export_dir)
     tfl = _tflite_spec(export_dir)
+    det = detector_spec(detector) if detector is not None else None
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
     entries = {}
     for f in files:
         shutil.copy2(f, tmp / f.name)
+    if det is not None:
+        shutil.copy2(Path(detector) / DETECTOR_FILE, tmp / DETECTOR_FILE)
     if card_src.is_file():
         shutil.copy2(card_src, tmp / CARD)
     for f in sorted(tmp.iterdir()):
@@ -212,6 +247,8 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     }
     if tfl:
         manifest["tflite"] = tfl
+    if det is not None:
+        manifest["detector"] = det
     data = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8")
     (tmp / MANIFEST).write_bytes(data)
     (tmp / SIGNATURE).write_bytes(key.sign(data))
@@ -344,7 +381,8 @@ def check_export(export_dir: str | Path, weights: str | Path, model_name: str, m
 
 
 def bundle_model(model: str, export_dir: str | Path, out: str | Path, key_path: str | Path,
-                 version: int | None = None, threshold: float | None = None) -> Bundle:
+                 version: int | None = None, threshold: float | None = None, detector: str | Path | None = None
+                 ) -> Bundle:
     """A bundle of a trained model (a shipped name, a run directory or a checkpoint): its name, its
     card, its input size and embedding size, its operating point (unless ``threshold``), and the
     export directory cross-checked against its weights (:func:`check_export`) before signing."""
@@ -370,7 +408,7 @@ def bundle_model(model: str, export_dir: str | Path, out: str | Path, key_path: 
                                      "agreement_with_fp32": doc.get("agreement_with_fp32")}}
     thr = model_threshold(weights.parent) if threshold is None else threshold
     return make_bundle(export_dir, out, key_path, name, desc.cfg.input_size, desc.cfg.embed_dim, thr, card, quant,
-                       version=version, source=source)
+                       version=version, source=source, detector=detector)
 
 
 def verify_bundle(directory: str | Path, public_key: bytes) -> dict:

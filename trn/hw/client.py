@@ -32,7 +32,7 @@ class InferResult:
     round_trip_ms: float  # request sent -> answer read, on the ground
 
 
-_IDEMPOTENT = frozenset({P.INFO, P.HEALTH, P.INFER})
+_IDEMPOTENT = frozenset({P.INFO, P.HEALTH, P.INFER, P.DETECT})
 
 
 class BoardClient:
@@ -115,6 +115,33 @@ class BoardClient:
         t_rx, t_start, t_end, n, dim = P.INFER_REPLY.unpack_from(body)
         emb = np.frombuffer(body, ">f4", offset=P.INFER_REPLY.size).astype(np.float32).reshape(n, dim)
         return InferResult(emb, (t_end - t_start) / 1e6, (t_end - t_rx) / 1e6, rt)
+
+    def detect(self, frame_input: np.ndarray) -> DetectResult:
+        """Craters in one frame already resized to the board detector's input and standardised
+        (:func:`trn.detect.boxes.preprocess_frame`): boxes float32 [n, 4] (l, r, t, b, pixels of that
+        input) and scores [n], decoded on the board at the bundle's score threshold."""
+        x = np.asarray(frame_input, np.float32)
+        if x.ndim != 2 or x.shape[0] != x.shape[1]:
+            raise DataError(f"the detector input has shape {x.shape}; expected [S, S] (INFO's detector input_size)")
+        payload = P.DETECT_HEAD.pack(x.shape[0]) + np.ascontiguousarray(x, ">f4").tobytes()
+        t0 = time.perf_counter()
+        body = self.request(P.DETECT, payload)
+        rt = (time.perf_counter() - t0) * 1e3
+        t_rx, t_start, t_end, n = P.DETECT_REPLY.unpack_from(body)
+        rows = np.frombuffer(body, ">f4", offset=P.DETECT_REPLY.size).astype(np.float32).reshape(n, 5)
+        return DetectResult(rows[:, :4].copy(), rows[:, 4].copy(), (t_end - t_start) / 1e6, (t_end - t_rx) / 1e6, rt)
+
+
+@dataclass(frozen=True)
+class DetectResult:
+    """A DETECT answer: boxes [n, 4] and scores [n]; board time of the detection, of the request
+    after it was read, and the ground's round trip, milliseconds."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    board_ms: float
+    board_total_ms: float
+    round_trip_ms: float
 
 
 # -- which model does the board run?

@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 
 from trn_board import protocol as P  # noqa: E402
 from trn_board import trust  # noqa: E402
+from trn_board.detect import decode_input  # noqa: E402
 from trn_board.options import ranged_int, seconds  # noqa: E402
 from trn_board.bundle import BundleError, manifest_sha256, verify_bundle  # noqa: E402
 
@@ -194,6 +195,8 @@ class BoardModel:
                              + (f"use --backend {' or '.join(usable)} or auto" if usable else "re-make the bundle"))
         self.backend = backend
         self.model_file = _needs(backend, files)[0]
+        self.detector = self.manifest.get("detector")
+        self.detector_error = None
         try:
             self._load(backend)
         except ModelError:
@@ -203,6 +206,14 @@ class BoardModel:
                              f"({type(exc).__name__}: {exc})"[:600]) from None
 
     def _load(self, backend: str) -> None:
+        if self.detector is not None:
+            try:  # the detector is an int8 TFLite graph (compiled for the Edge TPU: a later step)
+                self.det_it = tflite_interpreter(self.dir / self.detector["file"], self.threads, False)
+                self.det_in = self.det_it.get_input_details()[0]
+                self.det_out = {d["name"]: d for d in self.det_it.get_output_details()}
+                self.detector_size = int(self.det_in["shape"][1])
+            except ModelError as exc:
+                self.detector, self.detector_error = None, f"crater detector not loaded: {exc}"
         if backend in ("tflite", "edgetpu"):
             self.it = tflite_interpreter(self.dir / self.model_file, self.threads, backend == "edgetpu")
             self.inp = self.it.get_input_details()[0]
@@ -231,7 +242,27 @@ class BoardModel:
                 "model_card_sha256": card.get("sha256"),
                 "backend": self.backend, "file": self.model_file, "file_sha256": files[self.model_file]["sha256"],
                 "input_size": self.input_size, "embedding_dim": self.embedding_dim,
-                "match_threshold": m.get("match_threshold"), "trust": self.trust}
+                "match_threshold": m.get("match_threshold"), "trust": self.trust,
+                "detector": None if self.detector is None else {
+                    "file": self.detector["file"], "file_sha256": files[self.detector["file"]]["sha256"],
+                    "input_size": self.detector_size, "score_threshold": self.detector["score_threshold"],
+                    "gate_km": self.detector.get("gate_km"), "preprocess": self.detector["input"]["from"]},
+                "detector_error": self.detector_error}
+
+    def detect(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """One standardised frame [S, S] -> boxes float32 [n, 4] (l, r, t, b, pixels of the input)
+        and scores [n], at or above the bundle's score threshold."""
+        s, z = self.det_in["quantization"]
+        q = np.clip(np.round(x / s) + z, -128, 127).astype(self.det_in["dtype"])[None, :, :, None]
+        self.det_it.set_tensor(self.det_in["index"], q)
+        self.det_it.invoke()
+        maps = []
+        for name in ("heat", "size", "offset"):
+            d = self.det_out[name]
+            sc, zp = d["quantization"]
+            maps.append((self.det_it.get_tensor(d["index"])[0].astype(np.float32) - zp) * sc)
+        return decode_input(maps[0][:, :, 0], maps[1].transpose(2, 0, 1), maps[2].transpose(2, 0, 1),
+                            int(self.detector["stride"]), self.detector_size, float(self.detector["score_threshold"]))
 
     def _head(self, feat: np.ndarray) -> np.ndarray:
         f = np.maximum(feat, self.eps)
@@ -288,7 +319,8 @@ class Agent:
             raise ValueError("a stop token must have at least 16 bytes")
         self.model = model
         self.max_batch = max_batch
-        self.max_payload = P.INFER_HEAD.size + max_batch * model.input_size ** 2 * 4
+        self.max_payload = max(P.INFER_HEAD.size + max_batch * model.input_size ** 2 * 4,
+                               P.DETECT_HEAD.size + getattr(model, "detector_size", 0) ** 2 * 4)
         self.max_connections = max_connections
         self.idle_timeout, self.io_timeout, self.first_request_timeout = idle_timeout, io_timeout, first_request_timeout
         self.stop_token = stop_token
@@ -358,6 +390,29 @@ class Agent:
         body = P.INFER_REPLY.pack(t_received, t0, t1, emb.shape[0], emb.shape[1]) + emb.tobytes()
         self._send(conn, P.INFER | P.REPLY, rid, body)
 
+    def _detect(self, conn: socket.socket, rid: int, payload: bytes, t_received: int) -> None:
+        if self.model.detector is None:
+            return self._error(conn, rid, P.BAD_PAYLOAD, "this bundle carries no crater detector "
+                                                          f"({self.model.detector_error or 'none in its manifest'}); "
+                                                          "re-make it with trn-export bundle --detector DIR")
+        s = self.model.detector_size
+        if len(payload) < P.DETECT_HEAD.size or P.DETECT_HEAD.unpack_from(payload)[0] != s:
+            return self._error(conn, rid, P.BAD_PAYLOAD, f"DETECT takes one {s} x {s} frame (INFO's detector "
+                                                          "input_size) after a u16 size")
+        want = P.DETECT_HEAD.size + s * s * 4
+        if len(payload) != want:
+            return self._error(conn, rid, P.BAD_PAYLOAD, f"DETECT payload has {len(payload)} bytes; one {s} x {s} "
+                                                          f"float32 frame takes {want}")
+        x = np.frombuffer(payload, dtype=">f4", offset=P.DETECT_HEAD.size).astype(np.float32).reshape(s, s)
+        if not np.isfinite(x).all():
+            return self._error(conn, rid, P.NON_FINITE, "the frame contains NaN or infinite values")
+        with self.lock:
+            t0 = time.monotonic_ns()
+            boxes, scores = self.model.detect(x)
+            t1 = time.monotonic_ns()
+        rows = np.ascontiguousarray(np.concatenate([boxes, scores[:, None]], axis=1), dtype=">f4")
+        self._send(conn, P.DETECT | P.REPLY, rid, P.DETECT_REPLY.pack(t_received, t0, t1, len(rows)) + rows.tobytes())
+
     def _stop(self, conn: socket.socket, rid: int, payload: bytes) -> bool:
         """True when the SHUTDOWN is authenticated (and answered)."""
         if self.stop_token is None:
@@ -413,6 +468,8 @@ class Agent:
                         self._send(conn, P.HEALTH | P.REPLY, rid, json.dumps(self.health()).encode())
                     elif mtype == P.INFER:
                         self._infer(conn, rid, payload, t_received)
+                    elif mtype == P.DETECT:
+                        self._detect(conn, rid, payload, t_received)
                     elif mtype == P.SHUTDOWN:
                         if self._stop(conn, rid, payload):
                             self.shutdown()

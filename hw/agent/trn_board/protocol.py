@@ -23,6 +23,10 @@ Every message, both ways, is a 16-byte header and a payload::
   [0, 1], row-major -> ``t_received``, ``t_start``, ``t_end`` (u64 nanoseconds of the board's
   monotonic clock: the request fully read, inference started, inference done), ``n`` (u16),
   ``dim`` (u16), then n x dim float32 L2-normalised embeddings.
+- DETECT (a bundle with a crater detector): ``size`` (u16), then size x size float32, one frame
+  resized to the detector's input and standardised (INFO's ``detector``) -> ``t_received``,
+  ``t_start``, ``t_end`` (u64 ns, as INFER), ``n`` (u16), then n x 5 float32: l, r, t, b (pixels of
+  the detector's input) and score, descending, at or above the bundle's score threshold, after NMS.
 - SHUTDOWN (the stop token) -> empty; the agent then stops accepting and exits cleanly. Off unless
   the agent was started with a stop token (``--stop-token-file``, a random token written with mode
   0600 for whoever may stop it); otherwise, or with another token, FORBIDDEN and the connection is
@@ -39,12 +43,14 @@ import struct
 MAGIC = b"TRNB"
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct("!4sBBHII")
-INFO, HEALTH, INFER, SHUTDOWN = 0x01, 0x02, 0x03, 0x04
+INFO, HEALTH, INFER, SHUTDOWN, DETECT = 0x01, 0x02, 0x03, 0x04, 0x05
 REPLY = 0x80
 ERROR = 0x7F
-REQUESTS = {INFO: "INFO", HEALTH: "HEALTH", INFER: "INFER", SHUTDOWN: "SHUTDOWN"}
+REQUESTS = {INFO: "INFO", HEALTH: "HEALTH", INFER: "INFER", SHUTDOWN: "SHUTDOWN", DETECT: "DETECT"}
 INFER_HEAD = struct.Struct("!HH")
 INFER_REPLY = struct.Struct("!QQQHH")
+DETECT_HEAD = struct.Struct("!H")
+DETECT_REPLY = struct.Struct("!QQQH")
 ERROR_HEAD = struct.Struct("!H")
 
 # error codes
