@@ -105,3 +105,23 @@ def test_profile_and_board_are_exclusive():
         make_timing("pynq-z2-coral-usb2", "127.0.0.1:1")
     with pytest.raises(ConfigError, match="unknown timing profile"):
         make_timing("no-such-board", None)
+
+
+def test_with_the_detector_each_frame_adds_its_network(tmp_path, model):
+    from pathlib import Path
+
+    from trn.hw.latency import predict
+    from trn.hw.profiles import load_profile
+    from trn.sim.timing import COVERS_DETECTOR
+
+    graph = Path(__file__).resolve().parents[2] / "export" / "detector" / "detector_int8.tflite"
+    if not graph.is_file():
+        pytest.skip("no shipped detector export")
+    ds = write_dataset(tmp_path / "d", NAV)
+    emb = TorchEmbedder(model, "tiny")
+    plain = sc.moon_navigation(ds, emb, quiet(), timing=ProfileTiming("pynq-z2-coral-usb2"))
+    with_det = sc.moon_navigation(ds, emb, quiet(), timing=ProfileTiming("pynq-z2-coral-usb2").with_detector(graph))
+    det_ms = predict(graph, load_profile("pynq-z2-coral-usb2")).per_landmark_ms
+    assert with_det.series["latency_ms"] == pytest.approx([m + det_ms for m in plain.series["latency_ms"]])
+    t = with_det.extra["timing"]
+    assert t["detector_ms_per_frame"] == pytest.approx(det_ms) and t["covers"] == COVERS_DETECTOR

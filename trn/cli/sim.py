@@ -325,7 +325,12 @@ def _run_boxes(ds, embedders, scenarios, settings, context, args, timing):
         dsk, summary = with_boxes(ds, kind, detector if kind == "detector" else None)
         context["boxes"][kind] = summary
         sk = replace(settings, shrink_px=0, shift_px=0) if kind == "detector" else settings
-        r = run_luna1(dsk, embedders, scen, sk, context, not args.no_progress, timing=timing,
+        tk = timing
+        det_graph = MODELS_DIR.parent / "export" / "detector" / "detector_int8.tflite"
+        shipped = Path(detector).resolve() == (MODELS_DIR / "detector" / "detector.pt").resolve()
+        if kind == "detector" and shipped and hasattr(timing, "with_detector") and det_graph.is_file():
+            tk = timing.with_detector(det_graph)  # the shipped detector's int8 export
+        r = run_luna1(dsk, embedders, scen, sk, context, not args.no_progress, timing=tk,
                       operating_points=args.threshold is None)
         for x in r.results:
             if kind != "annotations" and x.scenario not in sc.LANDMARK_SCENARIOS:
