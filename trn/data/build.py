@@ -288,6 +288,18 @@ def _run_parallel(fn, tasks: list, workers: int, desc: str, init_args: tuple) ->
     bar.close()
 
 
+def render_frames(cfg: BuildConfig, trajectory: Trajectory, sun: np.ndarray, frames: list[int], surface: Surface,
+                  desc: str = "frames") -> None:
+    """Render the listed navigation frames of ``trajectory`` to ``cfg.out``'s nav_images/ (with
+    ``cfg.workers`` processes; in this process when one): the builder's own frame renderer, for
+    other builders (the detector's frames)."""
+    _STATE.update(out=Path(cfg.out), surface=surface, render=cfg.render, trajectory=trajectory, sun=sun)
+    try:
+        _run_parallel(_render_frame_task, list(frames), cfg.workers, desc, (cfg, trajectory, sun))
+    finally:
+        _STATE.clear()
+
+
 def select_craters(cat: Catalogue, cfg: BuildConfig) -> Catalogue:
     """The catalogue filter of Luna-1: diameter and latitude limits."""
     keep = (cat.diameter_km >= cfg.min_diameter_km) & (np.abs(cat.lat) <= cfg.max_abs_lat)

@@ -29,8 +29,7 @@ from tqdm import tqdm
 
 from trn.data import luna1
 from trn.data.annotate import AnnotateConfig, annotate_frame
-from trn.data.build import (BuildConfig, _render_frame_task, _run_parallel, built_render_config,
-                            surface_of)
+from trn.data.build import BuildConfig, built_render_config, render_frames, surface_of
 from trn.data.ephemeris import sun_direction_body
 from trn.data.render import RENDERER_VERSION, PinholeCamera, RenderConfig
 from trn.data.sources import Catalogue, UnionRule, read_trajectory, segment_trajectory, union_catalogue
@@ -353,12 +352,6 @@ def build_detection_set(cfg: DetectionBuildConfig) -> DetectionLabels:
     write_labels(out, settings, frames)
     _write_union_annotations(out, frames, "nav_images")
     todo = [i for i in frames_idx if not (out / luna1.NAV_IMAGES / f"{i}.png").is_file()]
-    from trn.data import build as _build
-
-    _build._STATE.update(out=out, surface=surface, render=cfg.render, trajectory=traj, sun=sun)
-    try:
-        _run_parallel(_render_frame_task, todo, cfg.workers, "detector frames", (bcfg, traj, sun))
-    finally:
-        _build._STATE.clear()
+    render_frames(bcfg, traj, sun, todo, surface, "detector frames")
     luna1.atomic_write_text(manifest, json.dumps({"key": cfg.key(), "complete": True}) + "\n")
     return read_labels(out)
