@@ -102,7 +102,15 @@ def test_navigation_scenarios_take_the_detectors_boxes(det_run, boxed_world, tmp
     ds = read_luna1(tmp_path / "b")
     union, _ = with_boxes(ds, "union")
     assert [f.frame for f in union.frames] == [f.frame for f in read_labels(tmp_path / "b").frames]
-    det, summary = with_boxes(ds, "detector", root / "run" / "best.pt")
+    from trn.errors import DataError
+    from trn.models.checkpoint import load_checked, save_checked
+
+    ck = load_checked(root / "run" / "best.pt", fmt="trn-detector-checkpoint", what="detector")
+    save_checked({**ck, "score_threshold": 1.0}, tmp_path / "none.pt")
+    with pytest.raises(DataError, match="found no crater"):
+        with_boxes(ds, "detector", tmp_path / "none.pt")
+    save_checked({**ck, "score_threshold": 0.0}, tmp_path / "low.pt")  # an untrained detector scores low
+    det, summary = with_boxes(ds, "detector", tmp_path / "low.pt")
     assert summary["boxes"] == "detector" and len(det.frames) == len(union.frames)
     labelled = {b.id for f in union.frames for b in f.boxes}
     for f in det.frames:
@@ -139,3 +147,25 @@ def test_export_keeps_parity_and_int8_scores_like_float(det_run):
     for d, s in v["torch"].items():
         assert v["onnx-fp32"][d]["labels"] == s["labels"]
         assert v["onnx-fp32"][d]["hits"] == pytest.approx(s["hits"], abs=1)
+
+
+def test_trn_sim_runs_the_navigation_scenarios_on_each_kind_of_box(det_run, boxed_world, tmp_path):
+    from trn.cli.sim import main as sim_main
+
+    root, _, _, _ = det_run
+    build_luna1(BuildConfig(source=boxed_world, out=tmp_path / "b", limit_frames=6, limit_craters=4, workers=1,
+                            render=SMALL, annotate=RULE))
+    label_build(tmp_path / "b", boxed_world)
+    from trn.models.checkpoint import load_checked, save_checked
+
+    # an untrained detector's scores are low: a threshold that lets its boxes through
+    ck = load_checked(root / "run" / "best.pt", fmt="trn-detector-checkpoint", what="detector")
+    save_checked({**ck, "score_threshold": 0.0}, tmp_path / "low.pt")
+    out = tmp_path / "report"
+    assert sim_main(["run", "luna1", "--data", str(tmp_path / "b"), "--scenario", "moon_navigation",
+                     "--boxes", "annotations,union,detector", "--detector",
+                     str(tmp_path / "low.pt"), "--threads", "1", "--no-progress", "--out", str(out)]) == 0
+    doc = json.loads((out / "report.json").read_text())
+    methods = {r["method"] for r in doc["results"]}
+    assert {m.split(" [")[-1] for m in methods} == {"flight_conv2d_se_union", "union boxes]", "detector boxes]"}
+    assert set(doc["context"]["boxes"]) == {"annotations", "union", "detector"}

@@ -88,6 +88,9 @@ def with_boxes(ds: luna1.Luna1Dataset, source: str, detector: Path | None = None
             hits += int(m.det_hit.sum())
             n_det += len(d)
             n_lab += len(f.boxes)
+    if n_det == 0:
+        raise DataError(f"the detector found no crater at score >= {threshold} in any of the {len(lf)} frames; "
+                        "check the detector (trn-detect eval) or run with --boxes annotations", ds.root)
     summary = {"boxes": "detector", "detector": str(detector), "score_threshold": threshold, "gate_km": gate,
                "centre_sigma_px": meta.get("centre_sigma_px"),
                "detections": n_det,
