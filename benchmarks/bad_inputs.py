@@ -1,4 +1,4 @@
-"""Bad inputs for the six command lines, each run as a real subprocess and classified.
+"""Bad inputs for the seven command lines, each run as a real subprocess and classified.
 
     python benchmarks/bad_inputs.py [--jobs 2] [--timeout 90] [--out docs/bench_bad_inputs.txt]
 
@@ -50,7 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _hw import hardware  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-CLIS = ("trn-data", "trn-sim", "trn-train", "trn-db", "trn-export", "trn-hw")
+CLIS = ("trn-data", "trn-sim", "trn-train", "trn-db", "trn-export", "trn-hw", "trn-detect")
 MODULES = {c: f"trn.cli.{c.removeprefix('trn-')}" for c in CLIS}
 CLASSES = ("clear", "traceback", "silent success", "unclear")
 # who owns the code a case exercises, where it is not this script's (see the report)
@@ -405,6 +405,21 @@ def build_fixtures(root: Path, optional: bool = True) -> Fixtures:
     (src / "no_dem").mkdir(parents=True)
     (src / "empty_dem" / "dem").mkdir(parents=True)
     (root / "runs").mkdir()
+    # detector labels and configs for trn-detect
+    det = root / "detlabels"
+    for name, text in (("not_json", "{"), ("wrong_format", '{"format": "x", "version": 1}'),
+                       ("malformed_frame", '{"format": "trn-detection-labels", "version": 1, "frames": [{"frame": 0}]}'),
+                       ("empty_box", '{"format": "trn-detection-labels", "version": 1, "frames": [{"frame": 0, '
+                                     '"split": "val", "segment": 0, "altitude_km": 100, "sun_elevation_deg": 10, '
+                                     '"lat_deg": 0, "lon_deg": 0, "boxes": [{"id": 1, "box": [9, 3, 0, 9], '
+                                     '"diameter_km": 5, "sun_elevation_deg": 10, "clipped": false}]}]}')):
+        (det / name).mkdir(parents=True)
+        (det / name / "detection_labels.json").write_text(text, encoding="utf-8")
+    for name, body in (("unknown_key", "data: [x]\nepochs: 2\nwings: 3\n"), ("epochs_text", "data: [x]\nepochs: many\n"),
+                       ("no_data", "epochs: 2\n"), ("crop_too_big", "data: [x]\ncrop: 1024\n"),
+                       ("lr_zero", "data: [x]\nlr: 0\n"), ("model_neck_float", "data: [x]\nmodel: {neck: 2.5}\n"),
+                       ("not_yaml", "data: [x\n")):
+        (root / "cfg" / f"det_{name}.yaml").write_text(body, encoding="utf-8")
     if optional:
         _world_fixtures(fx)
         _db_fixtures(fx)
@@ -876,6 +891,55 @@ def cases(fx: Fixtures) -> list[Case]:
                                                p("runs", "hil")], ["99999"])
     add("trn-hw", "bench with nothing listening", bench, ["127.0.0.1:9"])
     add("trn-hw", "unknown command", ["frobnicate"], ["frobnicate"])
+    # ---- trn-detect
+    for name in ("not_json", "wrong_format", "malformed_frame", "empty_box"):
+        add("trn-detect", f"eval on labels: {name}", ["eval", p("models", "empty.pt"), "--data", p("detlabels", name)],
+            ["empty.pt|detection labels|detection_labels.json"])
+        add("trn-detect", f"sheet of labels: {name}", ["sheet", p("detlabels", name), "--out", p("runs", "s.png")],
+            ["detection_labels.json"])
+    add("trn-detect", "sheet of a dir without labels", ["sheet", good, "--out", p("runs", "s.png")],
+        ["detection_labels.json"])
+    add("trn-detect", "eval a missing model", ["eval", p("no_such_model"), "--data", good], ["no_such_model"])
+    add("trn-detect", "eval an empty checkpoint", ["eval", p("models", "empty.pt"), "--data", good], ["empty.pt"])
+    add("trn-detect", "eval random bytes", ["eval", p("random.bin"), "--data", good], ["random.bin"])
+    add("trn-detect", "eval a descriptor directory", ["eval", p("models", "run_without_weights"), "--data", good],
+        ["run_without_weights"])
+    add("trn-detect", "eval --threshold 2", ["eval", p("models", "empty.pt"), "--data", good, "--threshold", "2"],
+        ["--threshold"])
+    add("trn-detect", "eval --threshold nan", ["eval", p("models", "empty.pt"), "--data", good, "--threshold", "nan"],
+        ["--threshold"])
+    add("trn-detect", "eval --gate-km -1", ["eval", p("models", "empty.pt"), "--data", good, "--gate-km", "-1"],
+        ["--gate-km"])
+    add("trn-detect", "run on a missing folder", ["run", p("models", "empty.pt"), p("no_such_dir"), "--out",
+                                                  p("runs", "r")], ["empty.pt|no_such_dir"])
+    add("trn-detect", "run on an empty folder", ["run", p("models", "empty.pt"), p("empty_dir"), "--out",
+                                                p("runs", "r")], ["empty.pt|empty_dir"])
+    add("trn-detect", "label a directory that is no build", ["label", p("empty_dir"), "--source", p("empty_dir")],
+        ["empty_dir"])
+    add("trn-detect", "label without --source", ["label", good], ["--source"])
+    add("trn-detect", "build from a missing source", ["build", "--source", p("no_such_src"), "--out", p("runs", "d")],
+        ["no_such_src|trajectory"])
+    add("trn-detect", "build --segments 0", ["build", "--source", good, "--out", p("runs", "d"), "--segments", "0"],
+        ["--segments"])
+    add("trn-detect", "build --stride -1", ["build", "--source", good, "--out", p("runs", "d"), "--stride", "-1"],
+        ["--stride"])
+    add("trn-detect", "build into a non-empty directory", ["build", "--source", good, "--out", good],
+        ["good|not empty|trajectory"])
+    add("trn-detect", "train a missing config", ["train", "--config", p("no_such.yaml"), "--out", p("runs", "t")],
+        ["no_such.yaml"])
+    for name, exp in (("unknown_key", ["wings"]), ("epochs_text", ["epochs"]), ("no_data", ["data"]),
+                      ("crop_too_big", ["crop"]), ("lr_zero", ["lr"]), ("model_neck_float", ["neck"]),
+                      ("not_yaml", ["line|YAML|yaml"])):
+        add("trn-detect", f"train config: {name}", ["train", "--config", p("cfg", f"det_{name}.yaml"), "--out",
+                                                     p("runs", "t_" + name)], exp)
+    add("trn-detect", "train --resume with nothing to resume", ["train", "--config", p("cfg", "det_no_data.yaml"),
+                                                                "--out", p("runs", "t9"), "--resume"], ["data|last.pt"])
+    add("trn-detect", "ship a directory without best.pt", ["ship", p("empty_dir"), "--out", p("runs", "m")],
+        ["best.pt"])
+    add("trn-detect", "export a missing model", ["export", p("no_such_model"), "--out", p("runs", "e"), "--data", good],
+        ["no_such_model"])
+    add("trn-detect", "without a command", [], ["COMMAND|command|build"])
+
     return out
 
 
@@ -981,7 +1045,7 @@ def report(results: list[Outcome], fx: Fixtures, seconds: float, jobs: int, time
            command: str = "python benchmarks/bad_inputs.py") -> list[str]:
     ran = [r for r in results if r.kind != "skipped"]
     who = "root (mode-000 cases under setpriv without DAC capabilities)" if os.geteuid() == 0 else "an ordinary user"
-    lines = ["# Bad inputs for the six command lines",
+    lines = ["# Bad inputs for the seven command lines",
              "",
              f"Command: `{command}` (each case a real subprocess; fixtures built in a temp directory, `$TMP` "
              "below; nothing under data/ read)",
@@ -1012,7 +1076,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, default=2, help="cases run at a time (default 2)")
     ap.add_argument("--timeout", type=float, default=90.0, help="seconds before a case counts as accepted (default 90)")
-    ap.add_argument("--only", default=None, help="comma-separated command lines to run (default: all six)")
+    ap.add_argument("--only", default=None, help="comma-separated command lines to run (default: all seven)")
     ap.add_argument("--match", default=None, help="only the cases whose name contains this text")
     ap.add_argument("--all", action="store_true", help="list every case with its class and last line")
     ap.add_argument("--out", type=Path, default=None, help="also write the report to this file")

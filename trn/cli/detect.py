@@ -56,11 +56,14 @@ def _sheet(args) -> int:
 def _train(args) -> int:
     from trn.detect.train import DetectTrainConfig, train_detector
     from trn.train.config import apply_overrides
-    from trn.yamlio import load_yaml
+    from trn.yamlio import YamlError, load_yaml
 
     if not args.config.is_file():
         raise ConfigError(f"--config {args.config} does not exist")
-    doc = apply_overrides(load_yaml(args.config.read_text(encoding="utf-8")) or {}, args.overrides)
+    try:
+        doc = apply_overrides(load_yaml(args.config.read_text(encoding="utf-8")) or {}, args.overrides)
+    except YamlError as exc:
+        raise ConfigError(f"{args.config}: not valid YAML ({exc}); fix the file") from None
     cfg = DetectTrainConfig.from_dict(doc)
     if args.resume and not (args.out / "last.pt").is_file():
         raise ConfigError(f"--resume: {args.out / 'last.pt'} does not exist; run without --resume to start")
