@@ -30,6 +30,8 @@ SUBSET = {
                "without a command"],
     "trn-export": ["verify a missing bundle", "keygen --out a file"],
     "trn-hw": ["bench --n 0"],
+    "trn-detect": ["train config: not_yaml", "sheet of labels: empty_box", "eval --threshold nan",
+                   "build --segments 0"],
 }
 
 
