@@ -8,11 +8,17 @@ layer that owns the format.
 
 from __future__ import annotations
 
+import dataclasses
+import math
 import re
+import types
+import typing
 from typing import Any
 
 import yaml
 from yaml.constructor import ConstructorError
+
+from trn.errors import ConfigError
 
 
 class DuplicateKeyError(ConstructorError):
@@ -77,3 +83,61 @@ def load_yaml(text: str) -> Any:
         raise YamlError(where + what, None if mark is None else mark.line + 1) from None
     except yaml.YAMLError as exc:
         raise YamlError(" ".join(str(exc).split())) from None
+
+
+# ---------------------------------------------------------------------------------------------
+# strict config mappings (training configs of descriptors and detectors)
+
+
+def typename(v: Any) -> str:
+    return "a string" if isinstance(v, str) else f"{type(v).__name__} {v!r}"
+
+
+def _check_type(section: str, key: str, hint: Any, v: Any) -> Any:
+    """``v`` checked against the field's annotation; ints are accepted for floats; YAML integers
+    (not floats such as 4.0) for ints; true/false (not strings) for booleans."""
+    name = f"{key}" if section == "top level" else f"{section}.{key}"
+    origin = typing.get_origin(hint)
+    args = typing.get_args(hint)
+    if origin in (typing.Union, types.UnionType):
+        if v is None and type(None) in args:
+            return v
+        hint = next(a for a in args if a is not type(None))
+        origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if hint is bool:
+        if not isinstance(v, bool):
+            raise ConfigError(f"{name}: expected true or false, got {typename(v)}")
+    elif hint is int:
+        if isinstance(v, bool) or not isinstance(v, int):
+            raise ConfigError(f"{name}: expected a whole number, got {typename(v)}")
+    elif hint is float:
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            raise ConfigError(f"{name}: expected a number, got {typename(v)}")
+        if not math.isfinite(v):
+            raise ConfigError(f"{name}: expected a finite number, got {v}")
+        return float(v)
+    elif hint is str:
+        if not isinstance(v, str):
+            raise ConfigError(f"{name}: expected a string, got {typename(v)}")
+    elif origin is tuple:
+        if not isinstance(v, (list, tuple)):
+            raise ConfigError(f"{name}: expected a list, got {typename(v)}")
+        item = args[0] if args else Any
+        if item is not Any:
+            return tuple(_check_type(section, f"{key}[{i}]", item, x) for i, x in enumerate(v))
+        return tuple(v)
+    return v
+
+
+def strict_fields(cls, section: str, d: Any) -> dict:
+    """A config mapping for the dataclass ``cls``: known keys only, each of its field's type (numbers
+    converted to float where declared, lists to tuples); nested dataclass fields are left to the
+    caller. Every refusal names the section, the key, the value and what was expected."""
+    if not isinstance(d, dict):
+        raise ConfigError(f"config section {section!r} must be a mapping, got {typename(d)}")
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = set(d) - known
+    if unknown:
+        raise ConfigError(f"unknown key(s) {sorted(map(str, unknown))} in {section!r}; known: {sorted(known)}")
+    hints = typing.get_type_hints(cls)
+    return {k: v if dataclasses.is_dataclass(hints[k]) else _check_type(section, k, hints[k], v) for k, v in d.items()}

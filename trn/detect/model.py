@@ -17,6 +17,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from trn.errors import ConfigError
+from trn.yamlio import strict_fields
 
 STRIDE = 4
 
@@ -51,42 +52,7 @@ class DetectorConfig:
 
     @classmethod
     def from_dict(cls, d: dict) -> "DetectorConfig":
-        return cls(**strict_fields(cls, d, "model"))
-
-
-def strict_fields(cls, d: object, section: str) -> dict:
-    """``d``'s keys checked against the dataclass ``cls``: unknown keys and values of another type
-    than the field's default (int, float, str, or a tuple given as a list of ints) are refused by
-    name; lists become tuples."""
-    if not isinstance(d, dict):
-        raise ConfigError(f"{section}: expected a mapping of settings, got {type(d).__name__}")
-    fields = cls.__dataclass_fields__
-    unknown = set(d) - set(fields)
-    if unknown:
-        raise ConfigError(f"{section}: unknown settings {sorted(unknown)}; known: {sorted(fields)}")
-    out = {}
-    for k, v in d.items():
-        f = fields[k]
-        default = f.default if f.default is not f.default_factory else None
-        if isinstance(default, bool) or isinstance(v, bool):
-            ok = isinstance(v, bool) and isinstance(default, bool)
-        elif isinstance(default, tuple):
-            ok = isinstance(v, (list, tuple)) and all(isinstance(x, int) and not isinstance(x, bool) for x in v)
-            v = tuple(v) if ok else v
-        elif isinstance(default, float):
-            ok = isinstance(v, (int, float))
-            v = float(v) if ok else v
-        elif isinstance(default, int):
-            ok = isinstance(v, int)
-        elif isinstance(default, str):
-            ok = isinstance(v, str)
-        else:
-            ok = True
-        if not ok:
-            raise ConfigError(f"{section}.{k}={v!r}: expected {type(default).__name__}"
-                              + (" of whole numbers" if isinstance(default, tuple) else ""))
-        out[k] = v
-    return out
+        return cls(**strict_fields(cls, "model", d))
 
 
 def conv_bn(cin: int, cout: int, stride: int = 1, k: int = 3, relu: bool = True) -> nn.Sequential:

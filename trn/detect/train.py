@@ -31,10 +31,11 @@ from tqdm import tqdm
 from trn.data.detection import LabelledFrame, catalogue_complete, read_labels
 from trn.detect.boxes import resize_frame, standardise
 from trn.detect.evaluate import best_f1_threshold, match_frame, summarise
-from trn.detect.model import STRIDE, CraterDetector, DetectorConfig, parameter_count, strict_fields
+from trn.detect.model import STRIDE, CraterDetector, DetectorConfig, parameter_count
 from trn.detect.run import detect_inputs
 from trn.errors import ConfigError, DataError
 from trn.models.checkpoint import load_checked, load_state, save_checked
+from trn.yamlio import strict_fields
 
 log = logging.getLogger(__name__)
 
@@ -92,7 +93,7 @@ class DetectTrainConfig:
         model = d.pop("model", {})
         if not isinstance(data, list) or not data or not all(isinstance(x, str) and x for x in data):
             raise ConfigError(f"data={data!r}: expected a list of detector data directories")
-        return cls(data=tuple(data), model=DetectorConfig.from_dict(model), **strict_fields(cls, d, "training"))
+        return cls(data=tuple(data), model=DetectorConfig.from_dict(model), **strict_fields(cls, "training", d))
 
 
 @dataclass

@@ -16,12 +16,8 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import math
-import types
-import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import yaml
 
@@ -32,6 +28,8 @@ from trn.models.descriptor import DescriptorConfig, model_config
 from trn.train.losses import loss_spec
 from trn.train.mars import MarsConfig
 from trn.yamlio import load_yaml as _yaml
+from trn.yamlio import strict_fields as _strict
+from trn.yamlio import typename as _typename
 
 DATA_KINDS = ("auto", "luna1", "hirise", "folder")
 OPTIMIZERS = ("adam", "adamw")
@@ -195,58 +193,6 @@ class TrainConfig:
         d["model"] = self.model.to_dict()
         d["augment"] = {k: list(v) if isinstance(v, tuple) else v for k, v in dataclasses.asdict(self.augment).items()}
         return d
-
-
-def _typename(v: Any) -> str:
-    return "a string" if isinstance(v, str) else f"{type(v).__name__} {v!r}"
-
-
-def _check_type(section: str, key: str, hint: Any, v: Any) -> Any:
-    """``v`` checked against the field's annotation; ints are accepted for floats; YAML integers
-    (not floats such as 4.0) for ints; true/false (not strings) for booleans."""
-    name = f"{key}" if section == "top level" else f"{section}.{key}"
-    origin = typing.get_origin(hint)
-    args = typing.get_args(hint)
-    if origin in (typing.Union, types.UnionType):
-        if v is None and type(None) in args:
-            return v
-        hint = next(a for a in args if a is not type(None))
-        origin, args = typing.get_origin(hint), typing.get_args(hint)
-    if hint is bool:
-        if not isinstance(v, bool):
-            raise ConfigError(f"{name}: expected true or false, got {_typename(v)}")
-    elif hint is int:
-        if isinstance(v, bool) or not isinstance(v, int):
-            raise ConfigError(f"{name}: expected a whole number, got {_typename(v)}")
-    elif hint is float:
-        if isinstance(v, bool) or not isinstance(v, (int, float)):
-            raise ConfigError(f"{name}: expected a number, got {_typename(v)}")
-        if not math.isfinite(v):
-            raise ConfigError(f"{name}: expected a finite number, got {v}")
-        return float(v)
-    elif hint is str:
-        if not isinstance(v, str):
-            raise ConfigError(f"{name}: expected a string, got {_typename(v)}")
-    elif origin is tuple:
-        if not isinstance(v, (list, tuple)):
-            raise ConfigError(f"{name}: expected a list, got {_typename(v)}")
-        item = args[0] if args else Any
-        if item is not Any:
-            return tuple(_check_type(section, f"{key}[{i}]", item, x) for i, x in enumerate(v))
-        return tuple(v)
-    return v
-
-
-def _strict(cls, section: str, d: Any) -> dict:
-    """Known keys only, each of its field's type (numbers converted to float where declared)."""
-    if not isinstance(d, dict):
-        raise ConfigError(f"config section {section!r} must be a mapping, got {_typename(d)}")
-    known = {f.name for f in dataclasses.fields(cls)}
-    unknown = set(d) - known
-    if unknown:
-        raise ConfigError(f"unknown key(s) {sorted(map(str, unknown))} in {section!r}; known: {sorted(known)}")
-    hints = typing.get_type_hints(cls)
-    return {k: v if dataclasses.is_dataclass(hints[k]) else _check_type(section, k, hints[k], v) for k, v in d.items()}
 
 
 def from_dict(doc: dict) -> TrainConfig:
