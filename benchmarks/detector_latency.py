@@ -45,7 +45,7 @@ def main() -> int:
 
     from trn.data.detection import read_labels
     from trn.detect.run import detect_frames
-    from trn.detect.train import chosen_threshold, load_detector
+    from trn.detect.model import chosen_threshold, load_detector
     from trn.export.detector import OnnxDetector, TfliteDetector
     from trn.hw.latency import predict
     from trn.hw.profiles import all_profiles

@@ -23,7 +23,8 @@ RULES = [
     ("trn.export", ("trn.train",)),
     ("trn.hw", ("trn.train",)),
     ("trn.data", ("trn.train", "trn.sim", "trn.nav", "trn.models")),
-    ("trn.detect", ("trn.train", "trn.sim", "trn.nav")),
+    ("trn.detect", ("trn.sim", "trn.nav")),
+    *[(f"trn.detect.{m}", ("trn.train",)) for m in ("boxes", "evaluate", "model", "run")],
 ]
 
 

@@ -12,8 +12,8 @@ from trn.data.annotate import AnnotateConfig
 from trn.data.build import BuildConfig, build_luna1
 from trn.data.detection import DetectionBuildConfig, build_detection_set, label_build, read_labels
 from trn.data.render import RenderConfig
-from trn.detect.model import CraterDetector, DetectorConfig
-from trn.detect.train import DetectTrainConfig, augment, focal_loss, load_detector, train_detector
+from trn.detect.model import CraterDetector, DetectorConfig, load_detector
+from trn.detect.train import DetectTrainConfig, augment, focal_loss, train_detector
 from trn.errors import ConfigError
 
 SMALL = RenderConfig(nav_size=64, crater_size=32)

@@ -81,7 +81,7 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".pgm")
 def _load_model(spec: Path):
     """A detector from a run directory (its best.pt), a checkpoint file or a shipped model
     directory (its detector.pt), and the score threshold chosen on validation frames."""
-    from trn.detect.train import load_detector, chosen_threshold
+    from trn.detect.model import chosen_threshold, load_detector
 
     if spec.is_dir():
         for name in ("detector.pt", "best.pt"):
@@ -189,7 +189,7 @@ def _ship(args) -> int:
         raise ConfigError(f"{args.run} holds no best.pt; give a detector run directory")
     from trn.data.detection import read_labels
     from trn.detect.run import centre_sigma_px, evaluate
-    from trn.detect.train import chosen_threshold, load_detector
+    from trn.detect.model import chosen_threshold, load_detector
 
     model, meta = load_detector(args.run / "best.pt")
     thr = chosen_threshold(meta)

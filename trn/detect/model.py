@@ -11,15 +11,19 @@ the box width and height in cells) and offset [N, 2, S/4, S/4] (sub-cell centre,
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
+from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from trn.errors import ConfigError
+from trn.errors import ConfigError, DataError
+from trn.models.checkpoint import load_checked, load_state
 from trn.yamlio import strict_fields
 
 STRIDE = 4
+CHECKPOINT_FORMAT = "trn-detector-checkpoint"
+CHECKPOINT_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -105,3 +109,24 @@ class CraterDetector(nn.Module):
 
 def parameter_count(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
+
+
+def load_detector(path: str | Path) -> tuple[CraterDetector, dict]:
+    """A trained detector (``best.pt``, ``last.pt`` or a shipped ``detector.pt``) and its checkpoint
+    metadata (configs, history, the chosen score threshold when shipped)."""
+    ck = load_checked(path, fmt=CHECKPOINT_FORMAT, what="detector")
+    model = CraterDetector(DetectorConfig.from_dict(ck["model_config"]))
+    load_state(model, ck["model"], path, "detector")
+    return model.eval(), {k: v for k, v in ck.items() if k not in ("model", "optimizer")}
+
+
+def chosen_threshold(meta: dict) -> float:
+    """The score threshold of a checkpoint: the best-F1 threshold on validation frames of the epoch
+    of highest validation AP@0.5 (a shipped detector carries it as ``score_threshold``)."""
+    if "score_threshold" in meta:
+        return float(meta["score_threshold"])
+    history = meta.get("history") or []
+    if not history:
+        raise DataError("this detector checkpoint has no validated epoch, so no chosen score threshold; give --threshold")
+    best = max(history, key=lambda r: (r["val_ap50"], r["epoch"]))
+    return float(best["val_threshold"])

@@ -31,16 +31,16 @@ from tqdm import tqdm
 from trn.data.detection import LabelledFrame, catalogue_complete, read_labels
 from trn.detect.boxes import resize_frame, standardise
 from trn.detect.evaluate import best_f1_threshold, match_frame, summarise
-from trn.detect.model import STRIDE, CraterDetector, DetectorConfig, parameter_count
+from trn.detect.model import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, STRIDE, CraterDetector, DetectorConfig,
+                              chosen_threshold, parameter_count)
 from trn.detect.run import detect_inputs
 from trn.errors import ConfigError, DataError
 from trn.models.checkpoint import load_checked, load_state, save_checked
+from trn.train.loop import lr_factor
 from trn.yamlio import strict_fields
 
 log = logging.getLogger(__name__)
 
-CHECKPOINT_FORMAT = "trn-detector-checkpoint"
-CHECKPOINT_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -224,13 +224,6 @@ def _finite(d: dict) -> dict:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
 
-def _lr(step: int, total: int, warm: int, cfg: DetectTrainConfig) -> float:
-    if step < warm:
-        return (step + 1) / warm
-    p = (step - warm) / max(1, total - warm)
-    return cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * p))
-
-
 def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False, stop_after: int | None = None,
                    limit: int | None = None) -> list[dict]:
     """Train (or resume) into ``out``: ``last.pt`` every epoch, ``best.pt`` at the best validation
@@ -277,7 +270,7 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
                 h, s, of, m = targets(b, o)
                 xs.append(x), hs.append(h), ss.append(s), os_.append(of), ms.append(m)
             for g in opt.param_groups:
-                g["lr"] = cfg.lr * _lr(epoch * steps_per_epoch + k, total, warm, cfg)
+                g["lr"] = cfg.lr * lr_factor(epoch * steps_per_epoch + k, total, warm, "cosine", cfg.min_lr_ratio)
             outp = model(torch.from_numpy(np.stack(xs))[:, None])
             neg = torch.from_numpy(train.complete[idx].astype(np.float32))
             loss, parts = detection_loss(outp, *(torch.from_numpy(np.stack(v)) for v in (hs, ss, os_, ms)), neg, cfg)
@@ -305,27 +298,6 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
             f.write(json.dumps(rec) + "\n")
     return history
 
-
-def load_detector(path: str | Path) -> tuple[CraterDetector, dict]:
-    """A trained detector (``best.pt``, ``last.pt`` or a shipped ``detector.pt``) and its checkpoint
-    metadata (configs, history, the chosen score threshold when shipped)."""
-    ck = load_checked(path, fmt=CHECKPOINT_FORMAT, what="detector")
-    model = CraterDetector(DetectorConfig.from_dict(ck["model_config"]))
-    load_state(model, ck["model"], path, "detector")
-    return model.eval(), {k: v for k, v in ck.items() if k not in ("model", "optimizer")}
-
-
-
-def chosen_threshold(meta: dict) -> float:
-    """The score threshold of a checkpoint: the best-F1 threshold on validation frames of the epoch
-    of highest validation AP@0.5 (a shipped detector carries it as ``score_threshold``)."""
-    if "score_threshold" in meta:
-        return float(meta["score_threshold"])
-    history = meta.get("history") or []
-    if not history:
-        raise DataError("this detector checkpoint has no validated epoch, so no chosen score threshold; give --threshold")
-    best = max(history, key=lambda r: (r["val_ap50"], r["epoch"]))
-    return float(best["val_threshold"])
 
 
 def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, command: str,

@@ -54,7 +54,7 @@ def with_boxes(ds: luna1.Luna1Dataset, source: str, detector: Path | None = None
         return replace(ds, frames=frames), {"boxes": "union"}
     from trn.detect.evaluate import match_frame
     from trn.detect.run import detect_frames, size_gate
-    from trn.detect.train import chosen_threshold, load_detector
+    from trn.detect.model import chosen_threshold, load_detector
 
     if detector is None or not Path(detector).is_file():
         raise ConfigError(f"--detector {detector}: no detector checkpoint there; give models/detector/detector.pt or a "
