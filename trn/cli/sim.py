@@ -170,7 +170,24 @@ def _map_build(args) -> int:
     return 0
 
 
-def _map_navigation(ds, embedders, settings, args, out: Path) -> None:
+def _box_sources(ds, settings, args) -> list[tuple[str, object, dict, object]]:
+    """Each --boxes source, prepared once for every scenario of the run (a detector runs over the
+    frames once): (kind, the dataset with those boxes, its summary, its scenario settings; a
+    detector's boxes carry no emulated detector noise)."""
+    from trn.sim.boxes import with_boxes
+
+    out = []
+    for kind in _box_kinds(args):
+        dsk, summary = with_boxes(ds, kind, _detector_path(args) if kind == "detector" else None)
+        out.append((kind, dsk, summary, replace(settings, shrink_px=0, shift_px=0) if kind == "detector" else settings))
+    return out
+
+
+def _detector_path(args) -> Path:
+    return args.detector or MODELS_DIR / "detector" / "detector.pt"
+
+
+def _map_navigation(ds, embedders, settings, sources, args, out: Path) -> None:
     """Map navigation for every model and every box source of --boxes (one map per model, shared
     by the box sources); results keyed "<model>" for the annotations, "<model> [<source> boxes]"
     otherwise."""
@@ -178,18 +195,13 @@ def _map_navigation(ds, embedders, settings, args, out: Path) -> None:
 
     from trn.nav.onboard_map import OnboardMap, build_map
     from trn.nav.scenario import map_navigation, plot_navigation
-    from trn.sim.boxes import with_boxes
-
     out.mkdir(parents=True, exist_ok=True)
     doc = {}
     source = args.map_source
     if source is None and args.data is None and (ds.root / ".world").is_dir():
         source = ds.root / ".world"  # the built-in world's terrain, from which its frames were rendered
     maps = {}
-    for kind in _box_kinds(args):
-        detector = args.detector or MODELS_DIR / "detector" / "detector.pt"
-        dsk, summary = with_boxes(ds, kind, detector if kind == "detector" else None)
-        sk = replace(settings, shrink_px=0, shift_px=0) if kind == "detector" else settings
+    for kind, dsk, summary, sk in sources:
         sigma = summary.get("centre_sigma_px") if kind == "detector" else None
         for emb in embedders:
             if emb.name not in maps:
@@ -308,26 +320,21 @@ def _box_kinds(args) -> list[str]:
     return kinds
 
 
-def _run_boxes(ds, embedders, scenarios, settings, context, args, timing):
+def _run_boxes(embedders, scenarios, sources, context, args, timing):
     """run_luna1 once per box source; the landmark scenarios (which use no boxes) only with the
     first; results of other sources than the annotations are named "<model> [<source> boxes]"."""
-    from trn.sim.boxes import with_boxes
     from trn.sim.run import run_luna1
 
-    kinds = _box_kinds(args)
-    detector = args.detector or MODELS_DIR / "detector" / "detector.pt"
     rep = None
     context["boxes"] = {}
-    for k, kind in enumerate(kinds):
+    for k, (kind, dsk, summary, sk) in enumerate(sources):
         scen = scenarios if k == 0 else [x for x in scenarios if x not in sc.LANDMARK_SCENARIOS]
         if not scen:
             continue
-        dsk, summary = with_boxes(ds, kind, detector if kind == "detector" else None)
         context["boxes"][kind] = summary
-        sk = replace(settings, shrink_px=0, shift_px=0) if kind == "detector" else settings
         tk = timing
         det_graph = MODELS_DIR.parent / "export" / "detector" / "detector_int8.tflite"
-        shipped = Path(detector).resolve() == (MODELS_DIR / "detector" / "detector.pt").resolve()
+        shipped = Path(_detector_path(args)).resolve() == (MODELS_DIR / "detector" / "detector.pt").resolve()
         if kind == "detector" and shipped and hasattr(timing, "with_detector") and det_graph.is_file():
             tk = timing.with_detector(det_graph)  # the shipped detector's int8 export
         r = run_luna1(dsk, embedders, scen, sk, context, not args.no_progress, timing=tk,
@@ -375,13 +382,14 @@ def _run(args, argv) -> int:
                    "scenarios": scenarios, "settings": settings.to_dict()}
         do_map = "map_navigation" in scenarios
         scenarios = [x for x in scenarios if x != "map_navigation"]
+        sources = _box_sources(ds, settings, args)  # each box source once, for every scenario below
         if do_map:
-            _map_navigation(ds, embedders, settings, args, out)
+            _map_navigation(ds, embedders, settings, sources, args, out)
             if not scenarios:
                 print(f"\nreport: {out / 'map_navigation.json'} in {time.perf_counter() - t0:.0f} s")
                 return 0
 
-        rep = _run_boxes(ds, embedders, scenarios, settings, context, args, timing)
+        rep = _run_boxes(embedders, scenarios, sources, context, args, timing)
         for r in rep.results:
             t = r.extra.get("timing")
             if t:

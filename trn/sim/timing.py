@@ -87,8 +87,12 @@ class ProfileTiming:
     def __init__(self, profile: str, detector_tflite: Path | None = None):
         from trn.hw.profiles import load_profile
 
+        from trn.hw.latency import predict
+
         self.profile = load_profile(profile)
         self.detector_tflite = detector_tflite
+        # the detector's network: the same graph on every frame, predicted once
+        self.detector_ms = predict(detector_tflite, self.profile).per_landmark_ms if detector_tflite else 0.0
         self._cache: dict[str, object] = {}
 
     def with_detector(self, detector_tflite: Path) -> "ProfileTiming":
@@ -101,7 +105,7 @@ class ProfileTiming:
         if emb.name not in self._cache:
             self._cache[emb.name] = predict(_tflite_info(emb), self.profile, emb.dim, "int8")
         pr = self._cache[emb.name]
-        det_ms = predict(self.detector_tflite, self.profile).per_landmark_ms if self.detector_tflite else 0.0
+        det_ms = self.detector_ms
         ms = [det_ms + n * pr.per_landmark_ms + n * pr.search_ms(m) for n, m in zip(counts, db_sizes)]
         extra = {"parts_ms": pr.parts, "streamed_bytes": pr.streamed_bytes}
         if self.detector_tflite:
