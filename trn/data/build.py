@@ -211,7 +211,7 @@ def _init_worker(cfg: "BuildConfig", trajectory: "Trajectory", sun: np.ndarray) 
                   frame_view_ranges=cfg.frame_view_ranges)
 
 
-def _rule_height(surface: Surface):
+def rule_height(surface: Surface):
     """The elevation the annotation rule places centres and rims with (1 km: no sub-km detail)."""
     return lambda la, lo: surface.elevation.height(la, lo, 1.0)
 
@@ -240,7 +240,7 @@ def _render_frame_view_task(task: tuple[int, float, float, float, int, int]) -> 
     rec_path = out / f"{cid}.json"
     ranges: FrameViewRanges = _STATE["frame_view_ranges"]
     if ranges.track_step_px is not None:  # one pass: the track is drawn whole, so all its views again
-        track = render_frame_track(surface, _rule_height(surface), cid, lat, lon, dia, k1, _STATE["seed"],
+        track = render_frame_track(surface, rule_height(surface), cid, lat, lon, dia, k1, _STATE["seed"],
                                    _STATE["render"], _STATE["annotate"], ranges)
         for crop, rec in track:
             _write_png(out / f"{cid}_{rec.k}.png", crop)
@@ -248,7 +248,7 @@ def _render_frame_view_task(task: tuple[int, float, float, float, int, int]) -> 
         return cid
     records = json.loads(rec_path.read_text(encoding="utf-8")) if k0 > 0 else []
     for k in range(k0, k1):
-        crop, rec = render_frame_view(surface, _rule_height(surface), cid, lat, lon, dia, k, _STATE["seed"],
+        crop, rec = render_frame_view(surface, rule_height(surface), cid, lat, lon, dia, k, _STATE["seed"],
                                       _STATE["render"], _STATE["annotate"], _STATE["frame_view_ranges"])
         _write_png(out / f"{cid}_{k}.png", crop)
         records.append(rec.to_dict())

@@ -29,7 +29,7 @@ from tqdm import tqdm
 
 from trn.data import luna1
 from trn.data.annotate import AnnotateConfig, annotate_frame
-from trn.data.build import BuildConfig, built_render_config, render_frames, surface_of
+from trn.data.build import BuildConfig, built_render_config, render_frames, rule_height, surface_of
 from trn.data.ephemeris import sun_direction_body
 from trn.data.render import RENDERER_VERSION, PinholeCamera, RenderConfig
 from trn.data.sources import Catalogue, UnionRule, read_trajectory, segment_trajectory, union_catalogue
@@ -186,10 +186,6 @@ def source_union_catalogue(source: str | Path, rule: UnionRule) -> Catalogue:
     return union_catalogue(source, rule)
 
 
-def _rule_height(surface):
-    return lambda la, lo: surface.elevation.height(la, lo, 1.0)
-
-
 def label_build(build: str | Path, source: str | Path, rule: UnionRule | None = None) -> DetectionLabels:
     """Label every rendered navigation frame of a Luna-1 build from ``source``'s union catalogue
     (split "test": the build's own sequence), writing ``detection_labels.json`` and
@@ -210,7 +206,7 @@ def label_build(build: str | Path, source: str | Path, rule: UnionRule | None = 
     surface = surface_of(source, cfg, int(src.get("seed", 0)), bool(src.get("use_albedo", True)), src.get("max_dem_ppd"))
     annotate = AnnotateConfig(**meta.renderer.get("annotate", {}))
     cat = source_union_catalogue(source, rule)
-    boxes = label_frames(cat, ds.kitti, sun, rendered, cfg.camera, _rule_height(surface), annotate)
+    boxes = label_frames(cat, ds.kitti, sun, rendered, cfg.camera, rule_height(surface), annotate)
     frames = [_frame(i, "test", 0, ds.kitti, sun, boxes[i]) for i in rendered]
     settings = {"kind": "build", "source": str(Path(source).name), "rule": asdict(rule), "annotate": asdict(annotate),
                 "catalogue_craters": len(cat)}
@@ -340,7 +336,7 @@ def build_detection_set(cfg: DetectionBuildConfig) -> DetectionLabels:
     surface = surface_of(cfg.source, cfg.render, cfg.seed)
     cat = source_union_catalogue(cfg.source, cfg.rule)
     frames_idx = [i for i, _ in chosen]
-    boxes = label_frames(cat, traj.kitti, sun, frames_idx, cfg.render.camera, _rule_height(surface), cfg.annotate)
+    boxes = label_frames(cat, traj.kitti, sun, frames_idx, cfg.render.camera, rule_height(surface), cfg.annotate)
     first_val = cfg.segments - cfg.val_segments
     frames = [_frame(i, "val" if seg >= first_val else "train", seg, traj.kitti, sun, boxes[i]) for i, seg in chosen]
     (out / luna1.NAV_IMAGES).mkdir(parents=True, exist_ok=True)
