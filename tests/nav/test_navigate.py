@@ -100,3 +100,21 @@ def test_search_window_picks_the_predicted_crater_over_a_better_scoring_one_far_
     high = SearchWindow([det], sims, ids, craters, CAM, threshold=0.9)
     assert high(0, states[0, :3], np.eye(3) * 25.0, rots[0]) == []  # A is below the threshold
     assert w(1, states[1, :3], np.eye(3), rots[1]) == []  # no detection in that frame
+
+
+def test_map_size_gate_keeps_boxes_that_can_be_map_craters():
+    """At 100 km with a 512 px, 39.6 degree camera (focal 711.6 px) a 20 km crater spans 142 px:
+    with the gate at 20 km a 150 px box is kept, a 100 px box (14 km) dropped, and the longer side
+    judges an elongated box; no altimeter noise here."""
+    from types import SimpleNamespace
+
+    from trn.nav.scenario import map_size_gate
+
+    ds, states, rots, craters = synthetic(n=3)
+    dets = [SimpleNamespace(frame=0, box=(100, 250, 100, 250)), SimpleNamespace(frame=1, box=(100, 200, 100, 200)),
+            SimpleNamespace(frame=2, box=(0, 150, 200, 260))]
+    height = np.linalg.norm(states[:, :3], axis=1) - MOON_RADIUS_KM
+    assert np.allclose(height, 100.0, atol=0.5)
+    np.testing.assert_array_equal(map_size_gate(ds, dets, 20.0, 0.0, seed=0), [True, False, True])
+    np.testing.assert_array_equal(map_size_gate(ds, dets, 22.0, 0.0, seed=0), [False, False, False])
+    assert map_size_gate(ds, [], 20.0, 0.05, seed=0).shape == (0,)

@@ -77,6 +77,10 @@ def main(argv: list[str] | None = None) -> int:
     l1.add_argument("--map-appearance", choices=("catalogue", "predicted"), default=None,
                     help="landmark appearance of a map built on the fly (default catalogue; predicted needs "
                          "--map-source, or the built-in world)")
+    l1.add_argument("--map-gate", type=float_between(0.0, 2.0, low_open=True), default=None, metavar="FACTOR",
+                    help="map navigation drops, before any search, detections whose box seen from the altimeter's "
+                         "height spans less than FACTOR x the map's smallest crater (default: no gate; 1.0 was "
+                         "chosen on the detector's validation frames, docs/detector.md)")
     l1.add_argument("--boxes", default=None, metavar="KIND[,KIND...]",
                     help="navigation boxes: annotations (the default: the paper's Head et al. craters, emulated "
                          "detector noise), union (every union-catalogue crater, trn-detect label), detector (a "
@@ -210,7 +214,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path) -> None:
                     workers=args.threads)
             omap = maps[emb.name]
             name = emb.name if kind == "annotations" else f"{emb.name} [{kind} boxes]"
-            rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma)
+            rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate)
             rep["boxes"] = summary
             _print_map_navigation(name, rep)
             plot_navigation(rep, out / f"map_navigation__{name.replace(' ', '_')}.png",
@@ -222,7 +226,10 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path) -> None:
 
 
 def _print_map_navigation(name: str, rep: dict) -> None:
-    print(f"\nmap navigation, {name} ({rep['detections']} detections, {rep['in_map']} of their craters in "
+    gated = "" if rep.get("gate") is None else (f"; size gate {rep['gate']:g} x the smallest map crater = "
+                                                 f"{rep['gate_km']:.1f} km kept {rep['detections']} of "
+                                                 f"{rep['detections_before_gate']}")
+    print(f"\nmap navigation, {name} ({rep['detections']} detections{gated}, {rep['in_map']} of their craters in "
           f"the map of {rep['map_size']}, {rep['appearance']} appearance; against the whole map: top-1 correct "
           f"{rep['top1_correct']}, the true crater's median similarity {rep['true_similarity_median']:.3f} and "
           f"median rank {rep['true_rank_median']:.0f}):")
@@ -247,6 +254,7 @@ SCENARIO_OPTIONS = (
     ("--map", "map", ("map_navigation",)),
     ("--map-source", "map_source", ("map_navigation",)),
     ("--map-appearance", "map_appearance", ("map_navigation",)),
+    ("--map-gate", "map_gate", ("map_navigation",)),
     ("--profile", "profile", ("moon_navigation",)),
     ("--board", "board", ("moon_navigation",)),
     ("--nms", "nms", MOTION_SCENARIOS),

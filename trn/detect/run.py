@@ -56,8 +56,9 @@ def focal_px(width_px: int = 512, fov_deg: float = 39.6) -> float:
     return width_px / (2.0 * math.tan(math.radians(fov_deg) / 2.0))
 
 
-def estimated_diameter_km(boxes: np.ndarray, altitude_km: float, frame_px: int = 512) -> np.ndarray:
-    """float [N]: a box's longer side seen from ``altitude_km`` (nadir approximation), km."""
+def estimated_diameter_km(boxes: np.ndarray, altitude_km: float | np.ndarray, frame_px: int = 512) -> np.ndarray:
+    """float [N]: a box's longer side seen from ``altitude_km`` (one height, or one per box; nadir
+    approximation), km."""
     b = np.asarray(boxes, np.float64).reshape(-1, 4)
     return np.maximum(b[:, 1] - b[:, 0], b[:, 3] - b[:, 2]) * altitude_km / focal_px(frame_px)
 

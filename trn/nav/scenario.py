@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trn.data.luna1 import Luna1Dataset
-from trn.errors import DataError
-from trn.geometry import PinholeCamera, quat_to_matrix
+from trn.errors import ConfigError, DataError
+from trn.geometry import MOON_RADIUS_KM, PinholeCamera, quat_to_matrix
 from trn.nav.ekf import Ekf
 from trn.nav.fix import angular_sigma, pixel_bearings, ransac_bearings, solve_range
 from trn.nav.sensors import SensorModel
@@ -236,16 +236,40 @@ class SearchWindow:
         return out
 
 
+def map_size_gate(ds: Luna1Dataset, flat: list, min_km: float, altimeter_sigma_km: float, seed: int) -> np.ndarray:
+    """bool [detections]: the detections whose box, seen from the altimeter's height, spans at
+    least ``min_km`` (the longer side, nadir approximation; a box clipped by the frame edge is
+    judged by its visible side too, so a large crater cut in half may be dropped). The navigator
+    knows its map's smallest crater and drops what cannot be one of them before any search."""
+    from trn.detect.run import estimated_diameter_km
+
+    if not flat:
+        return np.zeros(0, bool)
+    cam_w = int(ds.metadata.camera["width"])
+    rng = np.random.default_rng([seed, 17])
+    height = np.linalg.norm(ds.poses[[d.frame for d in flat], :3], axis=1) - MOON_RADIUS_KM \
+        + rng.normal(0.0, altimeter_sigma_km, len(flat))
+    return estimated_diameter_km(np.array([d.box for d in flat], np.float64), height, cam_w) >= min_km
+
+
 def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None,
                    thresholds: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9, 0.95), n_sigma: float = 3.0,
-                   box_sigma_px: float | None = None) -> dict:
+                   box_sigma_px: float | None = None, gate: float | None = None) -> dict:
     """Navigation with TRN at ``s.threshold`` and at each of ``thresholds``, against dead
     reckoning: each detection matched within its search window (:class:`SearchWindow`).
     Recognition against the whole map (no window) is reported beside it. ``box_sigma_px``: the
     per-axis error of a box centre when the boxes come from a detector (measured on its validation
-    frames), in place of the scenario's emulated detector noise."""
+    frames), in place of the scenario's emulated detector noise. ``gate``: drop, before any
+    search, the detections whose estimated diameter is below ``gate`` times the map's smallest
+    crater (:func:`map_size_gate`)."""
     sensors = sensors or SensorModel()
     flat, sims = map_matches(ds, emb, omap, s)
+    before = len(flat)
+    if gate is not None:
+        if not 0.0 < gate <= 2.0:
+            raise ConfigError(f"map size gate {gate}: expected a factor of the map's smallest crater in (0, 2]")
+        keep = map_size_gate(ds, flat, gate * float(np.min(omap.diameter_km)), sensors.altimeter_sigma_km, s.seed)
+        flat, sims = [d for d, k in zip(flat, keep) if k], sims[keep]
     ids = np.asarray(omap.ids)
     best = ids[sims.argmax(1)] if len(flat) else np.zeros(0, int)
     score = sims.max(1) if len(flat) else np.zeros(0)
@@ -272,7 +296,8 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
                              "precision": float((best == truth)[m].mean()) if m.any() else float("nan")}}
         runs[f"{thr:g}"] = {"recognition": rec, "navigation": res.summary(), "result": res}
     ok = in_map & np.isfinite(true_sim)
-    return {"detections": len(flat), "in_map": int(in_map.sum()), "top1_correct": int((best == truth).sum()),
+    return {"detections": len(flat), "detections_before_gate": before, "gate": gate,
+            "gate_km": None if gate is None else gate * float(np.min(omap.diameter_km)), "in_map": int(in_map.sum()), "top1_correct": int((best == truth).sum()),
             "true_similarity_median": float(np.median(true_sim[ok])) if ok.any() else float("nan"),
             "true_rank_median": float(np.median(rank[ok])) if ok.any() else float("nan"),
             "map_size": len(omap.ids), "appearance": omap.info.get("appearance", "catalogue"),
