@@ -84,3 +84,31 @@ def test_malformed_label_files_are_refused(tmp_path, doc, what):
 def test_missing_label_file_names_itself(tmp_path):
     with pytest.raises(DataError, match="detection labels"):
         read_labels(tmp_path)
+
+
+def test_crater_relief_measures_depth_over_diameter_on_constructed_bowls():
+    """A paraboloid bowl 2 km deep and 10 km across, its rim 0.5 km above a flat plain, reads
+    (0.5 - (-1.5 + floor curvature)) / 10 from the rings; a flat plain reads 0; a crater at 89.9
+    degrees of latitude, whose rings cross the pole and the date line, reads the same as at the
+    equator."""
+    from trn.data.detection import crater_relief
+    from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz
+
+    def bowl(c_lat, c_lon, d_km, depth, rim):
+        c = latlon_to_xyz(np.array([c_lat]), np.array([c_lon]), 1.0)[0]
+
+        def h(lat, lon):
+            p = latlon_to_xyz(np.asarray(lat), np.asarray(lon), 1.0)
+            r = np.arccos(np.clip(p @ c, -1, 1)) * MOON_RADIUS_KM / (d_km / 2)  # radii from the centre
+            return np.where(r <= 1.0, -depth + (depth + rim) * r ** 2, rim * np.exp(-(r - 1.0) * 4))
+        return h
+
+    flat = crater_relief(lambda la, lo: np.zeros_like(la), [10.0], [20.0], [10.0])
+    np.testing.assert_allclose(flat, [0.0], atol=1e-12)
+    eq = crater_relief(bowl(0.0, 0.0, 10.0, 2.0, 0.5), [0.0], [0.0], [10.0])
+    pole = crater_relief(bowl(89.9, 359.9, 10.0, 2.0, 0.5), [89.9], [359.9], [10.0])
+    # rim rings 0.9 / 1.0 / 1.1 radii: -2 + 2.5 * 0.81, 0.5, 0.5 exp(-0.4); floor median over 0, 0.15, 0.3 radii
+    rim = np.mean([-2.0 + 2.5 * 0.81, 0.5, 0.5 * np.exp(-0.4)])
+    floor = -2.0 + 2.5 * 0.15 ** 2
+    np.testing.assert_allclose(eq, [(rim - floor) / 10.0], rtol=1e-3)
+    np.testing.assert_allclose(pole, eq, rtol=1e-3)

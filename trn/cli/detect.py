@@ -110,14 +110,21 @@ def _eval(args) -> int:
     if not labels.split(split):
         raise ConfigError(f"{args.data} has no {split!r} frames; choose --split from "
                           f"{sorted({f.split for f in labels.frames})}")
-    rep = report(evaluate(model, labels, split, threshold, gate_km=gate))
+    relief = None
+    if args.source is not None:
+        from trn.data.detection import label_relief
+
+        relief = label_relief(labels.split(split), args.source, labels.rule())
+    rep = report(evaluate(model, labels, split, threshold, gate_km=gate), labels.rule(), relief=relief)
     rep.update({"model": str(path), "data": str(args.data), "split": split, "gate_km": gate,
                 "threshold_source": "chosen on validation frames" if args.threshold is None else "--threshold"})
     s = rep["summary"]
     print(f"{args.data} ({split}, {rep['frames']} frames, {s['labels']} labelled craters), score >= {threshold}: "
           f"precision {s['precision']:.4f}, recall {s['recall']:.4f}, F1 {s['f1']:.4f}; AP@0.5 {s['ap50']:.4f}")
-    for key in ("recall_by_diameter", "recall_by_sun_elevation", "recall_by_clipping", "precision_by_estimated_diameter",
-                "precision_by_clipping"):
+    for key in ("recall_by_diameter", "recall_by_sun_elevation", "recall_by_clipping", "recall_by_relief",
+                "precision_by_estimated_diameter", "precision_by_clipping"):
+        if key not in rep:
+            continue
         print(f"  {key.replace('_', ' ')}: " + "; ".join(
             f"{r['bin']} {r['hits']}/{r['count']}" for r in rep[key]))
     fp = rep["false_positives"]
@@ -296,6 +303,9 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--gate-km", type=float_between(0.0, 1000.0), default=None, metavar="KM",
                    help="drop unclipped boxes whose estimated diameter (box side x altitude / focal length) is below "
                         "KM, as the navigator does with its altimeter (default: the shipped detector's; 0: none)")
+    e.add_argument("--source", type=Path, default=None,
+                   help="the elevation source the frames were rendered from (../shared/data/moon, or a built-in "
+                        "world's .world): adds recall by each crater's relief (depth / diameter) in it")
     e.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
     e.set_defaults(fn=_eval)
 

@@ -186,6 +186,50 @@ def source_union_catalogue(source: str | Path, rule: UnionRule) -> Catalogue:
     return union_catalogue(source, rule)
 
 
+RELIEF_FLOOR = (0.0, 0.15, 0.3)  # radii sampled for the floor (median)
+RELIEF_RIM = (0.9, 1.0, 1.1)  # radii sampled for the rim (mean)
+
+
+def crater_relief(height, lat: np.ndarray, lon: np.ndarray, diameter_km: np.ndarray, samples: int = 48) -> np.ndarray:
+    """float [N]: each crater's depth in an elevation model as a fraction of its diameter, the mean
+    height on circles of 0.9, 1.0 and 1.1 radii about the catalogue centre minus the median height
+    within 0.3 radii. A fresh simple crater has about 0.2; a crater the model does not resolve, or
+    one erosion and later deposits have filled, about 0. ``height(lat, lon)``: km."""
+    lat, lon, dia = (np.atleast_1d(np.asarray(v, np.float64)) for v in (lat, lon, diameter_km))
+    theta = np.linspace(0.0, 2.0 * np.pi, samples, endpoint=False)
+    phi, lam = np.radians(lat)[:, None], np.radians(lon)[:, None]
+
+    def ring(f: float) -> np.ndarray:
+        d = (f * dia / 2.0 / MOON_RADIUS_KM)[:, None]  # angular distance, rad
+        p2 = np.arcsin(np.clip(np.sin(phi) * np.cos(d) + np.cos(phi) * np.sin(d) * np.cos(theta), -1.0, 1.0))
+        l2 = lam + np.arctan2(np.sin(theta) * np.sin(d) * np.cos(phi), np.cos(d) - np.sin(phi) * np.sin(p2))
+        return np.asarray(height(np.degrees(p2), np.mod(np.degrees(l2), 360.0)), np.float64).reshape(len(lat), -1)
+
+    floor = np.median(np.concatenate([ring(f) for f in RELIEF_FLOOR], axis=1), axis=1)
+    rim = np.concatenate([ring(f) for f in RELIEF_RIM], axis=1).mean(axis=1)
+    return (rim - floor) / dia
+
+
+def label_relief(frames: list[LabelledFrame], source: str | Path, rule: UnionRule) -> dict[int, float]:
+    """{crater id: relief} (:func:`crater_relief`) of every crater labelled in ``frames``, in the
+    finest elevation of ``source`` (the model the frames were rendered from)."""
+    from trn.data.terrain import load_elevation
+
+    ids = sorted({b.id for f in frames for b in f.boxes})
+    if not ids:
+        return {}
+    cat = source_union_catalogue(source, rule)
+    row = {int(c): k for k, c in enumerate(cat.ids)}
+    missing = [c for c in ids if c not in row]
+    if missing:
+        raise DataError(f"{len(missing)} labelled craters (e.g. {missing[:3]}) are not in this source's union catalogue; "
+                        "give the --source the labels were made from", source)
+    k = np.array([row[c] for c in ids])
+    elevation = load_elevation(Path(source))
+    rel = crater_relief(lambda la, lo: elevation.height(la, lo, 0.0), cat.lat[k], cat.lon[k], cat.diameter_km[k])
+    return dict(zip(ids, rel.tolist()))
+
+
 def label_build(build: str | Path, source: str | Path, rule: UnionRule | None = None) -> DetectionLabels:
     """Label every rendered navigation frame of a Luna-1 build from ``source``'s union catalogue
     (split "test": the build's own sequence), writing ``detection_labels.json`` and

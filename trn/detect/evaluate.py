@@ -126,6 +126,7 @@ def binned(values: np.ndarray, hits: np.ndarray, edges: list[float], unit: str) 
     rows = []
     for lo, hi in zip(edges[:-1], edges[1:]):
         sel = (values >= lo) & (values < hi)
-        name = f"{lo:g}-{hi:g} {unit}" if np.isfinite(hi) else f">= {lo:g} {unit}"
+        name = f">= {lo:g} {unit}" if not np.isfinite(hi) else f"< {hi:g} {unit}" if not np.isfinite(lo) \
+            else f"{lo:g}-{hi:g} {unit}"
         rows.append(BinRow(name, int(sel.sum()), int(hits[sel].sum())))
     return rows

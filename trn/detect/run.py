@@ -25,6 +25,7 @@ from trn.detect.model import STRIDE, CraterDetector
 
 DIAMETER_EDGES = [0.0, 10.0, 20.0, 40.0, math.inf]
 SUN_EDGES = [0.0, 10.0, 20.0, 40.0, 90.01]
+RELIEF_EDGES = [-math.inf, 0.02, 0.04, 0.06, 0.1, math.inf]  # depth / diameter in the elevation model
 
 
 @torch.no_grad()
@@ -99,17 +100,22 @@ def evaluate(model: CraterDetector, labels: DetectionLabels, split: str, thresho
     return Evaluation(labels, frames, dets, matches, threshold)
 
 
-def report(ev: Evaluation, rule: UnionRule | None = None, frame_px: int = 512) -> dict:
-    """Summary at the threshold, AP@0.5, recall by diameter, Sun elevation and clipping, precision
-    by estimated diameter and clipping, and the false positives sorted (module docstring)."""
+def report(ev: Evaluation, rule: UnionRule | None = None, frame_px: int = 512,
+           relief: dict[int, float] | None = None) -> dict:
+    """Summary at the threshold, AP@0.5, recall by diameter, Sun elevation and clipping (and by the
+    crater's relief in the elevation model when ``relief`` gives it per crater id:
+    :func:`trn.data.detection.label_relief`), precision by estimated diameter and clipping, and the
+    false positives sorted (module docstring)."""
     rule = rule or UnionRule()
     t = ev.threshold
     s = summarise(ev.matches, t)
-    dia, sun, clip, hit = [], [], [], []
+    dia, sun, clip, hit, rel = [], [], [], [], []
     for f, m in zip(ev.frames, ev.matches):
         h = label_hits(m, t)
         for b, ok in zip(f.boxes, h):
             dia.append(b.diameter_km), sun.append(b.sun_elevation_deg), clip.append(b.clipped), hit.append(ok)
+            if relief is not None:
+                rel.append(relief[b.id])
     est, dclip, dhit, outside = [], [], [], []
     for f, d, m in zip(ev.frames, ev.detections, ev.matches):
         keep = d.scores >= t
@@ -121,11 +127,14 @@ def report(ev: Evaluation, rule: UnionRule | None = None, frame_px: int = 512) -
                 outside.append(e < rule.small_min_km or (e < rule.large_min_km and abs(f.lat_deg) > rule.small_max_abs_lat))
     rows = lambda rs: [{"bin": r.name, "count": r.count, "hits": r.hits, "share": r.share} for r in rs]  # noqa: E731
     fp = len(outside)
+    extra = {} if relief is None else {
+        "recall_by_relief": rows(binned(np.array(rel), np.array(hit), RELIEF_EDGES, "depth/diameter"))}
     return {
         "threshold": t, "frames": len(ev.frames), "summary": s.to_dict(),
         "recall_by_diameter": rows(binned(np.array(dia), np.array(hit), DIAMETER_EDGES, "km")),
         "recall_by_sun_elevation": rows(binned(np.array(sun), np.array(hit), SUN_EDGES, "deg")),
         "recall_by_clipping": rows(binned(np.array(clip, float), np.array(hit), [0, 0.5, 1.5], "clipped")),
+        **extra,
         "precision_by_estimated_diameter": rows(binned(np.array(est), np.array(dhit), DIAMETER_EDGES, "km")),
         "precision_by_clipping": rows(binned(np.array(dclip, float), np.array(dhit), [0, 0.5, 1.5], "clipped")),
         "false_positives": {"total": fp, "outside_catalogue_ranges": int(sum(outside)),
