@@ -66,6 +66,25 @@ def test_segments_never_fly_the_source_track():
     assert len({round(dt) for _, dt in plan}) == 16
 
 
+def test_another_plan_gives_other_tracks_and_another_build_key(tmp_path):
+    """A second build beside an existing one (``--first-rotation``, ``--day-step``) flies other
+    ground tracks at other epochs, and its manifest key differs, so neither build resumes into the
+    other; a build with the default plan keeps the key it always had."""
+    from trn.data.detection import DetectionBuildConfig
+
+    base = DetectionBuildConfig(source=tmp_path, out=tmp_path / "a")
+    other = DetectionBuildConfig(source=tmp_path, out=tmp_path / "a", first_rotation_deg=15.0, day_step=1.7)
+    assert base.plan() == detection_segments(16)
+    assert not {r for r, _ in base.plan()} & {r for r, _ in other.plan()}
+    assert other.plan()[0] == (15.0, round(1.7 * 86400.0, 3))
+    assert base.key() != other.key()
+    assert base.key() == DetectionBuildConfig(source=tmp_path, out=tmp_path / "b", first_rotation_deg=3.75).key()
+    with pytest.raises(ConfigError, match="first_rotation_deg"):
+        DetectionBuildConfig(source=tmp_path, out=tmp_path / "a", first_rotation_deg=360.0)
+    with pytest.raises(ConfigError, match="day_step"):
+        DetectionBuildConfig(source=tmp_path, out=tmp_path / "a", day_step=0.0)
+
+
 @pytest.mark.parametrize("doc, what", [
     ("not json", "not readable JSON"),
     (json.dumps({"format": "other", "version": 1}), "trn-detection-labels"),

@@ -22,6 +22,7 @@ def _build(args) -> int:
 
     labels = build_detection_set(DetectionBuildConfig(
         source=args.source, out=args.out, segments=args.segments, val_segments=args.val_segments, stride=args.stride,
+        first_rotation_deg=args.first_rotation, day_step=args.day_step,
         limit_frames=args.limit_frames, workers=args.workers, seed=args.seed))
     for split in ("train", "val"):
         fr = labels.split(split)
@@ -266,6 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--segments", type=int_between(1, 200), default=16, help="copies of the source pass (default 16)")
     b.add_argument("--val-segments", type=int_between(0, 199), default=2,
                    help="last segments held out as validation frames (default 2)")
+    b.add_argument("--first-rotation", type=float_between(0.0, 359.999), default=3.75, metavar="DEG",
+                   help="the first segment's ground track, degrees east of the source pass's (default 3.75; another "
+                        "value gives other ground tracks, for more frames beside an existing build)")
+    b.add_argument("--day-step", type=float_between(0.0, 100.0, low_open=True), default=2.3, metavar="DAYS",
+                   help="days between the segments' epochs (default 2.3)")
     b.add_argument("--stride", type=int_between(1, 10000), default=10, help="keep every N-th frame (default 10)")
     b.add_argument("--limit-frames", type=int_at_least(1), default=None, metavar="N", help="only the first N frames")
     b.add_argument("--workers", type=int_between(1, 256), default=2)

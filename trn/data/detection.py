@@ -277,6 +277,8 @@ class DetectionBuildConfig:
     out: output directory (resumable).
     segments: copies of the source pass (:func:`detection_segments`); the last ``val_segments``
         of them are the detector's validation frames.
+    first_rotation_deg, day_step: the segments' plan (:func:`detection_segments`); another first
+        rotation gives other ground tracks, for more frames beside an existing build.
     stride: keep every stride-th frame of a segment (10 s apart: 10 frames = 100 s, about 160 km
         along track, more than a frame's footprint, so no two kept frames overlap).
     min_sun_elevation_deg: the Sun's least elevation at the sub-camera point (day side).
@@ -291,6 +293,8 @@ class DetectionBuildConfig:
     out: Path
     segments: int = 16
     val_segments: int = 2
+    first_rotation_deg: float = 3.75
+    day_step: float = 2.3
     stride: int = 10
     min_sun_elevation_deg: float = 5.0
     clear_deg_per_km: float = 0.6 * 180.0 / (math.pi * MOON_RADIUS_KM)
@@ -306,6 +310,9 @@ class DetectionBuildConfig:
             raise ConfigError(f"segments={self.segments}: expected 1 to 200")
         if not 0 <= self.val_segments < self.segments:
             raise ConfigError(f"val_segments={self.val_segments}: expected 0 to segments - 1 ({self.segments - 1})")
+        if not (0.0 <= self.first_rotation_deg < 360.0 and 0.0 < self.day_step <= 100.0):
+            raise ConfigError(f"first_rotation_deg={self.first_rotation_deg}, day_step={self.day_step}: expected "
+                              "0 to 360 degrees and more than 0 to 100 days")
         if not 1 <= self.stride <= 10000:
             raise ConfigError(f"stride={self.stride}: expected 1 to 10000 frames")
         if not -90 <= self.min_sun_elevation_deg <= 90:
@@ -315,11 +322,16 @@ class DetectionBuildConfig:
         if self.limit_frames is not None and self.limit_frames < 1:
             raise ConfigError(f"limit_frames={self.limit_frames}: expected at least 1")
 
+    def plan(self) -> tuple[tuple[float, float], ...]:
+        return detection_segments(self.segments, self.first_rotation_deg, self.day_step)
+
     def key(self) -> str:
         doc = {"renderer_version": RENDERER_VERSION, "source": str(Path(self.source).resolve()),
                "segments": self.segments, "val_segments": self.val_segments, "stride": self.stride,
                "min_sun": self.min_sun_elevation_deg, "clear": self.clear_deg_per_km, "seed": self.seed,
                "rule": asdict(self.rule), "render": self.render.key_dict(), "annotate": asdict(self.annotate)}
+        if self.plan() != detection_segments(self.segments):  # builds with the default plan keep their keys
+            doc["plan"] = [list(x) for x in self.plan()]
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -369,7 +381,7 @@ def build_detection_set(cfg: DetectionBuildConfig) -> DetectionLabels:
         raise DataError("output directory is not empty and was not made by this builder; choose a new --out", out)
     luna1.atomic_write_text(manifest, json.dumps({"key": cfg.key(), "complete": False}) + "\n")
     source_traj = read_trajectory(cfg.source)
-    traj = segment_trajectory(source_traj, detection_segments(cfg.segments))
+    traj = segment_trajectory(source_traj, cfg.plan())
     sun = sun_direction_body(traj.epochs)
     chosen = select_frames(cfg, traj.kitti, sun, len(source_traj), source_traj.kitti)
     if not chosen:
@@ -385,7 +397,7 @@ def build_detection_set(cfg: DetectionBuildConfig) -> DetectionLabels:
     frames = [_frame(i, "val" if seg >= first_val else "train", seg, traj.kitti, sun, boxes[i]) for i, seg in chosen]
     (out / luna1.NAV_IMAGES).mkdir(parents=True, exist_ok=True)
     settings = {"kind": "detector-training", "source": Path(cfg.source).name, "segments": cfg.segments,
-                "plan": [list(s) for s in detection_segments(cfg.segments)], "val_segments": cfg.val_segments,
+                "plan": [list(s) for s in cfg.plan()], "val_segments": cfg.val_segments,
                 "stride": cfg.stride, "min_sun_elevation_deg": cfg.min_sun_elevation_deg,
                 "clear_deg_per_km": cfg.clear_deg_per_km, "rule": asdict(cfg.rule), "annotate": asdict(cfg.annotate),
                 "render": cfg.render.key_dict(), "catalogue_craters": len(cat), "frames_per_segment": len(source_traj)}
