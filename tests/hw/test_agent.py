@@ -553,3 +553,43 @@ def test_detect_on_a_bundle_without_a_detector_says_so(agent):
         assert c.info()["detector"] is None
         with pytest.raises(Exception, match="no crater detector"):
             c.detect(np.zeros((64, 64), np.float32))
+
+
+def test_board_timing_measures_detection_on_the_board_that_carries_the_evaluated_detector(bundle, agent, tmp_path):
+    """--board with detector boxes: each frame's DETECT is timed by the board and added to the
+    frame's time (the descriptor's per-landmark figure stays apart); a board without a detector,
+    or with another detector graph, is refused before anything is measured."""
+    from tests.export.test_onnx import trained_looking
+    from trn.errors import ConfigError
+    from trn.export.bundle import make_bundle
+    from trn.sim.embedders import TorchEmbedder
+    from trn.sim.timing import COVERS_DETECTOR_BOARD, BoardTiming
+
+    det = _detector_export(tmp_path)
+    other = tmp_path / "other.tflite"
+    other.write_bytes((det / "detector_int8.tflite").read_bytes() + b"\0")
+    board = f"{agent.address[0]}:{agent.address[1]}"
+    with pytest.raises(ConfigError, match="carries no crater detector"):
+        BoardTiming(board).with_detector(det / "detector_int8.tflite")
+    _, _, tmp = bundle
+    b = make_bundle(tmp / "export", tmp_path / "bundle", tmp / "keys" / "trn_signing_key.pem", "tiny-se", SIZE, 512,
+                    0.9, version=6, detector=det)
+    a = Agent(BoardModel(b.directory, bundle[1]), "127.0.0.1", 0)
+    t = a.start()
+    try:
+        addr = f"{a.address[0]}:{a.address[1]}"
+        with pytest.raises(ConfigError, match="runs another detector graph"):
+            BoardTiming(addr).with_detector(other)
+        timing = BoardTiming(addr).with_detector(det / "detector_int8.tflite")
+        emb = TorchEmbedder(trained_looking("conv2d", "se", 0), "tiny-se")
+        rng = np.random.default_rng(4)
+        crops = [rng.random((n, SIZE, SIZE)).astype(np.float32) for n in (2, 0, 3)]
+        frames = [rng.integers(0, 255, (128, 128)).astype(np.uint8) for _ in range(3)]
+        rep, ms = timing.frames(emb, [2, 0, 3], [0, 2, 2], lambda i: crops[i], images=lambda i: frames[i])
+        assert rep["covers"] == COVERS_DETECTOR_BOARD and rep["detector_ms_per_frame"] > 0
+        assert ms[1] >= rep["detector_ms_per_frame"] * 0.5  # a frame without detections still ran the detector
+        with pytest.raises(ConfigError, match="needs the frames"):
+            timing.frames(emb, [2], [0], lambda i: crops[i])
+    finally:
+        a.shutdown()
+        t.join(5)

@@ -328,6 +328,17 @@ def _box_kinds(args) -> list[str]:
     return kinds
 
 
+def _detector_timing(timing, args):
+    """The timing of frames whose boxes come from the detector: with the shipped detector, its int8
+    export is predicted on the profile or measured on the board (which must carry it); another
+    detector's frames are timed without detection."""
+    det_graph = MODELS_DIR.parent / "export" / "detector" / "detector_int8.tflite"
+    shipped = Path(_detector_path(args)).resolve() == (MODELS_DIR / "detector" / "detector.pt").resolve()
+    if timing is not None and shipped and det_graph.is_file():
+        return timing.with_detector(det_graph)
+    return timing
+
+
 def _run_boxes(embedders, scenarios, sources, context, args, timing):
     """run_luna1 once per box source; the landmark scenarios (which use no boxes) only with the
     first; results of other sources than the annotations are named "<model> [<source> boxes]"."""
@@ -340,11 +351,7 @@ def _run_boxes(embedders, scenarios, sources, context, args, timing):
         if not scen:
             continue
         context["boxes"][kind] = summary
-        tk = timing
-        det_graph = MODELS_DIR.parent / "export" / "detector" / "detector_int8.tflite"
-        shipped = Path(_detector_path(args)).resolve() == (MODELS_DIR / "detector" / "detector.pt").resolve()
-        if kind == "detector" and shipped and hasattr(timing, "with_detector") and det_graph.is_file():
-            tk = timing.with_detector(det_graph)  # the shipped detector's int8 export
+        tk = _detector_timing(timing, args) if kind == "detector" else timing
         r = run_luna1(dsk, embedders, scen, sk, context, not args.no_progress, timing=tk,
                       operating_points=args.threshold is None)
         for x in r.results:
@@ -368,7 +375,8 @@ def _run(args, argv) -> int:
         world_seed = 0 if args.world_seed is None else args.world_seed
         workers = args.workers or min(256, max(1, os.cpu_count() or 1))
         timing = make_timing(args.profile, args.board)  # an unknown profile or an absent board, before any work
-        _box_kinds(args)  # a misspelt box source, before any work
+        if "detector" in _box_kinds(args):  # a misspelt box source, before any work
+            _detector_timing(timing, args)  # and a board that lacks the evaluated detector
     max_landmarks = args.max_landmarks or (QUICK_LANDMARKS if args.quick else None)
     base = dict(seed=args.seed, threshold=0.9 if args.threshold is None else args.threshold,
                 max_landmarks=max_landmarks)

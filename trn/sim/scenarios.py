@@ -505,7 +505,8 @@ def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
         counts = [len(dets[fr]) for fr in frames]
         before = [0] + size_curve[:-1]  # the database as each frame arrives
         extra["timing"], series["latency_ms"] = timing.frames(
-            emb, counts, before, lambda i: crop_images(ds, dets[frames[i]], emb.input_size))
+            emb, counts, before, lambda i: crop_images(ds, dets[frames[i]], emb.input_size),
+            images=lambda i: ds.load_frame(frames[i]))
     return ScenarioResult("moon_navigation", emb.name, c.ra, c.correct, c.incorrect, c.missed, len(flat), s.seed,
                           s.to_dict(), extra=extra, series=series,
                           sweep=threshold_sweep(e, labels, emb, s, SWEEP), similarities=_scores(dec, labels),
