@@ -66,7 +66,7 @@ def residuals(landmarks: np.ndarray, b: np.ndarray, p: np.ndarray) -> np.ndarray
     return np.arccos(np.clip(np.einsum("ij,ij->i", d, b), -1.0, 1.0))
 
 
-def _sigmas(landmarks: np.ndarray, p: np.ndarray, sigma_rad: float, landmark_sigma_km: float) -> np.ndarray:
+def residual_sigmas(landmarks: np.ndarray, p: np.ndarray, sigma_rad: float, landmark_sigma_km: float) -> np.ndarray:
     """Angular sigma of each bearing's residual at ``p`` (the map's position error seen from p)."""
     r = np.linalg.norm(landmarks - p, axis=1)
     return np.sqrt(sigma_rad ** 2 + (landmark_sigma_km / r) ** 2)
@@ -143,7 +143,7 @@ def ransac_bearings(landmarks: np.ndarray, b: np.ndarray, sigma_rad: float, land
             p, _ = solve_bearings(landmarks[[i, j]], b[[i, j]], sigma_rad, landmark_sigma_km)
         except DataError:
             continue
-        ok = residuals(landmarks, b, p) <= threshold * _sigmas(landmarks, p, sigma_rad, landmark_sigma_km)
+        ok = residuals(landmarks, b, p) <= threshold * residual_sigmas(landmarks, p, sigma_rad, landmark_sigma_km)
         if ok[i] and ok[j] and (best is None or ok.sum() > best.sum()):
             best = ok
     if best is None or best.sum() < 2:
@@ -151,7 +151,7 @@ def ransac_bearings(landmarks: np.ndarray, b: np.ndarray, sigma_rad: float, land
     for _ in range(3):  # refit on the consensus until it settles
         idx = np.flatnonzero(best)
         p, cov = solve_bearings(landmarks[idx], b[idx], sigma_rad, landmark_sigma_km)
-        ok = residuals(landmarks, b, p) <= threshold * _sigmas(landmarks, p, sigma_rad, landmark_sigma_km)
+        ok = residuals(landmarks, b, p) <= threshold * residual_sigmas(landmarks, p, sigma_rad, landmark_sigma_km)
         if ok.sum() < 2 or np.array_equal(ok, best):
             break
         best = ok
