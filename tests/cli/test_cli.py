@@ -200,8 +200,9 @@ def _sim(tmp_path, *extra):
 
 
 @pytest.mark.parametrize("extra, match", [
-    (["--map", "M"], "--map is read only by map_navigation, which this run does not include (scenarios: recall_at_1, "
-                     "incremental_recall_at_1, moon_navigation, lost_in_space): add --scenario map_navigation"),
+    (["--map", "M"], "--map is read only by map_navigation, lost_in_space_fix, which this run does not include "
+                     "(scenarios: recall_at_1, incremental_recall_at_1, moon_navigation, lost_in_space): add --scenario "
+                     "map_navigation or --scenario lost_in_space_fix"),
     (["--map-source", "S"], "--map-source is read only by map_navigation"),
     (["--map-appearance", "predicted"], "--map-appearance is read only by map_navigation"),
     (["--map-gate", "1"], "--map-gate is read only by map_navigation"),

@@ -68,7 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     rsub = run.add_subparsers(dest="what", required=True, metavar="{luna1,landmarks}")
     l1 = rsub.add_parser("luna1", help="Recall@1, Incremental Recall@1, Moon Navigation, Lost-in-Space")
     l1.add_argument("--data", type=Path, default=None, help="Luna-1-format dataset (default: the built-in world)")
-    _common(l1, sc.SCENARIOS + ("map_navigation",))
+    _common(l1, sc.SCENARIOS + MAP_SCENARIOS)
     l1.add_argument("--map", type=Path, default=None,
                     help="onboard map for --scenario map_navigation (trn-sim map build; default: built into the "
                          "report directory from the dataset's catalogue)")
@@ -191,16 +191,20 @@ def _detector_path(args) -> Path:
     return args.detector or MODELS_DIR / "detector" / "detector.pt"
 
 
-def _map_navigation(ds, embedders, settings, sources, args, out: Path) -> None:
+MAP_SCENARIOS = ("map_navigation", "lost_in_space_fix")  # scenarios against an onboard map
+
+
+def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tuple[str, ...] = ("map_navigation",)
+                    ) -> None:
     """Map navigation for every model and every box source of --boxes (one map per model, shared
     by the box sources); results keyed "<model>" for the annotations, "<model> [<source> boxes]"
     otherwise."""
     import json
 
     from trn.nav.onboard_map import OnboardMap, build_map
-    from trn.nav.scenario import map_navigation, plot_navigation
+    from trn.nav.scenario import lost_in_space_fixes, map_navigation, plot_navigation
     out.mkdir(parents=True, exist_ok=True)
-    doc = {}
+    doc, lis_doc = {}, {}
     source = args.map_source
     if source is None and args.data is None and (ds.root / ".world").is_dir():
         source = ds.root / ".world"  # the built-in world's terrain, from which its frames were rendered
@@ -214,6 +218,13 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path) -> None:
                     workers=args.threads)
             omap = maps[emb.name]
             name = emb.name if kind == "annotations" else f"{emb.name} [{kind} boxes]"
+            if "lost_in_space_fix" in which:
+                lis = lost_in_space_fixes(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate, seed=sk.seed)
+                lis["boxes"] = summary
+                _print_lost_fixes(name, lis)
+                lis_doc[name] = lis
+            if "map_navigation" not in which:
+                continue
             rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate)
             rep["boxes"] = summary
             _print_map_navigation(name, rep)
@@ -222,7 +233,26 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path) -> None:
             for r in rep["runs"].values():
                 r.pop("result")
             doc[name] = rep
-    (out / "map_navigation.json").write_text(json.dumps(doc, indent=1, default=float) + "\n", encoding="utf-8")
+    if doc:
+        (out / "map_navigation.json").write_text(json.dumps(doc, indent=1, default=float) + "\n", encoding="utf-8")
+    if lis_doc:
+        (out / "lost_in_space_fix.json").write_text(json.dumps(lis_doc, indent=1, default=float) + "\n",
+                                                    encoding="utf-8")
+
+
+def _print_lost_fixes(name: str, rep: dict) -> None:
+    print(f"\nlost-in-space fixes, {name} ({rep['detections']} detections, map of {rep['map_size']}, "
+          f"{rep['appearance']} appearance; no position prior):")
+    print("| detections per frame | frames | fix declared | within 2 km | wrong (> 2 km) | share within 2 km | "
+          "RMS km (within 2 km) |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for k, r in rep["by_detections"].items():
+        print(f"| {k} | {r['frames']} | {r['declared']} | {r['within_2km']} | {r['wrong']} | "
+              f"{100 * r['share_within_2km']:.1f} % | {r['rms_km_within_2km']:.3f} |")
+    t = rep["time"]
+    print("reasons: " + "; ".join(f"{k}: {v}" for k, v in sorted(rep["reasons"].items(), key=lambda kv: -kv[1])))
+    print(f"time: embedding and whole-map similarity {t['embed_and_whole_map_similarity_ms_per_detection']:.2f} ms per "
+          f"detection; fix p50 {t['fix_ms_per_frame_p50']:.1f} ms, p99 {t['fix_ms_per_frame_p99']:.1f} ms per frame")
 
 
 def _print_map_navigation(name: str, rep: dict) -> None:
@@ -247,14 +277,14 @@ def _print_map_navigation(name: str, rep: dict) -> None:
               f"{n['dead_reckoning']['rms_km']:.3f} | {n['dead_reckoning']['max_km']:.3f} |")
 
 
-MOTION_SCENARIOS = ("moon_navigation", "lost_in_space", "map_navigation")  # the ones that read frames
+MOTION_SCENARIOS = ("moon_navigation", "lost_in_space") + MAP_SCENARIOS  # the ones that read frames
 
 # (option, attribute, the scenarios that read it): given without any of them it would be ignored
 SCENARIO_OPTIONS = (
-    ("--map", "map", ("map_navigation",)),
-    ("--map-source", "map_source", ("map_navigation",)),
-    ("--map-appearance", "map_appearance", ("map_navigation",)),
-    ("--map-gate", "map_gate", ("map_navigation",)),
+    ("--map", "map", MAP_SCENARIOS),
+    ("--map-source", "map_source", MAP_SCENARIOS),
+    ("--map-appearance", "map_appearance", MAP_SCENARIOS),
+    ("--map-gate", "map_gate", MAP_SCENARIOS),
     ("--profile", "profile", ("moon_navigation",)),
     ("--board", "board", ("moon_navigation",)),
     ("--nms", "nms", MOTION_SCENARIOS),
@@ -396,13 +426,13 @@ def _run(args, argv) -> int:
             print(line)
         context = {"dataset": str(ds.root), "command": command, "models": [e.name for e in embedders],
                    "scenarios": scenarios, "settings": settings.to_dict()}
-        do_map = "map_navigation" in scenarios
-        scenarios = [x for x in scenarios if x != "map_navigation"]
+        do_map = tuple(x for x in scenarios if x in MAP_SCENARIOS)
+        scenarios = [x for x in scenarios if x not in MAP_SCENARIOS]
         sources = _box_sources(ds, settings, args)  # each box source once, for every scenario below
         if do_map:
-            _map_navigation(ds, embedders, settings, sources, args, out)
+            _map_navigation(ds, embedders, settings, sources, args, out, do_map)
             if not scenarios:
-                print(f"\nreport: {out / 'map_navigation.json'} in {time.perf_counter() - t0:.0f} s")
+                print(f"\nreport: {out} in {time.perf_counter() - t0:.0f} s")
                 return 0
 
         rep = _run_boxes(embedders, scenarios, sources, context, args, timing)

@@ -304,6 +304,86 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
             "pixel_sigma": pix, "sensors": sensors.to_dict(), "threshold": s.threshold, "runs": runs}
 
 
+def lost_in_space_fixes(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None, cfg=None,
+                        box_sigma_px: float | None = None, gate: float | None = None, seed: int = 0) -> dict:
+    """Every annotated frame's lost-in-space fix (:func:`trn.nav.lost.lost_in_space_fix`) against the
+    whole map, with no position prior: the star tracker's attitude and the altimeter as
+    :class:`SensorModel` draws them, the box centres with the same noise as map navigation. Per
+    frame: detections, declared or not and why, the fix's error, candidates and hypotheses examined,
+    time; summaries by detections per frame (a declared fix farther than 2 km from the truth is a
+    wrong fix)."""
+    import time
+
+    from trn.nav.lost import LostConfig, lost_in_space_fix
+
+    sensors = sensors or SensorModel()
+    cfg = cfg or LostConfig()
+    t0 = time.perf_counter()
+    flat, sims = map_matches(ds, emb, omap, s)
+    embed_search_s = time.perf_counter() - t0
+    if gate is not None:
+        keep = map_size_gate(ds, flat, gate * float(np.min(omap.diameter_km)), sensors.altimeter_sigma_km, s.seed)
+        flat, sims = [d for d, k in zip(flat, keep) if k], sims[keep]
+    cam = PinholeCamera(int(ds.metadata.camera["width"]), int(ds.metadata.camera["height"]),
+                        float(ds.metadata.camera["fov_deg"]))
+    pix = detector_pixel_sigma(s.shift_px, s.shrink_px, sensors.pixel_sigma) if box_sigma_px is None \
+        else float(np.hypot(box_sigma_px, sensors.pixel_sigma))
+    sigma = angular_sigma(cam, pix, sensors.attitude_sigma_arcsec)
+    pos_map = omap.positions(list(omap.ids))
+    dia_map = np.asarray(omap.diameter_km, np.float64)
+    rot = quat_to_matrix(ds.poses[:, 3:])
+    rng = np.random.default_rng([seed, 29])
+    by_frame: dict[int, list[int]] = {}
+    for k, d in enumerate(flat):
+        by_frame.setdefault(d.frame, []).append(k)
+    rows = []
+    for fr, ks in sorted(by_frame.items()):
+        truth = ds.poses[fr, :3]
+        boxes = np.array([flat[k].box for k in ks], np.float64)
+        px = np.stack([(boxes[:, 0] + boxes[:, 1]) / 2, (boxes[:, 2] + boxes[:, 3]) / 2], 1) \
+            + rng.normal(0.0, sensors.pixel_sigma, (len(ks), 2))
+        side = np.maximum(boxes[:, 1] - boxes[:, 0], boxes[:, 3] - boxes[:, 2])
+        clipped = (boxes[:, 0] <= 0) | (boxes[:, 2] <= 0) | (boxes[:, 1] >= cam.width) | (boxes[:, 3] >= cam.height)
+        rot_est = _small_rotation(rng, np.radians(sensors.attitude_sigma_arcsec / 3600.0)) @ rot[fr]
+        radius = float(np.linalg.norm(truth)) + rng.normal(0.0, sensors.altimeter_sigma_km)
+        t1 = time.perf_counter()
+        fx = lost_in_space_fix(px, side, clipped, sims[ks], pos_map, dia_map, rot_est, radius, cam, sigma,
+                               sensors.landmark_sigma_km, sensors.altimeter_sigma_km, cfg)
+        ms = (time.perf_counter() - t1) * 1e3
+        err = float(np.linalg.norm(fx.position - truth)) if fx.declared else None
+        sig = float(np.sqrt(np.trace(fx.cov))) if fx.declared else None
+        inl_ok = sum(int(flat[ks[a]].label) == int(omap.ids[r]) for a, r in fx.inliers) if fx.declared else 0
+        rows.append({"frame": int(fr), "detections": len(ks), "declared": fx.declared, "reason": fx.reason,
+                     "error_km": err, "sigma_km": sig, "support": fx.support, "runner_up": fx.runner_up,
+                     "inliers_correct": inl_ok, "candidates": fx.candidates, "hypotheses": fx.hypotheses,
+                     "ms": ms})
+
+    def summary(sel: list[dict]) -> dict:
+        dec = [r for r in sel if r["declared"]]
+        good = [r for r in dec if r["error_km"] <= 2.0]
+        e = np.array([r["error_km"] for r in good]) if good else np.zeros(0)
+        return {"frames": len(sel), "declared": len(dec), "within_2km": len(good), "wrong": len(dec) - len(good),
+                "share_within_2km": len(good) / len(sel) if sel else float("nan"),
+                "wrong_share_of_declared": (len(dec) - len(good)) / len(dec) if dec else 0.0,
+                "rms_km_within_2km": float(np.sqrt(np.mean(e ** 2))) if len(e) else float("nan"),
+                "median_km_within_2km": float(np.median(e)) if len(e) else float("nan")}
+
+    bins = {"1": lambda n: n == 1, "2": lambda n: n == 2, "3-4": lambda n: 3 <= n <= 4, ">= 5": lambda n: n >= 5,
+            ">= 2": lambda n: n >= 2}
+    reasons: dict[str, int] = {}
+    for r in rows:
+        reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
+    ms = np.array([r["ms"] for r in rows]) if rows else np.zeros(1)
+    return {"config": cfg.to_dict(), "sensors": sensors.to_dict(), "pixel_sigma": pix, "map_size": len(omap.ids),
+            "appearance": omap.info.get("appearance", "catalogue"), "detections": len(flat), "gate": gate,
+            "by_detections": {k: summary([r for r in rows if f(r["detections"])]) for k, f in bins.items()},
+            "reasons": reasons,
+            "time": {"embed_and_whole_map_similarity_ms_per_detection": embed_search_s * 1e3 / max(len(flat), 1),
+                     "fix_ms_per_frame_p50": float(np.percentile(ms, 50)),
+                     "fix_ms_per_frame_p99": float(np.percentile(ms, 99))},
+            "frames": rows}
+
+
 def plot_navigation(report: dict, path, title: str) -> None:
     import matplotlib
 
