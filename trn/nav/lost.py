@@ -16,7 +16,8 @@ whole map, which keeps the search small:
 3. **Verification.** At a hypothesised position every other detection's line of sight is compared
    with the directions to its own candidates; a detection agrees when one candidate (not already
    used) lies within ``threshold_sigma`` of the bearing's sigma (centroiding, attitude and the
-   map's position error at that range). The hypothesis with the most agreeing detections wins
+   map's position error at that range) and its diameter fits the box seen from that range (within
+   ``size_ratio``). The hypothesis with the most agreeing detections wins
    (summed similarity breaks ties) and is refitted on them by weighted least squares over their
    bearings plus the altimeter (:func:`trn.nav.fix.solve_bearings`, then the altimeter as one
    more measurement), which gives the fix's covariance.
@@ -103,32 +104,54 @@ def candidate_rows(sims: np.ndarray, est_diameter_km: np.ndarray, clipped: np.nd
     return out
 
 
-def _agreeing(x: np.ndarray, b: np.ndarray, cands: list[np.ndarray], sims: np.ndarray, map_pos: np.ndarray,
-              sigma_rad: float, landmark_sigma_km: float, thr: float, fixed: tuple[int, int] | None
-              ) -> list[tuple[int, int]]:
-    """(detection, map row) pairs that agree with position ``x``: each detection's closest-fitting
-    candidate within the gate, each map crater used once (best similarity first)."""
-    pairs, used = [], set()
-    if fixed is not None:
-        pairs.append(fixed)
-        used.add(fixed[1])
-    order = sorted(range(len(b)), key=lambda i: -float(sims[i, cands[i][0]]) if len(cands[i]) else 0.0)
-    for j in order:
-        if fixed is not None and j == fixed[0] or not len(cands[j]):
-            continue
-        rows = np.array([r for r in cands[j] if r not in used])
-        if not len(rows):
-            continue
-        lm = map_pos[rows]
-        if np.any(np.linalg.norm(lm - x, axis=1) < 1e-6):
-            continue
-        res = residuals(lm, np.repeat(b[j][None], len(rows), 0), x)
-        ok = res <= thr * residual_sigmas(lm, x, sigma_rad, landmark_sigma_km)
-        if ok.any():
-            r = int(rows[np.flatnonzero(ok)[np.argmin(res[ok])]])
-            pairs.append((j, r))
-            used.add(r)
-    return pairs
+@dataclass
+class _Frame:
+    """One frame's detections against the map, as the verification needs them."""
+
+    b: np.ndarray  # [n, 3] lines of sight, body frame
+    side: np.ndarray  # [n] longer box side, px
+    clipped: np.ndarray  # [n]
+    cands: list[np.ndarray]  # per detection, candidate map rows
+    sims: np.ndarray  # [n, M]
+    map_pos: np.ndarray
+    map_d: np.ndarray
+    focal_px: float
+    sigma_rad: float
+    landmark_sigma_km: float
+    cfg: LostConfig
+
+    def size_fits(self, j: int, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
+        """bool [len(rows)]: the candidates' diameters agree with detection j's box seen from ``x``."""
+        est = self.side[j] * np.linalg.norm(self.map_pos[rows] - x, axis=1) / self.focal_px
+        ok = self.map_d[rows] >= est / self.cfg.size_ratio
+        return ok if self.clipped[j] else ok & (self.map_d[rows] <= est * self.cfg.size_ratio)
+
+    def agreeing(self, x: np.ndarray, fixed: tuple[int, int] | None) -> list[tuple[int, int]]:
+        """(detection, map row) pairs that agree with position ``x``: each detection's closest-fitting
+        candidate within the bearing gate and of a fitting size at its range from ``x``, each map
+        crater used once (detections of best similarity first)."""
+        pairs, used = [], set()
+        if fixed is not None:
+            pairs.append(fixed)
+            used.add(fixed[1])
+        order = sorted(range(len(self.b)), key=lambda i: -float(self.sims[i, self.cands[i][0]]) if len(self.cands[i])
+                       else 0.0)
+        for j in order:
+            if fixed is not None and j == fixed[0] or not len(self.cands[j]):
+                continue
+            rows = np.array([r for r in self.cands[j] if r not in used], dtype=int)
+            rows = rows[np.linalg.norm(self.map_pos[rows] - x, axis=1) > 1e-6] if len(rows) else rows
+            if not len(rows):
+                continue
+            lm = self.map_pos[rows]
+            res = residuals(lm, np.repeat(self.b[j][None], len(rows), 0), x)
+            ok = (res <= self.cfg.threshold_sigma * residual_sigmas(lm, x, self.sigma_rad, self.landmark_sigma_km)) \
+                & self.size_fits(j, rows, x)
+            if ok.any():
+                r = int(rows[np.flatnonzero(ok)[np.argmin(res[ok])]])
+                pairs.append((j, r))
+                used.add(r)
+        return pairs
 
 
 def _with_altimeter(p: np.ndarray, cov: np.ndarray, radius_km: float, range_sigma_km: float
@@ -171,6 +194,8 @@ def lost_in_space_fix(pixels: np.ndarray, box_side_px: np.ndarray, clipped: np.n
         return LostFix(False, REASONS[2], candidates=n_cand)
     if n_cand == 0:
         return LostFix(False, REASONS[3])
+    fr = _Frame(b, np.asarray(box_side_px, np.float64), np.asarray(clipped, bool), cands, sims, map_pos, map_d,
+                camera.focal_px, sigma_rad, landmark_sigma_km, cfg)
     hyps = []  # (support, summed similarity, position, pairs)
     for i in range(n):
         for r in cands[i]:
@@ -178,7 +203,9 @@ def lost_in_space_fix(pixels: np.ndarray, box_side_px: np.ndarray, clipped: np.n
                 x, _ = solve_range(map_pos[r], b[i], radius_km, sigma_rad, range_sigma_km)
             except DataError:
                 continue
-            pairs = _agreeing(x, b, cands, sims, map_pos, sigma_rad, landmark_sigma_km, cfg.threshold_sigma, (i, int(r)))
+            if not fr.size_fits(i, np.array([r]), x)[0]:
+                continue
+            pairs = fr.agreeing(x, (i, int(r)))
             hyps.append((len(pairs), float(sum(sims[a, c] for a, c in pairs)), x, pairs))
     if not hyps:
         return LostFix(False, REASONS[3], candidates=n_cand)
@@ -194,7 +221,7 @@ def lost_in_space_fix(pixels: np.ndarray, box_side_px: np.ndarray, clipped: np.n
         idx = [a for a, _ in pairs]
         p, cov = solve_bearings(map_pos[[c for _, c in pairs]], b[idx], sigma_rad, landmark_sigma_km)
         p, cov = _with_altimeter(p, cov, radius_km, range_sigma_km)
-        again = _agreeing(p, b, cands, sims, map_pos, sigma_rad, landmark_sigma_km, cfg.threshold_sigma, None)
+        again = fr.agreeing(p, None)
         if len(again) < cfg.min_inliers or sorted(again) == sorted(pairs):
             break
         pairs = again
