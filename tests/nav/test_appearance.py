@@ -101,6 +101,29 @@ def test_a_predicted_appearance_map_renders_under_the_pass_sun(boxed_world, tmp_
         build_map(ds, emb, tmp_path / "map2", None, appearance="predicted")
     with pytest.raises(DataError, match="appearance"):
         build_map(ds, emb, tmp_path / "map3", boxed_world, appearance="sketched")
+    # the union catalogue near the planned track: every such crater, rendered from the source (in the
+    # landmark view for the catalogue appearance: a dataset crater's render is then its own bytes)
+    from trn.data.detection import source_union_catalogue
+    from trn.data.sources import UnionRule
+    from trn.nav.onboard_map import near_track
+
+    cat = source_union_catalogue(boxed_world, UnionRule())
+    near = near_track(cat.lat, cat.lon, ds.kitti[:, :, 3], 150.0)
+    assert 0 < near.sum() < len(cat.ids)
+    u = build_map(ds, emb, tmp_path / "umap", boxed_world, workers=1, catalogue="union", near_track_km=150.0)
+    assert sorted(u.ids) == sorted(int(c) for c in cat.ids[near]) and u.info["catalogue"] == "union"
+    k = u.ids.index(int(cat.ids[near][0]))
+    np.testing.assert_allclose(u.diameter_km[k], cat.diameter_km[near][0])
+    both = [c for c in ids if c in u.ids]
+    assert both  # the dataset's craters are union craters under the same ids
+    got_u = dict(predicted_renders(ds, meta, both, boxed_world, workers=1, lit_by_pass=False))
+    for c in both:
+        d = meta.craters[c]["diameter_km"]
+        np.testing.assert_array_equal(got_u[c], rim_window(ds.load_crater(c), d, crater_window_km(d, rc)))
+    with pytest.raises(DataError, match="terrain source"):
+        build_map(ds, emb, tmp_path / "umap2", None, catalogue="union")
+    with pytest.raises(DataError, match="none near the track"):
+        build_map(ds, emb, tmp_path / "umap3", boxed_world, catalogue="union", near_track_km=0.001)
 
 
 def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path, capsys):

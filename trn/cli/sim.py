@@ -116,6 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     mb.add_argument("--appearance", choices=("catalogue", "predicted"), default="catalogue",
                     help="catalogue: the dataset's landmark renders; predicted: each crater rendered from --source "
                          "under the Sun of the planned trajectory's pass, cut to its rim (docs/navigation.md)")
+    mb.add_argument("--catalogue", choices=("dataset", "union"), default="dataset",
+                    help="dataset: the craters the dataset rendered (default); union: every crater of the source's "
+                         "union catalogue (Head et al. >= 20 km and Povilaitis et al. 5-20 km within 60 degrees; "
+                         "needs --source)")
+    mb.add_argument("--near-track", type=float_between(0.0, 20000.0, low_open=True), default=None, metavar="KM",
+                    help="only the craters within KM of the dataset's planned ground track (default: all)")
     mb.add_argument("--threads", type=int_between(1, 1024), default=max(1, os.cpu_count() or 1), help="torch CPU threads")
     mb.add_argument("-v", "--verbose", action="store_true")
     rp = sub.add_parser("report", help="re-render report.md and the plots of a report directory from its report.json")
@@ -165,12 +171,16 @@ def _map_build(args) -> int:
     from trn.nav.onboard_map import build_map
     from trn.sim.prepare import check_before_scenarios
 
+    t0 = time.perf_counter()
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file; a map is a directory: give a new or existing directory")
     m = build_map(check_before_scenarios(args.data), make_embedder(args.model, None, args.threads), args.out, args.source,
-                  appearance=args.appearance, workers=args.threads)
-    print(f"map {args.out}: {len(m.ids)} craters embedded by {m.info['model']} ({m.info['appearance']} appearance, "
-          f"{m.info['surface']})")
+                  appearance=args.appearance, workers=args.threads, catalogue=args.catalogue,
+                  near_track_km=args.near_track)
+    size = sum(f.stat().st_size for f in Path(args.out).iterdir() if f.is_file())
+    print(f"map {args.out}: {len(m.ids)} craters ({args.catalogue} catalogue) embedded by {m.info['model']} "
+          f"({m.info['appearance']} appearance, {m.info['surface']}); {size / 2 ** 20:.1f} MiB on disk, built in "
+          f"{time.perf_counter() - t0:.0f} s ({len(m.ids) / max(time.perf_counter() - t0, 1e-9):.1f} craters/s)")
     return 0
 
 

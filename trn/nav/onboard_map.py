@@ -93,22 +93,27 @@ def _init_render(meta: Luna1Metadata, source: str) -> None:
     _RENDER["cfg"], _RENDER["surface"] = built_render_config(meta), built_surface(meta, source)
 
 
-def _render_predicted(task: tuple[int, float, float, float, float, float]) -> tuple[int, np.ndarray]:
+def _render_predicted(task: tuple[int, float, float, float, float | None, float | None]) -> tuple[int, np.ndarray]:
     from trn.data.render import CraterView, crater_window_km, render_crater
     from trn.nav.appearance import rim_window
 
     cid, lat, lon, dia, az, el = task
     cfg = _RENDER["cfg"]
-    img = render_crater(_RENDER["surface"], lat, lon, dia, cfg, CraterView(light_azimuth_deg=az, light_elevation_deg=el))
+    view = CraterView() if az is None else CraterView(light_azimuth_deg=az, light_elevation_deg=el)
+    img = render_crater(_RENDER["surface"], lat, lon, dia, cfg, view)
     return cid, rim_window(img, dia, crater_window_km(dia, cfg))
 
 
-def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], source: Path, workers: int = 2):
+def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], source: Path, workers: int = 2,
+                      craters: dict[int, tuple[float, float, float]] | None = None, lit_by_pass: bool = True):
     """Yield (crater id, image) for every crater of ``ids``: rendered from ``source`` with the
     dataset's own renderer settings under the Sun of the planned trajectory's closest pass
     (:func:`trn.nav.appearance.pass_illumination`), cut to the rim's window. A crater whose pass
     is in the dark (Sun below 1 degree) is never seen lit on this trajectory; it keeps its
-    catalogue render, cut the same way."""
+    catalogue render, cut the same way (rendered with the build's own landmark view when the
+    dataset has none, as for a union-catalogue crater). ``craters``: {id: (lat, lon, diameter)},
+    by default the dataset's metadata; ``lit_by_pass=False`` renders every crater in the landmark
+    view (a catalogue-appearance map of craters the dataset did not render)."""
     import multiprocessing as mp
 
     from trn.data.build import built_render_config
@@ -118,17 +123,27 @@ def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], sou
     if ds.kitti is None or len(meta.frames) != len(ds.kitti):
         raise DataError("a predicted-appearance map needs the planned trajectory: poses and metadata.json frames "
                         "(epochs, Sun directions) for every pose; rebuild the dataset with trn-data build", ds.root)
-    lat = np.array([meta.craters[c]["lat"] for c in ids], np.float64)
-    lon = np.array([meta.craters[c]["lon"] for c in ids], np.float64)
-    dia = np.array([meta.craters[c]["diameter_km"] for c in ids], np.float64)
-    sun = np.array([f["sun_dir_body"] for f in meta.frames], np.float64)
-    az, el, _ = pass_illumination(lat, lon, ds.kitti[:, :, 3], sun)
+    if craters is None:
+        craters = {c: (meta.craters[c]["lat"], meta.craters[c]["lon"], meta.craters[c]["diameter_km"]) for c in ids}
+    lat = np.array([craters[c][0] for c in ids], np.float64)
+    lon = np.array([craters[c][1] for c in ids], np.float64)
+    dia = np.array([craters[c][2] for c in ids], np.float64)
+    if lit_by_pass:
+        sun = np.array([f["sun_dir_body"] for f in meta.frames], np.float64)
+        az, el, _ = pass_illumination(lat, lon, ds.kitti[:, :, 3], sun)
+    else:
+        az, el = np.zeros(len(ids)), np.full(len(ids), -90.0)
     window = built_render_config(meta)
+    rendered = set(ds.crater_ids)
     lit = [(c, float(a), float(b), float(d), float(z), float(min(e, 90.0)))
            for c, a, b, d, z, e in zip(ids, lat, lon, dia, az, el) if e >= 1.0]
-    for c, d, e in zip(ids, dia, el):
-        if e < 1.0:
+    for c, a, b, d, e in zip(ids, lat, lon, dia, el):
+        if e >= 1.0:
+            continue
+        if c in rendered:
             yield c, rim_window(ds.load_crater(c), float(d), crater_window_km(float(d), window))
+        else:
+            lit.append((c, float(a), float(b), float(d), None, None))
     if workers <= 1:
         _init_render(meta, str(source))
         yield from map(_render_predicted, lit)
@@ -137,30 +152,68 @@ def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], sou
         yield from pool.imap(_render_predicted, lit, chunksize=8)
 
 
+CATALOGUES = ("dataset", "union")
+
+
+def near_track(lat: np.ndarray, lon: np.ndarray, positions_km: np.ndarray, km: float, chunk: int = 2048) -> np.ndarray:
+    """bool [N]: the crater lies within ``km`` (surface arc) of some nadir point of the trajectory."""
+    nadir = np.asarray(positions_km, np.float64)
+    nadir = nadir / np.linalg.norm(nadir, axis=1, keepdims=True)
+    c = latlon_to_xyz(np.asarray(lat, np.float64), np.asarray(lon, np.float64), 1.0).reshape(-1, 3)
+    cos_min = np.cos(km / MOON_RADIUS_KM)
+    out = np.zeros(len(c), bool)
+    for i in range(0, len(c), chunk):
+        out[i:i + chunk] = (c[i:i + chunk] @ nadir.T >= cos_min).any(axis=1)
+    return out
+
+
 def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None = None, batch: int = 256,
-              appearance: str = "catalogue", workers: int = 2) -> OnboardMap:
+              appearance: str = "catalogue", workers: int = 2, catalogue: str = "dataset",
+              near_track_km: float | None = None) -> OnboardMap:
     """Embed every crater of ``ds`` with ``emb`` and write the map to ``out``. ``appearance``:
     "catalogue" embeds the dataset's landmark renders as they are; "predicted" renders each
     crater from ``source`` under the illumination of the planned pass and cuts it to the rim
-    (:func:`predicted_renders`)."""
+    (:func:`predicted_renders`). ``catalogue``: "dataset", the craters the dataset rendered;
+    "union", every crater of ``source``'s union catalogue (Head et al. >= 20 km and Povilaitis et
+    al. 5-20 km within 60 degrees, or a built-in world's analogue), each rendered from ``source``
+    (in the landmark view for the catalogue appearance). ``near_track_km``: only the craters within
+    that distance of the planned trajectory's ground track (the ground the mission flies over)."""
     from trn.data.crops import preprocess
 
     if appearance not in APPEARANCES:
         raise DataError(f"map appearance {appearance!r}: expected one of {APPEARANCES}")
-    if appearance == "predicted" and source is None:
-        raise DataError("a predicted-appearance map renders the craters: pass the terrain source (--source / "
-                        "--map-source, e.g. ../shared/data/moon, or the built-in world's directory)")
+    if catalogue not in CATALOGUES:
+        raise DataError(f"map catalogue {catalogue!r}: expected one of {CATALOGUES}")
+    if (appearance == "predicted" or catalogue == "union") and source is None:
+        raise DataError("a predicted-appearance or union-catalogue map renders the craters: pass the terrain source "
+                        "(--source / --map-source, e.g. ../shared/data/moon, or the built-in world's directory)")
     out = Path(out)
     meta_path = ds.root / "metadata.json"
     if not meta_path.is_file():
         raise DataError("a map needs metadata.json (crater latitude, longitude, diameter); rebuild the dataset "
                         "with trn-data build", ds.root)
     meta = Luna1Metadata.read(meta_path)
-    ids = [c for c in ds.crater_ids if c in meta.craters]
+    craters = None
+    if catalogue == "union":
+        from trn.data.detection import source_union_catalogue
+        from trn.data.sources import UnionRule
+
+        cat = source_union_catalogue(source, UnionRule())
+        craters = {int(c): (float(a), float(b), float(d)) for c, a, b, d in zip(cat.ids, cat.lat, cat.lon,
+                                                                                 cat.diameter_km)}
+        ids = list(craters)
+    else:
+        ids = [c for c in ds.crater_ids if c in meta.craters]
+    if near_track_km is not None:
+        if ds.kitti is None:
+            raise DataError("--near-track needs the planned trajectory (poses)", ds.root)
+        ll = np.array([craters[c][:2] if craters else (meta.craters[c]["lat"], meta.craters[c]["lon"]) for c in ids],
+                      np.float64).reshape(-1, 2)
+        ids = [c for c, k in zip(ids, near_track(ll[:, 0], ll[:, 1], ds.kitti[:, :, 3], near_track_km)) if k]
     if not ids:
-        raise DataError("no crater of crater_images/ is in metadata.json; nothing to map", ds.root)
-    if appearance == "predicted":
-        images = predicted_renders(ds, meta, ids, Path(source), workers)
+        raise DataError("no crater to map (none of crater_images/ in metadata.json, or none near the track)", ds.root)
+    if appearance == "predicted" or catalogue == "union":
+        images = predicted_renders(ds, meta, ids, Path(source), workers, craters, lit_by_pass=appearance == "predicted")
     else:
         images = ((c, ds.load_crater(c)) for c in ids)
     order: list[int] = []
@@ -174,9 +227,11 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     if chunk:
         _embed_into(db, emb, chunk, preprocess, order)
     ids = order
-    lat = np.array([meta.craters[c]["lat"] for c in ids], np.float64)
-    lon = np.array([meta.craters[c]["lon"] for c in ids], np.float64)
-    diam = np.array([meta.craters[c]["diameter_km"] for c in ids], np.float64)
+    if craters is None:
+        craters = {c: (meta.craters[c]["lat"], meta.craters[c]["lon"], meta.craters[c]["diameter_km"]) for c in ids}
+    lat = np.array([craters[c][0] for c in ids], np.float64)
+    lon = np.array([craters[c][1] for c in ids], np.float64)
+    diam = np.array([craters[c][2] for c in ids], np.float64)
     if source is not None:
         from trn.data.terrain import load_elevation
 
@@ -190,6 +245,7 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     db.save(out / DB_FILE)
     doc = {"format": MAP_FORMAT, "version": MAP_VERSION, "model": emb.name, "input_size": emb.input_size,
            "embedding_dim": emb.dim, "dataset": str(ds.root), "surface": surface, "appearance": appearance,
+           "catalogue": catalogue, "near_track_km": near_track_km,
            "db_sha256": _sha256(out / DB_FILE),
            "columns": ["lat_deg", "lon_deg_east", "radius_km", "diameter_km"],
            "craters": {str(c): [float(a), float(b), float(r), float(d)] for c, a, b, r, d in zip(ids, lat, lon, radius, diam)}}
