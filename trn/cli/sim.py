@@ -81,6 +81,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="map navigation drops, before any search, detections whose box seen from the altimeter's "
                          "height spans less than FACTOR x the map's smallest crater (default: no gate; 1.0 was "
                          "chosen on the detector's validation frames, docs/detector.md)")
+    l1.add_argument("--lis-candidates", type=int_between(1, 10000), default=None, metavar="K",
+                    help="lost_in_space_fix: map craters per detection from the descriptor's ranking (default 16)")
+    l1.add_argument("--lis-min-inliers", type=int_between(2, 100), default=None, metavar="N",
+                    help="lost_in_space_fix: detections that must agree before a fix is declared (default 2)")
     l1.add_argument("--boxes", default=None, metavar="KIND[,KIND...]",
                     help="navigation boxes: annotations (the default: the paper's Head et al. craters, emulated "
                          "detector noise), union (every union-catalogue crater, trn-detect label), detector (a "
@@ -229,7 +233,8 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
             omap = maps[emb.name]
             name = emb.name if kind == "annotations" else f"{emb.name} [{kind} boxes]"
             if "lost_in_space_fix" in which:
-                lis = lost_in_space_fixes(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate, seed=sk.seed)
+                lis = lost_in_space_fixes(dsk, emb, omap, sk, cfg=_lost_config(args), box_sigma_px=sigma,
+                                          gate=args.map_gate, seed=sk.seed)
                 lis["boxes"] = summary
                 _print_lost_fixes(name, lis)
                 lis_doc[name] = lis
@@ -248,6 +253,14 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
     if lis_doc:
         (out / "lost_in_space_fix.json").write_text(json.dumps(lis_doc, indent=1, default=float) + "\n",
                                                     encoding="utf-8")
+
+
+def _lost_config(args):
+    from trn.nav.lost import LostConfig
+
+    given = {k: v for k, v in (("candidates", args.lis_candidates), ("min_inliers", args.lis_min_inliers))
+             if v is not None}
+    return LostConfig(**given)
 
 
 def _print_lost_fixes(name: str, rep: dict) -> None:
@@ -295,6 +308,8 @@ SCENARIO_OPTIONS = (
     ("--map-source", "map_source", MAP_SCENARIOS),
     ("--map-appearance", "map_appearance", MAP_SCENARIOS),
     ("--map-gate", "map_gate", MAP_SCENARIOS),
+    ("--lis-candidates", "lis_candidates", ("lost_in_space_fix",)),
+    ("--lis-min-inliers", "lis_min_inliers", ("lost_in_space_fix",)),
     ("--profile", "profile", ("moon_navigation",)),
     ("--board", "board", ("moon_navigation",)),
     ("--nms", "nms", MOTION_SCENARIOS),
