@@ -14,13 +14,15 @@ of the map craters' detections kept, and the F1 of the two; the factor of highes
 from __future__ import annotations
 
 import argparse
-import platform
 import sys
 from pathlib import Path
 
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _hw import hardware  # noqa: E402
 
 from trn.data.detection import read_labels  # noqa: E402
 from trn.data.sources import SMALL_ID_OFFSET  # noqa: E402
@@ -50,7 +52,7 @@ def main() -> int:
     est, is_map = np.array(est), np.array(is_map)
     print(f"# map size gate on validation frames of {' '.join(args.data)}; detector {args.detector} "
           f"(threshold {thr}, gate {meta.get('gate_km')} km); {len(est)} detections, {int(is_map.sum())} of map "
-          f"craters (>= {MAP_MIN_KM:g} km); {platform.processor() or platform.machine()}")
+          f"craters (>= {MAP_MIN_KM:g} km); {hardware()}")
     print("| factor | gate km | kept | of them map craters | purity | map-crater detections kept | F1 |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     best = None
