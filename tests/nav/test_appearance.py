@@ -167,6 +167,14 @@ def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path,
         g, n = r["recognition"], r["navigation"]
         assert g["matched"] <= rep["detections"] and g["correct"] <= g["matched"] and n["frames"] == 18
         assert "trn_day_after_first_fix" in n
+    assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--scenario", "map_navigation", "--cold-start",
+                         "--map", str(tmp_path / "map"), "--model", str(tmp_path / "run"), "--threads", "1",
+                         "--no-progress", "--out", str(tmp_path / "rc")]) == 0
+    cold = next(iter(json.loads((tmp_path / "rc" / "map_navigation.json").read_text()).values()))
+    for r in cold["runs"].values():  # no state until two verified fixes: every figure says so
+        n = r["navigation"]
+        assert n["cold_start"] and (n["initialised_s"] is None) == (n["initialisations"] == 0)
+        assert n["dead_reckoning"]["rms_km"] != n["dead_reckoning"]["rms_km"]  # NaN: no baseline without a state
     assert sim_cli.main(["map", "build", "--data", str(tmp_path / "d"), "--model", str(tmp_path / "run"), "--out",
                          str(tmp_path / "map2"), "--appearance", "predicted", "--threads", "1"]) == 2
     assert "terrain source" in capsys.readouterr().err

@@ -118,3 +118,48 @@ def test_map_size_gate_keeps_boxes_that_can_be_map_craters():
     np.testing.assert_array_equal(map_size_gate(ds, dets, 20.0, 0.0, seed=0), [True, False, True])
     np.testing.assert_array_equal(map_size_gate(ds, dets, 22.0, 0.0, seed=0), [False, False, False])
     assert map_size_gate(ds, [], 20.0, 0.05, seed=0).shape == (0,)
+
+
+def _lost_fixes(states, frames, rng, sigma_km=0.2, offset=None):
+    out = {}
+    for i in frames:
+        z = states[i, :3] + rng.normal(0, sigma_km, 3) + (0 if offset is None else offset)
+        out[i] = (z, np.eye(3) * sigma_km ** 2)
+    return out
+
+
+def test_cold_start_initialises_from_two_lost_in_space_fixes_and_then_navigates():
+    """No state at all: nothing is estimated until two verified fixes 60 s apart give the orbit
+    through them; from there the windowed fixes keep the error small, and the first frames have
+    no estimate (NaN), not a made-up one."""
+    from trn.nav.scenario import ColdStart
+
+    ds, states, rots, craters = synthetic()
+    rng = np.random.default_rng(5)
+    cold = ColdStart(_lost_fixes(states, [12, 18, 40], rng))
+    res = navigate(ds, oracle_matches(states, rots, craters), lambda ids: craters[ids],
+                   SensorModel(pixel_sigma=1.0, landmark_sigma_km=0.05), seed=1, cold=cold)
+    assert np.isnan(res.error_km[:18]).all() and np.isfinite(res.error_km[18:]).all()
+    s = res.summary()
+    assert s["first_lost_fix_s"] == 120.0 and s["initialised_s"] == 180.0 and s["initialisations"] == 1
+    assert s["initial_error_km"] < 1.0 and res.error_km[60:].max() < 0.5
+    assert np.isnan(res.dr_error_km).all() and s["trn"]["rms_km"] < 1.0
+
+
+def test_cold_start_reinitialises_when_the_filter_has_lost_track():
+    """Two consistent but wrong fixes (50 km off) initialise the filter wrongly; the right windowed
+    fixes are then refused by its gate, and after five refusals a lost-in-space fix that disagrees
+    restarts the initialisation, which two right fixes complete."""
+    from trn.nav.scenario import ColdStart, SearchWindow  # noqa: F401
+
+    ds, states, rots, craters = synthetic(n=72)  # the crater grid stays in view
+    rng = np.random.default_rng(6)
+    fixes = _lost_fixes(states, [3, 9], rng, offset=np.array([50.0, 0.0, 0.0]))
+    fixes |= _lost_fixes(states, [30, 36], rng)
+    res = navigate(ds, oracle_matches(states, rots, craters, every=2), lambda ids: craters[ids],
+                   SensorModel(pixel_sigma=1.0, landmark_sigma_km=0.05), seed=2, cold=ColdStart(fixes, reinit_after=5))
+    s = res.summary()
+    assert s["initialisations"] == 2 and s["reinitialisations"] == 1
+    assert res.error_km[9:30].min() > 10.0  # lost: the wrong start
+    assert np.isnan(res.error_km[31:36]).all()  # re-initialising: no estimate
+    assert res.error_km[50:].max() < 0.5  # found again

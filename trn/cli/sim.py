@@ -81,6 +81,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="map navigation drops, before any search, detections whose box seen from the altimeter's "
                          "height spans less than FACTOR x the map's smallest crater (default: no gate; 1.0 was "
                          "chosen on the detector's validation frames, docs/detector.md)")
+    l1.add_argument("--cold-start", action="store_true", default=None,
+                    help="map_navigation with no initial state: the filter starts from two verified lost-in-space "
+                         "fixes (and re-initialises from them when it has lost track)")
     l1.add_argument("--lis-candidates", type=int_between(1, 10000), default=None, metavar="K",
                     help="lost_in_space_fix: map craters per detection from the descriptor's ranking (default 16)")
     l1.add_argument("--lis-min-inliers", type=int_between(2, 100), default=None, metavar="N",
@@ -240,7 +243,8 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
                 lis_doc[name] = lis
             if "map_navigation" not in which:
                 continue
-            rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate)
+            rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate, cold_start=bool(args.cold_start),
+                                 lost_cfg=_lost_config(args))
             rep["boxes"] = summary
             _print_map_navigation(name, rep)
             plot_navigation(rep, out / f"map_navigation__{name.replace(' ', '_')}.png",
@@ -298,6 +302,13 @@ def _print_map_navigation(name: str, rep: dict) -> None:
               f"{n['trn']['p95_km']:.3f} | {n['trn']['max_km']:.3f} | {n['trn_day_after_first_fix']['rms_km']:.3f}, "
               f"{n['trn_night_after_first_fix']['max_km']:.3f} (first fix at {(n['first_fix_s'] or float('nan')) / 60:.0f} min) | "
               f"{n['dead_reckoning']['rms_km']:.3f} | {n['dead_reckoning']['max_km']:.3f} |")
+    n = rep["runs"][f"{rep['threshold']:g}"]["navigation"]
+    if n.get("cold_start"):
+        fmt = lambda v: "never" if v is None else f"{v / 60:.1f} min"  # noqa: E731
+        print(f"cold start at threshold {rep['threshold']:g}: first verified lost-in-space fix {fmt(n['first_lost_fix_s'])}, "
+              f"filter initialised {fmt(n['initialised_s'])} (error then "
+              f"{'n/a' if n['initial_error_km'] is None else format(n['initial_error_km'], '.3f') + ' km'}), "
+              f"{n['initialisations']} initialisations, {n.get('reinitialisations', 0)} re-initialisations")
 
 
 MOTION_SCENARIOS = ("moon_navigation", "lost_in_space") + MAP_SCENARIOS  # the ones that read frames
@@ -308,8 +319,9 @@ SCENARIO_OPTIONS = (
     ("--map-source", "map_source", MAP_SCENARIOS),
     ("--map-appearance", "map_appearance", MAP_SCENARIOS),
     ("--map-gate", "map_gate", MAP_SCENARIOS),
-    ("--lis-candidates", "lis_candidates", ("lost_in_space_fix",)),
-    ("--lis-min-inliers", "lis_min_inliers", ("lost_in_space_fix",)),
+    ("--lis-candidates", "lis_candidates", MAP_SCENARIOS),
+    ("--lis-min-inliers", "lis_min_inliers", MAP_SCENARIOS),
+    ("--cold-start", "cold_start", ("map_navigation",)),
     ("--profile", "profile", ("moon_navigation",)),
     ("--board", "board", ("moon_navigation",)),
     ("--nms", "nms", MOTION_SCENARIOS),

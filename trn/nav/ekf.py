@@ -125,3 +125,40 @@ class Ekf:
         ikh = np.eye(6) - k @ h
         self.p = ikh @ self.p @ ikh.T + k @ r @ k.T  # Joseph form
         return True, nis
+
+
+def state_from_two_fixes(p1: np.ndarray, c1: np.ndarray, t1: float, p2: np.ndarray, c2: np.ndarray, t2: float,
+                         j2: bool = True) -> tuple[np.ndarray, np.ndarray]:
+    """The orbit state at ``t2`` through two position fixes (km, covariances km^2): the velocity at
+    ``t1`` for which the dynamics carry p1 to p2 (Newton on the transition matrix, a shooting
+    solve), propagated to ``t2``; covariance by first-order propagation of both fixes' covariances
+    through that solve (finite differences). Raises ConfigError when the fixes are too close in
+    time or the solve does not converge."""
+    p1, p2 = np.asarray(p1, np.float64).reshape(3), np.asarray(p2, np.float64).reshape(3)
+    dt = float(t2 - t1)
+    if not dt > 1.0:
+        raise ConfigError(f"two fixes {dt:.1f} s apart: need the later one more than 1 s after the first")
+
+    def solve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        v = (b - a) / dt
+        for _ in range(8):
+            x = rk4(np.concatenate([a, v]), dt, j2)
+            miss = b - x[:3]
+            if np.linalg.norm(miss) < 1e-9:
+                break
+            v = v + np.linalg.solve(transition(np.concatenate([a, v]), dt, j2)[:3, 3:], miss)
+        x = rk4(np.concatenate([a, v]), dt, j2)
+        if np.linalg.norm(x[:3] - b) > 1e-6:
+            raise ConfigError("no orbit joins the two fixes (the shooting solve did not converge)")
+        return x
+
+    x = solve(p1, p2)
+    jac = np.empty((6, 6))
+    for k in range(6):
+        d = np.zeros(6)
+        d[k] = 1e-3
+        jac[:, k] = (solve(p1 + d[:3], p2 + d[3:]) - solve(p1 - d[:3], p2 - d[3:])) / 2e-3
+    cov = np.zeros((6, 6))
+    cov[:3, :3], cov[3:, 3:] = np.asarray(c1, np.float64), np.asarray(c2, np.float64)
+    p = jac @ cov @ jac.T
+    return x, 0.5 * (p + p.T)

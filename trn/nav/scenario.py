@@ -18,7 +18,7 @@ import numpy as np
 from trn.data.luna1 import Luna1Dataset
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, quat_to_matrix
-from trn.nav.ekf import Ekf
+from trn.nav.ekf import Ekf, state_from_two_fixes
 from trn.nav.fix import angular_sigma, pixel_bearings, ransac_bearings, solve_range
 from trn.nav.sensors import SensorModel
 
@@ -43,6 +43,7 @@ class NavResult:
 
     def summary(self) -> dict:
         def stats(e: np.ndarray) -> dict:
+            e = e[np.isfinite(e)]  # a cold start has no estimate before its initialisation
             if not len(e):
                 return {"rms_km": float("nan"), "p95_km": float("nan"), "max_km": float("nan")}
             return {"rms_km": float(np.sqrt(np.mean(e ** 2))), "p95_km": float(np.percentile(e, 95)),
@@ -80,12 +81,30 @@ def _small_rotation(rng: np.random.Generator, sigma_rad: float) -> np.ndarray:
     return np.eye(3) + np.sin(th) * kx + (1 - np.cos(th)) * kx @ kx
 
 
+@dataclass(frozen=True)
+class ColdStart:
+    """Start with no state: the filter is initialised from two verified lost-in-space fixes
+    (``fixes``: {frame: (position [3] km, covariance [3, 3] km^2)}) ``min_dt_s`` to ``max_dt_s``
+    apart, through the orbit that joins them (:func:`trn.nav.ekf.state_from_two_fixes`), whose
+    speed must be orbital (``speed_km_s``). Re-initialisation: after ``reinit_after`` consecutive
+    fixes refused by the filter's gate, a lost-in-space fix farther than the gate from the
+    estimate restarts the initialisation there."""
+
+    fixes: dict
+    min_dt_s: float = 30.0
+    max_dt_s: float = 900.0
+    speed_km_s: tuple[float, float] = (0.5, 3.0)
+    reinit_after: int = 5
+
+
 def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, sensors: SensorModel, seed: int = 0,
-             pixel_sigma: float | None = None, matcher=None) -> NavResult:
+             pixel_sigma: float | None = None, matcher=None, cold: ColdStart | None = None) -> NavResult:
     """Run the filter along every frame of ``ds`` with the given matches per frame number;
     ``positions(ids)`` gives the map's body-fixed positions [n, 3]. With ``matcher`` the matches
     are made in flight instead: ``matcher(frame, predicted position, its 3x3 covariance,
-    estimated attitude)`` returns the frame's matches (:class:`SearchWindow`)."""
+    estimated attitude)`` returns the frame's matches (:class:`SearchWindow`). With ``cold`` the
+    run starts with no state at all (:class:`ColdStart`): until the filter is initialised a frame
+    has no estimate (its error is NaN) and there is no dead-reckoning baseline."""
     if ds.poses is None or ds.metadata is None or not ds.metadata.camera:
         raise DataError("map navigation needs poses and metadata.json (camera, frame epochs)", ds.root)
     rng = np.random.default_rng([seed, 13])
@@ -100,8 +119,10 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
     sigma = angular_sigma(cam, sig_px, s.attitude_sigma_arcsec)
     p0 = np.diag([s.initial_position_sigma_km] * 3 + [s.initial_velocity_sigma_m_s * 1e-3] * 3) ** 2
     x0 = np.concatenate([pos[0], vel[0]]) + rng.multivariate_normal(np.zeros(6), p0)
-    f = Ekf(x0.copy(), p0.copy(), float(t[0]), s.accel_sigma_km_s2, s.gate_probability)
-    dr = Ekf(x0.copy(), p0.copy(), float(t[0]), s.accel_sigma_km_s2)
+    f = None if cold else Ekf(x0.copy(), p0.copy(), float(t[0]), s.accel_sigma_km_s2, s.gate_probability)
+    dr = None if cold else Ekf(x0.copy(), p0.copy(), float(t[0]), s.accel_sigma_km_s2)
+    first: tuple | None = None  # cold start: the first fix of the pair that will initialise the filter
+    refused_run = 0
     n = len(t)
     err, sig3, dr_err = np.zeros(n), np.zeros(n), np.zeros(n)
     fixed = np.zeros(n, bool)
@@ -109,9 +130,38 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
         if len(ds.metadata.frames) == n else np.ones(n, bool)
     c = {"matches": 0, "correct_matches": 0, "wrong_matches": 0, "used": 0, "used_wrong": 0, "rejected_ransac": 0,
          "rejected_gate": 0, "fixes_bearings": 0, "fixes_range": 0}
+    if cold:
+        c |= {"cold_start": True, "first_lost_fix_s": None, "initialised_s": None, "initialisations": 0,
+              "initial_error_km": None}
     for i in range(n):
+        if f is None:  # cold start: no state yet
+            err[i] = sig3[i] = dr_err[i] = np.nan
+            fx = cold.fixes.get(i)
+            if fx is None:
+                continue
+            if c["first_lost_fix_s"] is None:
+                c["first_lost_fix_s"] = float(t[i] - t[0])
+            if first is not None and cold.min_dt_s <= t[i] - first[0] <= cold.max_dt_s:
+                try:
+                    x, p = state_from_two_fixes(first[1], first[2], first[0], fx[0], fx[1], float(t[i]))
+                except ConfigError:
+                    x = None
+                if x is not None and cold.speed_km_s[0] <= np.linalg.norm(x[3:]) <= cold.speed_km_s[1]:
+                    f = Ekf(x, p, float(t[i]), s.accel_sigma_km_s2, s.gate_probability)
+                    c["initialisations"] += 1
+                    if c["initialised_s"] is None:
+                        c["initialised_s"] = float(t[i] - t[0])
+                        c["initial_error_km"] = float(np.linalg.norm(x[:3] - pos[i]))
+                    refused_run, fixed[i] = 0, True
+                    err[i] = np.linalg.norm(f.x[:3] - pos[i])
+                    sig3[i] = 3.0 * np.sqrt(np.trace(f.p[:3, :3]) / 3.0)
+                    continue
+            if first is None or t[i] - first[0] > cold.max_dt_s or t[i] - first[0] >= cold.min_dt_s:
+                first = (float(t[i]), np.asarray(fx[0], np.float64), np.asarray(fx[1], np.float64))
+            continue
         f.predict(float(t[i]))
-        dr.predict(float(t[i]))
+        if dr is not None:
+            dr.predict(float(t[i]))
         if matcher is not None:
             rot_est = _small_rotation(rng, np.radians(s.attitude_sigma_arcsec / 3600.0)) @ rot[i]
             ms = matcher(i, f.x[:3].copy(), f.p[:3, :3].copy(), rot_est)
@@ -149,11 +199,21 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
                     c[kind] += 1
                     c["used"] += len(used)
                     c["used_wrong"] += sum(ms[k].crater != ms[k].true_crater for k in used)
+                    refused_run = 0
                 else:
                     c["rejected_gate"] += len(used)
+                    refused_run += 1
         err[i] = np.linalg.norm(f.x[:3] - pos[i])
         sig3[i] = 3.0 * np.sqrt(np.trace(f.p[:3, :3]) / 3.0)
-        dr_err[i] = np.linalg.norm(dr.x[:3] - pos[i])
+        dr_err[i] = np.linalg.norm(dr.x[:3] - pos[i]) if dr is not None else np.nan
+        if cold and refused_run >= cold.reinit_after and i in cold.fixes:
+            z, r = cold.fixes[i]
+            applied, nis = f.update(z, r)
+            if not applied:  # the lost-in-space fix disagrees too: the filter has lost track
+                f, first, refused_run = None, (float(t[i]), np.asarray(z, np.float64), np.asarray(r, np.float64)), 0
+                c["reinitialisations"] = c.get("reinitialisations", 0) + 1
+            else:
+                fixed[i], refused_run = True, 0
     return NavResult(t, err, sig3, dr_err, fixed, day, c)
 
 
@@ -254,15 +314,22 @@ def map_size_gate(ds: Luna1Dataset, flat: list, min_km: float, altimeter_sigma_k
 
 def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None,
                    thresholds: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9, 0.95), n_sigma: float = 3.0,
-                   box_sigma_px: float | None = None, gate: float | None = None) -> dict:
+                   box_sigma_px: float | None = None, gate: float | None = None, cold_start: bool = False,
+                   lost_cfg=None) -> dict:
     """Navigation with TRN at ``s.threshold`` and at each of ``thresholds``, against dead
     reckoning: each detection matched within its search window (:class:`SearchWindow`).
     Recognition against the whole map (no window) is reported beside it. ``box_sigma_px``: the
     per-axis error of a box centre when the boxes come from a detector (measured on its validation
     frames), in place of the scenario's emulated detector noise. ``gate``: drop, before any
     search, the detections whose estimated diameter is below ``gate`` times the map's smallest
-    crater (:func:`map_size_gate`)."""
+    crater (:func:`map_size_gate`). ``cold_start``: no initial state; the filter starts from the
+    frames' verified lost-in-space fixes (:class:`ColdStart`, :func:`lost_in_space_fixes`)."""
     sensors = sensors or SensorModel()
+    cold = None
+    if cold_start:
+        lis = lost_in_space_fixes(ds, emb, omap, s, sensors, lost_cfg, box_sigma_px, gate, s.seed)
+        cold = ColdStart({r["frame"]: (np.array(r["position_km"]), np.array(r["cov_km2"]))
+                          for r in lis["frames"] if r["declared"]})
     flat, sims = map_matches(ds, emb, omap, s)
     before = len(flat)
     if gate is not None:
@@ -286,7 +353,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     runs = {}
     for thr in sorted(set(thresholds) | {s.threshold}):
         window = SearchWindow(flat, sims, list(omap.ids), positions, cam, thr, n_sigma, pix)
-        res = navigate(ds, {}, omap.positions, sensors, s.seed, pixel_sigma=pix, matcher=window)
+        res = navigate(ds, {}, omap.positions, sensors, s.seed, pixel_sigma=pix, matcher=window, cold=cold)
         m = score >= thr
         cnt = res.counts
         rec = {"matched": int(cnt["matches"]), "correct": int(cnt["correct_matches"]),
@@ -354,7 +421,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | N
         sig = float(np.sqrt(np.trace(fx.cov))) if fx.declared else None
         inl_ok = sum(int(flat[ks[a]].label) == int(omap.ids[r]) for a, r in fx.inliers) if fx.declared else 0
         rows.append({"frame": int(fr), "detections": len(ks), "declared": fx.declared, "reason": fx.reason,
-                     "error_km": err, "sigma_km": sig, "support": fx.support, "runner_up": fx.runner_up,
+                     "position_km": fx.position.tolist() if fx.declared else None,
+                     "cov_km2": fx.cov.tolist() if fx.declared else None, "error_km": err, "sigma_km": sig, "support": fx.support, "runner_up": fx.runner_up,
                      "inliers_correct": inl_ok, "candidates": fx.candidates, "hypotheses": fx.hypotheses,
                      "ms": ms})
 
