@@ -169,3 +169,15 @@ def test_trn_sim_runs_the_navigation_scenarios_on_each_kind_of_box(det_run, boxe
     methods = {r["method"] for r in doc["results"]}
     assert {m.split(" [")[-1] for m in methods} == {"flight_conv2d_se_union", "union boxes]", "detector boxes]"}
     assert set(doc["context"]["boxes"]) == {"annotations", "union", "detector"}
+
+
+def test_best_epoch_is_chosen_by_the_recorded_ap_as_the_threshold_is():
+    """An epoch whose AP rounds up to the best recorded value is the best (the bug that kept an
+    earlier epoch in best.pt); a later epoch wins a tie; a worse one is not the best."""
+    from trn.detect.model import chosen_threshold
+    from trn.detect.train import is_best
+
+    h = [{"epoch": 1, "val_ap50": 0.6293, "val_threshold": 0.33}, {"epoch": 2, "val_ap50": 0.6376, "val_threshold": 0.35}]
+    assert is_best(h) and chosen_threshold({"history": h}) == 0.35
+    assert is_best(h + [{"epoch": 3, "val_ap50": 0.6376, "val_threshold": 0.3}])
+    assert not is_best(h + [{"epoch": 3, "val_ap50": 0.6375, "val_threshold": 0.3}])

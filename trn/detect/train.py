@@ -224,6 +224,15 @@ def _finite(d: dict) -> dict:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
 
+def is_best(history: list[dict]) -> bool:
+    """The last epoch is the best so far by the recorded validation AP@0.5 (later epochs win ties),
+    the same rule :func:`trn.detect.model.chosen_threshold` reads the history by, so that
+    ``best.pt`` always holds the epoch whose threshold it carries. (Comparing the unrounded AP
+    with the recorded, rounded ones once let an epoch that rounded up lose to itself.)"""
+    last = history[-1]
+    return max(history, key=lambda r: (r["val_ap50"], r["epoch"])) is last
+
+
 def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False, stop_after: int | None = None,
                    limit: int | None = None) -> list[dict]:
     """Train (or resume) into ``out``: ``last.pt`` every epoch, ``best.pt`` at the best validation
@@ -292,7 +301,7 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
               "train_config": cfg.to_dict(), "model": model.state_dict(), "optimizer": opt.state_dict(),
               "epoch": epoch + 1, "history": history}
         save_checked(ck, out / "last.pt")
-        if sm.ap50 >= max(r["val_ap50"] for r in history):
+        if is_best(history):
             save_checked({**ck, "optimizer": {}}, out / "best.pt")
         with open(out / "log.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
