@@ -1,127 +1,207 @@
-"""Lost-in-space fixes on constructed frames: exact without noise, refused when the descriptor's
-best matches are all wrong or when one detection cannot be verified, and a covariance that agrees
-with the errors over seeded Monte Carlo."""
+"""Lost-in-space identification on constructed frames: boxes made by the annotation rule itself
+(the rim projected and clipped), a map of craters over the whole sphere. Exact without noise; a
+chance pattern and one detection are refused; the descriptor-first variant refuses a frame whose
+best matches are all wrong; the covariance agrees with the errors over seeded Monte Carlo; a short
+window of frames decides what one frame cannot."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from trn.data.annotate import AnnotateConfig, crater_box
 from trn.errors import ConfigError, DataError
-from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose, world_to_camera
-from trn.nav.fix import angular_sigma
-from trn.nav.lost import REASONS, LostConfig, lost_in_space_fix
+from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose, xyz_to_latlon
+from trn.nav.lost import REASONS, CraterMap, LostConfig, Sigmas, WindowFixer, box_geometry, frame_hypotheses
 
 CAM = PinholeCamera(512, 512, 39.6)
+FLAT = AnnotateConfig(rim_points=48)
 
 
-def world(seed: int = 0, n_map: int = 3000):
-    """A spacecraft 100 km over (10 N, 20 E) looking at nadir, and a map of craters: some under the
-    camera, the rest spread over a 40 x 40 degree region (so that candidates elsewhere exist)."""
+def flat_height(lat, lon):
+    return np.zeros(np.shape(np.atleast_1d(lat)))
+
+
+def world(seed: int = 0, n_map: int = 25_000):
+    """A map over the whole sphere (diameters by a power law, 5 to 300 km) on the reference sphere."""
     rng = np.random.default_rng(seed)
-    sc = latlon_to_xyz(np.array([10.0]), np.array([20.0]), MOON_RADIUS_KM + 100.0)[0]
+    lat = np.degrees(np.arcsin(rng.uniform(-1, 1, n_map)))
+    lon = rng.uniform(0, 360, n_map)
+    dia = np.minimum(5.0 * (1 - rng.uniform(0, 0.99, n_map)) ** (-1 / 1.8), 300.0)
+    return lat, lon, dia, CraterMap(np.arange(n_map) + 1, latlon_to_xyz(lat, lon, MOON_RADIUS_KM), dia)
+
+
+def pose(lat: float, lon: float, alt: float = 100.0):
+    sc = latlon_to_xyz(np.array([lat]), np.array([lon]), MOON_RADIUS_KM + alt)[0]
     vel = np.cross([0.0, 0.0, 1.0], sc)
-    rot = nadir_pose(sc, vel / np.linalg.norm(vel) * 1.6)
-    lat = np.concatenate([10 + rng.uniform(-0.8, 0.8, 40), rng.uniform(-10, 30, n_map)])
-    lon = np.concatenate([20 + rng.uniform(-0.8, 0.8, 40), rng.uniform(0, 40, n_map)])
-    pos = latlon_to_xyz(lat, lon, MOON_RADIUS_KM)
-    dia = np.exp(rng.uniform(np.log(5.0), np.log(30.0), len(pos)))
-    return sc, rot, pos, dia
+    return sc, nadir_pose(sc, vel / np.linalg.norm(vel) * 1.6)
 
 
-def frame(sc, rot, pos, dia, k: int, rng, pixel_sigma: float = 0.0):
-    u, v, z = CAM.project(world_to_camera(pos, rot, sc))
-    side = dia * CAM.focal_px / np.maximum(z, 1e-6)
-    vis = np.flatnonzero((z > 0) & (u > 30) & (u < 482) & (v > 30) & (v < 482) & (side >= 12))
-    pick = rng.choice(vis, size=min(k, len(vis)), replace=False)
-    px = np.stack([u[pick], v[pick]], 1) + rng.normal(0, pixel_sigma, (len(pick), 2))
-    return pick, px, side[pick]
+def boxes_of(sc, rot, lat, lon, dia, cmap):
+    """Every map crater the annotation rule boxes from this pose: (boxes [n, 4], map rows)."""
+    rows = cmap.index.within(sc / np.linalg.norm(sc) * MOON_RADIUS_KM, 200.0)
+    out, kept = [], []
+    for k in rows:
+        if (sc - cmap.positions[k]) @ cmap.positions[k] <= 0:
+            continue
+        b = crater_box(float(lat[k]), float(lon[k]), float(dia[k]), rot, sc, CAM, flat_height, None, FLAT)
+        if b is not None:
+            out.append(b)
+            kept.append(int(k))
+    return np.array(out, np.float64).reshape(-1, 4), np.array(kept, int)
 
 
-def sims_for(pick, n_map, rng, true_sim=0.9, decoys=5, decoy_sim=0.95):
-    """The true crater at ``true_sim``, ``decoys`` random others above it, the rest low."""
-    s = rng.uniform(-0.2, 0.5, (len(pick), n_map)).astype(np.float32)
-    for i, t in enumerate(pick):
-        s[i, t] = true_sim
-        s[i, rng.choice(n_map, decoys, replace=False)] = decoy_sim
-    return s
+EXACT = Sigmas(pixel=1.0, attitude_rad=1e-6, landmark_km=0.01, range_km=0.01)
 
 
-def test_the_fix_is_exact_without_noise_even_when_decoys_outscore_the_true_craters():
-    sc, rot, pos, dia = world()
-    rng = np.random.default_rng(1)
-    pick, px, side = frame(sc, rot, pos, dia, 4, rng)
-    s = sims_for(pick, len(pos), rng)
-    fx = lost_in_space_fix(px, side, np.zeros(len(pick), bool), s, pos, dia, rot, float(np.linalg.norm(sc)), CAM,
-                           angular_sigma(CAM, 1.0, 1.0), 0.01, 0.01)
+def radius_of(sc) -> float:
+    return float(np.linalg.norm(sc))
+
+
+def test_box_geometry_recovers_the_centre_of_a_box_cut_by_one_edge():
+    # a 100 px circle centred at x = 20: cut at the left edge, its box is (0, 70)
+    c, d, lower, _ = box_geometry(np.array([[0.0, 70.0, 200.0, 300.0]]), CAM, 1.0)
+    assert c[0, 0] == pytest.approx(20.0) and c[0, 1] == pytest.approx(250.0) and d[0] == 100.0 and not lower[0]
+    _, _, lower, sig = box_geometry(np.array([[0.0, 70.0, 0.0, 40.0]]), CAM, 1.0)  # cut in both directions
+    assert lower[0] and sig[0] > 5.0
+
+
+def test_the_fix_is_exact_without_noise():
+    lat, lon, dia, cmap = world()
+    sc, rot = pose(10.0, 20.0)
+    boxes, rows = boxes_of(sc, rot, lat, lon, dia, cmap)
+    assert len(rows) >= 4
+    fx = frame_hypotheses(boxes, rot, radius_of(sc), None, CAM, cmap, EXACT)
     assert fx.declared and fx.reason == REASONS[0]
-    assert np.linalg.norm(fx.position - sc) < 1e-3  # metres: exact geometry, no noise
-    assert sorted(r for _, r in fx.inliers) == sorted(pick.tolist()) and fx.support == 4
-    assert fx.runner_up < fx.support and fx.hypotheses > 4
+    # whole-pixel boxes (the rule rounds them outwards) are the only error left: tens of metres
+    assert np.linalg.norm(fx.position - sc) < 0.05
+    assert sorted(r for _, r in fx.inliers) == sorted(rows.tolist()) and fx.support == len(rows)
+    assert fx.llr - fx.runner_up >= LostConfig().min_margin and fx.candidates > 1000
 
 
-def test_two_detections_suffice_and_one_is_refused():
-    sc, rot, pos, dia = world(seed=2)
-    rng = np.random.default_rng(3)
-    pick, px, side = frame(sc, rot, pos, dia, 2, rng)
-    s = sims_for(pick, len(pos), rng)
-    args = (pos, dia, rot, float(np.linalg.norm(sc)), CAM, angular_sigma(CAM, 1.0, 1.0), 0.01, 0.01)
-    two = lost_in_space_fix(px, side, np.zeros(2, bool), s, *args)
-    assert two.declared and np.linalg.norm(two.position - sc) < 1e-3
-    one = lost_in_space_fix(px[:1], side[:1], np.zeros(1, bool), s[:1], *args)
+def test_one_detection_and_no_detection_are_refused_with_their_reason():
+    lat, lon, dia, cmap = world(seed=2)
+    sc, rot = pose(-20.0, 140.0)
+    boxes, _ = boxes_of(sc, rot, lat, lon, dia, cmap)
+    one = frame_hypotheses(boxes[:1], rot, radius_of(sc), None, CAM, cmap, EXACT)
     assert not one.declared and one.reason.startswith("one detection") and one.position is None
-    none = lost_in_space_fix(np.zeros((0, 2)), np.zeros(0), np.zeros(0, bool), np.zeros((0, len(pos))), *args)
+    none = frame_hypotheses(np.zeros((0, 4)), rot, radius_of(sc), None, CAM, cmap, EXACT)
     assert not none.declared and none.reason == "no detection"
 
 
-def test_a_frame_whose_best_descriptor_matches_are_all_wrong_is_refused():
-    """The true craters rank below 16 decoys each (outside the candidates): no position is
-    supported twice, and the frame says so instead of fixing somewhere."""
-    sc, rot, pos, dia = world(seed=4)
-    rng = np.random.default_rng(5)
-    pick, px, side = frame(sc, rot, pos, dia, 4, rng)
-    s = sims_for(pick, len(pos), rng, true_sim=0.6, decoys=40, decoy_sim=0.95)
-    fx = lost_in_space_fix(px, side, np.zeros(4, bool), s, pos, dia, rot, float(np.linalg.norm(sc)), CAM,
-                           angular_sigma(CAM, 1.0, 1.0), 0.01, 0.01)
+def test_a_frame_of_craters_that_the_map_does_not_hold_is_refused():
+    """The frame shows craters of another world (none of them in the map): no position may be
+    declared, however many chance alignments the 25,000-crater map offers."""
+    lat, lon, dia, cmap = world(seed=3)
+    lat2, lon2, dia2, other = world(seed=4)
+    refused = 0
+    for la, lo in ((5.0, 30.0), (-40.0, 200.0), (25.0, 300.0)):
+        sc, rot = pose(la, lo)
+        boxes, _ = boxes_of(sc, rot, lat2, lon2, dia2, other)
+        fx = frame_hypotheses(boxes, rot, radius_of(sc), None, CAM, cmap, EXACT)
+        refused += not fx.declared
+    assert refused == 3
+
+
+def test_descriptor_candidates_that_are_all_wrong_are_refused():
+    """With candidates from the descriptor (the K most similar map craters), a frame whose true
+    craters all rank below K decoys is refused rather than fixed somewhere."""
+    lat, lon, dia, cmap = world(seed=5)
+    sc, rot = pose(30.0, 60.0)
+    boxes, rows = boxes_of(sc, rot, lat, lon, dia, cmap)
+    rng = np.random.default_rng(6)
+    sims = rng.uniform(-0.2, 0.5, (len(rows), len(cmap))).astype(np.float32)
+    for i, r in enumerate(rows):
+        sims[i, r] = 0.6
+        sims[i, rng.choice(len(cmap), 40, replace=False)] = 0.95
+    cfg = LostConfig(candidates=16)
+    fx = frame_hypotheses(boxes, rot, radius_of(sc), None, CAM, cmap, EXACT, cfg, sims=sims)
     assert not fx.declared and fx.reason in REASONS[4:] and fx.position is None
-    assert fx.hypotheses > 0 and fx.support < 2 or fx.runner_up >= fx.support
+    for i, r in enumerate(rows):  # the same frame with the true craters ranked first is fixed
+        sims[i, r] = 0.99
+    fx = frame_hypotheses(boxes, rot, radius_of(sc), None, CAM, cmap, EXACT, cfg, sims=sims)
+    assert fx.declared and np.linalg.norm(fx.position - sc) < 0.05
 
 
 def test_covariance_agrees_with_the_errors_over_seeded_monte_carlo():
-    """Box centres with 1.5 px of noise, attitude 10 arcsec, map positions 0.3 km, altimeter 50 m:
+    """Box edges with 1.5 px of noise, attitude 10 arcsec, map positions 0.3 km, altimeter 50 m:
     the normalised squared error of declared fixes averages about 3 (chi-square, 3 degrees)."""
-    sc, rot, pos, dia = world(seed=6)
-    rng = np.random.default_rng(7)
-    sigma = angular_sigma(CAM, 1.5, 10.0)
+    lat, lon, dia, cmap = world(seed=7)
+    rng = np.random.default_rng(8)
+    sig = Sigmas(pixel=1.5, attitude_rad=np.radians(10.0 / 3600.0), landmark_km=0.3, range_km=0.05)
     nees = []
-    for _ in range(150):
-        pick, px, side = frame(sc, rot, pos, dia, 5, rng, pixel_sigma=1.5)
+    while len(nees) < 60:
+        sc, rot = pose(rng.uniform(-50, 50), rng.uniform(0, 360))
+        boxes, rows = boxes_of(sc, rot, lat, lon, dia, cmap)
+        if len(rows) < 3:
+            continue
+        # the craters lie 0.3 km from where the map holds them; the camera sees where they are
+        where = cmap.positions[rows] + rng.normal(0, 0.3, (len(rows), 3))
+        la, lo, _ = xyz_to_latlon(where)
+        seen = [crater_box(float(a), float(b), float(dia[r]), rot, sc, CAM, flat_height, None, FLAT)
+                for a, b, r in zip(la, lo, rows)]
+        if any(x is None for x in seen):
+            continue
+        boxes = np.array(seen, np.float64)
+        boxes += rng.normal(0, 1.5 / np.sqrt(2), boxes.shape)
         a = rng.normal(0, np.radians(10.0 / 3600.0), 3)
         k = np.array([[0, -a[2], a[1]], [a[2], 0, -a[0]], [-a[1], a[0], 0]])
-        rot_est = (np.eye(3) + k) @ rot
-        noisy = pos.copy()
-        noisy[pick] += rng.normal(0, 0.3, (len(pick), 3))  # the map's error for the craters in view
-        s = sims_for(pick, len(pos), rng)
-        fx = lost_in_space_fix(px, side, np.zeros(len(pick), bool), s, noisy, dia, rot_est,
-                               float(np.linalg.norm(sc)) + rng.normal(0, 0.05), CAM, sigma, 0.3, 0.05)
-        assert fx.declared and np.linalg.norm(fx.position - sc) < 2.0
+        fx = frame_hypotheses(boxes, (np.eye(3) + k) @ rot, radius_of(sc) + rng.normal(0, 0.05), None, CAM, cmap, sig)
+        if not fx.declared:
+            continue
         e = fx.position - sc
+        assert np.linalg.norm(e) < 2.0
         nees.append(float(e @ np.linalg.solve(fx.cov, e)))
-    assert 2.0 < np.mean(nees) < 4.5, np.mean(nees)
+    assert 1.5 < np.mean(nees) < 5.0, np.mean(nees)
 
 
-@pytest.mark.parametrize("kw, match", [({"candidates": 0}, "candidates"), ({"min_inliers": 1}, "at least 2"),
-                                       ({"size_ratio": 0.5}, "size_ratio"), ({"min_similarity": 2.0}, "min_similarity")])
+def test_a_window_of_frames_decides_what_one_frame_cannot():
+    """Two craters alone leave rival positions within the margin; the frame 20 s earlier, which
+    sees other craters of the same ground, makes the pair's position the only one supported."""
+    lat, lon, dia, cmap = world(seed=9)
+    rng = np.random.default_rng(10)
+    cfg = LostConfig(min_margin=1e6)  # no single frame is ever decided alone
+    for _ in range(50):
+        la, lo = rng.uniform(-50, 50), rng.uniform(0, 360)
+        sc0, rot0 = pose(la, lo)
+        sc1, rot1 = pose(la, lo + np.degrees(32.0 / (MOON_RADIUS_KM + 100) / np.cos(np.radians(la))))
+        b0, r0 = boxes_of(sc0, rot0, lat, lon, dia, cmap)
+        b1, r1 = boxes_of(sc1, rot1, lat, lon, dia, cmap)
+        if len(r0) >= 2 and len(r1) >= 2 and set(r0) != set(r1):
+            break
+    win = WindowFixer(cfg)
+    first = win.add(0.0, radius_of(sc0), frame_hypotheses(b0, rot0, radius_of(sc0), None, CAM, cmap, EXACT, cfg))
+    assert not first.declared
+    wcfg = LostConfig(min_margin=LostConfig().min_margin)
+    win.cfg = wcfg
+    second = win.add(20.0, radius_of(sc1), frame_hypotheses(b1, rot1, radius_of(sc1), None, CAM, cmap, EXACT, cfg))
+    assert second.declared and second.frames == 2 and second.reason == REASONS[1]
+    assert np.linalg.norm(second.position - sc1) < 0.1
+
+
+@pytest.mark.parametrize("kw, match", [({"candidates": -1}, "candidates"), ({"min_inliers": 1}, "at least 2"),
+                                       ({"size_ratio": 0.5}, "size_ratio"), ({"min_similarity": 2.0}, "min_similarity"),
+                                       ({"detection_probability": 1.0}, "detection_probability"),
+                                       ({"window_s": -1.0}, "window_s"), ({"speed_band": (2.0, 1.0)}, "speed_band")])
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         LostConfig(**kw)
 
 
 def test_inconsistent_inputs_are_refused():
-    sc, rot, pos, dia = world(seed=8, n_map=10)
-    with pytest.raises(DataError, match="same craters"):
-        lost_in_space_fix(np.zeros((2, 2)), np.ones(2), np.zeros(2, bool), np.zeros((2, 5)), pos, dia, rot,
-                          1837.0, CAM, 1e-3, 0.3, 0.05)
+    _, _, _, cmap = world(seed=11, n_map=50)
+    sc, rot = pose(0.0, 0.0)
+    good = np.array([[10.0, 40.0, 10.0, 40.0], [100.0, 140.0, 100.0, 150.0]])
     with pytest.raises(DataError, match="NaN"):
-        lost_in_space_fix(np.full((2, 2), np.nan), np.ones(2), np.zeros(2, bool), np.zeros((2, len(pos))), pos, dia,
-                          rot, 1837.0, CAM, 1e-3, 0.3, 0.05)
+        frame_hypotheses(np.full((2, 4), np.nan), rot, radius_of(sc), None, CAM, cmap, EXACT)
+    with pytest.raises(DataError, match="r > l"):
+        frame_hypotheses(good[:, [1, 0, 2, 3]], rot, radius_of(sc), None, CAM, cmap, EXACT)
+    with pytest.raises(DataError, match="not above"):
+        frame_hypotheses(good, rot, 1000.0, None, CAM, cmap, EXACT)
+    with pytest.raises(ConfigError, match="similarities"):
+        frame_hypotheses(good, rot, radius_of(sc), None, CAM, cmap, EXACT, LostConfig(candidates=4))
+    with pytest.raises(DataError, match="same craters"):
+        frame_hypotheses(good, rot, radius_of(sc), None, CAM, cmap, EXACT, LostConfig(candidates=4),
+                         sims=np.zeros((2, 5)))
+    with pytest.raises(DataError, match="as many ids"):
+        CraterMap([1, 2], np.zeros((3, 3)), np.ones(3))

@@ -168,3 +168,24 @@ def _run(fn: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("interrupted; a build can be resumed by running the same command again", file=sys.stderr)
         return 130
+
+
+def parse_settings(cls, items: list[str], option: str) -> dict:
+    """``KEY=VALUE`` strings -> checked keyword arguments of the dataclass ``cls``: each value read
+    as YAML 1.2 (``1e-4`` is a number, ``[0.6, 1.4]`` a list), each key a field of ``cls`` of its
+    type (:func:`trn.yamlio.strict_fields`); the dataclass checks the ranges."""
+    import yaml
+
+    from trn.errors import ConfigError
+    from trn.yamlio import Yaml12Loader, strict_fields
+
+    out = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise ConfigError(f"{option} {item!r}: expected KEY=VALUE")
+        try:
+            out[key.strip()] = yaml.load(text, Loader=Yaml12Loader)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"{option} {item!r}: the value is not readable ({exc.__class__.__name__})") from None
+    return strict_fields(cls, option, out)

@@ -34,7 +34,7 @@ def _build(args) -> int:
 def _label(args) -> int:
     from trn.data.detection import UNION_ANNOTATIONS, label_build
 
-    labels = label_build(args.build, args.source)
+    labels = label_build(args.build, args.source, all_frames=args.all_frames)
     boxes = [b for f in labels.frames for b in f.boxes]
     print(f"{args.build}: {len(labels.frames)} frames, {sum(1 for f in labels.frames if f.boxes)} with boxes, "
           f"{len(boxes)} union boxes of {len({b.id for b in boxes})} craters; written to "
@@ -281,6 +281,9 @@ def main(argv: list[str] | None = None) -> int:
     lb = sub.add_parser("label", help="label a Luna-1 build's frames from the union catalogue")
     lb.add_argument("build", type=Path, help="Luna-1 build directory (its annotations.txt is left as it is)")
     lb.add_argument("--source", type=Path, required=True, help="the build's source (../shared/data/moon or its world)")
+    lb.add_argument("--all-frames", action="store_true",
+                    help="label every pose, rendered or not (for lost-in-space fixes on the union boxes, which read "
+                         "no pixels)")
     lb.set_defaults(fn=_label)
 
     sh = sub.add_parser("sheet", help="contact sheet of labelled frames")

@@ -230,10 +230,13 @@ def label_relief(frames: list[LabelledFrame], source: str | Path, rule: UnionRul
     return dict(zip(ids, rel.tolist()))
 
 
-def label_build(build: str | Path, source: str | Path, rule: UnionRule | None = None) -> DetectionLabels:
+def label_build(build: str | Path, source: str | Path, rule: UnionRule | None = None,
+                all_frames: bool = False) -> DetectionLabels:
     """Label every rendered navigation frame of a Luna-1 build from ``source``'s union catalogue
     (split "test": the build's own sequence), writing ``detection_labels.json`` and
-    ``lro_navigation/annotations_union.txt`` beside its annotations.txt, which stays as it was."""
+    ``lro_navigation/annotations_union.txt`` beside its annotations.txt, which stays as it was.
+    ``all_frames``: label every pose of the build, rendered or not (for the geometric scenarios,
+    which read boxes but no pixels: lost-in-space fixes on the union boxes)."""
     root = Path(build)
     rule = rule or UnionRule()
     ds = luna1.read_luna1(root)
@@ -243,6 +246,8 @@ def label_build(build: str | Path, source: str | Path, rule: UnionRule | None = 
     sun = np.array([f["sun_dir_body"] for f in meta.frames], dtype=np.float64)
     rendered = sorted(int(p.stem) for p in (root / luna1.NAV_IMAGES).glob("*.png") if p.stem.isdigit())
     rendered = [i for i in rendered if i < len(ds.kitti) and i < len(sun)]
+    if all_frames:
+        rendered = list(range(min(len(ds.kitti), len(sun))))
     if not rendered:
         raise DataError("has no rendered navigation frames to label", root / luna1.NAV_IMAGES)
     cfg = built_render_config(meta)

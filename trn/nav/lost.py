@@ -1,78 +1,228 @@
-"""Lost-in-space position fixes: where the spacecraft is, from one frame's craters, the star
-tracker's attitude and the altimeter, with no position prior (issue 24).
+"""Lost-in-space position fixes: where the spacecraft is, from a frame's craters, the star tracker's
+attitude and the altimeter, with no position prior (issue 24).
 
-Crater-pattern identification (Christian et al. 2021; Hamel et al. 2025) matches the geometry of
-a frame's craters against a catalogue; here each detection also has descriptor candidates from the
-whole map, which keeps the search small:
+Crater-pattern identification (Christian et al. 2021; Hamel et al. 2025) matches the geometry of a
+frame's craters against a catalogue. With the attitude known, the pattern is searched by geometry
+first: the descriptor finds a detection's own crater first in the whole map for too few of them
+(``docs/lost_in_space.md``) to seed the search, so it is an optional filter here, not the source of
+candidates.
 
-1. **Candidates.** For each detection, the map craters of highest descriptor similarity
-   (``candidates`` of them, at or above ``min_similarity``) whose diameter agrees with the box seen
-   from the altimeter's height (within ``size_ratio``; a box clipped by the frame edge only bounds
-   the diameter from below).
-2. **Hypotheses.** With the attitude known and the altimeter's distance from the Moon's centre,
-   one detection and one candidate fix a position: the point of the line of sight through the
-   crater at that distance (:func:`trn.nav.fix.solve_range`). Every (detection, candidate) pair is
-   a hypothesis.
-3. **Verification.** At a hypothesised position every other detection's line of sight is compared
-   with the directions to its own candidates; a detection agrees when one candidate (not already
-   used) lies within ``threshold_sigma`` of the bearing's sigma (centroiding, attitude and the
-   map's position error at that range) and its diameter fits the box seen from that range (within
-   ``size_ratio``). The hypothesis with the most agreeing detections wins
-   (summed similarity breaks ties) and is refitted on them by weighted least squares over their
-   bearings plus the altimeter (:func:`trn.nav.fix.solve_bearings`, then the altimeter as one
-   more measurement), which gives the fix's covariance.
-4. **Declaring.** A fix is declared only when at least ``min_inliers`` detections agree, and no
-   hypothesis at another position (farther than ``separation_km``) is as well supported;
-   otherwise the frame says why not (one detection: nothing to verify it with; no agreeing pair;
-   two positions tie).
+1. **Boxes.** Each box gives a line of sight and an apparent diameter. A box cut by one frame edge
+   keeps one true rim edge and an uncut extent (the crater's diameter), so its centre is taken from
+   those; a box cut in both directions only bounds the diameter from below and its centre gets a
+   wide sigma (:func:`box_geometry`).
+2. **Hypotheses.** One detection (an *anchor*: the largest uncut boxes first) and one map crater of
+   a fitting size fix a position: the point of the line of sight through the crater at the
+   altimeter's distance from the Moon's centre. Every map crater of a fitting size is tried
+   (``candidates = 0``), or only the descriptor's best ``candidates`` (when similarities are given).
+3. **Support.** At each hypothesised position the other detections' lines of sight meet the ground
+   near predicted points; a k-d tree over the map (:class:`trn.nav.spatial.CraterIndex`) returns the
+   map craters there, and a detection supports the hypothesis when one lies within
+   ``threshold_sigma`` of its bearing and fits its box's size. Hypotheses with at least two
+   agreeing detections are refitted (bearings by weighted least squares, then the altimeter).
+4. **Score.** At a refitted position every map crater the frame should show is predicted (the
+   annotation rule: centre in the frame, facing the camera, the Sun above it, a box of at least
+   ``min_box_px``), and the detections are assigned to them. The score is a log-likelihood ratio
+   against "every detection is clutter": each assigned detection adds the likelihood of its pixel
+   residual and size ratio against the clutter density; each predicted crater with no detection
+   subtracts ``log(1 - detection_probability)`` (half as much where the prediction sits at the
+   rule's edge). A pattern that agrees by chance is punished by the craters it predicts and the
+   frame does not show.
+5. **Declaring.** A fix is declared when the best hypothesis has at least ``min_inliers`` assigned
+   detections, a score of at least ``min_llr`` and a margin of at least ``min_margin`` over the best
+   hypothesis at another position (farther than ``separation_km``); the covariance is the bearing
+   fit's, updated by the altimeter. Otherwise the frame says why not.
+6. **A short window of frames** (:class:`WindowFixer`). A frame not decided alone is scored together
+   with each earlier frame of the window: a pair of hypotheses whose displacement over the frames'
+   time difference is an orbital speed is one hypothesis of the window, scored once per distinct
+   map crater (a crater seen in both frames counts once, a crater predicted in either and never
+   seen counts once); the two frames must share at least one crater, identified alike in both, and
+   the window must hold ``window_min_craters`` distinct craters. The report says how many frames a
+   fix needed.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera
-from trn.nav.fix import pixel_bearings, residual_sigmas, residuals, solve_bearings, solve_range
+from trn.nav.fix import pixel_bearings, residuals, solve_bearings
+from trn.nav.spatial import CraterIndex
 
-REASONS = ("verified", "no detection", "one detection: nothing to verify a hypothesis with",
-           "no candidate: no map crater of a fitting size among the descriptor's best",
-           "no two detections agree on a position", "ambiguous: another position is as well supported")
+MU_KM3_S2 = 4902.800066  # GM of the Moon (GRAIL GL0660B), as trn.nav.ekf
+
+REASONS = ("verified", "verified with earlier frames", "no detection",
+           "one detection: nothing to verify a hypothesis with",
+           "no candidate: no map crater of a fitting size", "no two detections agree on a position",
+           "too little evidence: the best position's score is below the threshold",
+           "ambiguous: another position is as well supported",
+           "too few craters agree for one frame alone, and no earlier frame of the window adds one")
 
 
 @dataclass(frozen=True)
 class LostConfig:
-    candidates: int = 16
-    min_similarity: float = 0.0
-    size_ratio: float = 2.0
+    """Settings of the identification (module docstring). Every field is checked at construction.
+
+    candidates: 0 = every map crater of a fitting size seeds hypotheses (geometry first); K > 0 =
+        only each detection's K most similar map craters (needs descriptor similarities).
+    min_similarity: with ``candidates > 0``, candidates below this similarity are dropped.
+    size_ratio: a map crater fits a box when its diameter, seen from the hypothesised position, is
+        within this factor of the box's apparent diameter (the loose prefilter uses its square).
+    anchors: detections that seed hypotheses (largest uncut boxes first).
+    threshold_sigma: bearing gate, in sigmas of the residual.
+    min_inliers: assigned detections a fix from one frame alone needs (at least 2; two craters
+        alone often have a chance rival in a map of 24,000, measured on the validation orbit).
+    window_min_craters: distinct map craters a window's fix needs over its frames (each frame's
+        hypothesis with at least 2): a crater new in one frame is evidence the other frame's
+        pattern did not already give.
+    separation_km: hypotheses closer than this are the same position.
+    detection_probability: the chance that a crater the rule says is visible is detected.
+    clutter_per_frame: expected detections per frame that are no map crater (false detections,
+        craters the catalogue lacks).
+    size_sigma: 1-sigma of log(apparent diameter / predicted diameter) of an assigned detection.
+    min_llr, min_margin: declaring thresholds (nats).
+    keep: hypotheses kept per frame for the window.
+    max_scored: distinct positions (the best supported) that are refitted and scored per frame.
+    window_s: a frame not decided alone is scored with the earlier frames of this many seconds.
+    speed_band: a window's displacement must be this range of the circular speed at the
+        altimeter's distance.
+    """
+
+    candidates: int = 0
+    min_similarity: float = -1.0
+    size_ratio: float = 1.5
+    anchors: int = 4
     threshold_sigma: float = 4.0
-    min_inliers: int = 2
+    min_inliers: int = 3
+    window_min_craters: int = 3
     separation_km: float = 5.0
+    detection_probability: float = 0.9
+    clutter_per_frame: float = 0.5
+    size_sigma: float = 0.15
+    min_llr: float = 15.0
+    min_margin: float = 6.0
+    keep: int = 8
+    max_scored: int = 100
+    window_s: float = 60.0
+    speed_band: tuple[float, float] = (0.6, 1.45)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.candidates <= 10_000:
-            raise ConfigError(f"lost-in-space candidates={self.candidates}: expected 1 to 10000 per detection")
+        def bad(name: str, expected: str) -> None:
+            raise ConfigError(f"lost-in-space {name}={getattr(self, name)!r}: expected {expected}")
+
+        if not 0 <= self.candidates <= 100_000:
+            bad("candidates", "0 (every map crater of a fitting size) to 100000 per detection")
         if not -1.0 <= self.min_similarity <= 1.0:
-            raise ConfigError(f"lost-in-space min_similarity={self.min_similarity}: expected -1 to 1")
-        if not self.size_ratio >= 1.0 or not self.threshold_sigma > 0 or not self.separation_km > 0:
-            raise ConfigError(f"lost-in-space size_ratio={self.size_ratio} (>= 1), threshold_sigma="
-                              f"{self.threshold_sigma} (> 0), separation_km={self.separation_km} (> 0)")
+            bad("min_similarity", "-1 to 1")
+        if not 1.0 < self.size_ratio <= 4.0:
+            bad("size_ratio", "a factor above 1 and at most 4")
+        if not 1 <= self.anchors <= 64:
+            bad("anchors", "1 to 64")
+        if not 0 < self.threshold_sigma <= 20:
+            bad("threshold_sigma", "above 0 and at most 20")
         if not self.min_inliers >= 2:
-            raise ConfigError(f"lost-in-space min_inliers={self.min_inliers}: a fix is verified by at least 2 "
-                              "detections")
+            bad("min_inliers", "at least 2: a fix is verified by at least 2 detections")
+        if not self.window_min_craters >= 2:
+            bad("window_min_craters", "at least 2")
+        if not self.separation_km > 0:
+            bad("separation_km", "above 0")
+        if not 0 < self.detection_probability < 1:
+            bad("detection_probability", "strictly between 0 and 1")
+        if not 0 < self.clutter_per_frame <= 1000:
+            bad("clutter_per_frame", "above 0")
+        if not 0 < self.size_sigma <= 2:
+            bad("size_sigma", "above 0 and at most 2")
+        if not (math.isfinite(self.min_llr) and math.isfinite(self.min_margin) and self.min_margin >= 0):
+            bad("min_margin", "finite thresholds, the margin at least 0")
+        if not 1 <= self.keep <= 1000:
+            bad("keep", "1 to 1000")
+        if not 1 <= self.max_scored <= 100_000:
+            bad("max_scored", "1 to 100000")
+        if not 0 <= self.window_s <= 3600:
+            bad("window_s", "0 (single frames) to 3600 s")
+        lo, hi = self.speed_band
+        if not 0 < lo < hi:
+            bad("speed_band", "0 < low < high")
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+@dataclass(frozen=True)
+class VisibilityRule:
+    """When a map crater should appear in a frame: the annotation rule's settings."""
+
+    min_box_px: float = 12.0
+    min_sun_elevation_deg: float = 0.0
+    edge_px: float = 4.0  # a prediction this close to a threshold is uncertain
+    sun_margin_deg: float = 1.5
+    size_margin: float = 1.25
+
+
+@dataclass(frozen=True)
+class Sigmas:
+    """1-sigma errors: box centre (px per axis, detector and centroiding), attitude (rad per axis),
+    map crater position (km), altimeter distance from the Moon's centre (km)."""
+
+    pixel: float
+    attitude_rad: float
+    landmark_km: float
+    range_km: float
+
+
+class CraterMap:
+    """The map that lost-in-space identification searches: crater ids [M], body-fixed positions
+    [M, 3] km on the elevation model, diameters [M] km, and a spatial index over the positions."""
+
+    def __init__(self, ids, positions_km: np.ndarray, diameter_km: np.ndarray):
+        self.ids = np.asarray(ids, np.int64)
+        self.positions = np.asarray(positions_km, np.float64).reshape(-1, 3)
+        self.diameter_km = np.asarray(diameter_km, np.float64)
+        if not (len(self.ids) == len(self.positions) == len(self.diameter_km)) or not len(self.ids):
+            raise DataError(f"a crater map needs as many ids ({len(self.ids)}), positions ({len(self.positions)}) and "
+                            f"diameters ({len(self.diameter_km)}), at least one")
+        if not np.all(np.isfinite(self.diameter_km)) or not np.all(self.diameter_km > 0):
+            raise DataError("crater map diameters must be positive and finite")
+        self.index = CraterIndex(self.positions)
+        self.radius_km = np.linalg.norm(self.positions, axis=1)
+        self.up = self.positions / self.radius_km[:, None]
+        self._log_d = np.log(self.diameter_km)
+        self._by_size = np.argsort(self._log_d, kind="stable")
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def rows_of_size(self, lo_km: float, hi_km: float) -> np.ndarray:
+        """Rows whose diameter lies in [lo_km, hi_km]."""
+        d = self.diameter_km[self._by_size]
+        return self._by_size[np.searchsorted(d, lo_km, "left"):np.searchsorted(d, hi_km, "right")]
+
+
+@dataclass
+class Hypothesis:
+    """A scored position: ``position`` [3] km and ``cov`` [3, 3] km^2 (body frame); ``pairs``:
+    (detection, map row) assignments; ``contrib``: map row -> its assigned detection's score;
+    ``missed``: map row -> log(1 - p) of each predicted crater with no detection."""
+
+    position: np.ndarray
+    cov: np.ndarray
+    llr: float
+    pairs: list[tuple[int, int]]
+    contrib: dict[int, float]
+    missed: dict[int, float]
 
 
 @dataclass
 class LostFix:
     """A frame's answer: ``declared`` with ``position`` [3] km and ``cov`` [3, 3] km^2 (body frame),
     or not, with ``reason`` (one of :data:`REASONS`). ``inliers``: (detection, map row) pairs the
-    fix rests on; ``hypotheses``: positions examined; ``support`` / ``runner_up``: agreeing
-    detections of the best hypothesis and of the best one at another position."""
+    fix rests on; ``hypotheses``: positions examined; ``candidates``: map craters tried as anchors;
+    ``support``: assigned detections of the best hypothesis; ``llr`` / ``runner_up``: its score and
+    the best score at another position; ``frames``: frames the fix needed (1 alone)."""
 
     declared: bool
     reason: str
@@ -82,76 +232,56 @@ class LostFix:
     hypotheses: int = 0
     candidates: int = 0
     support: int = 0
-    runner_up: int = 0
+    llr: float = 0.0
+    runner_up: float = 0.0
+    frames: int = 1
+    best: list[Hypothesis] = field(default_factory=list)
 
 
-def candidate_rows(sims: np.ndarray, est_diameter_km: np.ndarray, clipped: np.ndarray, map_diameter_km: np.ndarray,
-                   cfg: LostConfig) -> list[np.ndarray]:
-    """Per detection, the map rows of highest similarity (best first) that pass the similarity floor
-    and the size check."""
-    sims = np.asarray(sims, np.float32)
-    out = []
-    for i in range(len(sims)):
-        ok = sims[i] >= cfg.min_similarity
-        lo = est_diameter_km[i] / cfg.size_ratio
-        ok &= map_diameter_km >= lo
-        if not clipped[i]:
-            ok &= map_diameter_km <= est_diameter_km[i] * cfg.size_ratio
-        rows = np.flatnonzero(ok)
-        if len(rows) > cfg.candidates:
-            rows = rows[np.argpartition(-sims[i, rows], cfg.candidates - 1)[:cfg.candidates]]
-        out.append(rows[np.argsort(-sims[i, rows], kind="stable")])
-    return out
+def box_geometry(boxes: np.ndarray, camera: PinholeCamera, pixel_sigma: float
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Boxes [n, 4] (l, r, t, b) px -> (centres [n, 2] (x, y), apparent diameters [n] px,
+    ``lower_bound`` [n] (the box is cut in both directions: its diameter only bounds the crater's
+    from below), centre sigmas [n] px). A box cut by the frame edge in one direction keeps the true
+    rim edge opposite the cut and the uncut extent, the crater's diameter; its centre is that edge
+    plus half the diameter (with 5 % of the diameter of sigma for the ellipse's asymmetry)."""
+    bx = np.asarray(boxes, np.float64).reshape(-1, 4)
+    l, r, t, b = bx.T
+    w, h = r - l, b - t
+    cut_l, cut_r = l <= 0, r >= camera.width
+    cut_t, cut_b = t <= 0, b >= camera.height
+    cut_x, cut_y = cut_l | cut_r, cut_t | cut_b
+    x, y = (l + r) / 2.0, (t + b) / 2.0
+    one_x = cut_x & ~(cut_l & cut_r) & ~cut_y
+    one_y = cut_y & ~(cut_t & cut_b) & ~cut_x
+    x = np.where(one_x & cut_l, r - h / 2.0, np.where(one_x & cut_r, l + h / 2.0, x))
+    y = np.where(one_y & cut_t, b - w / 2.0, np.where(one_y & cut_b, t + w / 2.0, y))
+    diam = np.where(one_x, h, np.where(one_y, w, np.maximum(w, h)))
+    lower = cut_x & cut_y | (cut_l & cut_r) | (cut_t & cut_b)
+    sig = np.full(len(bx), float(pixel_sigma))
+    sig = np.where(one_x | one_y, np.hypot(sig, 0.05 * diam), sig)
+    sig = np.where(lower, np.hypot(sig, 0.25 * np.minimum(w, h)), sig)
+    return np.stack([x, y], 1), diam, lower, sig
 
 
-@dataclass
-class _Frame:
-    """One frame's detections against the map, as the verification needs them."""
+def _range_positions(x: np.ndarray, b: np.ndarray, radius_km: float) -> tuple[np.ndarray, np.ndarray]:
+    """For each landmark [H, 3] and one line of sight b [3]: the point of the line through the
+    landmark at ``radius_km`` from the Moon's centre, on the spacecraft's side (as
+    :func:`trn.nav.fix.solve_range`), and whether it exists."""
+    lb = x @ b
+    disc = lb * lb - np.einsum("ij,ij->i", x, x) + radius_km ** 2
+    ok = disc >= 0
+    s = lb + np.sqrt(np.maximum(disc, 0.0))
+    return x - s[:, None] * b[None], ok & (s > 0)
 
-    b: np.ndarray  # [n, 3] lines of sight, body frame
-    side: np.ndarray  # [n] longer box side, px
-    clipped: np.ndarray  # [n]
-    cands: list[np.ndarray]  # per detection, candidate map rows
-    sims: np.ndarray  # [n, M]
-    map_pos: np.ndarray
-    map_d: np.ndarray
-    focal_px: float
-    sigma_rad: float
-    landmark_sigma_km: float
-    cfg: LostConfig
 
-    def size_fits(self, j: int, rows: np.ndarray, x: np.ndarray) -> np.ndarray:
-        """bool [len(rows)]: the candidates' diameters agree with detection j's box seen from ``x``."""
-        est = self.side[j] * np.linalg.norm(self.map_pos[rows] - x, axis=1) / self.focal_px
-        ok = self.map_d[rows] >= est / self.cfg.size_ratio
-        return ok if self.clipped[j] else ok & (self.map_d[rows] <= est * self.cfg.size_ratio)
-
-    def agreeing(self, x: np.ndarray, fixed: tuple[int, int] | None) -> list[tuple[int, int]]:
-        """(detection, map row) pairs that agree with position ``x``: each detection's closest-fitting
-        candidate within the bearing gate and of a fitting size at its range from ``x``, each map
-        crater used once (detections of best similarity first)."""
-        pairs, used = [], set()
-        if fixed is not None:
-            pairs.append(fixed)
-            used.add(fixed[1])
-        order = sorted(range(len(self.b)), key=lambda i: -float(self.sims[i, self.cands[i][0]]) if len(self.cands[i])
-                       else 0.0)
-        for j in order:
-            if fixed is not None and j == fixed[0] or not len(self.cands[j]):
-                continue
-            rows = np.array([r for r in self.cands[j] if r not in used], dtype=int)
-            rows = rows[np.linalg.norm(self.map_pos[rows] - x, axis=1) > 1e-6] if len(rows) else rows
-            if not len(rows):
-                continue
-            lm = self.map_pos[rows]
-            res = residuals(lm, np.repeat(self.b[j][None], len(rows), 0), x)
-            ok = (res <= self.cfg.threshold_sigma * residual_sigmas(lm, x, self.sigma_rad, self.landmark_sigma_km)) \
-                & self.size_fits(j, rows, x)
-            if ok.any():
-                r = int(rows[np.flatnonzero(ok)[np.argmin(res[ok])]])
-                pairs.append((j, r))
-                used.add(r)
-        return pairs
+def _ground_points(p: np.ndarray, b: np.ndarray, radius_km: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Where lines of sight from positions p [H, 3] along b [3] first meet spheres of radius [H]."""
+    pb = p @ b
+    disc = pb * pb - np.einsum("ij,ij->i", p, p) + radius_km ** 2
+    ok = disc >= 0
+    t = -pb - np.sqrt(np.maximum(disc, 0.0))
+    return p + t[:, None] * b[None], ok & (t > 0)
 
 
 def _with_altimeter(p: np.ndarray, cov: np.ndarray, radius_km: float, range_sigma_km: float
@@ -165,64 +295,373 @@ def _with_altimeter(p: np.ndarray, cov: np.ndarray, radius_km: float, range_sigm
     return p, (cov + cov.T) / 2.0
 
 
-def lost_in_space_fix(pixels: np.ndarray, box_side_px: np.ndarray, clipped: np.ndarray, sims: np.ndarray,
-                      map_pos: np.ndarray, map_diameter_km: np.ndarray, rotation: np.ndarray, radius_km: float,
-                      camera: PinholeCamera, sigma_rad: float, landmark_sigma_km: float, range_sigma_km: float,
-                      cfg: LostConfig | None = None) -> LostFix:
-    """A lost-in-space fix from one frame (module docstring). ``pixels`` [n, 2]: box centres (x, y);
-    ``box_side_px`` [n]: each box's longer side; ``clipped`` [n]: the frame edge cuts the box;
-    ``sims`` [n, M]: descriptor similarity of each detection to each map crater; ``map_pos`` [M, 3]
-    km, ``map_diameter_km`` [M]; ``rotation``: the star tracker's camera -> body attitude;
-    ``radius_km``: the altimeter's distance from the Moon's centre."""
-    cfg = cfg or LostConfig()
-    pixels = np.asarray(pixels, np.float64).reshape(-1, 2)
-    n = len(pixels)
-    map_pos, map_d = np.asarray(map_pos, np.float64), np.asarray(map_diameter_km, np.float64)
-    sims = np.asarray(sims, np.float32)
-    if sims.shape != (n, len(map_pos)) or len(map_d) != len(map_pos):
-        raise DataError(f"similarities {sims.shape} against a map of {len(map_pos)} positions and {len(map_d)} "
-                        "diameters: they must describe the same craters")
-    if not np.all(np.isfinite(pixels)) or not np.isfinite(radius_km) or not np.all(np.isfinite(sims)):
-        raise DataError("lost-in-space inputs hold NaN or infinite values (pixels, similarities or the altimeter)")
-    if n == 0:
-        return LostFix(False, REASONS[1])
-    b = pixel_bearings(pixels, camera, rotation)
-    est = np.asarray(box_side_px, np.float64) * max(radius_km - MOON_RADIUS_KM, 1e-3) / camera.focal_px
-    cands = candidate_rows(sims, est, np.asarray(clipped, bool), map_d, cfg)
-    n_cand = int(sum(len(c) for c in cands))
-    if n == 1:
-        return LostFix(False, REASONS[2], candidates=n_cand)
-    if n_cand == 0:
-        return LostFix(False, REASONS[3])
-    fr = _Frame(b, np.asarray(box_side_px, np.float64), np.asarray(clipped, bool), cands, sims, map_pos, map_d,
-                camera.focal_px, sigma_rad, landmark_sigma_km, cfg)
-    hyps = []  # (support, summed similarity, position, pairs)
-    for i in range(n):
-        for r in cands[i]:
-            try:
-                x, _ = solve_range(map_pos[r], b[i], radius_km, sigma_rad, range_sigma_km)
-            except DataError:
+@dataclass
+class _Frame:
+    """One frame's detections as the identification needs them."""
+
+    boxes: np.ndarray  # [n, 4] (l, r, t, b) px
+    centres: np.ndarray  # [n, 2] px, first guesses of the crater centres (box_geometry)
+    diam_px: np.ndarray  # [n]
+    lower: np.ndarray  # [n] bool
+    sig_px: np.ndarray  # [n]
+    b: np.ndarray  # [n, 3] lines of sight, body frame
+    sig_rad: np.ndarray  # [n] angular sigma of each line of sight
+    rot: np.ndarray
+    radius_km: float
+    sun: np.ndarray | None
+    camera: PinholeCamera
+    sig: Sigmas
+    rule: VisibilityRule
+    cfg: LostConfig
+
+    def size_ok(self, j: np.ndarray, d_km: np.ndarray, range_km: np.ndarray, ratio: float) -> np.ndarray:
+        pred = d_km * self.camera.focal_px / np.maximum(range_km, 1e-6)
+        lr = np.log(self.diam_px[j] / pred)
+        return np.where(self.lower[j], lr <= math.log(ratio), np.abs(lr) <= math.log(ratio))
+
+
+def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+    """Hypotheses from one anchor and its candidate rows: (positions [H, 3], support [H], per
+    hypothesis the (detection, row) pairs that agree)."""
+    x = cmap.positions[rows]
+    p, ok = _range_positions(x, fr.b[anchor], fr.radius_km)
+    rng_a = np.linalg.norm(x - p, axis=1)
+    ok &= np.einsum("ij,ij->i", p - x, cmap.up[rows]) > 0  # the crater faces the spacecraft
+    ok &= fr.size_ok(np.full(len(rows), anchor), cmap.diameter_km[rows], rng_a, fr.cfg.size_ratio)
+    p, rows, rng_a = p[ok], rows[ok], rng_a[ok]
+    support = np.ones(len(p), int)
+    pairs: list[list[tuple[int, int]]] = [[(anchor, int(r))] for r in rows]
+    alt = fr.radius_km - MOON_RADIUS_KM
+    for j in range(len(fr.b)):
+        if j == anchor or not len(p):
+            continue
+        g, hit = _ground_points(p, fr.b[j], cmap.radius_km[rows])
+        # ground-point tolerance: both bearings' errors at the range, the map's error, and up to
+        # 3 km of height difference seen at the line of sight's slant
+        tol = fr.cfg.threshold_sigma * math.sqrt(2 * (alt * max(fr.sig_rad[j], fr.sig_rad[anchor])) ** 2
+                                                 + 2 * fr.sig.landmark_km ** 2) + 3.0 * 0.6
+        dist, idx = cmap.index.nearest(np.where(hit[:, None], g, 0.0), 4, tol)
+        found = np.zeros(len(p), bool)
+        best_row = np.full(len(p), -1)
+        for k in range(idx.shape[1]):
+            cand = hit & np.isfinite(dist[:, k]) & ~found
+            if not cand.any():
                 continue
-            if not fr.size_fits(i, np.array([r]), x)[0]:
-                continue
-            pairs = fr.agreeing(x, (i, int(r)))
-            hyps.append((len(pairs), float(sum(sims[a, c] for a, c in pairs)), x, pairs))
-    if not hyps:
-        return LostFix(False, REASONS[3], candidates=n_cand)
-    hyps.sort(key=lambda h: (-h[0], -h[1]))
-    support, _, x_best, pairs = hyps[0]
-    runner = max((h[0] for h in hyps if np.linalg.norm(h[2] - x_best) > cfg.separation_km), default=0)
-    base = dict(hypotheses=len(hyps), candidates=n_cand, support=support, runner_up=runner)
-    if support < cfg.min_inliers:
-        return LostFix(False, REASONS[4], **base)
-    if runner >= support:
-        return LostFix(False, REASONS[5], **base)
-    for _ in range(3):  # refit on the agreeing detections until they settle
-        idx = [a for a, _ in pairs]
-        p, cov = solve_bearings(map_pos[[c for _, c in pairs]], b[idx], sigma_rad, landmark_sigma_km)
-        p, cov = _with_altimeter(p, cov, radius_km, range_sigma_km)
-        again = fr.agreeing(p, None)
-        if len(again) < cfg.min_inliers or sorted(again) == sorted(pairs):
+            h = np.flatnonzero(cand)
+            rr = idx[h, k]
+            lm = cmap.positions[rr]
+            rng_j = np.linalg.norm(lm - p[h], axis=1)
+            res = residuals(lm, np.repeat(fr.b[j][None], len(h), 0), p[h])
+            gate = fr.cfg.threshold_sigma * np.sqrt(fr.sig_rad[j] ** 2 + fr.sig_rad[anchor] ** 2
+                                                    + 2 * (fr.sig.landmark_km / rng_j) ** 2)
+            good = (res <= gate) & fr.size_ok(np.full(len(h), j), cmap.diameter_km[rr], rng_j, fr.cfg.size_ratio) \
+                & (rr != rows[h])
+            found[h[good]] = True
+            best_row[h[good]] = rr[good]
+        support += found
+        for h in np.flatnonzero(found):
+            pairs[h].append((j, int(best_row[h])))
+    return p, support, pairs
+
+
+def _refit(fr: _Frame, cmap: CraterMap, pairs: list[tuple[int, int]], corrected: dict | None = None
+           ) -> tuple[np.ndarray, np.ndarray] | None:
+    """Bearings fit (then the altimeter) on the (detection, row) pairs; ``corrected``: detection ->
+    its corrected centre px (:func:`score`), else the first guesses."""
+    det = [a for a, _ in pairs]
+    px = np.array([corrected[a] if corrected and a in corrected else fr.centres[a] for a in det])
+    b = pixel_bearings(px, fr.camera, fr.rot)
+    lm = cmap.positions[[r for _, r in pairs]]
+    sig = np.hypot(fr.sig.pixel / fr.camera.focal_px, fr.sig.attitude_rad) if corrected else fr.sig_rad[det]
+    try:
+        p, cov = solve_bearings(lm, b, sig, fr.sig.landmark_km)
+    except DataError:
+        return None
+    return _with_altimeter(p, cov, fr.radius_km, fr.sig.range_km)
+
+
+def predicted_view(fr: _Frame, cmap: CraterMap, p: np.ndarray, rim_points: int = 24
+                   ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """The map craters a frame taken from ``p`` should show, as the annotation rule boxes them:
+    (rows [K], predicted centres [K, 2] px (the crater centre's projection), predicted boxes [K, 4]
+    (l, r, t, b: the rim circle at the centre's radius projected and clipped to the frame), ranges
+    [K] km, certain [K] bool). Uncertain predictions sit at the rule's edge (box size, frame border
+    or Sun within their margins): they may or may not be boxed."""
+    cam, rule = fr.camera, fr.rule
+    cx, cy = cam.principal_point
+    boresight = fr.rot[:, 2]
+    g, hit = _ground_points(p[None], boresight, np.array([MOON_RADIUS_KM]))
+    centre = g[0] if hit[0] else p / np.linalg.norm(p) * MOON_RADIUS_KM
+    slant = float(np.linalg.norm(centre - p))
+    reach = slant * math.tan(math.radians(cam.fov_deg) / 2.0) * math.sqrt(2.0) * 1.3 + 10.0
+    rows = cmap.index.within(centre, reach)
+    empty = (np.zeros(0, int), np.zeros((0, 2)), np.zeros((0, 4)), np.zeros(0), np.zeros(0, bool))
+    if not len(rows):
+        return empty
+    rel = cmap.positions[rows] - p
+    q = rel @ fr.rot
+    facing = np.einsum("ij,ij->i", -rel, cmap.up[rows]) > 0
+    u = cx + cam.focal_px * q[:, 0] / np.where(q[:, 2] > 1e-6, q[:, 2], 1.0)
+    v = cy + cam.focal_px * q[:, 1] / np.where(q[:, 2] > 1e-6, q[:, 2], 1.0)
+    ok = facing & (q[:, 2] > 1e-6) & (u >= -rule.edge_px) & (u < cam.width + rule.edge_px) \
+        & (v >= -rule.edge_px) & (v < cam.height + rule.edge_px)
+    if fr.sun is not None:
+        elev = np.degrees(np.arcsin(np.clip(cmap.up[rows] @ fr.sun, -1.0, 1.0)))
+        ok &= elev >= rule.min_sun_elevation_deg - rule.sun_margin_deg
+    rows, u, v = rows[ok], u[ok], v[ok]
+    if not len(rows):
+        return empty
+    # the rim: points at half the diameter from the centre in its local horizontal plane
+    up = cmap.up[rows]
+    east = np.cross([0.0, 0.0, 1.0], up)
+    east_n = np.linalg.norm(east, axis=1, keepdims=True)
+    east = np.where(east_n > 1e-9, east / np.maximum(east_n, 1e-12), np.array([1.0, 0.0, 0.0]))
+    north = np.cross(up, east)
+    phi = 2 * np.pi * np.arange(rim_points) / rim_points
+    half = cmap.diameter_km[rows][:, None, None] / 2.0
+    rim = cmap.positions[rows][:, None, :] + half * (np.cos(phi)[None, :, None] * east[:, None, :]
+                                                     + np.sin(phi)[None, :, None] * north[:, None, :])
+    rq = (rim - p) @ fr.rot
+    front = (rq[..., 2] > 1e-6).all(1)
+    rz = np.where(rq[..., 2] > 1e-6, rq[..., 2], 1.0)
+    ru = cx + cam.focal_px * rq[..., 0] / rz
+    rv = cy + cam.focal_px * rq[..., 1] / rz
+    box = np.stack([np.clip(ru.min(1), 0, cam.width), np.clip(ru.max(1), 0, cam.width),
+                    np.clip(rv.min(1), 0, cam.height), np.clip(rv.max(1), 0, cam.height)], 1)
+    side = np.minimum(box[:, 1] - box[:, 0], box[:, 3] - box[:, 2])
+    keep = front & (side * rule.size_margin >= rule.min_box_px)
+    sure = (u >= rule.edge_px) & (u < cam.width - rule.edge_px) & (v >= rule.edge_px) \
+        & (v < cam.height - rule.edge_px) & (side >= rule.min_box_px * rule.size_margin)
+    if fr.sun is not None:
+        sure &= np.degrees(np.arcsin(np.clip(up @ fr.sun, -1.0, 1.0))) >= rule.min_sun_elevation_deg + rule.sun_margin_deg
+    k = np.flatnonzero(keep)
+    rng = np.linalg.norm(cmap.positions[rows[k]] - p, axis=1)
+    return rows[k], np.stack([u[k], v[k]], 1), box[k], rng, sure[k]
+
+
+def score(fr: _Frame, cmap: CraterMap, p: np.ndarray) -> tuple[float, list[tuple[int, int]], dict, dict, dict]:
+    """Log-likelihood ratio of position ``p`` against "all detections are clutter" (module
+    docstring), with its assignment: (llr, pairs, per-row contributions, per-row misses, per pair
+    the detection's corrected centre px). A detection is compared with a predicted crater box to
+    box (centre and longer side of both, both clipped to the frame as the rule clips them); its
+    corrected centre is its box centre moved by the predicted offset between the crater centre's
+    projection and the predicted box's centre (perspective, foreshortening and the frame edge)."""
+    cfg = fr.cfg
+    rows, uv, pbox, rng, sure = predicted_view(fr, cmap, p)
+    n = len(fr.b)
+    lam = cfg.clutter_per_frame / (fr.camera.width * fr.camera.height)  # clutter per px^2
+    log_size_range = math.log(fr.camera.width / fr.rule.min_box_px)  # clutter sizes: uniform in log
+    q = np.where(sure, cfg.detection_probability, 0.5 * cfg.detection_probability)
+    pc = np.stack([(pbox[:, 0] + pbox[:, 1]) / 2, (pbox[:, 2] + pbox[:, 3]) / 2], 1)
+    pside = np.maximum(np.maximum(pbox[:, 1] - pbox[:, 0], pbox[:, 3] - pbox[:, 2]), 1e-3)
+    costs = []
+    for j in range(n):
+        if not len(rows):
             break
-        pairs = again
-    return LostFix(True, REASONS[0], p, cov, sorted(pairs), **{**base, "support": len(pairs)})
+        l, r, t, b = fr.boxes[j]
+        oc = np.array([(l + r) / 2, (t + b) / 2])
+        s_tot = np.sqrt(fr.sig.pixel ** 2 + (fr.sig.attitude_rad * fr.camera.focal_px) ** 2
+                        + (fr.sig.landmark_km * fr.camera.focal_px / rng) ** 2)
+        d2 = ((pc - oc) ** 2).sum(1) / s_tot ** 2
+        lr = np.log(max(r - l, b - t) / pside)
+        ok = (d2 <= cfg.threshold_sigma ** 2) & (np.abs(lr) <= math.log(cfg.size_ratio))
+        for k in np.flatnonzero(ok):
+            pos_term = -0.5 * d2[k] - math.log(2 * math.pi * s_tot[k] ** 2) - math.log(lam)
+            size_term = -0.5 * (lr[k] / cfg.size_sigma) ** 2 - math.log(cfg.size_sigma * math.sqrt(2 * math.pi)) \
+                + log_size_range
+            term = math.log(q[k]) + pos_term + size_term
+            costs.append((-(term - math.log(1.0 - q[k])), j, k, term))
+    costs.sort()
+    used_d, used_k = set(), set()
+    pairs, contrib, corrected = [], {}, {}
+    for neg_gain, j, k, term in costs:
+        if neg_gain > 0 or j in used_d or k in used_k:
+            continue
+        used_d.add(j)
+        used_k.add(k)
+        pairs.append((j, int(rows[k])))
+        contrib[int(rows[k])] = term
+        l, r, t, b = fr.boxes[j]
+        corrected[j] = np.array([(l + r) / 2, (t + b) / 2]) + uv[k] - pc[k]
+    missed = {int(rows[k]): math.log(1.0 - q[k]) for k in range(len(rows)) if k not in used_k}
+    return float(sum(contrib.values()) + sum(missed.values())), pairs, contrib, missed, corrected
+
+
+def _prepare(boxes, rotation, radius_km, sun_dir, camera, sig, rule, cfg) -> _Frame:
+    centres, diam, lower, sig_px = box_geometry(boxes, camera, sig.pixel)
+    b = pixel_bearings(centres, camera, rotation) if len(centres) else np.zeros((0, 3))
+    sig_rad = np.hypot(sig_px / camera.focal_px, sig.attitude_rad)
+    sun = None if sun_dir is None else np.asarray(sun_dir, np.float64) / np.linalg.norm(sun_dir)
+    return _Frame(np.asarray(boxes, np.float64).reshape(-1, 4), centres, np.maximum(diam, 1e-3), lower, sig_px, b, sig_rad, np.asarray(rotation, np.float64),
+                  float(radius_km), sun, camera, sig, rule, cfg)
+
+
+def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, sun_dir: np.ndarray | None,
+                     camera: PinholeCamera, cmap: CraterMap, sig: Sigmas, cfg: LostConfig | None = None,
+                     rule: VisibilityRule | None = None, sims: np.ndarray | None = None) -> LostFix:
+    """The lost-in-space answer of one frame alone (module docstring). ``boxes`` [n, 4] (l, r, t, b)
+    px; ``rotation``: the star tracker's camera -> body attitude; ``radius_km``: the altimeter's
+    distance from the Moon's centre; ``sun_dir``: unit vector to the Sun, body frame (the epoch
+    gives it), or None (no Sun check); ``sims`` [n, M]: descriptor similarities to the map's craters,
+    needed when ``cfg.candidates > 0``. The returned fix carries its best hypotheses (``best``) for
+    :class:`WindowFixer`."""
+    cfg = cfg or LostConfig()
+    rule = rule or VisibilityRule()
+    boxes = np.asarray(boxes, np.float64).reshape(-1, 4)
+    n = len(boxes)
+    if not np.all(np.isfinite(boxes)) or not math.isfinite(radius_km) \
+            or not np.all(np.isfinite(np.asarray(rotation, np.float64))):
+        raise DataError("lost-in-space inputs hold NaN or infinite values (boxes, attitude or the altimeter)")
+    if n and (np.any(boxes[:, 1] <= boxes[:, 0]) or np.any(boxes[:, 3] <= boxes[:, 2])):
+        raise DataError("a box must have r > l and b > t (l, r, t, b in pixels)")
+    if radius_km <= MOON_RADIUS_KM:
+        raise DataError(f"altimeter distance {radius_km:.1f} km is not above the Moon's surface")
+    if cfg.candidates > 0:
+        if sims is None:
+            raise ConfigError("lost-in-space candidates > 0 ranks map craters by descriptor: give the similarities, "
+                              "or set candidates = 0 for geometry first")
+        sims = np.asarray(sims, np.float32)
+        if sims.shape != (n, len(cmap)) or not np.all(np.isfinite(sims)):
+            raise DataError(f"similarities {sims.shape} against a map of {len(cmap)} craters: they must be finite and "
+                            "describe the same craters")
+    if n == 0:
+        return LostFix(False, REASONS[2])
+    fr = _prepare(boxes, rotation, radius_km, sun_dir, camera, sig, rule, cfg)
+    if n == 1:
+        return LostFix(False, REASONS[3])
+    alt = radius_km - MOON_RADIUS_KM
+    boresight = fr.rot[:, 2]
+    order = sorted(range(n), key=lambda i: (bool(fr.lower[i]), -float(fr.diam_px[i])))[:cfg.anchors]
+    hyps_p, hyps_pairs, n_cand = [], [], 0
+    for a in order:
+        # the loose prefilter assumes a near-nadir camera: the range to the crater about the
+        # altitude over the cosine of its angle from the boresight
+        est = fr.diam_px[a] * alt / max(float(fr.b[a] @ boresight), 0.2) / camera.focal_px
+        wide = cfg.size_ratio ** 2
+        rows = cmap.rows_of_size(est / wide, np.inf if fr.lower[a] else est * wide)
+        if cfg.candidates > 0:
+            ok = sims[a, rows] >= cfg.min_similarity
+            rows = rows[ok]
+            if len(rows) > cfg.candidates:
+                rows = rows[np.argpartition(-sims[a, rows], cfg.candidates - 1)[:cfg.candidates]]
+        n_cand += len(rows)
+        if not len(rows):
+            continue
+        p, support, pairs = _support(fr, cmap, a, rows)
+        for h in np.flatnonzero(support >= 2):
+            hyps_p.append(p[h])
+            hyps_pairs.append(pairs[h])
+    if n_cand == 0:
+        return LostFix(False, REASONS[4])
+    if not hyps_p:
+        return LostFix(False, REASONS[5], hypotheses=0, candidates=n_cand)
+    # the same position is found from several anchors: keep the best-supported per place
+    idx = sorted(range(len(hyps_p)), key=lambda h: -len(hyps_pairs[h]))
+    kept: list[int] = []
+    for h in idx:
+        if not kept or np.min(np.linalg.norm(np.asarray([hyps_p[k] for k in kept]) - hyps_p[h], axis=1)) \
+                > cfg.separation_km / 2:
+            kept.append(h)
+        if len(kept) >= cfg.max_scored:
+            break
+    scored: list[Hypothesis] = []
+    for h in kept:
+        fit = _refit(fr, cmap, hyps_pairs[h])
+        if fit is None:
+            continue
+        p, cov = fit
+        best = None
+        for _ in range(4):  # assign, refit on the assignment's corrected centres, keep the best, until it settles
+            llr, pairs, contrib, missed, corrected = score(fr, cmap, p)
+            if best is not None and llr <= best.llr:
+                break
+            best = Hypothesis(p, cov, llr, pairs, contrib, missed)
+            if len(pairs) < 2:
+                break
+            fit = _refit(fr, cmap, pairs, corrected)
+            if fit is None:
+                break
+            p, cov = fit
+        if best is not None:
+            scored.append(best)
+    return decide(scored, cfg, hypotheses=len(hyps_p), candidates=n_cand)
+
+
+def _distinct(hs: list[Hypothesis]) -> list[Hypothesis]:
+    """Hypotheses sorted by score, one per place."""
+    out: list[Hypothesis] = []
+    for h in sorted(hs, key=lambda h: -h.llr):
+        if not out or np.min(np.linalg.norm(np.asarray([o.position for o in out]) - h.position, axis=1)) > 1e-6:
+            out.append(h)
+    return out
+
+
+def decide(scored: list[Hypothesis], cfg: LostConfig, hypotheses: int = 0, candidates: int = 0, frames: int = 1
+           ) -> LostFix:
+    """Declare the best hypothesis or say why not (module docstring, step 5). Over a window
+    (``frames`` > 1) the support that counts is the distinct map craters of the window."""
+    scored = _distinct(scored)
+    need = cfg.min_inliers if frames == 1 else cfg.window_min_craters
+    base = dict(hypotheses=hypotheses, candidates=candidates, frames=frames)
+    if not scored:
+        return LostFix(False, REASONS[5], **base)
+    best = scored[0]
+    runner = max((h.llr for h in scored[1:] if np.linalg.norm(h.position - best.position) > cfg.separation_km),
+                 default=0.0)
+    out = dict(base, support=len(best.pairs), llr=best.llr, runner_up=runner, best=scored[:cfg.keep])
+    if len(best.pairs) < 2:
+        return LostFix(False, REASONS[5], **out)
+    if len(best.contrib) < need:
+        return LostFix(False, REASONS[8], **out)
+    if best.llr < cfg.min_llr:
+        return LostFix(False, REASONS[6], **out)
+    if best.llr - runner < cfg.min_margin:
+        return LostFix(False, REASONS[7], **out)
+    return LostFix(True, REASONS[0] if frames == 1 else REASONS[1], best.position, best.cov, sorted(best.pairs),
+                   **out)
+
+
+def circular_speed_km_s(radius_km: float) -> float:
+    return math.sqrt(MU_KM3_S2 / radius_km)
+
+
+class WindowFixer:
+    """Frames in time order; a frame not decided alone is scored with each earlier frame of the
+    window (module docstring, step 6). ``add`` returns the frame's fix."""
+
+    def __init__(self, cfg: LostConfig | None = None):
+        self.cfg = cfg or LostConfig()
+        self.history: list[tuple[float, float, LostFix]] = []  # (time s, altimeter radius km, fix)
+
+    def add(self, t_s: float, radius_km: float, fix: LostFix) -> LostFix:
+        cfg = self.cfg
+        self.history = [h for h in self.history if 0 < t_s - h[0] <= cfg.window_s]
+        result = fix
+        if not fix.declared and fix.best and cfg.window_s > 0:
+            vc = circular_speed_km_s(radius_km)
+            combos: list[tuple[Hypothesis, int]] = []
+            for t_e, _, earlier in self.history:
+                dt = t_s - t_e
+                for h in (h for h in fix.best if len(h.pairs) >= 2):
+                    for e in (e for e in earlier.best if len(e.pairs) >= 2):
+                        v = float(np.linalg.norm(h.position - e.position)) / dt
+                        if not cfg.speed_band[0] * vc <= v <= cfg.speed_band[1] * vc:
+                            continue
+                        if not set(h.contrib) & set(e.contrib):
+                            continue  # the frames must share a crater, identified alike in both
+                        contrib = dict(e.contrib)
+                        for r, c in h.contrib.items():
+                            contrib[r] = max(c, contrib.get(r, -np.inf))
+                        missed = {r: m for r, m in {**e.missed, **h.missed}.items() if r not in contrib}
+                        llr = float(sum(contrib.values()) + sum(missed.values()))
+                        combos.append((Hypothesis(h.position, h.cov, llr, h.pairs, contrib, missed), 2))
+            if combos:
+                # the frame's own hypotheses compete too: a window pair must beat every other place
+                pool = [c for c, _ in combos] + [h for h in fix.best if all(
+                    np.linalg.norm(h.position - c.position) > 1e-9 for c, _ in combos)]
+                dec = decide(pool, cfg, fix.hypotheses, fix.candidates, frames=2)
+                if dec.declared:
+                    result = dec
+                    result.support = len(fix.best[0].pairs) if fix.best else 0
+        self.history.append((t_s, radius_km, fix if not result.declared else result))
+        return result

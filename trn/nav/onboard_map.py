@@ -257,3 +257,27 @@ def _embed_into(db: LandmarkDB, emb, chunk: list[tuple[int, np.ndarray]], prepro
     x = np.stack([preprocess(img, emb.input_size) for _, img in chunk]).astype(np.float32)
     db.add(emb(x).global_, labels=[str(c) for c, _ in chunk])
     order.extend(c for c, _ in chunk)
+
+
+def catalogue_crater_map(source: str | Path):
+    """The lost-in-space map of ``source``'s union catalogue (Head et al. >= 20 km and Povilaitis
+    et al. 5-20 km within 60 degrees, or a built-in world's analogue): every crater's id, its centre
+    on the elevation model (km, body frame) and its diameter, with a spatial index
+    (:class:`trn.nav.lost.CraterMap`). Geometry only: no render, no descriptor."""
+    from trn.data.detection import source_union_catalogue
+    from trn.data.sources import UnionRule
+    from trn.data.terrain import load_elevation
+    from trn.nav.lost import CraterMap
+
+    cat = source_union_catalogue(source, UnionRule())
+    radius = MOON_RADIUS_KM + load_elevation(Path(source)).height(cat.lat, cat.lon)
+    return CraterMap(np.asarray(cat.ids, np.int64), latlon_to_xyz(cat.lat, cat.lon, radius).reshape(-1, 3),
+                     cat.diameter_km)
+
+
+def descriptor_crater_map(omap: OnboardMap):
+    """The lost-in-space map of an onboard descriptor map's craters, in the order of ``omap.ids``."""
+    from trn.nav.lost import CraterMap
+
+    return CraterMap(np.asarray(omap.ids, np.int64), omap.positions(list(omap.ids)), omap.diameter_km)
+

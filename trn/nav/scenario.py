@@ -315,7 +315,7 @@ def map_size_gate(ds: Luna1Dataset, flat: list, min_km: float, altimeter_sigma_k
 def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None,
                    thresholds: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9, 0.95), n_sigma: float = 3.0,
                    box_sigma_px: float | None = None, gate: float | None = None, cold_start: bool = False,
-                   lost_cfg=None) -> dict:
+                   lost_cfg=None, lis_map=None) -> dict:
     """Navigation with TRN at ``s.threshold`` and at each of ``thresholds``, against dead
     reckoning: each detection matched within its search window (:class:`SearchWindow`).
     Recognition against the whole map (no window) is reported beside it. ``box_sigma_px``: the
@@ -323,11 +323,16 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     frames), in place of the scenario's emulated detector noise. ``gate``: drop, before any
     search, the detections whose estimated diameter is below ``gate`` times the map's smallest
     crater (:func:`map_size_gate`). ``cold_start``: no initial state; the filter starts from the
-    frames' verified lost-in-space fixes (:class:`ColdStart`, :func:`lost_in_space_fixes`)."""
+    frames' verified lost-in-space fixes (:class:`ColdStart`, :func:`lost_in_space_fixes`) against
+    ``lis_map`` (a :class:`trn.nav.lost.CraterMap`; by default the craters of ``omap``), made on the
+    whole set of boxes (before the size gate)."""
     sensors = sensors or SensorModel()
     cold = None
     if cold_start:
-        lis = lost_in_space_fixes(ds, emb, omap, s, sensors, lost_cfg, box_sigma_px, gate, s.seed)
+        from trn.nav.onboard_map import descriptor_crater_map
+
+        lis = lost_in_space_fixes(ds, lis_map if lis_map is not None else descriptor_crater_map(omap), s, sensors,
+                                  lost_cfg, box_sigma_px, s.seed, emb=emb, omap=omap)
         cold = ColdStart({r["frame"]: (np.array(r["position_km"]), np.array(r["cov_km2"]))
                           for r in lis["frames"] if r["declared"]})
     flat, sims = map_matches(ds, emb, omap, s)
@@ -371,70 +376,97 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
             "pixel_sigma": pix, "sensors": sensors.to_dict(), "threshold": s.threshold, "runs": runs}
 
 
-def lost_in_space_fixes(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None, cfg=None,
-                        box_sigma_px: float | None = None, gate: float | None = None, seed: int = 0) -> dict:
-    """Every annotated frame's lost-in-space fix (:func:`trn.nav.lost.lost_in_space_fix`) against the
-    whole map, with no position prior: the star tracker's attitude and the altimeter as
-    :class:`SensorModel` draws them, the box centres with the same noise as map navigation. Per
-    frame: detections, declared or not and why, the fix's error, candidates and hypotheses examined,
-    time; summaries by detections per frame (a declared fix farther than 2 km from the truth is a
-    wrong fix)."""
+def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None = None, cfg=None,
+                        box_sigma_px: float | None = None, seed: int = 0, emb=None, omap=None) -> dict:
+    """Every frame's lost-in-space fix against the whole map ``cmap`` (:class:`trn.nav.lost.CraterMap`),
+    with no position prior (:func:`trn.nav.lost.frame_hypotheses`, then :class:`trn.nav.lost.WindowFixer`
+    over the frames in time order): the star tracker's attitude and the altimeter as
+    :class:`SensorModel` draws them, the Sun of the frame's epoch, the box centres with the same
+    noise as map navigation. With ``cfg.candidates > 0`` the candidates are the descriptor's best
+    (``emb`` and the descriptor map ``omap``, whose craters ``cmap`` must list in the same order).
+    Per frame: detections, declared or not and why, frames the fix needed, the fix's error and
+    sigma, candidates and hypotheses examined, score, time; summaries by detections per frame (a
+    declared fix farther than 2 km from the truth is a wrong fix)."""
     import time
 
-    from trn.nav.lost import LostConfig, lost_in_space_fix
+    from trn.nav.lost import LostConfig, Sigmas, VisibilityRule, WindowFixer, frame_hypotheses
+    from trn.sim import scenarios as sc
 
     sensors = sensors or SensorModel()
     cfg = cfg or LostConfig()
-    t0 = time.perf_counter()
-    flat, sims = map_matches(ds, emb, omap, s)
-    embed_search_s = time.perf_counter() - t0
-    if gate is not None:
-        keep = map_size_gate(ds, flat, gate * float(np.min(omap.diameter_km)), sensors.altimeter_sigma_km, s.seed)
-        flat, sims = [d for d, k in zip(flat, keep) if k], sims[keep]
+    if ds.poses is None or ds.metadata is None or not ds.metadata.camera or len(ds.metadata.frames) != len(ds.poses):
+        raise DataError("lost-in-space fixes need poses and metadata.json (camera, frame epochs and Sun)", ds.root)
+    frames = sc.navigation_frames(ds, s)
+    dets = sc.detect(ds, frames, s, np.random.default_rng([s.seed, 3]), sc.frame_shape(ds))
+    flat = [d for fr in frames for d in dets[fr]]
+    sims = None
+    embed_search_s = 0.0
+    if cfg.candidates > 0:
+        if emb is None or omap is None:
+            raise ConfigError("lost-in-space candidates from the descriptor need a descriptor map (--map) and a model")
+        if [int(c) for c in omap.ids] != [int(c) for c in cmap.ids]:
+            raise DataError("the descriptor map and the lost-in-space map list different craters")
+        t0 = time.perf_counter()
+        flat, sims = map_matches(ds, emb, omap, s)
+        embed_search_s = time.perf_counter() - t0
     cam = PinholeCamera(int(ds.metadata.camera["width"]), int(ds.metadata.camera["height"]),
                         float(ds.metadata.camera["fov_deg"]))
     pix = detector_pixel_sigma(s.shift_px, s.shrink_px, sensors.pixel_sigma) if box_sigma_px is None \
         else float(np.hypot(box_sigma_px, sensors.pixel_sigma))
-    sigma = angular_sigma(cam, pix, sensors.attitude_sigma_arcsec)
-    pos_map = omap.positions(list(omap.ids))
-    dia_map = np.asarray(omap.diameter_km, np.float64)
+    sig = Sigmas(pix, float(np.radians(sensors.attitude_sigma_arcsec / 3600.0)), sensors.landmark_sigma_km,
+                 sensors.altimeter_sigma_km)
+    annotate = (ds.metadata.renderer or {}).get("annotate", {})
+    rule = VisibilityRule(min_box_px=float(annotate.get("min_box_px", 12)),
+                          min_sun_elevation_deg=float(annotate.get("min_sun_elevation_deg", 0.0)))
+    t_all = frame_times(ds)
     rot = quat_to_matrix(ds.poses[:, 3:])
     rng = np.random.default_rng([seed, 29])
     by_frame: dict[int, list[int]] = {}
     for k, d in enumerate(flat):
         by_frame.setdefault(d.frame, []).append(k)
+    window = WindowFixer(cfg)
     rows = []
-    for fr, ks in sorted(by_frame.items()):
+    for fr in sorted(by_frame):
+        ks = by_frame[fr]
         truth = ds.poses[fr, :3]
         boxes = np.array([flat[k].box for k in ks], np.float64)
-        px = np.stack([(boxes[:, 0] + boxes[:, 1]) / 2, (boxes[:, 2] + boxes[:, 3]) / 2], 1) \
-            + rng.normal(0.0, sensors.pixel_sigma, (len(ks), 2))
-        side = np.maximum(boxes[:, 1] - boxes[:, 0], boxes[:, 3] - boxes[:, 2])
-        clipped = (boxes[:, 0] <= 0) | (boxes[:, 2] <= 0) | (boxes[:, 1] >= cam.width) | (boxes[:, 3] >= cam.height)
+        # centroiding noise on the box (the detector noise is in the boxes already)
+        boxes += np.repeat(rng.normal(0.0, sensors.pixel_sigma, (len(ks), 2)), 2, axis=1)
         rot_est = _small_rotation(rng, np.radians(sensors.attitude_sigma_arcsec / 3600.0)) @ rot[fr]
         radius = float(np.linalg.norm(truth)) + rng.normal(0.0, sensors.altimeter_sigma_km)
+        sun = np.asarray(ds.metadata.frames[fr]["sun_dir_body"], np.float64)
         t1 = time.perf_counter()
-        fx = lost_in_space_fix(px, side, clipped, sims[ks], pos_map, dia_map, rot_est, radius, cam, sigma,
-                               sensors.landmark_sigma_km, sensors.altimeter_sigma_km, cfg)
+        alone = frame_hypotheses(boxes, rot_est, radius, sun, cam, cmap, sig, cfg, rule,
+                                 None if sims is None else sims[ks])
+        fx = window.add(float(t_all[fr]), radius, alone)
         ms = (time.perf_counter() - t1) * 1e3
         err = float(np.linalg.norm(fx.position - truth)) if fx.declared else None
-        sig = float(np.sqrt(np.trace(fx.cov))) if fx.declared else None
-        inl_ok = sum(int(flat[ks[a]].label) == int(omap.ids[r]) for a, r in fx.inliers) if fx.declared else 0
-        rows.append({"frame": int(fr), "detections": len(ks), "declared": fx.declared, "reason": fx.reason,
+        sig_km = float(np.sqrt(np.trace(fx.cov))) if fx.declared else None
+        inl_ok = sum(int(flat[ks[a]].label) == int(cmap.ids[r]) for a, r in fx.inliers) if fx.declared else 0
+        rows.append({"frame": int(fr), "time_s": float(t_all[fr]), "detections": len(ks),
+                     "in_map": int(np.isin([int(flat[k].label) for k in ks], cmap.ids).sum()),
+                     "declared": fx.declared, "reason": fx.reason, "frames_used": fx.frames,
                      "position_km": fx.position.tolist() if fx.declared else None,
-                     "cov_km2": fx.cov.tolist() if fx.declared else None, "error_km": err, "sigma_km": sig, "support": fx.support, "runner_up": fx.runner_up,
-                     "inliers_correct": inl_ok, "candidates": fx.candidates, "hypotheses": fx.hypotheses,
-                     "ms": ms})
+                     "cov_km2": fx.cov.tolist() if fx.declared else None, "error_km": err, "sigma_km": sig_km,
+                     "nees": float((fx.position - truth) @ np.linalg.solve(fx.cov, fx.position - truth))
+                     if fx.declared else None,
+                     "support": fx.support, "inliers_correct": inl_ok, "llr": fx.llr, "runner_up": fx.runner_up,
+                     "candidates": fx.candidates, "hypotheses": fx.hypotheses, "ms": ms,
+                     "boxes": boxes.round(2).tolist(), "labels": [flat[k].label for k in ks],
+                     "inliers": [[int(a), int(cmap.ids[r])] for a, r in fx.inliers]})
 
     def summary(sel: list[dict]) -> dict:
         dec = [r for r in sel if r["declared"]]
         good = [r for r in dec if r["error_km"] <= 2.0]
         e = np.array([r["error_km"] for r in good]) if good else np.zeros(0)
+        nees = np.array([r["nees"] for r in dec]) if dec else np.zeros(0)
         return {"frames": len(sel), "declared": len(dec), "within_2km": len(good), "wrong": len(dec) - len(good),
                 "share_within_2km": len(good) / len(sel) if sel else float("nan"),
                 "wrong_share_of_declared": (len(dec) - len(good)) / len(dec) if dec else 0.0,
+                "declared_with_earlier_frames": sum(r["frames_used"] > 1 for r in dec),
                 "rms_km_within_2km": float(np.sqrt(np.mean(e ** 2))) if len(e) else float("nan"),
-                "median_km_within_2km": float(np.median(e)) if len(e) else float("nan")}
+                "median_km_within_2km": float(np.median(e)) if len(e) else float("nan"),
+                "mean_nees": float(np.mean(nees)) if len(nees) else float("nan")}
 
     bins = {"1": lambda n: n == 1, "2": lambda n: n == 2, "3-4": lambda n: 3 <= n <= 4, ">= 5": lambda n: n >= 5,
             ">= 2": lambda n: n >= 2}
@@ -442,13 +474,18 @@ def lost_in_space_fixes(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | N
     for r in rows:
         reasons[r["reason"]] = reasons.get(r["reason"], 0) + 1
     ms = np.array([r["ms"] for r in rows]) if rows else np.zeros(1)
-    return {"config": cfg.to_dict(), "sensors": sensors.to_dict(), "pixel_sigma": pix, "map_size": len(omap.ids),
-            "appearance": omap.info.get("appearance", "catalogue"), "detections": len(flat), "gate": gate,
+    dec_ms = np.array([r["ms"] for r in rows if r["declared"]]) if any(r["declared"] for r in rows) else np.zeros(1)
+    return {"config": cfg.to_dict(), "sensors": sensors.to_dict(), "pixel_sigma": pix, "map_size": len(cmap),
+            "detections": len(flat), "rule": {"min_box_px": rule.min_box_px,
+                                              "min_sun_elevation_deg": rule.min_sun_elevation_deg},
             "by_detections": {k: summary([r for r in rows if f(r["detections"])]) for k, f in bins.items()},
             "reasons": reasons,
             "time": {"embed_and_whole_map_similarity_ms_per_detection": embed_search_s * 1e3 / max(len(flat), 1),
+                     "ms_per_detection": float(ms.sum() / max(len(flat), 1)),
                      "fix_ms_per_frame_p50": float(np.percentile(ms, 50)),
-                     "fix_ms_per_frame_p99": float(np.percentile(ms, 99))},
+                     "fix_ms_per_frame_p99": float(np.percentile(ms, 99)),
+                     "ms_per_declared_fix_p50": float(np.percentile(dec_ms, 50)),
+                     "ms_per_declared_fix_p99": float(np.percentile(dec_ms, 99))},
             "frames": rows}
 
 

@@ -247,6 +247,10 @@ def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, square: bool
 
 
 def frame_shape(ds: Luna1Dataset) -> tuple[int, int]:
+    """(height, width) of the navigation frames: the camera's in metadata.json, else the first
+    annotated frame's image."""
+    if ds.metadata is not None and ds.metadata.camera:
+        return int(ds.metadata.camera["height"]), int(ds.metadata.camera["width"])
     first = next((f.frame for f in ds.frames if f.boxes), None)
     if first is None:
         return (0, 0)
