@@ -38,12 +38,14 @@ class AnnotateConfig:
             raise ConfigError(f"rim_points={self.rim_points}: expected 8 to 1024")
 
 
-def rim_points(lat: float, lon: float, diameter_km: float, n: int) -> np.ndarray:
-    """Unit vectors [n, 3] of points on the sphere at geodesic distance diameter/2 from the centre."""
+def rim_points(lat, lon, diameter_km, n: int) -> np.ndarray:
+    """Unit vectors [..., n, 3] of points on the sphere at geodesic distance diameter/2 from each
+    centre (scalars give [n, 3])."""
     east, north, up = east_north_up(lat, lon)
-    rho = 0.5 * diameter_km / MOON_RADIUS_KM
+    rho = np.asarray(0.5 * np.asarray(diameter_km, np.float64) / MOON_RADIUS_KM)[..., None, None]
     phi = 2 * np.pi * np.arange(n) / n
-    return np.cos(rho) * up + np.sin(rho) * (np.cos(phi)[:, None] * east + np.sin(phi)[:, None] * north)
+    return np.cos(rho) * up[..., None, :] + np.sin(rho) * (np.cos(phi)[:, None] * east[..., None, :]
+                                                           + np.sin(phi)[:, None] * north[..., None, :])
 
 
 def annotate_frame(cat: Catalogue, rotation: np.ndarray, position_km: np.ndarray, camera: PinholeCamera,

@@ -92,18 +92,26 @@ def solve_bearings(landmarks: np.ndarray, b: np.ndarray, sigma_rad: float, landm
     return p, np.linalg.inv(a)
 
 
+def range_points(landmarks: np.ndarray, b: np.ndarray, radius_km: float) -> tuple[np.ndarray, np.ndarray]:
+    """For landmarks [..., 3] seen along the unit line of sight ``b`` [3]: the point of each line
+    through its landmark at ``radius_km`` from the Moon's centre, the root on the spacecraft's side
+    (behind the landmark along ``b``); and whether that point exists [...]."""
+    lb = landmarks @ b
+    disc = lb * lb - np.einsum("...i,...i->...", landmarks, landmarks) + radius_km * radius_km
+    s = lb + np.sqrt(np.maximum(disc, 0.0))
+    return landmarks - s[..., None] * b, disc >= 0
+
+
 def solve_range(landmark: np.ndarray, b: np.ndarray, radius_km: float, sigma_rad: float, range_sigma_km: float,
                 landmark_sigma_km: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Position from one line of sight and the spacecraft's distance from the Moon's centre."""
     landmark, b = np.asarray(landmark, np.float64).reshape(3), np.asarray(b, np.float64).reshape(3)
 
     def solve(l_: np.ndarray, b_: np.ndarray, r_: float) -> np.ndarray:
-        b_ = b_ / np.linalg.norm(b_)
-        lb = float(l_ @ b_)
-        disc = lb * lb - float(l_ @ l_) + r_ * r_
-        if disc < 0:
+        p, ok = range_points(l_, b_ / np.linalg.norm(b_), r_)
+        if not ok:
             raise DataError(f"the line of sight never reaches {r_:.1f} km from the Moon's centre: no range fix")
-        return l_ - (lb + np.sqrt(disc)) * b_  # the root above the landmark, on the spacecraft's side
+        return p
 
     if radius_km <= float(np.linalg.norm(landmark)):
         raise DataError(f"altimeter distance {radius_km:.1f} km is below the landmark ({np.linalg.norm(landmark):.1f} km)")

@@ -48,12 +48,12 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from trn.data.annotate import rim_points
 from trn.errors import ConfigError, DataError
-from trn.geometry import MOON_RADIUS_KM, PinholeCamera
-from trn.nav.fix import pixel_bearings, residuals, solve_bearings
+from trn.geometry import MOON_RADIUS_KM, PinholeCamera, xyz_to_latlon
+from trn.nav.ekf import MU_KM3_S2
+from trn.nav.fix import pixel_bearings, range_points, residuals, solve_bearings
 from trn.nav.spatial import CraterIndex
-
-MU_KM3_S2 = 4902.800066  # GM of the Moon (GRAIL GL0660B), as trn.nav.ekf
 
 REASONS = ("verified", "verified with earlier frames", "no detection",
            "one detection: nothing to verify a hypothesis with",
@@ -190,8 +190,8 @@ class CraterMap:
         self.index = CraterIndex(self.positions)
         self.radius_km = np.linalg.norm(self.positions, axis=1)
         self.up = self.positions / self.radius_km[:, None]
-        self._log_d = np.log(self.diameter_km)
-        self._by_size = np.argsort(self._log_d, kind="stable")
+        self.lat, self.lon, _ = xyz_to_latlon(self.positions)
+        self._by_size = np.argsort(self.diameter_km, kind="stable")
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -264,17 +264,6 @@ def box_geometry(boxes: np.ndarray, camera: PinholeCamera, pixel_sigma: float
     return np.stack([x, y], 1), diam, lower, sig
 
 
-def _range_positions(x: np.ndarray, b: np.ndarray, radius_km: float) -> tuple[np.ndarray, np.ndarray]:
-    """For each landmark [H, 3] and one line of sight b [3]: the point of the line through the
-    landmark at ``radius_km`` from the Moon's centre, on the spacecraft's side (as
-    :func:`trn.nav.fix.solve_range`), and whether it exists."""
-    lb = x @ b
-    disc = lb * lb - np.einsum("ij,ij->i", x, x) + radius_km ** 2
-    ok = disc >= 0
-    s = lb + np.sqrt(np.maximum(disc, 0.0))
-    return x - s[:, None] * b[None], ok & (s > 0)
-
-
 def _ground_points(p: np.ndarray, b: np.ndarray, radius_km: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Where lines of sight from positions p [H, 3] along b [3] first meet spheres of radius [H]."""
     pb = p @ b
@@ -324,11 +313,12 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray) -> tupl
     """Hypotheses from one anchor and its candidate rows: (positions [H, 3], support [H], per
     hypothesis the (detection, row) pairs that agree)."""
     x = cmap.positions[rows]
-    p, ok = _range_positions(x, fr.b[anchor], fr.radius_km)
-    rng_a = np.linalg.norm(x - p, axis=1)
+    p, ok = range_points(x, fr.b[anchor], fr.radius_km)
+    ok &= (x - p) @ fr.b[anchor] > 0  # the crater lies ahead of the spacecraft
     ok &= np.einsum("ij,ij->i", p - x, cmap.up[rows]) > 0  # the crater faces the spacecraft
-    ok &= fr.size_ok(np.full(len(rows), anchor), cmap.diameter_km[rows], rng_a, fr.cfg.size_ratio)
-    p, rows, rng_a = p[ok], rows[ok], rng_a[ok]
+    ok &= fr.size_ok(np.full(len(rows), anchor), cmap.diameter_km[rows], np.linalg.norm(x - p, axis=1),
+                     fr.cfg.size_ratio)
+    p, rows = p[ok], rows[ok]
     support = np.ones(len(p), int)
     pairs: list[list[tuple[int, int]]] = [[(anchor, int(r))] for r in rows]
     alt = fr.radius_km - MOON_RADIUS_KM
@@ -380,7 +370,7 @@ def _refit(fr: _Frame, cmap: CraterMap, pairs: list[tuple[int, int]], corrected:
     return _with_altimeter(p, cov, fr.radius_km, fr.sig.range_km)
 
 
-def predicted_view(fr: _Frame, cmap: CraterMap, p: np.ndarray, rim_points: int = 24
+def predicted_view(fr: _Frame, cmap: CraterMap, p: np.ndarray, rim_points_n: int = 24
                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """The map craters a frame taken from ``p`` should show, as the annotation rule boxes them:
     (rows [K], predicted centres [K, 2] px (the crater centre's projection), predicted boxes [K, 4]
@@ -388,7 +378,6 @@ def predicted_view(fr: _Frame, cmap: CraterMap, p: np.ndarray, rim_points: int =
     [K] km, certain [K] bool). Uncertain predictions sit at the rule's edge (box size, frame border
     or Sun within their margins): they may or may not be boxed."""
     cam, rule = fr.camera, fr.rule
-    cx, cy = cam.principal_point
     boresight = fr.rot[:, 2]
     g, hit = _ground_points(p[None], boresight, np.array([MOON_RADIUS_KM]))
     centre = g[0] if hit[0] else p / np.linalg.norm(p) * MOON_RADIUS_KM
@@ -399,41 +388,28 @@ def predicted_view(fr: _Frame, cmap: CraterMap, p: np.ndarray, rim_points: int =
     if not len(rows):
         return empty
     rel = cmap.positions[rows] - p
-    q = rel @ fr.rot
+    u, v, z = cam.project(rel @ fr.rot)
     facing = np.einsum("ij,ij->i", -rel, cmap.up[rows]) > 0
-    u = cx + cam.focal_px * q[:, 0] / np.where(q[:, 2] > 1e-6, q[:, 2], 1.0)
-    v = cy + cam.focal_px * q[:, 1] / np.where(q[:, 2] > 1e-6, q[:, 2], 1.0)
-    ok = facing & (q[:, 2] > 1e-6) & (u >= -rule.edge_px) & (u < cam.width + rule.edge_px) \
+    ok = facing & (z > 1e-6) & (u >= -rule.edge_px) & (u < cam.width + rule.edge_px) \
         & (v >= -rule.edge_px) & (v < cam.height + rule.edge_px)
-    if fr.sun is not None:
-        elev = np.degrees(np.arcsin(np.clip(cmap.up[rows] @ fr.sun, -1.0, 1.0)))
-        ok &= elev >= rule.min_sun_elevation_deg - rule.sun_margin_deg
-    rows, u, v = rows[ok], u[ok], v[ok]
+    elev = np.degrees(np.arcsin(np.clip(cmap.up[rows] @ fr.sun, -1.0, 1.0))) if fr.sun is not None \
+        else np.full(len(rows), 90.0)
+    ok &= elev >= rule.min_sun_elevation_deg - rule.sun_margin_deg
+    rows, u, v, elev = rows[ok], u[ok], v[ok], elev[ok]
     if not len(rows):
         return empty
-    # the rim: points at half the diameter from the centre in its local horizontal plane
-    up = cmap.up[rows]
-    east = np.cross([0.0, 0.0, 1.0], up)
-    east_n = np.linalg.norm(east, axis=1, keepdims=True)
-    east = np.where(east_n > 1e-9, east / np.maximum(east_n, 1e-12), np.array([1.0, 0.0, 0.0]))
-    north = np.cross(up, east)
-    phi = 2 * np.pi * np.arange(rim_points) / rim_points
-    half = cmap.diameter_km[rows][:, None, None] / 2.0
-    rim = cmap.positions[rows][:, None, :] + half * (np.cos(phi)[None, :, None] * east[:, None, :]
-                                                     + np.sin(phi)[None, :, None] * north[:, None, :])
-    rq = (rim - p) @ fr.rot
-    front = (rq[..., 2] > 1e-6).all(1)
-    rz = np.where(rq[..., 2] > 1e-6, rq[..., 2], 1.0)
-    ru = cx + cam.focal_px * rq[..., 0] / rz
-    rv = cy + cam.focal_px * rq[..., 1] / rz
+    # the rim as the annotation rule draws it, at the centre's radius (the rule uses the rim's own heights)
+    rim = rim_points(cmap.lat[rows], cmap.lon[rows], cmap.diameter_km[rows], rim_points_n) \
+        * cmap.radius_km[rows][:, None, None]
+    ru, rv, rz = cam.project((rim - p) @ fr.rot)
+    front = (rz > 1e-6).all(1)
     box = np.stack([np.clip(ru.min(1), 0, cam.width), np.clip(ru.max(1), 0, cam.width),
                     np.clip(rv.min(1), 0, cam.height), np.clip(rv.max(1), 0, cam.height)], 1)
     side = np.minimum(box[:, 1] - box[:, 0], box[:, 3] - box[:, 2])
     keep = front & (side * rule.size_margin >= rule.min_box_px)
     sure = (u >= rule.edge_px) & (u < cam.width - rule.edge_px) & (v >= rule.edge_px) \
-        & (v < cam.height - rule.edge_px) & (side >= rule.min_box_px * rule.size_margin)
-    if fr.sun is not None:
-        sure &= np.degrees(np.arcsin(np.clip(up @ fr.sun, -1.0, 1.0))) >= rule.min_sun_elevation_deg + rule.sun_margin_deg
+        & (v < cam.height - rule.edge_px) & (side >= rule.min_box_px * rule.size_margin) \
+        & (elev >= rule.min_sun_elevation_deg + rule.sun_margin_deg)
     k = np.flatnonzero(keep)
     rng = np.linalg.norm(cmap.positions[rows[k]] - p, axis=1)
     return rows[k], np.stack([u[k], v[k]], 1), box[k], rng, sure[k]
@@ -662,6 +638,5 @@ class WindowFixer:
                 dec = decide(pool, cfg, fix.hypotheses, fix.candidates, frames=2)
                 if dec.declared:
                     result = dec
-                    result.support = len(fix.best[0].pairs) if fix.best else 0
         self.history.append((t_s, radius_km, fix if not result.declared else result))
         return result

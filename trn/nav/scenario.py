@@ -225,17 +225,24 @@ def detector_pixel_sigma(shift_px: int, shrink_px: int, centroid_px: float) -> f
     return float(np.sqrt(shift_var + shrink_var + centroid_px ** 2))
 
 
-def map_matches(ds: Luna1Dataset, emb, omap, s) -> tuple[list, np.ndarray]:
-    """Every annotated frame's detections (the scenario's seeded detector noise) embedded, each as
-    the square centred on its box (not stretched to the network's input), and compared with every
-    map entry: (detections, similarities [detections, map entries] in the order of ``omap.ids``)."""
+def frame_detections(ds: Luna1Dataset, s) -> list:
+    """Every annotated frame's detections, frame by frame, with the scenario's seeded detector noise."""
     from trn.sim import scenarios as sc
 
     frames = sc.navigation_frames(ds, s)
     if not frames:
         raise DataError("map navigation needs annotated navigation frames; this dataset has none", ds.root)
     dets = sc.detect(ds, frames, s, np.random.default_rng([s.seed, 3]), sc.frame_shape(ds))
-    flat = [d for fr in frames for d in dets[fr]]
+    return [d for fr in frames for d in dets[fr]]
+
+
+def map_matches(ds: Luna1Dataset, emb, omap, s, flat: list | None = None) -> tuple[list, np.ndarray]:
+    """Every annotated frame's detections (:func:`frame_detections`, unless given) embedded, each as
+    the square centred on its box (not stretched to the network's input), and compared with every
+    map entry: (detections, similarities [detections, map entries] in the order of ``omap.ids``)."""
+    from trn.sim import scenarios as sc
+
+    flat = frame_detections(ds, s) if flat is None else flat
     emb_map = omap.db.embeddings  # rows in the order of omap.ids (OnboardMap.load checks it)
     sims = np.zeros((len(flat), len(omap.ids)), np.float32)
     for i in range(0, len(flat), 512):
@@ -390,15 +397,12 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     import time
 
     from trn.nav.lost import LostConfig, Sigmas, VisibilityRule, WindowFixer, frame_hypotheses
-    from trn.sim import scenarios as sc
 
     sensors = sensors or SensorModel()
     cfg = cfg or LostConfig()
     if ds.poses is None or ds.metadata is None or not ds.metadata.camera or len(ds.metadata.frames) != len(ds.poses):
         raise DataError("lost-in-space fixes need poses and metadata.json (camera, frame epochs and Sun)", ds.root)
-    frames = sc.navigation_frames(ds, s)
-    dets = sc.detect(ds, frames, s, np.random.default_rng([s.seed, 3]), sc.frame_shape(ds))
-    flat = [d for fr in frames for d in dets[fr]]
+    flat = frame_detections(ds, s)
     sims = None
     embed_search_s = 0.0
     if cfg.candidates > 0:
@@ -407,7 +411,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         if [int(c) for c in omap.ids] != [int(c) for c in cmap.ids]:
             raise DataError("the descriptor map and the lost-in-space map list different craters")
         t0 = time.perf_counter()
-        flat, sims = map_matches(ds, emb, omap, s)
+        _, sims = map_matches(ds, emb, omap, s, flat)
         embed_search_s = time.perf_counter() - t0
     cam = PinholeCamera(int(ds.metadata.camera["width"]), int(ds.metadata.camera["height"]),
                         float(ds.metadata.camera["fov_deg"]))
