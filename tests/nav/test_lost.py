@@ -66,6 +66,30 @@ def test_box_geometry_recovers_the_centre_of_a_box_cut_by_one_edge():
     assert lower[0] and sig[0] > 5.0
 
 
+def test_a_box_edge_near_the_frame_border_is_taken_as_cut():
+    """A detector's noise moves a cut edge inwards: 6 px from the border is cut with a 10 px margin."""
+    box = np.array([[6.0, 70.0, 200.0, 300.0]])
+    c, d, lower, _ = box_geometry(box, CAM, 1.0)
+    assert c[0, 0] == pytest.approx(38.0) and d[0] == 100.0  # taken whole: the centre is the box's
+    c, d, lower, _ = box_geometry(box, CAM, 1.0, edge_px=10.0)
+    assert c[0, 0] == pytest.approx(20.0) and d[0] == 100.0 and not lower[0]  # the right edge and the height
+
+
+def test_the_best_fitting_hypothesis_is_scored_first():
+    """Only one hypothesis scored per frame: among the thousands that two craters support, the one
+    whose bearings and sizes fit best is the true one, without noise."""
+    lat, lon, dia, cmap = world(seed=3)
+    rng = np.random.default_rng(4)
+    for _ in range(200):
+        sc, rot = pose(rng.uniform(-50, 50), rng.uniform(0, 360))
+        boxes, rows = boxes_of(sc, rot, lat, lon, dia, cmap)
+        if len(rows) >= 3:
+            break
+    cfg = LostConfig(max_scored=1, min_margin=0.0)
+    fx = frame_hypotheses(boxes, rot, radius_of(sc), None, CAM, cmap, EXACT, cfg)
+    assert fx.hypotheses > 1 and fx.declared and np.linalg.norm(fx.position - sc) < 0.05
+
+
 def test_the_fix_is_exact_without_noise():
     lat, lon, dia, cmap = world()
     sc, rot = pose(10.0, 20.0)
@@ -177,12 +201,39 @@ def test_a_window_of_frames_decides_what_one_frame_cannot():
     second = win.add(20.0, radius_of(sc1), frame_hypotheses(b1, rot1, radius_of(sc1), None, CAM, cmap, EXACT, cfg))
     assert second.declared and second.frames == 2 and second.reason == REASONS[1]
     assert np.linalg.norm(second.position - sc1) < 0.1
+    assert not win.late  # late declarations are off by default
+
+
+def test_a_declared_frame_decides_an_earlier_frame_late():
+    """The same two frames in the other order: the later frame decides, and with ``late`` it also
+    fixes the earlier one, at the earlier frame's position, declared at the later frame's time."""
+    lat, lon, dia, cmap = world(seed=9)
+    rng = np.random.default_rng(10)
+    cfg = LostConfig(min_margin=1e6)
+    for _ in range(50):
+        la, lo = rng.uniform(-50, 50), rng.uniform(0, 360)
+        sc0, rot0 = pose(la, lo)
+        sc1, rot1 = pose(la, lo + np.degrees(32.0 / (MOON_RADIUS_KM + 100) / np.cos(np.radians(la))))
+        b0, r0 = boxes_of(sc0, rot0, lat, lon, dia, cmap)
+        b1, r1 = boxes_of(sc1, rot1, lat, lon, dia, cmap)
+        if len(r0) >= 2 and len(r1) >= 3 and set(r0) < set(r1):
+            break
+    win = WindowFixer(LostConfig(late=True))
+    first = win.add(0.0, radius_of(sc0), frame_hypotheses(b0, rot0, radius_of(sc0), None, CAM, cmap, EXACT, cfg))
+    assert not first.declared and not win.late
+    second = win.add(20.0, radius_of(sc1), frame_hypotheses(b1, rot1, radius_of(sc1), None, CAM, cmap, EXACT))
+    assert second.declared and second.frames == 1
+    assert len(win.late) == 1
+    t_e, late, t_dec = win.late[0]
+    assert (t_e, t_dec) == (0.0, 20.0) and late.declared and late.reason == REASONS[9] and late.frames == 2
+    assert np.linalg.norm(late.position - sc0) < 0.1
 
 
 @pytest.mark.parametrize("kw, match", [({"candidates": -1}, "candidates"), ({"min_inliers": 1}, "at least 2"),
                                        ({"size_ratio": 0.5}, "size_ratio"), ({"min_similarity": 2.0}, "min_similarity"),
                                        ({"detection_probability": 1.0}, "detection_probability"),
-                                       ({"window_s": -1.0}, "window_s"), ({"speed_band": (2.0, 1.0)}, "speed_band")])
+                                       ({"window_s": -1.0}, "window_s"), ({"speed_band": (2.0, 1.0)}, "speed_band"),
+                                       ({"edge_sigma": -1.0}, "edge_sigma")])
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         LostConfig(**kw)

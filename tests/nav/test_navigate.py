@@ -146,6 +146,26 @@ def test_cold_start_initialises_from_two_lost_in_space_fixes_and_then_navigates(
     assert np.isnan(res.dr_error_km).all() and s["trn"]["rms_km"] < 1.0
 
 
+def test_cold_start_uses_an_earlier_frame_fixed_late_from_the_frame_that_declared_it():
+    """Frame 20's fix also fixed frame 15, late (lost-in-space windows): the pair initialises the
+    filter at frame 20 itself; without the late fix one fix alone cannot, and nothing is estimated
+    before frame 20 either way."""
+    from trn.nav.scenario import ColdStart
+
+    ds, states, rots, craters = synthetic()
+    rng = np.random.default_rng(7)
+    own = _lost_fixes(states, [20], rng)
+    z15, r15 = _lost_fixes(states, [15], rng)[15]
+    kw = dict(sensors=SensorModel(pixel_sigma=1.0, landmark_sigma_km=0.05), seed=1)
+    res = navigate(ds, oracle_matches(states, rots, craters), lambda ids: craters[ids],
+                   cold=ColdStart(own, {20: [(150.0, z15, r15)]}), **kw)
+    s = res.summary()
+    assert s["first_lost_fix_s"] == 200.0 and s["initialised_s"] == 200.0 and s["initial_error_km"] < 1.0
+    assert np.isnan(res.error_km[:20]).all() and res.error_km[60:].max() < 0.5
+    alone = navigate(ds, oracle_matches(states, rots, craters), lambda ids: craters[ids], cold=ColdStart(own), **kw)
+    assert alone.summary()["initialised_s"] is None and np.isnan(alone.error_km).all()
+
+
 def test_cold_start_reinitialises_when_the_filter_has_lost_track():
     """Two consistent but wrong fixes (50 km off) initialise the filter wrongly; the right windowed
     fixes are then refused by its gate, and after five refusals a lost-in-space fix that disagrees

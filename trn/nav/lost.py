@@ -60,7 +60,8 @@ REASONS = ("verified", "verified with earlier frames", "no detection",
            "no candidate: no map crater of a fitting size", "no two detections agree on a position",
            "too little evidence: the best position's score is below the threshold",
            "ambiguous: another position is as well supported",
-           "too few craters agree for one frame alone, and no earlier frame of the window adds one")
+           "too few craters agree for one frame alone, and no earlier frame of the window adds one",
+           "verified late, with a later frame of the window")
 
 
 @dataclass(frozen=True)
@@ -80,6 +81,8 @@ class LostConfig:
         hypothesis with at least 2): a crater new in one frame is evidence the other frame's
         pattern did not already give.
     separation_km: hypotheses closer than this are the same position.
+    edge_sigma: a box edge within this many pixel sigmas of the frame's border is taken as cut by
+        it (:func:`box_geometry`); 0 = only edges on or beyond the border.
     detection_probability: the chance that a crater the rule says is visible is detected.
     clutter_per_frame: expected detections per frame that are no map crater (false detections,
         craters the catalogue lacks).
@@ -90,6 +93,8 @@ class LostConfig:
     window_s: a frame not decided alone is scored with the earlier frames of this many seconds.
     speed_band: a window's displacement must be this range of the circular speed at the
         altimeter's distance.
+    late: a declared frame also decides the undecided earlier frames of its window (a fix
+        declared late, at the later frame's time; the report gives the delay).
     """
 
     candidates: int = 0
@@ -100,6 +105,7 @@ class LostConfig:
     min_inliers: int = 3
     window_min_craters: int = 3
     separation_km: float = 5.0
+    edge_sigma: float = 0.0
     detection_probability: float = 0.9
     clutter_per_frame: float = 0.5
     size_sigma: float = 0.15
@@ -109,6 +115,7 @@ class LostConfig:
     max_scored: int = 100
     window_s: float = 60.0
     speed_band: tuple[float, float] = (0.6, 1.45)
+    late: bool = False
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> None:
@@ -130,6 +137,8 @@ class LostConfig:
             bad("window_min_craters", "at least 2")
         if not self.separation_km > 0:
             bad("separation_km", "above 0")
+        if not 0 <= self.edge_sigma <= 10:
+            bad("edge_sigma", "0 to 10 pixel sigmas")
         if not 0 < self.detection_probability < 1:
             bad("detection_probability", "strictly between 0 and 1")
         if not 0 < self.clutter_per_frame <= 1000:
@@ -238,18 +247,21 @@ class LostFix:
     best: list[Hypothesis] = field(default_factory=list)
 
 
-def box_geometry(boxes: np.ndarray, camera: PinholeCamera, pixel_sigma: float
+def box_geometry(boxes: np.ndarray, camera: PinholeCamera, pixel_sigma: float, edge_px: float = 0.0
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Boxes [n, 4] (l, r, t, b) px -> (centres [n, 2] (x, y), apparent diameters [n] px,
     ``lower_bound`` [n] (the box is cut in both directions: its diameter only bounds the crater's
     from below), centre sigmas [n] px). A box cut by the frame edge in one direction keeps the true
     rim edge opposite the cut and the uncut extent, the crater's diameter; its centre is that edge
-    plus half the diameter (with 5 % of the diameter of sigma for the ellipse's asymmetry)."""
+    plus half the diameter (with 5 % of the diameter of sigma for the ellipse's asymmetry). A box
+    edge within ``edge_px`` of the frame's border is taken as cut: a detector's edge noise moves a
+    cut edge inwards, and a round crater's centre and diameter come out the same from its other
+    edge and extent when it was not cut."""
     bx = np.asarray(boxes, np.float64).reshape(-1, 4)
     l, r, t, b = bx.T
     w, h = r - l, b - t
-    cut_l, cut_r = l <= 0, r >= camera.width
-    cut_t, cut_b = t <= 0, b >= camera.height
+    cut_l, cut_r = l <= edge_px, r >= camera.width - edge_px
+    cut_t, cut_b = t <= edge_px, b >= camera.height - edge_px
     cut_x, cut_y = cut_l | cut_r, cut_t | cut_b
     x, y = (l + r) / 2.0, (t + b) / 2.0
     one_x = cut_x & ~(cut_l & cut_r) & ~cut_y
@@ -308,10 +320,19 @@ class _Frame:
         lr = np.log(self.diam_px[j] / pred)
         return np.where(self.lower[j], lr <= math.log(ratio), np.abs(lr) <= math.log(ratio))
 
+    def size_chi2(self, j: np.ndarray, d_km: np.ndarray, range_km: np.ndarray) -> np.ndarray:
+        """(log apparent / predicted diameter over ``size_sigma``)^2; 0 for a lower bound that holds."""
+        pred = d_km * self.camera.focal_px / np.maximum(range_km, 1e-6)
+        lr = np.log(self.diam_px[j] / pred)
+        lr = np.where(self.lower[j], np.maximum(lr, 0.0), lr)
+        return (lr / self.cfg.size_sigma) ** 2
 
-def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray, list]:
+
+def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, list, np.ndarray]:
     """Hypotheses from one anchor and its candidate rows: (positions [H, 3], support [H], per
-    hypothesis the (detection, row) pairs that agree)."""
+    hypothesis the (detection, row) pairs that agree, chi-square [H] of the agreeing detections'
+    bearing residuals and size ratios, which orders hypotheses of equal support for scoring)."""
     x = cmap.positions[rows]
     p, ok = range_points(x, fr.b[anchor], fr.radius_km)
     ok &= (x - p) @ fr.b[anchor] > 0  # the crater lies ahead of the spacecraft
@@ -321,6 +342,7 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray) -> tupl
     p, rows = p[ok], rows[ok]
     support = np.ones(len(p), int)
     pairs: list[list[tuple[int, int]]] = [[(anchor, int(r))] for r in rows]
+    chi2 = fr.size_chi2(np.full(len(rows), anchor), cmap.diameter_km[rows], np.linalg.norm(cmap.positions[rows] - p, axis=1))
     alt = fr.radius_km - MOON_RADIUS_KM
     for j in range(len(fr.b)):
         if j == anchor or not len(p):
@@ -333,6 +355,7 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray) -> tupl
         dist, idx = cmap.index.nearest(np.where(hit[:, None], g, 0.0), 4, tol)
         found = np.zeros(len(p), bool)
         best_row = np.full(len(p), -1)
+        best_chi2 = np.zeros(len(p))
         for k in range(idx.shape[1]):
             cand = hit & np.isfinite(dist[:, k]) & ~found
             if not cand.any():
@@ -348,10 +371,13 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray) -> tupl
                 & (rr != rows[h])
             found[h[good]] = True
             best_row[h[good]] = rr[good]
+            best_chi2[h[good]] = ((res / gate) * fr.cfg.threshold_sigma)[good] ** 2 \
+                + fr.size_chi2(np.full(len(h), j), cmap.diameter_km[rr], rng_j)[good]
         support += found
+        chi2 += best_chi2
         for h in np.flatnonzero(found):
             pairs[h].append((j, int(best_row[h])))
-    return p, support, pairs
+    return p, support, pairs, chi2
 
 
 def _refit(fr: _Frame, cmap: CraterMap, pairs: list[tuple[int, int]], corrected: dict | None = None
@@ -464,7 +490,7 @@ def score(fr: _Frame, cmap: CraterMap, p: np.ndarray) -> tuple[float, list[tuple
 
 
 def _prepare(boxes, rotation, radius_km, sun_dir, camera, sig, rule, cfg) -> _Frame:
-    centres, diam, lower, sig_px = box_geometry(boxes, camera, sig.pixel)
+    centres, diam, lower, sig_px = box_geometry(boxes, camera, sig.pixel, cfg.edge_sigma * sig.pixel)
     b = pixel_bearings(centres, camera, rotation) if len(centres) else np.zeros((0, 3))
     sig_rad = np.hypot(sig_px / camera.focal_px, sig.attitude_rad)
     sun = None if sun_dir is None else np.asarray(sun_dir, np.float64) / np.linalg.norm(sun_dir)
@@ -508,7 +534,7 @@ def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, 
     alt = radius_km - MOON_RADIUS_KM
     boresight = fr.rot[:, 2]
     order = sorted(range(n), key=lambda i: (bool(fr.lower[i]), -float(fr.diam_px[i])))[:cfg.anchors]
-    hyps_p, hyps_pairs, n_cand = [], [], 0
+    hyps_p, hyps_pairs, hyps_chi2, n_cand = [], [], [], 0
     for a in order:
         # the loose prefilter assumes a near-nadir camera: the range to the crater about the
         # altitude over the cosine of its angle from the boresight
@@ -523,16 +549,18 @@ def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, 
         n_cand += len(rows)
         if not len(rows):
             continue
-        p, support, pairs = _support(fr, cmap, a, rows)
+        p, support, pairs, chi2 = _support(fr, cmap, a, rows)
         for h in np.flatnonzero(support >= 2):
             hyps_p.append(p[h])
             hyps_pairs.append(pairs[h])
+            hyps_chi2.append(float(chi2[h]) / len(pairs[h]))
     if n_cand == 0:
         return LostFix(False, REASONS[4])
     if not hyps_p:
         return LostFix(False, REASONS[5], hypotheses=0, candidates=n_cand)
-    # the same position is found from several anchors: keep the best-supported per place
-    idx = sorted(range(len(hyps_p)), key=lambda h: -len(hyps_pairs[h]))
+    # the same position is found from several anchors: keep the best-supported per place, the
+    # best-fitting first among equal support (only max_scored are scored)
+    idx = sorted(range(len(hyps_p)), key=lambda h: (-len(hyps_pairs[h]), hyps_chi2[h]))
     kept: list[int] = []
     for h in idx:
         if not kept or np.min(np.linalg.norm(np.asarray([hyps_p[k] for k in kept]) - hyps_p[h], axis=1)) \
@@ -603,40 +631,59 @@ def circular_speed_km_s(radius_km: float) -> float:
 
 class WindowFixer:
     """Frames in time order; a frame not decided alone is scored with each earlier frame of the
-    window (module docstring, step 6). ``add`` returns the frame's fix."""
+    window (module docstring, step 6). ``add`` returns the frame's fix. With ``cfg.late`` a frame
+    that is declared also decides, late, the undecided earlier frames of the window that it
+    verifies in the same way; those late fixes are collected in :attr:`late` as (the earlier
+    frame's time, its fix, the time it was declared)."""
 
     def __init__(self, cfg: LostConfig | None = None):
         self.cfg = cfg or LostConfig()
-        self.history: list[tuple[float, float, LostFix]] = []  # (time s, altimeter radius km, fix)
+        self.history: list[list] = []  # [time s, fix as returned or declared late]
+        self.late: list[tuple[float, LostFix, float]] = []
+
+    def _combos(self, fix: LostFix, other: LostFix, dt: float, radius_km: float) -> list[Hypothesis]:
+        """``fix``'s hypotheses joined with ``other``'s (its frame ``dt`` s away, either sign)."""
+        cfg = self.cfg
+        vc = circular_speed_km_s(radius_km)
+        combos: list[Hypothesis] = []
+        for h in (h for h in fix.best if len(h.pairs) >= 2):
+            for e in (e for e in other.best if len(e.pairs) >= 2):
+                v = float(np.linalg.norm(h.position - e.position)) / abs(dt)
+                if not cfg.speed_band[0] * vc <= v <= cfg.speed_band[1] * vc:
+                    continue
+                if not set(h.contrib) & set(e.contrib):
+                    continue  # the frames must share a crater, identified alike in both
+                contrib = dict(e.contrib)
+                for r, c in h.contrib.items():
+                    contrib[r] = max(c, contrib.get(r, -np.inf))
+                missed = {r: m for r, m in {**e.missed, **h.missed}.items() if r not in contrib}
+                llr = float(sum(contrib.values()) + sum(missed.values()))
+                combos.append(Hypothesis(h.position, h.cov, llr, h.pairs, contrib, missed))
+        return combos
+
+    def _decide(self, fix: LostFix, combos: list[Hypothesis]) -> LostFix | None:
+        if not combos:
+            return None
+        cfg = self.cfg
+        # the frame's own hypotheses compete too: a window pair must beat every other place
+        pool = combos + [h for h in fix.best if all(np.linalg.norm(h.position - c.position) > 1e-9 for c in combos)]
+        dec = decide(pool, cfg, fix.hypotheses, fix.candidates, frames=2)
+        return dec if dec.declared else None
 
     def add(self, t_s: float, radius_km: float, fix: LostFix) -> LostFix:
         cfg = self.cfg
         self.history = [h for h in self.history if 0 < t_s - h[0] <= cfg.window_s]
         result = fix
         if not fix.declared and fix.best and cfg.window_s > 0:
-            vc = circular_speed_km_s(radius_km)
-            combos: list[tuple[Hypothesis, int]] = []
-            for t_e, _, earlier in self.history:
-                dt = t_s - t_e
-                for h in (h for h in fix.best if len(h.pairs) >= 2):
-                    for e in (e for e in earlier.best if len(e.pairs) >= 2):
-                        v = float(np.linalg.norm(h.position - e.position)) / dt
-                        if not cfg.speed_band[0] * vc <= v <= cfg.speed_band[1] * vc:
-                            continue
-                        if not set(h.contrib) & set(e.contrib):
-                            continue  # the frames must share a crater, identified alike in both
-                        contrib = dict(e.contrib)
-                        for r, c in h.contrib.items():
-                            contrib[r] = max(c, contrib.get(r, -np.inf))
-                        missed = {r: m for r, m in {**e.missed, **h.missed}.items() if r not in contrib}
-                        llr = float(sum(contrib.values()) + sum(missed.values()))
-                        combos.append((Hypothesis(h.position, h.cov, llr, h.pairs, contrib, missed), 2))
-            if combos:
-                # the frame's own hypotheses compete too: a window pair must beat every other place
-                pool = [c for c, _ in combos] + [h for h in fix.best if all(
-                    np.linalg.norm(h.position - c.position) > 1e-9 for c, _ in combos)]
-                dec = decide(pool, cfg, fix.hypotheses, fix.candidates, frames=2)
-                if dec.declared:
-                    result = dec
-        self.history.append((t_s, radius_km, fix if not result.declared else result))
+            combos = [c for t_e, earlier in self.history for c in self._combos(fix, earlier, t_s - t_e, radius_km)]
+            result = self._decide(fix, combos) or fix
+        if result.declared and cfg.late and cfg.window_s > 0:
+            for h in self.history:
+                if not h[1].declared and h[1].best:
+                    dec = self._decide(h[1], self._combos(h[1], result, h[0] - t_s, radius_km))
+                    if dec is not None:
+                        dec.reason = REASONS[9]
+                        h[1] = dec
+                        self.late.append((h[0], dec, t_s))
+        self.history.append([t_s, result])
         return result

@@ -88,9 +88,11 @@ class ColdStart:
     apart, through the orbit that joins them (:func:`trn.nav.ekf.state_from_two_fixes`), whose
     speed must be orbital (``speed_km_s``). Re-initialisation: after ``reinit_after`` consecutive
     fixes refused by the filter's gate, a lost-in-space fix farther than the gate from the
-    estimate restarts the initialisation there."""
+    estimate restarts the initialisation there. ``late``: fixes of earlier frames declared late
+    (:class:`trn.nav.lost.WindowFixer`), used from the frame that declared them on."""
 
     fixes: dict
+    late: dict = field(default_factory=dict)  # {frame declared at: [(fix time s, position, covariance), ...]}
     min_dt_s: float = 30.0
     max_dt_s: float = 900.0
     speed_km_s: tuple[float, float] = (0.5, 3.0)
@@ -136,28 +138,35 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
     for i in range(n):
         if f is None:  # cold start: no state yet
             err[i] = sig3[i] = dr_err[i] = np.nan
-            fx = cold.fixes.get(i)
-            if fx is None:
+            arrivals = sorted(cold.late.get(i, []), key=lambda a: a[0])  # earlier frames' fixes declared now
+            if i in cold.fixes:
+                arrivals.append((float(t[i]), *cold.fixes[i]))
+            if not arrivals:
                 continue
             if c["first_lost_fix_s"] is None:
                 c["first_lost_fix_s"] = float(t[i] - t[0])
-            if first is not None and cold.min_dt_s <= t[i] - first[0] <= cold.max_dt_s:
-                try:
-                    x, p = state_from_two_fixes(first[1], first[2], first[0], fx[0], fx[1], float(t[i]))
-                except ConfigError:
-                    x = None
-                if x is not None and cold.speed_km_s[0] <= np.linalg.norm(x[3:]) <= cold.speed_km_s[1]:
-                    f = Ekf(x, p, float(t[i]), s.accel_sigma_km_s2, s.gate_probability)
-                    c["initialisations"] += 1
-                    if c["initialised_s"] is None:
-                        c["initialised_s"] = float(t[i] - t[0])
-                        c["initial_error_km"] = float(np.linalg.norm(x[:3] - pos[i]))
-                    refused_run, fixed[i] = 0, True
-                    err[i] = np.linalg.norm(f.x[:3] - pos[i])
-                    sig3[i] = 3.0 * np.sqrt(np.trace(f.p[:3, :3]) / 3.0)
-                    continue
-            if first is None or t[i] - first[0] > cold.max_dt_s or t[i] - first[0] >= cold.min_dt_s:
-                first = (float(t[i]), np.asarray(fx[0], np.float64), np.asarray(fx[1], np.float64))
+            for t_f, z, r in arrivals:
+                z, r = np.asarray(z, np.float64), np.asarray(r, np.float64)
+                if first is not None and cold.min_dt_s <= t_f - first[0] <= cold.max_dt_s:
+                    try:
+                        x, p = state_from_two_fixes(first[1], first[2], first[0], z, r, t_f)
+                    except ConfigError:
+                        x = None
+                    if x is not None and cold.speed_km_s[0] <= np.linalg.norm(x[3:]) <= cold.speed_km_s[1]:
+                        f = Ekf(x, p, t_f, s.accel_sigma_km_s2, s.gate_probability)
+                        if t_f < t[i]:
+                            f.predict(float(t[i]))
+                        break
+                if first is None or t_f - first[0] > cold.max_dt_s or t_f - first[0] >= cold.min_dt_s:
+                    first = (t_f, z, r)
+            if f is not None:
+                c["initialisations"] += 1
+                if c["initialised_s"] is None:
+                    c["initialised_s"] = float(t[i] - t[0])
+                    c["initial_error_km"] = float(np.linalg.norm(f.x[:3] - pos[i]))
+                refused_run, fixed[i] = 0, True
+                err[i] = np.linalg.norm(f.x[:3] - pos[i])
+                sig3[i] = 3.0 * np.sqrt(np.trace(f.p[:3, :3]) / 3.0)
             continue
         f.predict(float(t[i]))
         if dr is not None:
@@ -340,8 +349,14 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
 
         lis = lost_in_space_fixes(ds, lis_map if lis_map is not None else descriptor_crater_map(omap), s, sensors,
                                   lost_cfg, box_sigma_px, s.seed, emb=emb, omap=omap)
+        frame_at = {float(x): k for k, x in enumerate(frame_times(ds))}
+        late: dict[int, list] = {}
+        for r in lis["frames"]:
+            if r["declared"] and r["delay_s"] > 0:
+                late.setdefault(frame_at[r["time_s"] + r["delay_s"]], []).append(
+                    (r["time_s"], np.array(r["position_km"]), np.array(r["cov_km2"])))
         cold = ColdStart({r["frame"]: (np.array(r["position_km"]), np.array(r["cov_km2"]))
-                          for r in lis["frames"] if r["declared"]})
+                          for r in lis["frames"] if r["declared"] and r["delay_s"] == 0}, late)
     flat, sims = map_matches(ds, emb, omap, s)
     before = len(flat)
     if gate is not None:
@@ -429,7 +444,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     for k, d in enumerate(flat):
         by_frame.setdefault(d.frame, []).append(k)
     window = WindowFixer(cfg)
-    rows = []
+    rows: list[dict] = []
+    row_at: dict[float, dict] = {}
     for fr in sorted(by_frame):
         ks = by_frame[fr]
         truth = ds.poses[fr, :3]
@@ -444,30 +460,30 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                                  None if sims is None else sims[ks])
         fx = window.add(float(t_all[fr]), radius, alone)
         ms = (time.perf_counter() - t1) * 1e3
-        err = float(np.linalg.norm(fx.position - truth)) if fx.declared else None
-        sig_km = float(np.sqrt(np.trace(fx.cov))) if fx.declared else None
-        inl_ok = sum(int(flat[ks[a]].label) == int(cmap.ids[r]) for a, r in fx.inliers) if fx.declared else 0
         rows.append({"frame": int(fr), "time_s": float(t_all[fr]), "detections": len(ks),
                      "in_map": int(np.isin([int(flat[k].label) for k in ks], cmap.ids).sum()),
-                     "declared": fx.declared, "reason": fx.reason, "frames_used": fx.frames,
-                     "position_km": fx.position.tolist() if fx.declared else None,
-                     "cov_km2": fx.cov.tolist() if fx.declared else None, "error_km": err, "sigma_km": sig_km,
-                     "nees": float((fx.position - truth) @ np.linalg.solve(fx.cov, fx.position - truth))
-                     if fx.declared else None,
-                     "support": fx.support, "inliers_correct": inl_ok, "llr": fx.llr, "runner_up": fx.runner_up,
                      "candidates": fx.candidates, "hypotheses": fx.hypotheses, "ms": ms,
-                     "boxes": boxes.round(2).tolist(), "labels": [flat[k].label for k in ks],
-                     "inliers": [[int(a), int(cmap.ids[r])] for a, r in fx.inliers]})
+                     "boxes": boxes.round(2).tolist(), "labels": [flat[k].label for k in ks]}
+                    | _fix_fields(fx, truth, [flat[k].label for k in ks], cmap))
+        row_at[float(t_all[fr])] = rows[-1]
+        for t_e, late, t_dec in window.late:  # earlier frames this frame decided, late
+            r = row_at[t_e]
+            r |= _fix_fields(late, ds.poses[r["frame"], :3], r["labels"], cmap) | {"delay_s": t_dec - t_e}
+        window.late.clear()
 
     def summary(sel: list[dict]) -> dict:
         dec = [r for r in sel if r["declared"]]
+        late = [r for r in dec if r["delay_s"] > 0]
         good = [r for r in dec if r["error_km"] <= 2.0]
         e = np.array([r["error_km"] for r in good]) if good else np.zeros(0)
         nees = np.array([r["nees"] for r in dec]) if dec else np.zeros(0)
         return {"frames": len(sel), "declared": len(dec), "within_2km": len(good), "wrong": len(dec) - len(good),
                 "share_within_2km": len(good) / len(sel) if sel else float("nan"),
                 "wrong_share_of_declared": (len(dec) - len(good)) / len(dec) if dec else 0.0,
-                "declared_with_earlier_frames": sum(r["frames_used"] > 1 for r in dec),
+                "declared_with_earlier_frames": sum(r["frames_used"] > 1 and r["delay_s"] == 0 for r in dec),
+                "declared_late": len(late), "late_delay_s_max": max((r["delay_s"] for r in late), default=0.0),
+                "share_within_2km_at_frame_time": sum(r["error_km"] <= 2.0 for r in dec if r["delay_s"] == 0) / len(sel)
+                if sel else float("nan"),
                 "rms_km_within_2km": float(np.sqrt(np.mean(e ** 2))) if len(e) else float("nan"),
                 "median_km_within_2km": float(np.median(e)) if len(e) else float("nan"),
                 "mean_nees": float(np.mean(nees)) if len(nees) else float("nan")}
@@ -491,6 +507,19 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                      "ms_per_declared_fix_p50": float(np.percentile(dec_ms, 50)),
                      "ms_per_declared_fix_p99": float(np.percentile(dec_ms, 99))},
             "frames": rows}
+
+
+def _fix_fields(fx, truth: np.ndarray, labels: list, cmap) -> dict:
+    """A frame's row fields from its fix (declared or not) against the true position."""
+    ok = fx.declared
+    d = fx.position - truth if ok else None
+    return {"declared": ok, "reason": fx.reason, "frames_used": fx.frames, "delay_s": 0.0,
+            "position_km": fx.position.tolist() if ok else None, "cov_km2": fx.cov.tolist() if ok else None,
+            "error_km": float(np.linalg.norm(d)) if ok else None,
+            "sigma_km": float(np.sqrt(np.trace(fx.cov))) if ok else None,
+            "nees": float(d @ np.linalg.solve(fx.cov, d)) if ok else None, "support": fx.support,
+            "inliers_correct": sum(int(labels[a]) == int(cmap.ids[r]) for a, r in fx.inliers) if ok else 0,
+            "llr": fx.llr, "runner_up": fx.runner_up, "inliers": [[int(a), int(cmap.ids[r])] for a, r in fx.inliers]}
 
 
 def plot_navigation(report: dict, path, title: str) -> None:
