@@ -196,12 +196,12 @@ def test_a_window_of_frames_decides_what_one_frame_cannot():
     win = WindowFixer(cfg)
     first = win.add(0.0, radius_of(sc0), frame_hypotheses(b0, rot0, radius_of(sc0), None, CAM, cmap, EXACT, cfg))
     assert not first.declared
-    wcfg = LostConfig(min_margin=LostConfig().min_margin)
+    wcfg = LostConfig(min_margin=LostConfig().min_margin, late=False)
     win.cfg = wcfg
     second = win.add(20.0, radius_of(sc1), frame_hypotheses(b1, rot1, radius_of(sc1), None, CAM, cmap, EXACT, cfg))
     assert second.declared and second.frames == 2 and second.reason == REASONS[1]
     assert np.linalg.norm(second.position - sc1) < 0.1
-    assert not win.late  # late declarations are off by default
+    assert not win.late  # late declarations are off here
 
 
 def test_a_declared_frame_decides_an_earlier_frame_late():

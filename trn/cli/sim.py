@@ -306,13 +306,15 @@ def _lost_map(args, source, cfg, wanted: bool):
 def _print_lost_fixes(name: str, rep: dict) -> None:
     print(f"\nlost-in-space fixes, {name} ({rep['detections']} detections, map of {rep['map_size']} craters; "
           "no position prior):")
-    print("| detections per frame | frames | fix declared | with earlier frames | within 2 km | wrong (> 2 km) | "
-          "share within 2 km | RMS km (within 2 km) | mean NEES |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| detections per frame | frames | fix declared | with earlier frames | late (max delay s) | within 2 km | "
+          "wrong (> 2 km) | of them misidentified | share within 2 km | the same at the frame's time | "
+          "RMS km (within 2 km) | mean NEES |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for k, r in rep["by_detections"].items():
-        print(f"| {k} | {r['frames']} | {r['declared']} | {r['declared_with_earlier_frames']} | {r['within_2km']} | "
-              f"{r['wrong']} | {100 * r['share_within_2km']:.1f} % | {r['rms_km_within_2km']:.3f} | "
-              f"{r['mean_nees']:.2f} |")
+        print(f"| {k} | {r['frames']} | {r['declared']} | {r['declared_with_earlier_frames']} | {r['declared_late']} "
+              f"({r['late_delay_s_max']:g}) | {r['within_2km']} | {r['wrong']} | {r['wrong_misidentified']} | "
+              f"{100 * r['share_within_2km']:.1f} % | {100 * r['share_within_2km_at_frame_time']:.1f} % | "
+              f"{r['rms_km_within_2km']:.3f} | {r['mean_nees']:.2f} |")
     t = rep["time"]
     print("reasons: " + "; ".join(f"{k}: {v}" for k, v in sorted(rep["reasons"].items(), key=lambda kv: -kv[1])))
     print(f"time (this CPU, one process): {t['ms_per_detection']:.1f} ms per detection over the whole map; "

@@ -37,8 +37,10 @@ candidates.
    time difference is an orbital speed is one hypothesis of the window, scored once per distinct
    map crater (a crater seen in both frames counts once, a crater predicted in either and never
    seen counts once); the two frames must share at least one crater, identified alike in both, and
-   the window must hold ``window_min_craters`` distinct craters. The report says how many frames a
-   fix needed.
+   the window must hold ``window_min_craters`` distinct craters. A frame already decided joins only
+   with the position it declared. The report says how many frames a fix needed.
+7. **Late fixes** (``late``). A declared frame decides in the same way the undecided earlier frames
+   of its window; such a fix is declared at the later frame's time, and the report gives its delay.
 """
 
 from __future__ import annotations
@@ -105,7 +107,7 @@ class LostConfig:
     min_inliers: int = 3
     window_min_craters: int = 3
     separation_km: float = 5.0
-    edge_sigma: float = 0.0
+    edge_sigma: float = 3.0
     detection_probability: float = 0.9
     clutter_per_frame: float = 0.5
     size_sigma: float = 0.15
@@ -115,7 +117,7 @@ class LostConfig:
     max_scored: int = 100
     window_s: float = 60.0
     speed_band: tuple[float, float] = (0.6, 1.45)
-    late: bool = False
+    late: bool = True
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> None:
@@ -646,8 +648,11 @@ class WindowFixer:
         cfg = self.cfg
         vc = circular_speed_km_s(radius_km)
         combos: list[Hypothesis] = []
+        theirs = [e for e in other.best if len(e.pairs) >= 2]
+        if other.declared:  # a decided frame joins with the position it declared, not with its rivals
+            theirs = [e for e in theirs if np.linalg.norm(e.position - other.position) <= cfg.separation_km]
         for h in (h for h in fix.best if len(h.pairs) >= 2):
-            for e in (e for e in other.best if len(e.pairs) >= 2):
+            for e in theirs:
                 v = float(np.linalg.norm(h.position - e.position)) / abs(dt)
                 if not cfg.speed_band[0] * vc <= v <= cfg.speed_band[1] * vc:
                     continue

@@ -478,6 +478,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         e = np.array([r["error_km"] for r in good]) if good else np.zeros(0)
         nees = np.array([r["nees"] for r in dec]) if dec else np.zeros(0)
         return {"frames": len(sel), "declared": len(dec), "within_2km": len(good), "wrong": len(dec) - len(good),
+                "wrong_misidentified": sum(r["error_km"] > 2.0 and r["inliers_correct"] < len(r["inliers"]) for r in dec),
                 "share_within_2km": len(good) / len(sel) if sel else float("nan"),
                 "wrong_share_of_declared": (len(dec) - len(good)) / len(dec) if dec else 0.0,
                 "declared_with_earlier_frames": sum(r["frames_used"] > 1 and r["delay_s"] == 0 for r in dec),
