@@ -74,7 +74,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="onboard map for --scenario map_navigation (trn-sim map build; default: built into the "
                          "report directory from the dataset's catalogue)")
     l1.add_argument("--map-source", type=Path, default=None,
-                    help="elevation source for a map built on the fly (e.g. ../shared/data/moon)")
+                    help="elevation source for a map built on the fly (e.g. ../shared/data/moon), and of the "
+                         "union catalogue that lost-in-space fixes search (also beside --map)")
     l1.add_argument("--map-appearance", choices=("catalogue", "predicted"), default=None,
                     help="landmark appearance of a map built on the fly (default catalogue; predicted needs "
                          "--map-source, or the built-in world)")
@@ -250,6 +251,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
             lis = lost_in_space_fixes(dsk, lis_map, sk, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed)
             lis |= {"boxes": summary, "map": "union catalogue of " + str(source)}
             _print_lost_fixes(name, lis)
+            _draw_lost(dsk, lis_map, lis, out / f"lost_in_space__{kind}_boxes.jpg")
             lis_doc[name] = lis
         for emb in embedders:
             name = emb.name if kind == "annotations" else f"{emb.name} [{kind} boxes]"
@@ -279,6 +281,16 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
     if lis_doc:
         (out / "lost_in_space_fix.json").write_text(json.dumps(lis_doc, indent=1, default=float) + "\n",
                                                     encoding="utf-8")
+
+
+def _draw_lost(ds, cmap, lis: dict, path: Path) -> None:
+    """The report's sample of verified and refused hypotheses, where the frames were rendered."""
+    from trn.nav.scenario import draw_lost_in_space
+
+    rows = [r for r in lis["frames"] if r["detections"] >= 2]
+    if rows and ds.frame_path(rows[0]["frame"]).is_file():
+        lis["sample_picture"] = path.name
+        lis["sample_frames"] = draw_lost_in_space(ds, cmap, lis, path)
 
 
 def _lost_config(args):
@@ -348,7 +360,9 @@ def _print_map_navigation(name: str, rep: dict) -> None:
         print(f"cold start at threshold {rep['threshold']:g}: first verified lost-in-space fix {fmt(n['first_lost_fix_s'])}, "
               f"filter initialised {fmt(n['initialised_s'])} (error then "
               f"{'n/a' if n['initial_error_km'] is None else format(n['initial_error_km'], '.3f') + ' km'}), "
-              f"{n['initialisations']} initialisations, {n.get('reinitialisations', 0)} re-initialisations")
+              f"{n['initialisations']} initialisations, {n.get('reinitialisations', 0)} re-initialisations; day-side "
+              f"RMS from the initialisation {n['trn_day_after_first_fix']['rms_km']:.3f} km, from one orbit "
+              f"({n['orbit_period_s'] / 60:.0f} min) later {n['trn_day_one_orbit_after_first_fix']['rms_km']:.3f} km")
 
 
 MOTION_SCENARIOS = ("moon_navigation", "lost_in_space") + MAP_SCENARIOS  # the ones that read frames
@@ -385,8 +399,11 @@ def check_options(args: argparse.Namespace, scenarios: list[str]) -> None:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file; the report is a directory: give a new or existing directory")
     if getattr(args, "map", None) is not None:
+        # the lost-in-space map (the source's union catalogue) reads --map-source beside a built --map
+        union_lis = ("lost_in_space_fix" in scenarios or getattr(args, "cold_start", None)) \
+            and getattr(args, "lis_map", None) != "map"
         for flag, attr in (("--map-source", "map_source"), ("--map-appearance", "map_appearance")):
-            if getattr(args, attr) is not None:
+            if getattr(args, attr) is not None and not (attr == "map_source" and union_lis):
                 raise ConfigError(f"{flag} shapes a map built on the fly, but --map {args.map} loads a built one: "
                                   f"drop {flag} or --map")
     if getattr(args, "map_appearance", None) == "predicted" and args.map_source is None and args.data is not None:

@@ -18,7 +18,7 @@ import numpy as np
 from trn.data.luna1 import Luna1Dataset
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, quat_to_matrix
-from trn.nav.ekf import Ekf, state_from_two_fixes
+from trn.nav.ekf import MU_KM3_S2, Ekf, state_from_two_fixes
 from trn.nav.fix import angular_sigma, pixel_bearings, ransac_bearings, solve_range
 from trn.nav.sensors import SensorModel
 
@@ -40,6 +40,7 @@ class NavResult:
     fixed: np.ndarray  # bool per frame: a fix was applied
     day: np.ndarray  # bool per frame: the Sun is up at the sub-spacecraft point
     counts: dict = field(default_factory=dict)
+    radius_km: np.ndarray = field(default_factory=lambda: np.zeros(0))  # true distance from the Moon's centre
 
     def summary(self) -> dict:
         def stats(e: np.ndarray) -> dict:
@@ -51,7 +52,11 @@ class NavResult:
 
         first = int(np.argmax(self.fixed)) if self.fixed.any() else len(self.fixed)
         after = np.arange(len(self.fixed)) >= first  # from the first fix on: the filter has converged
+        # converged: one orbital period (from the mean radius, two-body) after the first fix
+        period = 2 * np.pi * np.sqrt(np.mean(self.radius_km) ** 3 / MU_KM3_S2) if len(self.radius_km) else np.inf
+        conv = (self.times_s >= self.times_s[min(first, len(self.fixed) - 1)] + period) & after
         out = {"frames": int(len(self.times_s)), "frames_with_fix": int(self.fixed.sum()),
+               "orbit_period_s": float(period), "trn_day_one_orbit_after_first_fix": stats(self.error_km[self.day & conv]),
                "first_fix_s": float(self.times_s[first] - self.times_s[0]) if first < len(self.fixed) else None,
                "trn_day_after_first_fix": stats(self.error_km[self.day & after]),
                "trn_night_after_first_fix": stats(self.error_km[~self.day & after]),
@@ -223,7 +228,7 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
                 c["reinitialisations"] = c.get("reinitialisations", 0) + 1
             else:
                 fixed[i], refused_run = True, 0
-    return NavResult(t, err, sig3, dr_err, fixed, day, c)
+    return NavResult(t, err, sig3, dr_err, fixed, day, c, np.linalg.norm(pos, axis=1))
 
 
 def detector_pixel_sigma(shift_px: int, shrink_px: int, centroid_px: float) -> float:
@@ -520,7 +525,69 @@ def _fix_fields(fx, truth: np.ndarray, labels: list, cmap) -> dict:
             "sigma_km": float(np.sqrt(np.trace(fx.cov))) if ok else None,
             "nees": float(d @ np.linalg.solve(fx.cov, d)) if ok else None, "support": fx.support,
             "inliers_correct": sum(int(labels[a]) == int(cmap.ids[r]) for a, r in fx.inliers) if ok else 0,
-            "llr": fx.llr, "runner_up": fx.runner_up, "inliers": [[int(a), int(cmap.ids[r])] for a, r in fx.inliers]}
+            "llr": fx.llr, "runner_up": fx.runner_up, "inliers": [[int(a), int(cmap.ids[r])] for a, r in fx.inliers],
+            "best_position_km": fx.best[0].position.tolist() if fx.best else None,
+            "best_inliers": [[int(a), int(cmap.ids[r])] for a, r in fx.best[0].pairs] if fx.best else []}
+
+
+def draw_lost_in_space(ds: Luna1Dataset, cmap, rep: dict, path, per_kind: int = 3, seed: int = 0) -> list[int]:
+    """A contact sheet of verified and refused frames of a lost-in-space report ``rep``
+    (:func:`lost_in_space_fixes`): each frame with its detections (yellow, with the true crater
+    id), and the map craters the best hypothesis predicts, boxed as the annotation rule would box
+    them (green where a detection was assigned, red where none was), with the decision, the
+    reason, the score, the runner-up and the error. Drawn with the true attitude. Returns the
+    frames drawn."""
+    import cv2
+
+    from trn.nav.lost import LostConfig, Sigmas, VisibilityRule, _prepare, predicted_view
+
+    rows = [r for r in rep["frames"] if r["detections"] >= 2]
+    rng = np.random.default_rng(seed)
+    kinds = [("verified", [r for r in rows if r["declared"] and r["error_km"] <= 2.0]),
+             ("verified late", [r for r in rows if r["declared"] and r["delay_s"] > 0]),
+             ("refused", [r for r in rows if not r["declared"] and r["best_position_km"] is not None]),
+             ("wrong", [r for r in rows if r["declared"] and r["error_km"] > 2.0])]
+    cam = PinholeCamera(int(ds.metadata.camera["width"]), int(ds.metadata.camera["height"]),
+                        float(ds.metadata.camera["fov_deg"]))
+    rot = quat_to_matrix(ds.poses[:, 3:])
+    cfg = LostConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in rep["config"].items()})
+    sig = Sigmas(rep["pixel_sigma"], 0.0, 0.0, 0.0)
+    tiles, drawn = [], []
+    for kind, pool in kinds:
+        for k in sorted(rng.choice(len(pool), min(per_kind, len(pool)), replace=False)) if pool else []:
+            r = pool[int(k)]
+            fr = r["frame"]
+            img = cv2.cvtColor(ds.load_frame(fr), cv2.COLOR_GRAY2BGR)
+            p = np.array(r["position_km"] if r["declared"] else r["best_position_km"])
+            f = _prepare(np.array(r["boxes"]), rot[fr], float(np.linalg.norm(ds.poses[fr, :3])),
+                         np.array(ds.metadata.frames[fr]["sun_dir_body"]), cam, sig,
+                         VisibilityRule(**rep["rule"]), cfg)
+            rows_p, _, boxes_p, _, _ = predicted_view(f, cmap, p)
+            used = {m for _, m in (r["inliers"] if r["declared"] else r["best_inliers"])}
+            for row, (l, rr, t, b) in zip(rows_p, boxes_p):
+                colour = (0, 200, 0) if int(cmap.ids[row]) in used else (0, 0, 230)
+                cv2.rectangle(img, (int(l), int(t)), (int(rr) - 1, int(b) - 1), colour, 2)
+            for (l, rr, t, b), lab in zip(r["boxes"], r["labels"]):
+                cv2.rectangle(img, (int(l), int(t)), (int(rr) - 1, int(b) - 1), (0, 220, 255), 1)
+                cv2.putText(img, str(lab), (int(max(l, 0)) + 2, int(max(t, 0)) + 12), cv2.FONT_HERSHEY_SIMPLEX, 0.35,
+                            (0, 220, 255), 1)
+            err = np.linalg.norm(p - ds.poses[fr, :3])
+            lines = [f"frame {fr}: {kind}" + (f" ({r['delay_s']:g} s late)" if r["delay_s"] else ""),
+                     r["reason"][:58], f"score {r['llr']:.1f}, runner-up {r['runner_up']:.1f} nats",
+                     f"{'fix' if r['declared'] else 'best hypothesis'} {err:.2f} km from the truth"]
+            for j, line in enumerate(lines):
+                cv2.putText(img, line, (4, cam.height - 8 - 14 * (len(lines) - 1 - j)), cv2.FONT_HERSHEY_SIMPLEX,
+                            0.38, (255, 255, 255), 1, cv2.LINE_AA)
+            tiles.append(img)
+            drawn.append(fr)
+    if not tiles:
+        return []
+    cols = 3
+    blank = np.zeros_like(tiles[0])
+    tiles += [blank] * (-len(tiles) % cols)
+    sheet = np.vstack([np.hstack(tiles[i:i + cols]) for i in range(0, len(tiles), cols)])
+    cv2.imwrite(str(path), cv2.resize(sheet, None, fx=0.75, fy=0.75, interpolation=cv2.INTER_AREA))
+    return drawn
 
 
 def plot_navigation(report: dict, path, title: str) -> None:
@@ -536,6 +603,11 @@ def plot_navigation(report: dict, path, title: str) -> None:
     ax.plot(t, res.error_km, color="tab:blue", lw=1, label="TRN position error")
     ax.plot(t, res.dr_error_km, color="tab:red", lw=1, label="dead reckoning")
     ax.plot(t[res.fixed], res.error_km[res.fixed], "k|", ms=6, label="fix applied")
+    if res.counts.get("cold_start"):
+        for key, style, label in (("first_lost_fix_s", "tab:green", "first lost-in-space fix"),
+                                  ("initialised_s", "tab:purple", "filter initialised")):
+            if res.counts.get(key) is not None:
+                ax.axvline((res.times_s[0] + res.counts[key]) / 60.0, color=style, ls="--", lw=1, label=label)
     night = ~res.day
     if night.any():
         ax.fill_between(t, 0, 1, where=night, transform=ax.get_xaxis_transform(), color="grey", alpha=0.15,
