@@ -160,6 +160,14 @@ def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path,
         assert f["declared"] == f["reason"].startswith("verified") and (f["error_km"] is None) != f["declared"]
         assert f["detections"] >= 2 or not f["declared"]
     assert lis["by_detections"][">= 2"]["frames"] == sum(f["detections"] >= 2 for f in frames)
+    # the sample of verified and refused hypotheses is drawn on the frames that have a best hypothesis
+    drawable = {f["frame"] for f in frames if f["detections"] >= 2 and (f["declared"] or f["best_position_km"])}
+    assert set(lis.get("sample_frames", [])) <= drawable
+    if drawable:
+        import cv2
+
+        img = cv2.imread(str(tmp_path / "r" / lis["sample_picture"]))
+        assert img is not None and img.size > 0 and lis["sample_frames"]
     doc = json.loads((tmp_path / "r" / "map_navigation.json").read_text())
     rep = next(iter(doc.values()))
     assert rep["appearance"] == "predicted" and rep["detections"] > 0

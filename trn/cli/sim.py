@@ -263,6 +263,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
                                           seed=sk.seed, emb=emb, omap=omap)
                 lis |= {"boxes": summary, "map": f"descriptor map {args.map or 'built from the dataset'}"}
                 _print_lost_fixes(name, lis)
+                _draw_lost(dsk, descriptor_crater_map(omap), lis, out / f"lost_in_space__{emb.name}_{kind}_boxes.jpg")
                 lis_doc[name] = lis
             if "map_navigation" not in which:
                 continue
