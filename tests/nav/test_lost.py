@@ -179,20 +179,28 @@ def test_covariance_agrees_with_the_errors_over_seeded_monte_carlo():
     assert 1.5 < np.mean(nees) < 5.0, np.mean(nees)
 
 
-def test_a_window_of_frames_decides_what_one_frame_cannot():
-    """Two craters alone leave rival positions within the margin; the frame 20 s earlier, which
-    sees other craters of the same ground, makes the pair's position the only one supported."""
+def frame_pair(wanted):
+    """Two frames 20 s apart along an orbit (32 km) over a 25,000-crater world, each with at least
+    two craters, whose crater sets r0, r1 satisfy ``wanted(r0, r1)``: (map, (position, attitude,
+    boxes) of each)."""
     lat, lon, dia, cmap = world(seed=9)
     rng = np.random.default_rng(10)
-    cfg = LostConfig(min_margin=1e6)  # no single frame is ever decided alone
-    for _ in range(50):
+    for _ in range(200):
         la, lo = rng.uniform(-50, 50), rng.uniform(0, 360)
         sc0, rot0 = pose(la, lo)
         sc1, rot1 = pose(la, lo + np.degrees(32.0 / (MOON_RADIUS_KM + 100) / np.cos(np.radians(la))))
         b0, r0 = boxes_of(sc0, rot0, lat, lon, dia, cmap)
         b1, r1 = boxes_of(sc1, rot1, lat, lon, dia, cmap)
-        if len(r0) >= 2 and len(r1) >= 2 and set(r0) != set(r1):
-            break
+        if len(r0) >= 2 and len(r1) >= 2 and wanted(set(r0), set(r1)):
+            return cmap, (sc0, rot0, b0), (sc1, rot1, b1)
+    raise AssertionError("no frame pair of the wanted kind in 200 draws")
+
+
+def test_a_window_of_frames_decides_what_one_frame_cannot():
+    """Two craters alone leave rival positions within the margin; the frame 20 s earlier, which
+    sees other craters of the same ground, makes the pair's position the only one supported."""
+    cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: r0 != r1)
+    cfg = LostConfig(min_margin=1e6)  # no single frame is ever decided alone
     win = WindowFixer(cfg)
     first = win.add(0.0, radius_of(sc0), frame_hypotheses(b0, rot0, radius_of(sc0), None, CAM, cmap, EXACT, cfg))
     assert not first.declared
@@ -207,17 +215,8 @@ def test_a_window_of_frames_decides_what_one_frame_cannot():
 def test_a_declared_frame_decides_an_earlier_frame_late():
     """The same two frames in the other order: the later frame decides, and with ``late`` it also
     fixes the earlier one, at the earlier frame's position, declared at the later frame's time."""
-    lat, lon, dia, cmap = world(seed=9)
-    rng = np.random.default_rng(10)
+    cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r1) >= 3 and set(r0) < set(r1))
     cfg = LostConfig(min_margin=1e6)
-    for _ in range(50):
-        la, lo = rng.uniform(-50, 50), rng.uniform(0, 360)
-        sc0, rot0 = pose(la, lo)
-        sc1, rot1 = pose(la, lo + np.degrees(32.0 / (MOON_RADIUS_KM + 100) / np.cos(np.radians(la))))
-        b0, r0 = boxes_of(sc0, rot0, lat, lon, dia, cmap)
-        b1, r1 = boxes_of(sc1, rot1, lat, lon, dia, cmap)
-        if len(r0) >= 2 and len(r1) >= 3 and set(r0) < set(r1):
-            break
     win = WindowFixer(LostConfig(late=True))
     first = win.add(0.0, radius_of(sc0), frame_hypotheses(b0, rot0, radius_of(sc0), None, CAM, cmap, EXACT, cfg))
     assert not first.declared and not win.late

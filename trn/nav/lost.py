@@ -317,17 +317,17 @@ class _Frame:
     rule: VisibilityRule
     cfg: LostConfig
 
+    def log_size(self, j: np.ndarray, d_km: np.ndarray, range_km: np.ndarray) -> np.ndarray:
+        """log(apparent / predicted diameter) of detections ``j`` against map craters of ``d_km``
+        at ``range_km``; 0 where a lower-bound box holds (the crater may be larger than it)."""
+        lr = np.log(self.diam_px[j] * np.maximum(range_km, 1e-6) / (d_km * self.camera.focal_px))
+        return np.where(self.lower[j], np.maximum(lr, 0.0), lr)
+
     def size_ok(self, j: np.ndarray, d_km: np.ndarray, range_km: np.ndarray, ratio: float) -> np.ndarray:
-        pred = d_km * self.camera.focal_px / np.maximum(range_km, 1e-6)
-        lr = np.log(self.diam_px[j] / pred)
-        return np.where(self.lower[j], lr <= math.log(ratio), np.abs(lr) <= math.log(ratio))
+        return np.abs(self.log_size(j, d_km, range_km)) <= math.log(ratio)
 
     def size_chi2(self, j: np.ndarray, d_km: np.ndarray, range_km: np.ndarray) -> np.ndarray:
-        """(log apparent / predicted diameter over ``size_sigma``)^2; 0 for a lower bound that holds."""
-        pred = d_km * self.camera.focal_px / np.maximum(range_km, 1e-6)
-        lr = np.log(self.diam_px[j] / pred)
-        lr = np.where(self.lower[j], np.maximum(lr, 0.0), lr)
-        return (lr / self.cfg.size_sigma) ** 2
+        return (self.log_size(j, d_km, range_km) / self.cfg.size_sigma) ** 2
 
 
 def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
@@ -339,12 +339,12 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
     p, ok = range_points(x, fr.b[anchor], fr.radius_km)
     ok &= (x - p) @ fr.b[anchor] > 0  # the crater lies ahead of the spacecraft
     ok &= np.einsum("ij,ij->i", p - x, cmap.up[rows]) > 0  # the crater faces the spacecraft
-    ok &= fr.size_ok(np.full(len(rows), anchor), cmap.diameter_km[rows], np.linalg.norm(x - p, axis=1),
-                     fr.cfg.size_ratio)
-    p, rows = p[ok], rows[ok]
+    rng_a = np.linalg.norm(x - p, axis=1)
+    ok &= fr.size_ok(np.full(len(rows), anchor), cmap.diameter_km[rows], rng_a, fr.cfg.size_ratio)
+    p, rows, rng_a = p[ok], rows[ok], rng_a[ok]
     support = np.ones(len(p), int)
     pairs: list[list[tuple[int, int]]] = [[(anchor, int(r))] for r in rows]
-    chi2 = fr.size_chi2(np.full(len(rows), anchor), cmap.diameter_km[rows], np.linalg.norm(cmap.positions[rows] - p, axis=1))
+    chi2 = fr.size_chi2(np.full(len(rows), anchor), cmap.diameter_km[rows], rng_a)
     alt = fr.radius_km - MOON_RADIUS_KM
     for j in range(len(fr.b)):
         if j == anchor or not len(p):
@@ -367,13 +367,13 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
             lm = cmap.positions[rr]
             rng_j = np.linalg.norm(lm - p[h], axis=1)
             res = residuals(lm, np.repeat(fr.b[j][None], len(h), 0), p[h])
-            gate = fr.cfg.threshold_sigma * np.sqrt(fr.sig_rad[j] ** 2 + fr.sig_rad[anchor] ** 2
-                                                    + 2 * (fr.sig.landmark_km / rng_j) ** 2)
+            res_sig = np.sqrt(fr.sig_rad[j] ** 2 + fr.sig_rad[anchor] ** 2 + 2 * (fr.sig.landmark_km / rng_j) ** 2)
+            gate = fr.cfg.threshold_sigma * res_sig
             good = (res <= gate) & fr.size_ok(np.full(len(h), j), cmap.diameter_km[rr], rng_j, fr.cfg.size_ratio) \
                 & (rr != rows[h])
             found[h[good]] = True
             best_row[h[good]] = rr[good]
-            best_chi2[h[good]] = ((res / gate) * fr.cfg.threshold_sigma)[good] ** 2 \
+            best_chi2[h[good]] = (res / res_sig)[good] ** 2 \
                 + fr.size_chi2(np.full(len(h), j), cmap.diameter_km[rr], rng_j)[good]
         support += found
         chi2 += best_chi2

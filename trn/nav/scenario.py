@@ -40,7 +40,6 @@ class NavResult:
     fixed: np.ndarray  # bool per frame: a fix was applied
     day: np.ndarray  # bool per frame: the Sun is up at the sub-spacecraft point
     counts: dict = field(default_factory=dict)
-    radius_km: np.ndarray = field(default_factory=lambda: np.zeros(0))  # true distance from the Moon's centre
 
     def summary(self) -> dict:
         def stats(e: np.ndarray) -> dict:
@@ -52,11 +51,11 @@ class NavResult:
 
         first = int(np.argmax(self.fixed)) if self.fixed.any() else len(self.fixed)
         after = np.arange(len(self.fixed)) >= first  # from the first fix on: the filter has converged
-        # converged: one orbital period (from the mean radius, two-body) after the first fix
-        period = 2 * np.pi * np.sqrt(np.mean(self.radius_km) ** 3 / MU_KM3_S2) if len(self.radius_km) else np.inf
+        # converged: one orbital period (navigate's counts) after the first fix
+        period = self.counts.get("orbit_period_s", np.inf)
         conv = (self.times_s >= self.times_s[min(first, len(self.fixed) - 1)] + period) & after
         out = {"frames": int(len(self.times_s)), "frames_with_fix": int(self.fixed.sum()),
-               "orbit_period_s": float(period), "trn_day_one_orbit_after_first_fix": stats(self.error_km[self.day & conv]),
+               "trn_day_one_orbit_after_first_fix": stats(self.error_km[self.day & conv]),
                "first_fix_s": float(self.times_s[first] - self.times_s[0]) if first < len(self.fixed) else None,
                "trn_day_after_first_fix": stats(self.error_km[self.day & after]),
                "trn_night_after_first_fix": stats(self.error_km[~self.day & after]),
@@ -65,6 +64,12 @@ class NavResult:
                "trn_day": stats(self.error_km[self.day]), "trn_night": stats(self.error_km[~self.day]),
                "dead_reckoning_day": stats(self.dr_error_km[self.day]), **self.counts}
         return out
+
+
+def dataset_camera(ds: Luna1Dataset) -> PinholeCamera:
+    """The navigation camera of ``ds`` (metadata.json)."""
+    c = ds.metadata.camera
+    return PinholeCamera(int(c["width"]), int(c["height"]), float(c["fov_deg"]))
 
 
 def frame_times(ds: Luna1Dataset) -> np.ndarray:
@@ -115,8 +120,7 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
     if ds.poses is None or ds.metadata is None or not ds.metadata.camera:
         raise DataError("map navigation needs poses and metadata.json (camera, frame epochs)", ds.root)
     rng = np.random.default_rng([seed, 13])
-    cam = PinholeCamera(int(ds.metadata.camera["width"]), int(ds.metadata.camera["height"]),
-                        float(ds.metadata.camera["fov_deg"]))
+    cam = dataset_camera(ds)
     t = frame_times(ds)
     pos = ds.poses[:, :3]
     rot = quat_to_matrix(ds.poses[:, 3:])
@@ -136,7 +140,9 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
     day = np.array([float(m.get("sun_elevation_deg", 0.0)) > 0.0 for m in ds.metadata.frames]) \
         if len(ds.metadata.frames) == n else np.ones(n, bool)
     c = {"matches": 0, "correct_matches": 0, "wrong_matches": 0, "used": 0, "used_wrong": 0, "rejected_ransac": 0,
-         "rejected_gate": 0, "fixes_bearings": 0, "fixes_range": 0}
+         "rejected_gate": 0, "fixes_bearings": 0, "fixes_range": 0,
+         # two-body period at the mean true radius: the summary's "converged" is one orbit after the first fix
+         "orbit_period_s": float(2 * np.pi * np.sqrt(np.mean(np.linalg.norm(pos, axis=1)) ** 3 / MU_KM3_S2))}
     if cold:
         c |= {"cold_start": True, "first_lost_fix_s": None, "initialised_s": None, "initialisations": 0,
               "initial_error_km": None}
@@ -228,7 +234,7 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
                 c["reinitialisations"] = c.get("reinitialisations", 0) + 1
             else:
                 fixed[i], refused_run = True, 0
-    return NavResult(t, err, sig3, dr_err, fixed, day, c, np.linalg.norm(pos, axis=1))
+    return NavResult(t, err, sig3, dr_err, fixed, day, c)
 
 
 def detector_pixel_sigma(shift_px: int, shrink_px: int, centroid_px: float) -> float:
@@ -379,8 +385,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     rank = np.array([1 + int((sims[k] > true_sim[k]).sum()) if t in row else -1 for k, t in enumerate(truth)])
     pix = detector_pixel_sigma(s.shift_px, s.shrink_px, sensors.pixel_sigma) if box_sigma_px is None \
         else float(np.hypot(box_sigma_px, sensors.pixel_sigma))
-    cam = PinholeCamera(int(ds.metadata.camera["width"]), int(ds.metadata.camera["height"]),
-                        float(ds.metadata.camera["fov_deg"]))
+    cam = dataset_camera(ds)
     positions = omap.positions(list(omap.ids))
     runs = {}
     for thr in sorted(set(thresholds) | {s.threshold}):
@@ -433,8 +438,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         t0 = time.perf_counter()
         _, sims = map_matches(ds, emb, omap, s, flat)
         embed_search_s = time.perf_counter() - t0
-    cam = PinholeCamera(int(ds.metadata.camera["width"]), int(ds.metadata.camera["height"]),
-                        float(ds.metadata.camera["fov_deg"]))
+    cam = dataset_camera(ds)
     pix = detector_pixel_sigma(s.shift_px, s.shrink_px, sensors.pixel_sigma) if box_sigma_px is None \
         else float(np.hypot(box_sigma_px, sensors.pixel_sigma))
     sig = Sigmas(pix, float(np.radians(sensors.attitude_sigma_arcsec / 3600.0)), sensors.landmark_sigma_km,
@@ -547,8 +551,7 @@ def draw_lost_in_space(ds: Luna1Dataset, cmap, rep: dict, path, per_kind: int = 
              ("verified late", [r for r in rows if r["declared"] and r["delay_s"] > 0]),
              ("refused", [r for r in rows if not r["declared"] and r["best_position_km"] is not None]),
              ("wrong", [r for r in rows if r["declared"] and r["error_km"] > 2.0])]
-    cam = PinholeCamera(int(ds.metadata.camera["width"]), int(ds.metadata.camera["height"]),
-                        float(ds.metadata.camera["fov_deg"]))
+    cam = dataset_camera(ds)
     rot = quat_to_matrix(ds.poses[:, 3:])
     cfg = LostConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in rep["config"].items()})
     sig = Sigmas(rep["pixel_sigma"], 0.0, 0.0, 0.0)
