@@ -183,3 +183,42 @@ def test_cold_start_reinitialises_when_the_filter_has_lost_track():
     assert res.error_km[9:30].min() > 10.0  # lost: the wrong start
     assert np.isnan(res.error_km[31:36]).all()  # re-initialising: no estimate
     assert res.error_km[50:].max() < 0.5  # found again
+
+
+def test_cold_start_from_one_fix_takes_the_velocity_from_the_terrain_motion(tmp_path):
+    """Frames 11 and 12 are on disk (a textured sphere rendered along the orbit): the first fix,
+    at frame 12, initialises the filter at once with the velocity their terrain motion gives, and
+    the error stays within its 3 sigma, and 2 km, until the first windowed match 180 s later; with ``velocity="fixes"`` nothing is
+    estimated until that second fix. The featureless frames of a dark sky would be refused and
+    fall back to two fixes."""
+    import dataclasses
+
+    import cv2
+    from tests.nav.test_motion import render, waves
+
+    from trn.data.luna1 import NAV_IMAGES
+    from trn.nav.scenario import ColdStart
+
+    ds, states, rots, craters = synthetic()
+    ds = dataclasses.replace(ds, root=tmp_path)
+    (tmp_path / NAV_IMAGES).mkdir(parents=True)
+    tex = waves(3)
+    for i in (11, 12):
+        cv2.imwrite(str(ds.frame_path(i)), render(states[i, :3], rots[i], CAM, tex))
+    rng = np.random.default_rng(8)
+    fixes = _lost_fixes(states, [12, 40], rng)
+    kw = dict(sensors=SensorModel(pixel_sigma=1.0, landmark_sigma_km=0.05), seed=1)
+    res = navigate(ds, oracle_matches(states, rots, craters, every=30), lambda ids: craters[ids],
+                   cold=ColdStart(fixes), **kw)
+    s = res.summary()
+    assert s["initialised_s"] == 120.0 and s["initialised_by"] == "image motion"
+    assert np.isnan(res.error_km[:12]).all() and np.isfinite(res.error_km[12:]).all()
+    assert np.all(res.error_km[12:30] < res.sigma3_km[12:30]) and res.error_km[12:30].max() < 2.0
+    assert np.all(res.error_km[30:] < res.sigma3_km[30:]) and res.error_km[90:].max() < 0.5
+    two = navigate(ds, oracle_matches(states, rots, craters, every=30), lambda ids: craters[ids],
+                   cold=ColdStart(fixes, velocity="fixes"), **kw).summary()
+    assert two["initialised_s"] == 400.0 and two["initialised_by"] == "two fixes"
+    cv2.imwrite(str(ds.frame_path(11)), np.zeros((512, 512), np.uint8))
+    dark = navigate(ds, oracle_matches(states, rots, craters, every=30), lambda ids: craters[ids],
+                    cold=ColdStart(fixes), **kw).summary()
+    assert dark["initialised_s"] == 400.0 and dark["initialised_by"] == "two fixes"

@@ -84,8 +84,11 @@ def main(argv: list[str] | None = None) -> int:
                          "height spans less than FACTOR x the map's smallest crater (default: no gate; 1.0 was "
                          "chosen on the detector's validation frames, docs/detector.md)")
     l1.add_argument("--cold-start", action="store_true", default=None,
-                    help="map_navigation with no initial state: the filter starts from two verified lost-in-space "
-                         "fixes (and re-initialises from them when it has lost track)")
+                    help="map_navigation with no initial state: the filter starts from the first verified "
+                         "lost-in-space fix (and re-initialises from the fixes when it has lost track)")
+    l1.add_argument("--cold-velocity", choices=("image", "fixes"), default=None,
+                    help="with --cold-start, the first velocity: image = from the terrain's motion between the first "
+                         "fix's frame and its neighbour (default), fixes = from two fixes at least 30 s apart")
     l1.add_argument("--lis-candidates", type=int_between(1, 10000), default=None, metavar="K",
                     help="lost_in_space_fix: map craters per detection from the descriptor's ranking (default 16)")
     l1.add_argument("--lis-min-inliers", type=int_between(2, 100), default=None, metavar="N",
@@ -269,7 +272,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
                 continue
             omap = onboard(emb)
             rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate, cold_start=bool(args.cold_start),
-                                 lost_cfg=lost_cfg, lis_map=lis_map)
+                                 cold_velocity=args.cold_velocity or "image", lost_cfg=lost_cfg, lis_map=lis_map)
             rep["boxes"] = summary
             _print_map_navigation(name, rep)
             plot_navigation(rep, out / f"map_navigation__{name.replace(' ', '_')}.png",
@@ -359,7 +362,7 @@ def _print_map_navigation(name: str, rep: dict) -> None:
     if n.get("cold_start"):
         fmt = lambda v: "never" if v is None else f"{v / 60:.1f} min"  # noqa: E731
         print(f"cold start at threshold {rep['threshold']:g}: first verified lost-in-space fix {fmt(n['first_lost_fix_s'])}, "
-              f"filter initialised {fmt(n['initialised_s'])} (error then "
+              f"filter initialised {fmt(n['initialised_s'])} by {n.get('initialised_by', 'nothing')} (error then "
               f"{'n/a' if n['initial_error_km'] is None else format(n['initial_error_km'], '.3f') + ' km'}), "
               f"{n['initialisations']} initialisations, {n.get('reinitialisations', 0)} re-initialisations; day-side "
               f"RMS from the initialisation {n['trn_day_after_first_fix']['rms_km']:.3f} km, from one orbit "
@@ -379,6 +382,7 @@ SCENARIO_OPTIONS = (
     ("--lis-map", "lis_map", MAP_SCENARIOS),
     ("--lis-set", "lis_set", MAP_SCENARIOS),
     ("--cold-start", "cold_start", ("map_navigation",)),
+    ("--cold-velocity", "cold_velocity", ("map_navigation",)),
     ("--profile", "profile", ("moon_navigation",)),
     ("--board", "board", ("moon_navigation",)),
     ("--nms", "nms", MOTION_SCENARIOS),
@@ -392,6 +396,9 @@ def check_options(args: argparse.Namespace, scenarios: list[str]) -> None:
     not selected read, a map-building option beside a ready ``--map``, built-in world options
     beside ``--data``, token options without tokens. Each message says how to ask for what the
     option does."""
+    if getattr(args, "cold_velocity", None) is not None and not getattr(args, "cold_start", None):
+        raise ConfigError("--cold-velocity sets how a cold start takes its first velocity: add --cold-start, or drop "
+                          "--cold-velocity")
     for flag, attr, readers in SCENARIO_OPTIONS:
         if getattr(args, attr, None) is not None and not set(readers) & set(scenarios):
             want = " or ".join(f"--scenario {r}" for r in readers)

@@ -18,8 +18,9 @@ import numpy as np
 from trn.data.luna1 import Luna1Dataset
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, quat_to_matrix
-from trn.nav.ekf import MU_KM3_S2, Ekf, state_from_two_fixes
+from trn.nav.ekf import MU_KM3_S2, Ekf, accel, state_from_two_fixes
 from trn.nav.fix import angular_sigma, pixel_bearings, ransac_bearings, solve_range
+from trn.nav.motion import MotionConfig, image_velocity
 from trn.nav.sensors import SensorModel
 
 
@@ -93,20 +94,66 @@ def _small_rotation(rng: np.random.Generator, sigma_rad: float) -> np.ndarray:
 
 @dataclass(frozen=True)
 class ColdStart:
-    """Start with no state: the filter is initialised from two verified lost-in-space fixes
-    (``fixes``: {frame: (position [3] km, covariance [3, 3] km^2)}) ``min_dt_s`` to ``max_dt_s``
-    apart, through the orbit that joins them (:func:`trn.nav.ekf.state_from_two_fixes`), whose
-    speed must be orbital (``speed_km_s``). Re-initialisation: after ``reinit_after`` consecutive
-    fixes refused by the filter's gate, a lost-in-space fix farther than the gate from the
-    estimate restarts the initialisation there. ``late``: fixes of earlier frames declared late
-    (:class:`trn.nav.lost.WindowFixer`), used from the frame that declared them on."""
+    """Start with no state. ``fixes``: the verified lost-in-space fixes {frame: (position [3] km,
+    covariance [3, 3] km^2)}; ``late``: fixes of earlier frames declared late
+    (:class:`trn.nav.lost.WindowFixer`), used from the frame that declared them on.
+
+    ``velocity="image"``: the filter is initialised at the first fix, its velocity measured from
+    the terrain's motion between that fix's frame and the frame before it (or after it, when that
+    one is already taken; :func:`trn.nav.motion.image_velocity`, settings ``motion``); when the
+    frames give no reliable motion, or with ``velocity="fixes"``, from two fixes ``min_dt_s`` to
+    ``max_dt_s`` apart, through the orbit that joins them (:func:`trn.nav.ekf.state_from_two_fixes`).
+    Either velocity must be orbital (``speed_km_s``). Re-initialisation: after ``reinit_after``
+    consecutive fixes refused by the filter's gate, a lost-in-space fix farther than the gate from
+    the estimate restarts the initialisation there."""
 
     fixes: dict
     late: dict = field(default_factory=dict)  # {frame declared at: [(fix time s, position, covariance), ...]}
+    velocity: str = "image"
+    motion: MotionConfig = field(default_factory=MotionConfig)
     min_dt_s: float = 30.0
     max_dt_s: float = 900.0
     speed_km_s: tuple[float, float] = (0.5, 3.0)
     reinit_after: int = 5
+
+    def __post_init__(self) -> None:
+        if self.velocity not in ("image", "fixes"):
+            raise ConfigError(f"cold start velocity {self.velocity!r}: expected 'image' (the frames' terrain motion) "
+                              "or 'fixes' (two fixes apart in time)")
+
+
+def _motion_state(ds: Luna1Dataset, t: np.ndarray, frame: int, now: int, z: np.ndarray, r: np.ndarray,
+                  pos: np.ndarray, rot: np.ndarray, cam: PinholeCamera, s: SensorModel, cfg: MotionConfig,
+                  rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray] | None:
+    """The filter's first state at the time of ``frame`` (fix ``z``, covariance ``r``): the velocity
+    from the terrain's motion between ``frame`` and its neighbour (the frame before, else the one
+    after if it is not later than ``now``), seen with the star tracker's and the altimeter's
+    noise. None when no neighbour frame is on disk or the shift is not reliable."""
+    import cv2
+
+    for a, b in ((frame - 1, frame), (frame, frame + 1)):
+        if a < 0 or b > now or not 0 < t[b] - t[a] <= 20.0:
+            continue
+        pa, pb = ds.frame_path(a), ds.frame_path(b)
+        if not (pa.exists() and pb.exists()):
+            continue
+        ia, ib = cv2.imread(str(pa), cv2.IMREAD_GRAYSCALE), cv2.imread(str(pb), cv2.IMREAD_GRAYSCALE)
+        if ia is None or ib is None:
+            raise DataError(f"navigation frame {a} or {b} cannot be decoded; rebuild the dataset's frames", pa)
+        att = np.radians(s.attitude_sigma_arcsec / 3600.0)
+        m = image_velocity(ia, ib, float(t[a]), float(t[b]), _small_rotation(rng, att) @ rot[a],
+                           _small_rotation(rng, att) @ rot[b],
+                           float(np.linalg.norm(pos[a])) + rng.normal(0.0, s.altimeter_sigma_km),
+                           float(np.linalg.norm(pos[b])) + rng.normal(0.0, s.altimeter_sigma_km),
+                           z, cam, s.altimeter_sigma_km, cfg)
+        if m is None:
+            return None
+        # the mean velocity over the pair is the velocity at its mid time; carried to the fix's time
+        v = m.velocity_km_s + accel(z, m.velocity_km_s) * (float(t[frame]) - m.t_mid_s)
+        p = np.zeros((6, 6))
+        p[:3, :3], p[3:, 3:] = r, m.cov
+        return np.concatenate([z, v]), p
+    return None
 
 
 def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, sensors: SensorModel, seed: int = 0,
@@ -132,6 +179,7 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
     x0 = np.concatenate([pos[0], vel[0]]) + rng.multivariate_normal(np.zeros(6), p0)
     f = None if cold else Ekf(x0.copy(), p0.copy(), float(t[0]), s.accel_sigma_km_s2, s.gate_probability)
     dr = None if cold else Ekf(x0.copy(), p0.copy(), float(t[0]), s.accel_sigma_km_s2)
+    motion_rng = np.random.default_rng([seed, 17])  # the image-motion sensors' noise, its own stream
     first: tuple | None = None  # cold start: the first fix of the pair that will initialise the filter
     refused_run = 0
     n = len(t)
@@ -145,7 +193,7 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
          "orbit_period_s": float(2 * np.pi * np.sqrt(np.mean(np.linalg.norm(pos, axis=1)) ** 3 / MU_KM3_S2))}
     if cold:
         c |= {"cold_start": True, "first_lost_fix_s": None, "initialised_s": None, "initialisations": 0,
-              "initial_error_km": None}
+              "initial_error_km": None, "initialised_by": None}  # how the last initialisation found its velocity
     for i in range(n):
         if f is None:  # cold start: no state yet
             err[i] = sig3[i] = dr_err[i] = np.nan
@@ -158,6 +206,15 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
                 c["first_lost_fix_s"] = float(t[i] - t[0])
             for t_f, z, r in arrivals:
                 z, r = np.asarray(z, np.float64), np.asarray(r, np.float64)
+                if cold.velocity == "image":
+                    got = _motion_state(ds, t, int(np.argmin(np.abs(t - t_f))), i, z, r, pos, rot, cam, s,
+                                        cold.motion, motion_rng)
+                    if got is not None and cold.speed_km_s[0] <= np.linalg.norm(got[0][3:]) <= cold.speed_km_s[1]:
+                        f = Ekf(got[0], got[1], t_f, s.accel_sigma_km_s2, s.gate_probability)
+                        c["initialised_by"] = "image motion"
+                        if t_f < t[i]:
+                            f.predict(float(t[i]))
+                        break
                 if first is not None and cold.min_dt_s <= t_f - first[0] <= cold.max_dt_s:
                     try:
                         x, p = state_from_two_fixes(first[1], first[2], first[0], z, r, t_f)
@@ -165,6 +222,7 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
                         x = None
                     if x is not None and cold.speed_km_s[0] <= np.linalg.norm(x[3:]) <= cold.speed_km_s[1]:
                         f = Ekf(x, p, t_f, s.accel_sigma_km_s2, s.gate_probability)
+                        c["initialised_by"] = "two fixes"
                         if t_f < t[i]:
                             f.predict(float(t[i]))
                         break
@@ -342,7 +400,7 @@ def map_size_gate(ds: Luna1Dataset, flat: list, min_km: float, altimeter_sigma_k
 def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None,
                    thresholds: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9, 0.95), n_sigma: float = 3.0,
                    box_sigma_px: float | None = None, gate: float | None = None, cold_start: bool = False,
-                   lost_cfg=None, lis_map=None) -> dict:
+                   cold_velocity: str = "image", lost_cfg=None, lis_map=None) -> dict:
     """Navigation with TRN at ``s.threshold`` and at each of ``thresholds``, against dead
     reckoning: each detection matched within its search window (:class:`SearchWindow`).
     Recognition against the whole map (no window) is reported beside it. ``box_sigma_px``: the
@@ -352,7 +410,8 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     crater (:func:`map_size_gate`). ``cold_start``: no initial state; the filter starts from the
     frames' verified lost-in-space fixes (:class:`ColdStart`, :func:`lost_in_space_fixes`) against
     ``lis_map`` (a :class:`trn.nav.lost.CraterMap`; by default the craters of ``omap``), made on the
-    whole set of boxes (before the size gate)."""
+    whole set of boxes (before the size gate); ``cold_velocity``: how the first velocity is found
+    (:class:`ColdStart`)."""
     sensors = sensors or SensorModel()
     cold = None
     if cold_start:
@@ -367,7 +426,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
                 late.setdefault(frame_at[r["time_s"] + r["delay_s"]], []).append(
                     (r["time_s"], np.array(r["position_km"]), np.array(r["cov_km2"])))
         cold = ColdStart({r["frame"]: (np.array(r["position_km"]), np.array(r["cov_km2"]))
-                          for r in lis["frames"] if r["declared"] and r["delay_s"] == 0}, late)
+                          for r in lis["frames"] if r["declared"] and r["delay_s"] == 0}, late, velocity=cold_velocity)
     flat, sims = map_matches(ds, emb, omap, s)
     before = len(flat)
     if gate is not None:
