@@ -222,3 +222,27 @@ def test_cold_start_from_one_fix_takes_the_velocity_from_the_terrain_motion(tmp_
     dark = navigate(ds, oracle_matches(states, rots, craters, every=30), lambda ids: craters[ids],
                     cold=ColdStart(fixes), **kw).summary()
     assert dark["initialised_s"] == 400.0 and dark["initialised_by"] == "two fixes"
+
+
+def test_search_window_reads_a_cut_box_by_its_uncut_rim_and_skips_a_box_cut_both_ways():
+    """A 120 px crater centred 20 px inside the left border is boxed (0, 80, t, b): the box centre
+    (40 px) is 20 px off, the window's bearing pixel is the right rim edge minus half the uncut
+    height, 20 px; a box cut by two borders gives no bearing at all."""
+    from types import SimpleNamespace
+
+    from trn.nav.scenario import SearchWindow
+
+    ds, states, rots, craters = synthetic(n=1)
+    pc = world_to_camera(craters, rots[0], states[0, :3])
+    u, v, z = CAM.project(pc)
+    a = int(np.flatnonzero((z > 0) & (u > 150) & (u < 362) & (v > 150) & (v < 362))[0])
+    ids = list(range(len(craters)))
+    sims = np.full((2, len(craters)), 0.1, np.float32)
+    sims[:, a] = 0.95
+    y = float(v[a])
+    cut = SimpleNamespace(frame=0, box=(0, 80, int(y) - 60, int(y) + 60), label=str(a))
+    corner = SimpleNamespace(frame=0, box=(0, 80, 0, 70), label=str(a))
+    w = SearchWindow([cut, corner], sims, ids, craters, CAM, threshold=0.7, pixel_sigma=5.0)
+    got = w(0, states[0, :3], np.eye(3) * 1e4, rots[0])
+    assert len(got) == 1 and got[0].crater == a
+    assert got[0].pixel[0] == 20.0 and abs(got[0].pixel[1] - int(y)) < 1e-9

@@ -20,6 +20,7 @@ from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, quat_to_matrix
 from trn.nav.ekf import MU_KM3_S2, Ekf, accel, state_from_two_fixes
 from trn.nav.fix import angular_sigma, pixel_bearings, ransac_bearings, solve_range
+from trn.nav.lost import box_geometry
 from trn.nav.motion import MotionConfig, image_velocity
 from trn.nav.sensors import SensorModel
 
@@ -337,11 +338,19 @@ class SearchWindow:
     compared only with the craters whose predicted pixel lies within ``n_sigma`` of the position
     uncertainty (projected at the crater's range) plus the box's half size; the best of those at or
     above ``threshold`` is its match. With a large covariance the window covers the whole visible
-    map. ``sims`` [detections, map craters]: the detections' similarities to every map entry."""
+    map. ``sims`` [detections, map craters]: the detections' similarities to every map entry.
+
+    A box cut by the frame's edge (an edge within ``edge_sigma`` box sigmas of the border) gives
+    the crater's centre from its uncut rim edge and extent (:func:`trn.nav.lost.box_geometry`); a
+    box whose centre that leaves more than ``max_centre_sigma`` box sigmas uncertain (cut in both
+    directions, or too large a crater cut once) gives no bearing and is not matched: its box centre
+    can be tens of km from the crater's."""
 
     def __init__(self, flat: list, sims: np.ndarray, map_ids: list[int], map_positions: np.ndarray,
-                 cam: PinholeCamera, threshold: float, n_sigma: float = 3.0, pixel_sigma: float = 2.0):
+                 cam: PinholeCamera, threshold: float, n_sigma: float = 3.0, pixel_sigma: float = 2.0,
+                 edge_sigma: float = 3.0, max_centre_sigma: float = 3.0):
         self.flat, self.sims, self.threshold, self.n_sigma = flat, sims, threshold, n_sigma
+        self.edge_sigma, self.max_centre_sigma = edge_sigma, max_centre_sigma
         self.ids = np.asarray(map_ids)
         self.pos = np.asarray(map_positions, np.float64)
         self.cam, self.pixel_sigma = cam, pixel_sigma
@@ -366,10 +375,13 @@ class SearchWindow:
         sig_km = float(np.sqrt(max(np.linalg.eigvalsh(p).max(), 0.0)))
         radius = self.n_sigma * (sig_km * fpx / z + self.pixel_sigma)
         out = []
-        for k in dets:
+        centres, _, _, csig = box_geometry(np.array([self.flat[k].box for k in dets], np.float64), self.cam,
+                                           self.pixel_sigma, self.edge_sigma * self.pixel_sigma)
+        for k, (px, py), cs in zip(dets, centres, csig):
+            if cs > self.max_centre_sigma * self.pixel_sigma:
+                continue
             d = self.flat[k]
             l, r, t, b = d.box
-            px, py = (l + r) / 2.0, (t + b) / 2.0
             near = ok & (np.hypot(u - px, v - py) <= radius + max(r - l, b - t) / 2.0)
             self.candidates.append(int(near.sum()))
             if not near.any():
@@ -377,7 +389,7 @@ class SearchWindow:
             cand = np.flatnonzero(near)
             j = cand[int(np.argmax(self.sims[k, cand]))]
             if self.sims[k, j] >= self.threshold:
-                out.append(Match(int(self.ids[j]), int(d.label), (px, py), float(self.sims[k, j])))
+                out.append(Match(int(self.ids[j]), int(d.label), (float(px), float(py)), float(self.sims[k, j])))
         return out
 
 
