@@ -206,6 +206,9 @@ def _sim(tmp_path, *extra):
     (["--map-source", "S"], "--map-source is read only by map_navigation"),
     (["--map-appearance", "predicted"], "--map-appearance is read only by map_navigation"),
     (["--map-gate", "1"], "--map-gate is read only by map_navigation"),
+    (["--scenario", "map_navigation", "--cold-velocity", "image"], "--cold-velocity sets how a cold start takes "
+                                                                   "its first velocity: add --cold-start"),
+    (["--scenario", "map_navigation", "--cold-start", "--cold-velocity", "both"], "--cold-velocity: invalid choice"),
     (["--scenario", "map_navigation", "--map-gate", "0"], "--map-gate: 0.0 is out of range"),
     (["--scenario", "map_navigation", "--map-gate", "nan"], "--map-gate"),
     (["--scenario", "recall_at_1", "--profile", "rpi4-coral-usb3"], "--profile is read only by moon_navigation"),

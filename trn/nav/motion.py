@@ -11,14 +11,16 @@ velocity from the shift of the terrain between two images, the attitude and the 
    the terrain's motion is the camera's translation.
 2. **Shift.** Phase correlation of the two frames (a Hann window against the edge's spectrum)
    gives the terrain's shift in pixels and a peak response; a weak peak (featureless or dark
-   terrain) is refused.
-3. **Translation.** Ground at depth ``Z`` along the boresight moves by ``-f d / Z`` pixels for a
-   camera translation ``d`` across it, so ``d_xy = -shift Z / f``; ``Z`` is the altimeter's height
-   over the reference sphere, whose error is the terrain's height under the frame
-   (``relief_sigma_km``: a scale error, along the motion). The radial part of the translation is
-   the altimeter's change over the two frames.
-4. **Velocity** = translation / time, body frame, at the pair's mid time; its covariance is
-   propagated from the pixel sigma of the shift, the relief and the altimeter.
+   terrain) is refused. Ground at depth ``Z`` moves by ``-f d / Z`` pixels for a camera
+   translation ``d`` across the boresight: a first translation, over flat ground at the
+   altimeter's height.
+3. **Refinement on the sphere.** The first frame is re-projected to the second camera's pose on
+   the reference sphere (:func:`predict_view`) and the residual shift corrects the translation,
+   so the sphere's curvature, the camera's tilt and its climb are modelled; the vertical part is
+   the altimeter's two distances from the Moon's centre.
+4. **Velocity** = translation / time, body frame, at the pair's mid time; its covariance comes
+   from the shift's pixel error, the terrain's height over the sphere (``relief_sigma_km``: a scale
+   error, along the motion) and the altimeter.
 
 Pixel order x = column, y = row; km, s, body frame (the Moon's principal axes), as in
 :mod:`trn.nav.fix`.
