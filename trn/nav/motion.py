@@ -100,10 +100,8 @@ def derotate(image: np.ndarray, rotation: np.ndarray, reference: np.ndarray, cam
     ``reference``. Pixels with no source are NaN."""
     k = _intrinsics(camera)
     h = k @ np.asarray(reference).T @ np.asarray(rotation) @ np.linalg.inv(k)
-    src = image.astype(np.float32)
-    out = cv2.warpPerspective(src, h, (image.shape[1], image.shape[0]), flags=cv2.INTER_LINEAR,
-                              borderMode=cv2.BORDER_CONSTANT, borderValue=np.nan)
-    return out
+    return cv2.warpPerspective(np.asarray(image, np.float32), h, (image.shape[1], image.shape[0]),
+                               flags=cv2.INTER_LINEAR, borderMode=cv2.BORDER_CONSTANT, borderValue=np.nan)
 
 
 def _checked(name: str, image: np.ndarray, camera: PinholeCamera) -> np.ndarray:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import datetime as dt
 from dataclasses import dataclass, field
 
+import cv2
 import numpy as np
 
 from trn.data.luna1 import Luna1Dataset
@@ -130,8 +131,6 @@ def _motion_state(ds: Luna1Dataset, t: np.ndarray, frame: int, now: int, z: np.n
     from the terrain's motion between ``frame`` and its neighbour (the frame before, else the one
     after if it is not later than ``now``), seen with the star tracker's and the altimeter's
     noise. None when no neighbour frame is on disk or the shift is not reliable."""
-    import cv2
-
     for a, b in ((frame - 1, frame), (frame, frame + 1)):
         if a < 0 or b > now or not 0 < t[b] - t[a] <= 20.0:
             continue
@@ -155,6 +154,21 @@ def _motion_state(ds: Luna1Dataset, t: np.ndarray, frame: int, now: int, z: np.n
         p[:3, :3], p[3:, 3:] = r, m.cov
         return np.concatenate([z, v]), p
     return None
+
+
+def _initial_states(cold: ColdStart, first: tuple | None, t_f: float, z: np.ndarray, r: np.ndarray, image):
+    """The filter's candidate first states at a fix (time ``t_f``, position ``z``, covariance
+    ``r``), in the order :class:`ColdStart` prefers them, each made only when asked for:
+    ("image motion", ``image()``) and ("two fixes", the orbit through ``first`` and this fix)."""
+    if cold.velocity == "image":
+        got = image()
+        if got is not None:
+            yield "image motion", got
+    if first is not None and cold.min_dt_s <= t_f - first[0] <= cold.max_dt_s:
+        try:
+            yield "two fixes", state_from_two_fixes(first[1], first[2], first[0], z, r, t_f)
+        except ConfigError:
+            return
 
 
 def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, sensors: SensorModel, seed: int = 0,
@@ -207,26 +221,16 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
                 c["first_lost_fix_s"] = float(t[i] - t[0])
             for t_f, z, r in arrivals:
                 z, r = np.asarray(z, np.float64), np.asarray(r, np.float64)
-                if cold.velocity == "image":
-                    got = _motion_state(ds, t, int(np.argmin(np.abs(t - t_f))), i, z, r, pos, rot, cam, s,
-                                        cold.motion, motion_rng)
-                    if got is not None and cold.speed_km_s[0] <= np.linalg.norm(got[0][3:]) <= cold.speed_km_s[1]:
-                        f = Ekf(got[0], got[1], t_f, s.accel_sigma_km_s2, s.gate_probability)
-                        c["initialised_by"] = "image motion"
-                        if t_f < t[i]:
-                            f.predict(float(t[i]))
-                        break
-                if first is not None and cold.min_dt_s <= t_f - first[0] <= cold.max_dt_s:
-                    try:
-                        x, p = state_from_two_fixes(first[1], first[2], first[0], z, r, t_f)
-                    except ConfigError:
-                        x = None
-                    if x is not None and cold.speed_km_s[0] <= np.linalg.norm(x[3:]) <= cold.speed_km_s[1]:
-                        f = Ekf(x, p, t_f, s.accel_sigma_km_s2, s.gate_probability)
-                        c["initialised_by"] = "two fixes"
-                        if t_f < t[i]:
-                            f.predict(float(t[i]))
-                        break
+                image = lambda: _motion_state(ds, t, int(np.argmin(np.abs(t - t_f))), i, z, r, pos, rot,  # noqa: E731
+                                              cam, s, cold.motion, motion_rng)
+                start = next(((how, x, p) for how, (x, p) in _initial_states(cold, first, t_f, z, r, image)
+                              if cold.speed_km_s[0] <= np.linalg.norm(x[3:]) <= cold.speed_km_s[1]), None)
+                if start is not None:
+                    f = Ekf(start[1], start[2], t_f, s.accel_sigma_km_s2, s.gate_probability)
+                    c["initialised_by"] = start[0]
+                    if t_f < t[i]:
+                        f.predict(float(t[i]))
+                    break
                 if first is None or t_f - first[0] > cold.max_dt_s or t_f - first[0] >= cold.min_dt_s:
                     first = (t_f, z, r)
             if f is not None:
