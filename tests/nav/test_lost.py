@@ -12,7 +12,8 @@ import pytest
 from trn.data.annotate import AnnotateConfig, crater_box
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose, xyz_to_latlon
-from trn.nav.lost import REASONS, CraterMap, LostConfig, Sigmas, WindowFixer, box_geometry, frame_hypotheses
+from trn.nav.lost import (REASONS, CraterMap, LostConfig, LostFix, Sigmas, WindowFixer, box_geometry,
+                          frame_hypotheses)
 
 CAM = PinholeCamera(512, 512, 39.6)
 FLAT = AnnotateConfig(rim_points=48)
@@ -147,6 +148,57 @@ def test_descriptor_candidates_that_are_all_wrong_are_refused():
     assert fx.declared and np.linalg.norm(fx.position - sc) < 0.05
 
 
+NOISY = Sigmas(pixel=7.0, attitude_rad=5e-5, landmark_km=0.3, range_km=0.05)
+EVIDENCE = dict(descriptor_similarity=(0.3, 0.7), descriptor_nats=(-2.0, 4.0))
+
+
+def two_crater_frame(seed: int):
+    """A frame of exactly two craters over a 25,000-crater world, its boxes moved by 5 px: (map,
+    position, attitude, boxes, rows, similarities [2, M] drawn for other craters from U(-0.2, 0.5))."""
+    lat, lon, dia, cmap = world(seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    for _ in range(400):
+        sc, rot = pose(rng.uniform(-50, 50), rng.uniform(0, 360))
+        boxes, rows = boxes_of(sc, rot, lat, lon, dia, cmap)
+        if len(rows) == 2 and not ((boxes[:, :3:2] <= 0).any() or (boxes[:, 1] >= CAM.width).any()
+                                   or (boxes[:, 3] >= CAM.height).any()):
+            boxes = boxes + np.repeat(rng.normal(0.0, 5.0, (2, 2)), 2, axis=1)
+            return cmap, sc, rot, boxes, rows, rng.uniform(-0.2, 0.5, (2, len(cmap))).astype(np.float32)
+    raise AssertionError("no uncut two-crater frame in 400 draws")
+
+
+def test_the_descriptors_evidence_decides_a_two_crater_frame_that_geometry_leaves_open():
+    """Two craters alone have chance rivals in a map of 25,000 within a 7 px box noise: geometry
+    does not decide. The same frame with each detection similar to its own crater (0.8, 4 nats
+    each) and not to the rivals' craters is fixed at the truth."""
+    cmap, sc, rot, boxes, rows, sims = two_crater_frame(seed=12)
+    cfg = LostConfig(min_inliers=2)
+    alone = frame_hypotheses(boxes, rot, radius_of(sc), None, CAM, cmap, NOISY, cfg)
+    assert not alone.declared and alone.hypotheses > 1
+    sims[[0, 1], rows] = 0.8
+    fx = frame_hypotheses(boxes, rot, radius_of(sc), None, CAM, cmap, NOISY, LostConfig(min_inliers=2, **EVIDENCE),
+                          sims=sims)
+    assert fx.declared and np.linalg.norm(fx.position - sc) < 2.0
+    assert sorted(r for _, r in fx.inliers) == sorted(rows.tolist())
+    assert fx.llr - alone.llr == pytest.approx(8.0, abs=1.0)  # the two pairs' evidence, up to the refit
+
+
+def test_evidence_against_the_true_craters_is_not_turned_into_a_fix():
+    """The same frame whose detections look unlike their own craters (similarity 0.1, -2 nats
+    each) is refused, and a descriptor that says nothing (every similarity at the knot of 0
+    nats) leaves the geometry's answer unchanged."""
+    cmap, sc, rot, boxes, rows, sims = two_crater_frame(seed=12)
+    sims[[0, 1], rows] = 0.1
+    cfg = LostConfig(min_inliers=2, **EVIDENCE)
+    fx = frame_hypotheses(boxes, rot, radius_of(sc), None, CAM, cmap, NOISY, cfg, sims=sims)
+    assert not fx.declared or np.linalg.norm(fx.position - sc) < 2.0
+    neutral = LostConfig(min_inliers=2, descriptor_similarity=(0.0, 1.0), descriptor_nats=(0.0, 0.0))
+    a = frame_hypotheses(boxes, rot, radius_of(sc), None, CAM, cmap, NOISY, neutral, sims=sims)
+    b = frame_hypotheses(boxes, rot, radius_of(sc), None, CAM, cmap, NOISY, LostConfig(min_inliers=2))
+    assert (a.declared, a.reason, a.hypotheses, a.llr, a.runner_up) == (b.declared, b.reason, b.hypotheses, b.llr,
+                                                                          b.runner_up)
+
+
 def test_covariance_agrees_with_the_errors_over_seeded_monte_carlo():
     """Box edges with 1.5 px of noise, attitude 10 arcsec, map positions 0.3 km, altimeter 50 m:
     the normalised squared error of declared fixes averages about 3 (chi-square, 3 degrees)."""
@@ -228,11 +280,58 @@ def test_a_declared_frame_decides_an_earlier_frame_late():
     assert np.linalg.norm(late.position - sc0) < 0.1
 
 
+def test_a_frame_is_searched_again_where_the_declared_frames_of_the_window_predict_it():
+    """Two craters leave hundreds of chance positions in the whole map, and the frame's kept
+    hypotheses may all lie elsewhere (here: a whole-map answer whose hypotheses are all far away).
+    Such a frame cannot join the declared frames of its window; searched again where two declared
+    frames 20 s apart predict it (their velocity, gravity), it is fixed at the truth, alike when
+    it comes after them and, late, when it came before them. One declared frame predicts nothing,
+    and without ``search_near_declared`` (the default) the frame is left undecided."""
+    cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r0) >= 3 and len(r1) == 2
+                                                        and bool(r0 & r1))
+    far = -sc1  # the other side of the Moon, and the ground up to 600 km from this frame's
+    prev = 2 * sc0 - sc1
+    prev = prev / np.linalg.norm(prev) * radius_of(sc0)  # 20 s before sc0 along the same track
+    earlier = LostFix(True, REASONS[0], prev, np.eye(3) * 0.25)  # a fix declared there
+
+    def elsewhere():
+        return frame_hypotheses(b1, rot1, radius_of(sc1), None, CAM, cmap, EXACT,
+                                near=[(far, float(np.linalg.norm(far - sc1)) - 600.0)])
+
+    def rescore(near):
+        return frame_hypotheses(b1, rot1, radius_of(sc1), None, CAM, cmap, EXACT, near=near)
+
+    first = frame_hypotheses(b0, rot0, radius_of(sc0), None, CAM, cmap, EXACT)
+    assert first.declared
+    assert all(np.linalg.norm(h.position - sc1) > 100 for h in elsewhere().best)
+    r = radius_of(sc0)
+    plain = WindowFixer(LostConfig(late=False, search_near_declared=True))
+    plain.add(0.0, r, first)
+    assert not plain.add(20.0, r, elsewhere(), rescore).declared  # one declared frame: no prediction
+    win = WindowFixer(LostConfig(late=False, search_near_declared=True))
+    win.add(-20.0, r, earlier)
+    win.add(0.0, r, first)
+    assert not WindowFixer(LostConfig(late=False, search_near_declared=True)).add(20.0, r, elsewhere()).declared
+    second = win.add(20.0, r, elsewhere(), rescore)
+    assert second.declared and second.frames == 2 and np.linalg.norm(second.position - sc1) < 0.1
+    # backwards in time: the two-crater frame first, undecided; the two declared frames fix it late
+    win = WindowFixer(LostConfig(late=True, search_near_declared=True))
+    assert not win.add(0.0, r, elsewhere(), rescore).declared
+    win.add(20.0, r, first)
+    assert not win.late
+    win.add(40.0, r, earlier)
+    assert len(win.late) == 1 and np.linalg.norm(win.late[0][1].position - sc1) < 0.1
+
+
 @pytest.mark.parametrize("kw, match", [({"candidates": -1}, "candidates"), ({"min_inliers": 1}, "at least 2"),
                                        ({"size_ratio": 0.5}, "size_ratio"), ({"min_similarity": 2.0}, "min_similarity"),
                                        ({"detection_probability": 1.0}, "detection_probability"),
                                        ({"window_s": -1.0}, "window_s"), ({"speed_band": (2.0, 1.0)}, "speed_band"),
-                                       ({"edge_sigma": -1.0}, "edge_sigma")])
+                                       ({"edge_sigma": -1.0}, "edge_sigma"),
+                                       ({"descriptor_similarity": (0.5,), "descriptor_nats": (1.0,)}, "knots"),
+                                       ({"descriptor_similarity": (0.6, 0.5), "descriptor_nats": (0.0, 1.0)}, "knots"),
+                                       ({"descriptor_similarity": (0.2, 0.5), "descriptor_nats": (0.0, 99.0)}, "knots"),
+                                       ({"descriptor_similarity": (0.2, 0.5), "descriptor_nats": (0.0,)}, "knots")])
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         LostConfig(**kw)
@@ -250,6 +349,8 @@ def test_inconsistent_inputs_are_refused():
         frame_hypotheses(good, rot, 1000.0, None, CAM, cmap, EXACT)
     with pytest.raises(ConfigError, match="similarities"):
         frame_hypotheses(good, rot, radius_of(sc), None, CAM, cmap, EXACT, LostConfig(candidates=4))
+    with pytest.raises(ConfigError, match="similarities"):
+        frame_hypotheses(good, rot, radius_of(sc), None, CAM, cmap, EXACT, LostConfig(**EVIDENCE))
     with pytest.raises(DataError, match="same craters"):
         frame_hypotheses(good, rot, radius_of(sc), None, CAM, cmap, EXACT, LostConfig(candidates=4),
                          sims=np.zeros((2, 5)))

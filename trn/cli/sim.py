@@ -308,8 +308,8 @@ def _lost_config(args):
 def _lost_map(args, source, cfg, wanted: bool):
     """The lost-in-space map: the union catalogue of the terrain source (geometry first, the
     default), or None for the descriptor map's own craters (--lis-map map, or descriptor
-    candidates)."""
-    if not wanted or args.lis_map == "map" or cfg.candidates > 0:
+    candidates or evidence)."""
+    if not wanted or args.lis_map == "map" or cfg.uses_descriptor:
         return None
     if source is None:
         raise ConfigError("lost-in-space fixes search the union catalogue of the terrain: give --map-source (e.g. "

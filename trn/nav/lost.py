@@ -73,6 +73,12 @@ class LostConfig:
     candidates: 0 = every map crater of a fitting size seeds hypotheses (geometry first); K > 0 =
         only each detection's K most similar map craters (needs descriptor similarities).
     min_similarity: with ``candidates > 0``, candidates below this similarity are dropped.
+    descriptor_similarity, descriptor_nats: the descriptor's evidence, off when empty. Knots of a
+        piecewise-linear log-likelihood ratio: a detection assigned to a map crater with descriptor
+        similarity s adds ``interp(s, descriptor_similarity, descriptor_nats)`` nats (flat beyond
+        the end knots): log p(s | its own crater) - log p(s | another crater of a fitting size),
+        measured on validation frames (``benchmarks/descriptor_evidence.py``). Needs the
+        similarities of the frame's detections to the map's craters.
     size_ratio: a map crater fits a box when its diameter, seen from the hypothesised position, is
         within this factor of the box's apparent diameter (the loose prefilter uses its square).
     anchors: detections that seed hypotheses (largest uncut boxes first).
@@ -97,10 +103,16 @@ class LostConfig:
         altimeter's distance.
     late: a declared frame also decides the undecided earlier frames of its window (a fix
         declared late, at the later frame's time; the report gives the delay).
+    search_near_declared: a frame the window does not decide is searched again where the window's
+        declared frames predict it, and a window's fix must lie within that prediction's gate
+        (:class:`WindowFixer`). Off by default: on validation it fixed more frames and more of them
+        wrongly (docs/lost_in_space.md).
     """
 
     candidates: int = 0
     min_similarity: float = -1.0
+    descriptor_similarity: tuple[float, ...] = ()
+    descriptor_nats: tuple[float, ...] = ()
     size_ratio: float = 1.5
     anchors: int = 4
     threshold_sigma: float = 4.0
@@ -118,6 +130,7 @@ class LostConfig:
     window_s: float = 60.0
     speed_band: tuple[float, float] = (0.6, 1.45)
     late: bool = True
+    search_near_declared: bool = False
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> None:
@@ -127,6 +140,11 @@ class LostConfig:
             bad("candidates", "0 (every map crater of a fitting size) to 100000 per detection")
         if not -1.0 <= self.min_similarity <= 1.0:
             bad("min_similarity", "-1 to 1")
+        ks, ns = self.descriptor_similarity, self.descriptor_nats
+        if len(ks) != len(ns) or len(ks) == 1 or not all(-1.0 <= k <= 1.0 for k in ks) \
+                or any(b <= a for a, b in zip(ks, ks[1:])) or not all(math.isfinite(n) and abs(n) <= 20 for n in ns):
+            bad("descriptor_similarity", "as many knots as descriptor_nats (none, or at least 2 knots), similarities "
+                "increasing within [-1, 1], log-likelihood ratios within +-20 nats")
         if not 1.0 < self.size_ratio <= 4.0:
             bad("size_ratio", "a factor above 1 and at most 4")
         if not 1 <= self.anchors <= 64:
@@ -161,6 +179,18 @@ class LostConfig:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def uses_descriptor(self) -> bool:
+        """The identification needs the detections' descriptor similarities to the map's craters."""
+        return self.candidates > 0 or bool(self.descriptor_nats)
+
+    def descriptor_llr(self, sims: np.ndarray) -> np.ndarray:
+        """The descriptor's evidence (nats) for similarities ``sims``; 0 when it is off."""
+        sims = np.asarray(sims, np.float64)
+        if not self.descriptor_nats:
+            return np.zeros(sims.shape)
+        return np.interp(sims, self.descriptor_similarity, self.descriptor_nats)
 
 
 @dataclass(frozen=True)
@@ -316,6 +346,13 @@ class _Frame:
     sig: Sigmas
     rule: VisibilityRule
     cfg: LostConfig
+    sims: np.ndarray | None = None  # [n, M] descriptor similarities to the map's craters
+
+    def evidence(self, j: np.ndarray | int, rows: np.ndarray) -> np.ndarray:
+        """The descriptor's evidence (nats) that detections ``j`` are map craters ``rows``."""
+        if self.sims is None or not self.cfg.descriptor_nats:
+            return np.zeros(np.shape(rows))
+        return self.cfg.descriptor_llr(self.sims[j, rows])
 
     def log_size(self, j: np.ndarray, d_km: np.ndarray, range_km: np.ndarray) -> np.ndarray:
         """log(apparent / predicted diameter) of detections ``j`` against map craters of ``d_km``
@@ -344,7 +381,8 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
     p, rows, rng_a = p[ok], rows[ok], rng_a[ok]
     support = np.ones(len(p), int)
     pairs: list[list[tuple[int, int]]] = [[(anchor, int(r))] for r in rows]
-    chi2 = fr.size_chi2(np.full(len(rows), anchor), cmap.diameter_km[rows], rng_a)
+    # bearing and size chi-square, less twice the descriptor's evidence (a log-likelihood)
+    chi2 = fr.size_chi2(np.full(len(rows), anchor), cmap.diameter_km[rows], rng_a) - 2.0 * fr.evidence(anchor, rows)
     alt = fr.radius_km - MOON_RADIUS_KM
     for j in range(len(fr.b)):
         if j == anchor or not len(p):
@@ -374,7 +412,7 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
             found[h[good]] = True
             best_row[h[good]] = rr[good]
             best_chi2[h[good]] = (res / res_sig)[good] ** 2 \
-                + fr.size_chi2(np.full(len(h), j), cmap.diameter_km[rr], rng_j)[good]
+                + fr.size_chi2(np.full(len(h), j), cmap.diameter_km[rr], rng_j)[good] - 2.0 * fr.evidence(j, rr[good])
         support += found
         chi2 += best_chi2
         for h in np.flatnonzero(found):
@@ -445,7 +483,7 @@ def predicted_view(fr: _Frame, cmap: CraterMap, p: np.ndarray, rim_points_n: int
 
 def score(fr: _Frame, cmap: CraterMap, p: np.ndarray) -> tuple[float, list[tuple[int, int]], dict, dict, dict]:
     """Log-likelihood ratio of position ``p`` against "all detections are clutter" (module
-    docstring), with its assignment: (llr, pairs, per-row contributions, per-row misses, per pair
+    docstring; with the descriptor's evidence of each assigned pair when it is on), with its assignment: (llr, pairs, per-row contributions, per-row misses, per pair
     the detection's corrected centre px). A detection is compared with a predicted crater box to
     box (centre and longer side of both, both clipped to the frame as the rule clips them); its
     corrected centre is its box centre moved by the predicted offset between the crater centre's
@@ -469,11 +507,12 @@ def score(fr: _Frame, cmap: CraterMap, p: np.ndarray) -> tuple[float, list[tuple
         d2 = ((pc - oc) ** 2).sum(1) / s_tot ** 2
         lr = np.log(max(r - l, b - t) / pside)
         ok = (d2 <= cfg.threshold_sigma ** 2) & (np.abs(lr) <= math.log(cfg.size_ratio))
+        desc = fr.evidence(j, rows)
         for k in np.flatnonzero(ok):
             pos_term = -0.5 * d2[k] - math.log(2 * math.pi * s_tot[k] ** 2) - math.log(lam)
             size_term = -0.5 * (lr[k] / cfg.size_sigma) ** 2 - math.log(cfg.size_sigma * math.sqrt(2 * math.pi)) \
                 + log_size_range
-            term = math.log(q[k]) + pos_term + size_term
+            term = math.log(q[k]) + pos_term + size_term + float(desc[k])
             costs.append((-(term - math.log(1.0 - q[k])), j, k, term))
     costs.sort()
     used_d, used_k = set(), set()
@@ -491,23 +530,27 @@ def score(fr: _Frame, cmap: CraterMap, p: np.ndarray) -> tuple[float, list[tuple
     return float(sum(contrib.values()) + sum(missed.values())), pairs, contrib, missed, corrected
 
 
-def _prepare(boxes, rotation, radius_km, sun_dir, camera, sig, rule, cfg) -> _Frame:
+def _prepare(boxes, rotation, radius_km, sun_dir, camera, sig, rule, cfg, sims=None) -> _Frame:
     centres, diam, lower, sig_px = box_geometry(boxes, camera, sig.pixel, cfg.edge_sigma * sig.pixel)
     b = pixel_bearings(centres, camera, rotation) if len(centres) else np.zeros((0, 3))
     sig_rad = np.hypot(sig_px / camera.focal_px, sig.attitude_rad)
     sun = None if sun_dir is None else np.asarray(sun_dir, np.float64) / np.linalg.norm(sun_dir)
     return _Frame(np.asarray(boxes, np.float64).reshape(-1, 4), centres, np.maximum(diam, 1e-3), lower, sig_px, b, sig_rad, np.asarray(rotation, np.float64),
-                  float(radius_km), sun, camera, sig, rule, cfg)
+                  float(radius_km), sun, camera, sig, rule, cfg, sims)
 
 
 def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, sun_dir: np.ndarray | None,
                      camera: PinholeCamera, cmap: CraterMap, sig: Sigmas, cfg: LostConfig | None = None,
-                     rule: VisibilityRule | None = None, sims: np.ndarray | None = None) -> LostFix:
+                     rule: VisibilityRule | None = None, sims: np.ndarray | None = None,
+                     near: list[tuple[np.ndarray, float]] | None = None) -> LostFix:
     """The lost-in-space answer of one frame alone (module docstring). ``boxes`` [n, 4] (l, r, t, b)
     px; ``rotation``: the star tracker's camera -> body attitude; ``radius_km``: the altimeter's
     distance from the Moon's centre; ``sun_dir``: unit vector to the Sun, body frame (the epoch
     gives it), or None (no Sun check); ``sims`` [n, M]: descriptor similarities to the map's craters,
-    needed when ``cfg.candidates > 0``. The returned fix carries its best hypotheses (``best``) for
+    needed when ``cfg.candidates > 0`` or the descriptor's evidence is on. ``near``: (position [3]
+    km, distance km) pairs; only map craters that a camera within that distance of one of the
+    positions could see seed hypotheses (the window's search around a declared frame,
+    :class:`WindowFixer`). The returned fix carries its best hypotheses (``best``) for
     :class:`WindowFixer`."""
     cfg = cfg or LostConfig()
     rule = rule or VisibilityRule()
@@ -520,22 +563,32 @@ def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, 
         raise DataError("a box must have r > l and b > t (l, r, t, b in pixels)")
     if radius_km <= MOON_RADIUS_KM:
         raise DataError(f"altimeter distance {radius_km:.1f} km is not above the Moon's surface")
-    if cfg.candidates > 0:
+    if cfg.uses_descriptor:
         if sims is None:
-            raise ConfigError("lost-in-space candidates > 0 ranks map craters by descriptor: give the similarities, "
-                              "or set candidates = 0 for geometry first")
+            raise ConfigError("lost-in-space candidates > 0 and the descriptor's evidence need the descriptor "
+                              "similarities: give them, or set candidates = 0 and no descriptor_nats for geometry "
+                              "alone")
         sims = np.asarray(sims, np.float32)
         if sims.shape != (n, len(cmap)) or not np.all(np.isfinite(sims)):
             raise DataError(f"similarities {sims.shape} against a map of {len(cmap)} craters: they must be finite and "
                             "describe the same craters")
     if n == 0:
         return LostFix(False, REASONS[2])
-    fr = _prepare(boxes, rotation, radius_km, sun_dir, camera, sig, rule, cfg)
+    fr = _prepare(boxes, rotation, radius_km, sun_dir, camera, sig, rule, cfg,
+                  sims if cfg.uses_descriptor else None)
     if n == 1:
         return LostFix(False, REASONS[3])
     alt = radius_km - MOON_RADIUS_KM
     boresight = fr.rot[:, 2]
     order = sorted(range(n), key=lambda i: (bool(fr.lower[i]), -float(fr.diam_px[i])))[:cfg.anchors]
+    allowed = None
+    if near is not None:
+        # the ground a camera within the distance could see: the footprint's corner reach, as predicted_view
+        foot = alt * math.tan(math.radians(camera.fov_deg) / 2.0) * math.sqrt(2.0) * 1.3 + 10.0
+        allowed = np.zeros(len(cmap), bool)
+        for q, dist in near:
+            q = np.asarray(q, np.float64)
+            allowed[cmap.index.within(q / np.linalg.norm(q) * MOON_RADIUS_KM, float(dist) + foot)] = True
     hyps_p, hyps_pairs, hyps_chi2, n_cand = [], [], [], 0
     for a in order:
         # the loose prefilter assumes a near-nadir camera: the range to the crater about the
@@ -543,6 +596,8 @@ def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, 
         est = fr.diam_px[a] * alt / max(float(fr.b[a] @ boresight), 0.2) / camera.focal_px
         wide = cfg.size_ratio ** 2
         rows = cmap.rows_of_size(est / wide, np.inf if fr.lower[a] else est * wide)
+        if allowed is not None:
+            rows = rows[allowed[rows]]
         if cfg.candidates > 0:
             ok = sims[a, rows] >= cfg.min_similarity
             rows = rows[ok]
@@ -636,11 +691,21 @@ class WindowFixer:
     window (module docstring, step 6). ``add`` returns the frame's fix. With ``cfg.late`` a frame
     that is declared also decides, late, the undecided earlier frames of the window that it
     verifies in the same way; those late fixes are collected in :attr:`late` as (the earlier
-    frame's time, its fix, the time it was declared)."""
+    frame's time, its fix, the time it was declared).
+
+    With ``cfg.search_near_declared``: a frame's own best hypotheses come from the whole map, where
+    two craters leave hundreds of chance positions of equal support, so its true position may not
+    be among them. Given ``rescore``
+    (the frame's identification restricted to the ground near given positions,
+    :func:`frame_hypotheses` with ``near``), a frame that the window does not decide is searched
+    again where two or more declared frames of the window predict it (their velocity, central
+    gravity, a 4-sigma gate), and the window decides on both searches' hypotheses (its rivals
+    from the whole map stay in the pool). Wherever such a prediction exists, a window's fix must
+    lie within its gate."""
 
     def __init__(self, cfg: LostConfig | None = None):
         self.cfg = cfg or LostConfig()
-        self.history: list[list] = []  # [time s, fix as returned or declared late]
+        self.history: list[list] = []  # [time s, fix as returned or declared late, rescore or None]
         self.late: list[tuple[float, LostFix, float]] = []
 
     def _combos(self, fix: LostFix, other: LostFix, dt: float, radius_km: float) -> list[Hypothesis]:
@@ -666,7 +731,12 @@ class WindowFixer:
                 combos.append(Hypothesis(h.position, h.cov, llr, h.pairs, contrib, missed))
         return combos
 
-    def _decide(self, fix: LostFix, combos: list[Hypothesis]) -> LostFix | None:
+    def _decide(self, fix: LostFix, combos: list[Hypothesis], pred: tuple[np.ndarray, float] | None = None
+                ) -> LostFix | None:
+        """The window's decision on ``combos``; with ``pred`` (:meth:`_predicted`) only those within
+        the prediction's gate may be declared."""
+        if pred is not None:
+            combos = [c for c in combos if np.linalg.norm(c.position - pred[0]) <= pred[1]]
         if not combos:
             return None
         cfg = self.cfg
@@ -675,20 +745,73 @@ class WindowFixer:
         dec = decide(pool, cfg, fix.hypotheses, fix.candidates, frames=2)
         return dec if dec.declared else None
 
-    def add(self, t_s: float, radius_km: float, fix: LostFix) -> LostFix:
+    def _predicted(self, declared: list[tuple[float, LostFix]], t_s: float) -> tuple[np.ndarray, float] | None:
+        """Where the window's declared frames put the spacecraft at ``t_s``: the two declared fixes
+        farthest apart in time give the velocity, central gravity bends the path; (position [3] km,
+        gate km: four sigmas of the prediction per axis, from the fixes' covariances), or None
+        with fewer than two declared frames at least 5 s apart."""
+        if len(declared) < 2:
+            return None
+        (t0, f0), (t1, f1) = min(declared, key=lambda d: d[0]), max(declared, key=lambda d: d[0])
+        span = t1 - t0
+        if span < 5.0:
+            return None
+        (t_n, near) = min(declared, key=lambda d: abs(t_s - d[0]))
+
+        def grav(p: np.ndarray) -> np.ndarray:
+            return -MU_KM3_S2 * p / float(np.linalg.norm(p)) ** 3
+
+        v = (f1.position - f0.position) / span - 0.5 * grav(f0.position) * span  # velocity at t0
+        dt = t_s - t_n
+        v_n = v + grav(f0.position) * (t_n - t0)
+        p = near.position + v_n * dt + 0.5 * grav(near.position) * dt * dt
+        s_fix = max(math.sqrt(float(np.trace(f.cov)) / 3.0) for f in (f0, f1, near))
+        sigma = math.hypot(s_fix, math.sqrt(2.0) * s_fix * abs(dt) / span)
+        return p, 4.0 * sigma + 1.0
+
+    def _searched_near(self, fix: LostFix, rescore, declared: list[tuple[float, LostFix]], t_s: float) -> LostFix:
+        """``fix`` with the hypotheses of its frame searched again where the ``declared`` (time,
+        fix) frames of the window predict the spacecraft at ``t_s`` (:meth:`_predicted`); only
+        hypotheses within the prediction's gate are added."""
+        pred = self._predicted(declared, t_s) if rescore is not None and self.cfg.search_near_declared else None
+        if pred is None:
+            return fix
+        p, gate = pred
+        local = rescore([(p, gate)])
+        near = [h for h in local.best if np.linalg.norm(h.position - p) <= gate]
+        best = _distinct(fix.best + near)[:2 * self.cfg.keep]
+        return LostFix(False, fix.reason, hypotheses=fix.hypotheses + local.hypotheses,
+                       candidates=fix.candidates + local.candidates, support=fix.support, llr=fix.llr,
+                       runner_up=fix.runner_up, frames=fix.frames, best=best)
+
+    def add(self, t_s: float, radius_km: float, fix: LostFix, rescore=None) -> LostFix:
+        """The frame at ``t_s`` with its fix from the whole map; ``rescore``: a callable of ``near``
+        that returns the frame's identification restricted to that ground (class docstring)."""
         cfg = self.cfg
         self.history = [h for h in self.history if 0 < t_s - h[0] <= cfg.window_s]
         result = fix
-        if not fix.declared and fix.best and cfg.window_s > 0:
-            combos = [c for t_e, earlier in self.history for c in self._combos(fix, earlier, t_s - t_e, radius_km)]
-            result = self._decide(fix, combos) or fix
+        if not fix.declared and cfg.window_s > 0:
+            declared = [(t_e, e) for t_e, e, _ in self.history if e.declared]
+            pred = self._predicted(declared, t_s) if cfg.search_near_declared else None
+            combos = [c for t_e, earlier, _ in self.history for c in self._combos(fix, earlier, t_s - t_e, radius_km)]
+            result = self._decide(fix, combos, pred) or fix
+            if not result.declared and rescore is not None and pred is not None and fix.reason not in REASONS[2:4]:
+                wider = self._searched_near(fix, rescore, declared, t_s)
+                combos = [c for t_e, e, _ in self.history for c in self._combos(wider, e, t_s - t_e, radius_km)]
+                result = self._decide(wider, combos, pred) or wider
         if result.declared and cfg.late and cfg.window_s > 0:
             for h in self.history:
-                if not h[1].declared and h[1].best:
-                    dec = self._decide(h[1], self._combos(h[1], result, h[0] - t_s, radius_km))
+                if not h[1].declared and (h[1].best or h[2] is not None) and h[1].reason not in REASONS[2:4]:
+                    declared = [(t_s, result)]
+                    if cfg.search_near_declared:  # every declared frame of the window, not only this one
+                        declared = [(t_e, e) for t_e, e, _ in self.history if e.declared] + declared
+                    earlier = self._searched_near(h[1], h[2], declared, h[0])
+                    dec = self._decide(earlier, [c for t_e, e in declared
+                                                 for c in self._combos(earlier, e, h[0] - t_e, radius_km)],
+                                       self._predicted(declared, h[0]) if cfg.search_near_declared else None)
                     if dec is not None:
                         dec.reason = REASONS[9]
                         h[1] = dec
                         self.late.append((h[0], dec, t_s))
-        self.history.append([t_s, result])
+        self.history.append([t_s, result, rescore])
         return result

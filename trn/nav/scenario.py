@@ -489,11 +489,14 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     with no position prior (:func:`trn.nav.lost.frame_hypotheses`, then :class:`trn.nav.lost.WindowFixer`
     over the frames in time order): the star tracker's attitude and the altimeter as
     :class:`SensorModel` draws them, the Sun of the frame's epoch, the box centres with the same
-    noise as map navigation. With ``cfg.candidates > 0`` the candidates are the descriptor's best
-    (``emb`` and the descriptor map ``omap``, whose craters ``cmap`` must list in the same order).
+    noise as map navigation. With ``cfg.candidates > 0`` the candidates are the descriptor's best,
+    and with ``cfg.descriptor_nats`` each assigned detection carries the descriptor's evidence
+    (both need ``emb`` and the descriptor map ``omap``, whose craters ``cmap`` must list in the
+    same order).
     Per frame: detections, declared or not and why, frames the fix needed, the fix's error and
     sigma, candidates and hypotheses examined, score, time; summaries by detections per frame (a
     declared fix farther than 2 km from the truth is a wrong fix)."""
+    import functools
     import time
 
     from trn.nav.lost import LostConfig, Sigmas, VisibilityRule, WindowFixer, frame_hypotheses
@@ -505,9 +508,10 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     flat = frame_detections(ds, s)
     sims = None
     embed_search_s = 0.0
-    if cfg.candidates > 0:
+    if cfg.uses_descriptor:
         if emb is None or omap is None:
-            raise ConfigError("lost-in-space candidates from the descriptor need a descriptor map (--map) and a model")
+            raise ConfigError("lost-in-space candidates or evidence from the descriptor need a descriptor map (--map) "
+                              "and a model")
         if [int(c) for c in omap.ids] != [int(c) for c in cmap.ids]:
             raise DataError("the descriptor map and the lost-in-space map list different craters")
         t0 = time.perf_counter()
@@ -540,9 +544,10 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         radius = float(np.linalg.norm(truth)) + rng.normal(0.0, sensors.altimeter_sigma_km)
         sun = np.asarray(ds.metadata.frames[fr]["sun_dir_body"], np.float64)
         t1 = time.perf_counter()
-        alone = frame_hypotheses(boxes, rot_est, radius, sun, cam, cmap, sig, cfg, rule,
-                                 None if sims is None else sims[ks])
-        fx = window.add(float(t_all[fr]), radius, alone)
+        inputs = (boxes, rot_est, radius, sun, cam, cmap, sig, cfg, rule, None if sims is None else sims[ks])
+        alone = frame_hypotheses(*inputs)
+        fx = window.add(float(t_all[fr]), radius, alone,
+                        functools.partial(frame_hypotheses, *inputs) if cfg.search_near_declared else None)
         ms = (time.perf_counter() - t1) * 1e3
         rows.append({"frame": int(fr), "time_s": float(t_all[fr]), "detections": len(ks),
                      "in_map": int(np.isin([int(flat[k].label) for k in ks], cmap.ids).sum()),

@@ -224,7 +224,7 @@ def declined_summary(declined: list[dict], examples: int = 12) -> dict:
 def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, square: bool = False) -> np.ndarray:
     """Preprocessed, augmented crops float32 [N, size, size] in detection order: the boxes (the
     protocol's crops), or with ``square`` the squares centred on them with their longer side
-    (:func:`trn.nav.appearance.square_crop`; the map queries)."""
+    (:func:`trn.data.crops.square_crop`; the map queries)."""
     crops, cache = [], {}
     for d in dets:
         if d.frame not in cache:
