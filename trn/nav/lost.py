@@ -41,6 +41,13 @@ candidates.
    with the position it declared. The report says how many frames a fix needed.
 7. **Late fixes** (``late``). A declared frame decides in the same way the undecided earlier frames
    of its window; such a fix is declared at the later frame's time, and the report gives its delay.
+
+Two options are measured on validation and off by default, because each one declared more wrong
+fixes there (``docs/lost_in_space.md``, third round):
+- the descriptor's evidence for each assigned detection (``descriptor_similarity`` /
+  ``descriptor_nats``);
+- a second search of an undecided frame where the window's declared frames predict it
+  (``search_near_declared``).
 """
 
 from __future__ import annotations
