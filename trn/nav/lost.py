@@ -490,8 +490,9 @@ def predicted_view(fr: _Frame, cmap: CraterMap, p: np.ndarray, rim_points_n: int
 
 def score(fr: _Frame, cmap: CraterMap, p: np.ndarray) -> tuple[float, list[tuple[int, int]], dict, dict, dict]:
     """Log-likelihood ratio of position ``p`` against "all detections are clutter" (module
-    docstring; with the descriptor's evidence of each assigned pair when it is on), with its assignment: (llr, pairs, per-row contributions, per-row misses, per pair
-    the detection's corrected centre px). A detection is compared with a predicted crater box to
+    docstring; with the descriptor's evidence of each assigned pair when it is on), with its
+    assignment: (llr, pairs, per-row contributions, per-row misses, per pair the detection's
+    corrected centre px). A detection is compared with a predicted crater box to
     box (centre and longer side of both, both clipped to the frame as the rule clips them); its
     corrected centre is its box centre moved by the predicted offset between the crater centre's
     projection and the predicted box's centre (perspective, foreshortening and the frame edge)."""
@@ -776,12 +777,11 @@ class WindowFixer:
         sigma = math.hypot(s_fix, math.sqrt(2.0) * s_fix * abs(dt) / span)
         return p, 4.0 * sigma + 1.0
 
-    def _searched_near(self, fix: LostFix, rescore, declared: list[tuple[float, LostFix]], t_s: float) -> LostFix:
-        """``fix`` with the hypotheses of its frame searched again where the ``declared`` (time,
-        fix) frames of the window predict the spacecraft at ``t_s`` (:meth:`_predicted`); only
-        hypotheses within the prediction's gate are added."""
-        pred = self._predicted(declared, t_s) if rescore is not None and self.cfg.search_near_declared else None
-        if pred is None:
+    def _searched_near(self, fix: LostFix, rescore, pred: tuple[np.ndarray, float] | None) -> LostFix:
+        """``fix`` with the hypotheses of its frame searched again (``rescore``) where the window
+        predicts the spacecraft (``pred``, :meth:`_predicted`); only hypotheses within the
+        prediction's gate are added."""
+        if rescore is None or pred is None:
             return fix
         p, gate = pred
         local = rescore([(p, gate)])
@@ -803,19 +803,19 @@ class WindowFixer:
             combos = [c for t_e, earlier, _ in self.history for c in self._combos(fix, earlier, t_s - t_e, radius_km)]
             result = self._decide(fix, combos, pred) or fix
             if not result.declared and rescore is not None and pred is not None and fix.reason not in REASONS[2:4]:
-                wider = self._searched_near(fix, rescore, declared, t_s)
+                wider = self._searched_near(fix, rescore, pred)
                 combos = [c for t_e, e, _ in self.history for c in self._combos(wider, e, t_s - t_e, radius_km)]
                 result = self._decide(wider, combos, pred) or wider
         if result.declared and cfg.late and cfg.window_s > 0:
             for h in self.history:
                 if not h[1].declared and (h[1].best or h[2] is not None) and h[1].reason not in REASONS[2:4]:
-                    declared = [(t_s, result)]
+                    declared, pred = [(t_s, result)], None
                     if cfg.search_near_declared:  # every declared frame of the window, not only this one
                         declared = [(t_e, e) for t_e, e, _ in self.history if e.declared] + declared
-                    earlier = self._searched_near(h[1], h[2], declared, h[0])
+                        pred = self._predicted(declared, h[0])
+                    earlier = self._searched_near(h[1], h[2], pred)
                     dec = self._decide(earlier, [c for t_e, e in declared
-                                                 for c in self._combos(earlier, e, h[0] - t_e, radius_km)],
-                                       self._predicted(declared, h[0]) if cfg.search_near_declared else None)
+                                                 for c in self._combos(earlier, e, h[0] - t_e, radius_km)], pred)
                     if dec is not None:
                         dec.reason = REASONS[9]
                         h[1] = dec
