@@ -114,6 +114,10 @@ class LostConfig:
         declared frames predict it, and a window's fix must lie within that prediction's gate
         (:class:`WindowFixer`). Off by default: on validation it fixed more frames and more of them
         wrongly (docs/lost_in_space.md).
+    fuse_declared: a declared fix is refined with the fixes declared earlier in the window (a fix
+        declared late, with those on both sides of it): one position and velocity, bent by central
+        gravity, fitted to all of them (:func:`fuse_fixes`); at least 3 fixes spanning 10 s, each
+        within a 4-sigma gate.
     """
 
     candidates: int = 0
@@ -138,6 +142,7 @@ class LostConfig:
     speed_band: tuple[float, float] = (0.6, 1.45)
     late: bool = True
     search_near_declared: bool = False
+    fuse_declared: bool = True
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> None:
@@ -690,6 +695,59 @@ def decide(scored: list[Hypothesis], cfg: LostConfig, hypotheses: int = 0, candi
                    **out)
 
 
+def _gravity(p: np.ndarray) -> np.ndarray:
+    return -MU_KM3_S2 * p / float(np.linalg.norm(p)) ** 3
+
+
+def fuse_fixes(fixes: list[tuple[float, np.ndarray, np.ndarray]], t_s: float, gate_sigma: float = 4.0,
+               own: int = -1) -> tuple[np.ndarray, np.ndarray, int] | None:
+    """Position fixes (time s, position [3] km, covariance [3, 3] km^2) of one pass, ``fixes[own]``
+    at ``t_s`` (the last by default), fused into the position at ``t_s``: a position and a velocity fitted by weighted least
+    squares to p(t) = p + v (t - t_s) + g (t - t_s)^2 / 2 (g: central gravity at the last fix; its
+    turning over a minute costs under 20 m, tested). While the worst normalised residual lies beyond
+    ``gate_sigma``, that fix is dropped and the fit repeated (one wrong fix pulls the others'
+    residuals too); if the worst is the fix at ``t_s`` itself, nothing is fused. Returns (position, covariance, fixes used), or None with fewer than 3 fixes
+    or a span under 10 s. The fixes' errors are taken as independent: right for the box noise,
+    not for the map's own position errors, which every frame of the same craters shares."""
+    if len(fixes) < 3:
+        return None
+    own = own % len(fixes) if fixes else 0
+    g = _gravity(fixes[own][1] if fixes else np.ones(3))
+    use = np.ones(len(fixes), bool)
+    while True:
+        ts = np.array([f[0] for f in fixes])[use]
+        if len(ts) < 3 or ts.max() - ts.min() < 10.0:
+            return None
+        a = np.zeros((6, 6))
+        y = np.zeros(6)
+        for (t, p, c), ok in zip(fixes, use):
+            if not ok:
+                continue
+            dt = t - t_s
+            h = np.hstack([np.eye(3), dt * np.eye(3)])
+            w = np.linalg.inv(c)
+            a += h.T @ w @ h
+            y += h.T @ w @ (p - 0.5 * g * dt * dt)
+        try:
+            cov6 = np.linalg.inv(a)
+        except np.linalg.LinAlgError:
+            return None
+        x = cov6 @ y
+        chi2 = np.full(len(fixes), -1.0)
+        for i, (t, p, c) in enumerate(fixes):
+            if use[i]:
+                r = p - (x[:3] + x[3:] * (t - t_s) + 0.5 * g * (t - t_s) ** 2)
+                chi2[i] = r @ np.linalg.solve(c, r)
+        worst = int(np.argmax(chi2))
+        if chi2[worst] <= gate_sigma ** 2:
+            break
+        if worst == own:
+            return None  # the fix to refine disagrees with the others: leave it as it is
+        use[worst] = False  # the worst first: one wrong fix pulls the others' residuals too
+    cov = (cov6[:3, :3] + cov6[:3, :3].T) / 2.0
+    return x[:3], cov, int(use.sum())
+
+
 def circular_speed_km_s(radius_km: float) -> float:
     return math.sqrt(MU_KM3_S2 / radius_km)
 
@@ -713,7 +771,9 @@ class WindowFixer:
 
     def __init__(self, cfg: LostConfig | None = None):
         self.cfg = cfg or LostConfig()
-        self.history: list[list] = []  # [time s, fix as returned or declared late, rescore or None]
+        # [time s, fix as returned or declared late, rescore or None, (position, covariance) as
+        # declared before any fusion, or None]
+        self.history: list[list] = []
         self.late: list[tuple[float, LostFix, float]] = []
 
     def _combos(self, fix: LostFix, other: LostFix, dt: float, radius_km: float) -> list[Hypothesis]:
@@ -766,13 +826,10 @@ class WindowFixer:
             return None
         (t_n, near) = min(declared, key=lambda d: abs(t_s - d[0]))
 
-        def grav(p: np.ndarray) -> np.ndarray:
-            return -MU_KM3_S2 * p / float(np.linalg.norm(p)) ** 3
-
-        v = (f1.position - f0.position) / span - 0.5 * grav(f0.position) * span  # velocity at t0
+        v = (f1.position - f0.position) / span - 0.5 * _gravity(f0.position) * span  # velocity at t0
         dt = t_s - t_n
-        v_n = v + grav(f0.position) * (t_n - t0)
-        p = near.position + v_n * dt + 0.5 * grav(near.position) * dt * dt
+        v_n = v + _gravity(f0.position) * (t_n - t0)
+        p = near.position + v_n * dt + 0.5 * _gravity(near.position) * dt * dt
         s_fix = max(math.sqrt(float(np.trace(f.cov)) / 3.0) for f in (f0, f1, near))
         sigma = math.hypot(s_fix, math.sqrt(2.0) * s_fix * abs(dt) / span)
         return p, 4.0 * sigma + 1.0
@@ -798,27 +855,37 @@ class WindowFixer:
         self.history = [h for h in self.history if 0 < t_s - h[0] <= cfg.window_s]
         result = fix
         if not fix.declared and cfg.window_s > 0:
-            declared = [(t_e, e) for t_e, e, _ in self.history if e.declared]
+            declared = [(t_e, e) for t_e, e, *_ in self.history if e.declared]
             pred = self._predicted(declared, t_s) if cfg.search_near_declared else None
-            combos = [c for t_e, earlier, _ in self.history for c in self._combos(fix, earlier, t_s - t_e, radius_km)]
+            combos = [c for t_e, earlier, *_ in self.history for c in self._combos(fix, earlier, t_s - t_e, radius_km)]
             result = self._decide(fix, combos, pred) or fix
             if not result.declared and rescore is not None and pred is not None and fix.reason not in REASONS[2:4]:
                 wider = self._searched_near(fix, rescore, pred)
-                combos = [c for t_e, e, _ in self.history for c in self._combos(wider, e, t_s - t_e, radius_km)]
+                combos = [c for t_e, e, *_ in self.history for c in self._combos(wider, e, t_s - t_e, radius_km)]
                 result = self._decide(wider, combos, pred) or wider
+        raw = (result.position, result.cov) if result.declared else None
+        if result.declared and cfg.fuse_declared:  # on the fixes as declared, never on fused ones
+            fused = fuse_fixes([(h[0], *h[3]) for h in self.history if h[3] is not None] + [(t_s, *raw)], t_s)
+            if fused is not None:
+                result.position, result.cov = fused[0], fused[1]
         if result.declared and cfg.late and cfg.window_s > 0:
             for h in self.history:
                 if not h[1].declared and (h[1].best or h[2] is not None) and h[1].reason not in REASONS[2:4]:
                     declared, pred = [(t_s, result)], None
                     if cfg.search_near_declared:  # every declared frame of the window, not only this one
-                        declared = [(t_e, e) for t_e, e, _ in self.history if e.declared] + declared
+                        declared = [(t_e, e) for t_e, e, *_ in self.history if e.declared] + declared
                         pred = self._predicted(declared, h[0])
                     earlier = self._searched_near(h[1], h[2], pred)
                     dec = self._decide(earlier, [c for t_e, e in declared
                                                  for c in self._combos(earlier, e, h[0] - t_e, radius_km)], pred)
                     if dec is not None:
                         dec.reason = REASONS[9]
-                        h[1] = dec
+                        h[1], h[3] = dec, (dec.position, dec.cov)
+                        if cfg.fuse_declared:  # declared late: the fixes on both sides of it are known
+                            others = [(e[0], *e[3]) for e in self.history if e[3] is not None and e is not h]
+                            fused = fuse_fixes(others + [(t_s, *raw), (h[0], *h[3])], h[0])
+                            if fused is not None:
+                                dec.position, dec.cov = fused[0], fused[1]
                         self.late.append((h[0], dec, t_s))
-        self.history.append([t_s, result, rescore])
+        self.history.append([t_s, result, rescore, raw])
         return result
