@@ -702,17 +702,18 @@ def _gravity(p: np.ndarray) -> np.ndarray:
 def fuse_fixes(fixes: list[tuple[float, np.ndarray, np.ndarray]], t_s: float, gate_sigma: float = 4.0,
                own: int = -1) -> tuple[np.ndarray, np.ndarray, int] | None:
     """Position fixes (time s, position [3] km, covariance [3, 3] km^2) of one pass, ``fixes[own]``
-    at ``t_s`` (the last by default), fused into the position at ``t_s``: a position and a velocity fitted by weighted least
-    squares to p(t) = p + v (t - t_s) + g (t - t_s)^2 / 2 (g: central gravity at the last fix; its
-    turning over a minute costs under 20 m, tested). While the worst normalised residual lies beyond
-    ``gate_sigma``, that fix is dropped and the fit repeated (one wrong fix pulls the others'
-    residuals too); if the worst is the fix at ``t_s`` itself, nothing is fused. Returns (position, covariance, fixes used), or None with fewer than 3 fixes
-    or a span under 10 s. The fixes' errors are taken as independent: right for the box noise,
-    not for the map's own position errors, which every frame of the same craters shares."""
+    at ``t_s`` (the last by default), fused into the position at ``t_s``: a position and a velocity
+    fitted by weighted least squares to p(t) = p + v (t - t_s) + g (t - t_s)^2 / 2 (g: central
+    gravity at ``fixes[own]``; its turning over a minute costs under 20 m, tested). While the worst
+    normalised residual lies beyond ``gate_sigma``, that fix is dropped and the fit repeated (one
+    wrong fix pulls the others' residuals too); if the worst is ``fixes[own]`` itself, nothing is
+    fused. Returns (position, covariance, fixes used), or None with fewer than 3 fixes or a span
+    under 10 s. The fixes' errors are taken as independent (docs/lost_in_space.md says when they
+    are not)."""
     if len(fixes) < 3:
         return None
-    own = own % len(fixes) if fixes else 0
-    g = _gravity(fixes[own][1] if fixes else np.ones(3))
+    own %= len(fixes)
+    g = _gravity(fixes[own][1])
     use = np.ones(len(fixes), bool)
     while True:
         ts = np.array([f[0] for f in fixes])[use]
