@@ -262,11 +262,12 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
                 from trn.nav.onboard_map import descriptor_crater_map
 
                 omap = onboard(emb)
-                lis = lost_in_space_fixes(dsk, descriptor_crater_map(omap), sk, cfg=lost_cfg, box_sigma_px=sigma,
-                                          seed=sk.seed, emb=emb, omap=omap)
+                dmap = descriptor_crater_map(omap)
+                lis = lost_in_space_fixes(dsk, dmap, sk, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed, emb=emb,
+                                          omap=omap)
                 lis |= {"boxes": summary, "map": f"descriptor map {args.map or 'built from the dataset'}"}
                 _print_lost_fixes(name, lis)
-                _draw_lost(dsk, descriptor_crater_map(omap), lis, out / f"lost_in_space__{emb.name}_{kind}_boxes.jpg")
+                _draw_lost(dsk, dmap, lis, out / f"lost_in_space__{emb.name}_{kind}_boxes.jpg")
                 lis_doc[name] = lis
             if "map_navigation" not in which:
                 continue

@@ -361,9 +361,10 @@ class _Frame:
     sims: np.ndarray | None = None  # [n, M] descriptor similarities to the map's craters
 
     def evidence(self, j: np.ndarray | int, rows: np.ndarray) -> np.ndarray:
-        """The descriptor's evidence (nats) that detections ``j`` are map craters ``rows``."""
+        """The descriptor's evidence (nats) that detections ``j`` are map craters ``rows``: a
+        read-only zero view when it is off (no allocation on the per-hypothesis path)."""
         if self.sims is None or not self.cfg.descriptor_nats:
-            return np.zeros(np.shape(rows))
+            return np.broadcast_to(0.0, np.shape(rows))
         return self.cfg.descriptor_llr(self.sims[j, rows])
 
     def log_size(self, j: np.ndarray, d_km: np.ndarray, range_km: np.ndarray) -> np.ndarray:

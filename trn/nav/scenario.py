@@ -430,11 +430,12 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     (:class:`ColdStart`)."""
     sensors = sensors or SensorModel()
     cold = None
+    flat, sims = map_matches(ds, emb, omap, s)
     if cold_start:
         from trn.nav.onboard_map import descriptor_crater_map
 
         lis = lost_in_space_fixes(ds, lis_map if lis_map is not None else descriptor_crater_map(omap), s, sensors,
-                                  lost_cfg, box_sigma_px, s.seed, emb=emb, omap=omap)
+                                  lost_cfg, box_sigma_px, s.seed, emb=emb, omap=omap, matches=(flat, sims))
         frame_at = {float(x): k for k, x in enumerate(frame_times(ds))}
         late: dict[int, list] = {}
         for r in lis["frames"]:
@@ -443,7 +444,6 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
                     (r["time_s"], np.array(r["position_km"]), np.array(r["cov_km2"])))
         cold = ColdStart({r["frame"]: (np.array(r["position_km"]), np.array(r["cov_km2"]))
                           for r in lis["frames"] if r["declared"] and r["delay_s"] == 0}, late, velocity=cold_velocity)
-    flat, sims = map_matches(ds, emb, omap, s)
     before = len(flat)
     if gate is not None:
         if not 0.0 < gate <= 2.0:
@@ -484,7 +484,8 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
 
 
 def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None = None, cfg=None,
-                        box_sigma_px: float | None = None, seed: int = 0, emb=None, omap=None) -> dict:
+                        box_sigma_px: float | None = None, seed: int = 0, emb=None, omap=None,
+                        matches: tuple[list, np.ndarray] | None = None) -> dict:
     """Every frame's lost-in-space fix against the whole map ``cmap`` (:class:`trn.nav.lost.CraterMap`),
     with no position prior (:func:`trn.nav.lost.frame_hypotheses`, then :class:`trn.nav.lost.WindowFixer`
     over the frames in time order): the star tracker's attitude and the altimeter as
@@ -492,8 +493,9 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     noise as map navigation. With ``cfg.candidates > 0`` the candidates are the descriptor's best,
     and with ``cfg.descriptor_nats`` each assigned detection carries the descriptor's evidence
     (both need ``emb`` and the descriptor map ``omap``, whose craters ``cmap`` must list in the
-    same order).
-    Per frame: detections, declared or not and why, frames the fix needed, the fix's error and
+    same order). ``matches``: the detections and their similarities to ``omap``, when the caller
+    has them already (:func:`map_matches`; map navigation's cold start), so nothing is embedded
+    twice. Per frame: detections, declared or not and why, frames the fix needed, the fix's error and
     sigma, candidates and hypotheses examined, score, time; summaries by detections per frame (a
     declared fix farther than 2 km from the truth is a wrong fix)."""
     import functools
@@ -505,18 +507,21 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     cfg = cfg or LostConfig()
     if ds.poses is None or ds.metadata is None or not ds.metadata.camera or len(ds.metadata.frames) != len(ds.poses):
         raise DataError("lost-in-space fixes need poses and metadata.json (camera, frame epochs and Sun)", ds.root)
-    flat = frame_detections(ds, s)
+    flat = frame_detections(ds, s) if matches is None else matches[0]
     sims = None
-    embed_search_s = 0.0
+    embed_search_s = 0.0  # stays 0 when the similarities come with ``matches``
     if cfg.uses_descriptor:
         if emb is None or omap is None:
             raise ConfigError("lost-in-space candidates or evidence from the descriptor need a descriptor map (--map) "
                               "and a model")
         if [int(c) for c in omap.ids] != [int(c) for c in cmap.ids]:
             raise DataError("the descriptor map and the lost-in-space map list different craters")
-        t0 = time.perf_counter()
-        _, sims = map_matches(ds, emb, omap, s, flat)
-        embed_search_s = time.perf_counter() - t0
+        if matches is not None:
+            sims = matches[1]
+        else:
+            t0 = time.perf_counter()
+            _, sims = map_matches(ds, emb, omap, s, flat)
+            embed_search_s = time.perf_counter() - t0
     cam = dataset_camera(ds)
     pix = detector_pixel_sigma(s.shift_px, s.shrink_px, sensors.pixel_sigma) if box_sigma_px is None \
         else float(np.hypot(box_sigma_px, sensors.pixel_sigma))
