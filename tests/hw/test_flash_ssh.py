@@ -114,7 +114,8 @@ def test_a_tampered_previous_bundle_is_never_made_live_over_ssh(sshd, tmp_path):
     flash(a, target)
     flash(b, target)
     f = live(root, PREVIOUS) / "model.onnx"
-    f.write_bytes(b"x" + f.read_bytes()[1:])
+    data = f.read_bytes()
+    f.write_bytes(bytes([data[0] ^ 1]) + data[1:])  # a flipped bit; never a no-op
     with pytest.raises(DataError, match="previous bundle is refused"):
         rollback(target)  # no --pub: the README's form; the board's anchor decides
     assert _files(live(root)) == _files(b)

@@ -163,7 +163,8 @@ def test_status_names_the_anchor_the_counter_and_verifies_both_bundles(board, tm
     assert trust.fingerprint(read_public_key(pubf)) in out and "highest version accepted: 2" in out
     assert "live: m v2" in out and "previous: m v1" in out and out.count("verified with the anchor") == 2
     f = live(root, PREVIOUS) / "model.onnx"
-    f.write_bytes(b"x" + f.read_bytes()[1:])
+    data = f.read_bytes()
+    f.write_bytes(bytes([data[0] ^ 1]) + data[1:])  # a flipped bit; never a no-op
     assert hw(["status", "--to", str(root)]) == 0
     assert "REFUSED" in capsys.readouterr().out
     assert hw(["status", "--to", str(tmp_path / "missing")]) == 2
