@@ -34,6 +34,47 @@ def test_augmented_boxes_still_frame_their_squares():
                 assert inside.mean() > x.mean(), "a transformed box no longer covers its bright square"
 
 
+def test_flags_follow_their_boxes_through_crops_and_turns():
+    img = np.random.default_rng(0).integers(0, 255, (128, 128)).astype(np.uint8)
+    boxes = np.array([[10, 30, 60, 90], [70, 110, 20, 40], [40, 60, 100, 120], [90, 120, 90, 126]], np.float32)
+    flags = np.array([False, True, False, True])
+    kept_any = 0
+    for seed in range(30):
+        x, bx, fl = augment(img, boxes, 96, 4, np.random.default_rng(seed), flags)
+        # the same draw on the unflagged boxes alone gives exactly the boxes flagged False
+        x2, bx2 = augment(img, boxes[~flags], 96, 4, np.random.default_rng(seed))
+        assert len(fl) == len(bx) and np.array_equal(x, x2)
+        assert np.array_equal(bx[~fl], bx2)
+        kept_any += int(fl.sum())
+    assert kept_any > 10
+
+
+def test_an_ignored_box_has_no_peak_and_no_loss_inside():
+    from trn.detect.train import targets
+
+    boxes = np.array([[8, 40, 8, 40], [64, 96, 64, 96]], np.float32)
+    heat, size, off, mask, weight = targets(boxes, 32, np.array([False, True]))
+    assert mask.sum() == 1 and heat[6, 6] == 1.0 and heat[20, 20] < 1e-3  # only the first box's peak
+    assert weight[16:24, 16:24].sum() == 0 and weight[:16, :16].min() == 1.0 and weight.sum() == 32 * 32 - 64
+    h2, s2, o2, m2 = targets(boxes[:1], 32)
+    assert np.array_equal(h2, heat) and np.array_equal(m2, mask)  # the same as if the box were not there
+    logits = torch.zeros(1, 32, 32)
+    w = torch.from_numpy(weight)[None]
+    with_w = focal_loss(logits, torch.from_numpy(heat)[None], w)
+    assert with_w < focal_loss(logits, torch.from_numpy(heat)[None])
+
+
+def test_ignoring_by_relief_needs_a_source_per_directory():
+    with pytest.raises(ConfigError, match="one elevation source per data directory"):
+        DetectTrainConfig(data=("a", "b"), sources=("s",), ignore_relief_below=0.02)
+    with pytest.raises(ConfigError, match="ignore_relief_below"):
+        DetectTrainConfig(data=("a",), ignore_relief_below=1.5)
+    with pytest.raises(ConfigError, match="sources"):
+        DetectTrainConfig.from_dict({"data": ["a"], "sources": "s"})
+    cfg = DetectTrainConfig.from_dict({"data": ["a"], "sources": ["s"], "ignore_relief_below": 0.02})
+    assert cfg.sources == ("s",) and DetectTrainConfig.from_dict(cfg.to_dict()) == cfg
+
+
 def test_focal_loss_ignores_negatives_where_told():
     heat = torch.zeros(2, 4, 4)
     heat[:, 1, 1] = 1.0

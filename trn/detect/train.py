@@ -7,6 +7,13 @@ cells), the log of its width and height in cells and its sub-cell centre offset 
 Loss: the penalty-reduced focal loss (alpha 2, beta 4) on the heat map, L1 on size and offset at
 the peak cells, each normalised by the number of boxes.
 
+Labels a frame cannot show: with ``ignore_relief_below`` set (and each data directory's elevation
+source in ``sources``), a labelled crater whose relief (depth / diameter, :func:`trn.data.detection.
+crater_relief`) in the elevation the frames were rendered from is below it is neither a positive
+nor a negative: no peak, and no loss inside its box. The catalogues list craters seen in images
+and topography finer than our elevation model; such a crater is flat in the render, and teaching the
+network to fire on flat ground costs precision elsewhere. Evaluation still counts every label.
+
 Augmentations, for real imaging and not only for our renderer: the eight flips and quarter turns,
 scale 0.75-1.33 and a random crop, gain (exposure) 0.5-1.6 with saturation, gamma 0.6-1.6,
 Gaussian blur (sigma up to 1.5 px), Gaussian read noise (up to 4 % of full scale) and a
@@ -61,6 +68,8 @@ class DetectTrainConfig:
     size_weight: float = 1.0
     offset_weight: float = 1.0
     min_box: int = 6
+    sources: tuple[str, ...] = ()
+    ignore_relief_below: float = 0.0
     seed: int = 0
     threads: int = 2
 
@@ -77,10 +86,18 @@ class DetectTrainConfig:
                               "expected 0 < lr < 1, weight_decay >= 0, 0 <= min_lr_ratio <= 1")
         if not 1 <= self.threads <= 256:
             raise ConfigError(f"threads={self.threads}: expected 1 to 256")
+        if not 0.0 <= self.ignore_relief_below < 1.0:
+            raise ConfigError(f"ignore_relief_below={self.ignore_relief_below}: expected 0 (off) to below 1 "
+                              "(depth / diameter)")
+        if self.ignore_relief_below and len(self.sources) != len(self.data):
+            raise ConfigError(f"ignore_relief_below={self.ignore_relief_below} needs one elevation source per data "
+                              f"directory in sources (got {len(self.sources)} for {len(self.data)}), e.g. "
+                              "../shared/data/moon or a built-in world's .world")
 
     def to_dict(self) -> dict:
         d = asdict(self)
         d["data"] = list(self.data)
+        d["sources"] = list(self.sources)
         d["model"] = self.model.to_dict()
         return d
 
@@ -91,9 +108,13 @@ class DetectTrainConfig:
         d = dict(d)
         data = d.pop("data", None)
         model = d.pop("model", {})
+        sources = d.pop("sources", [])
         if not isinstance(data, list) or not data or not all(isinstance(x, str) and x for x in data):
             raise ConfigError(f"data={data!r}: expected a list of detector data directories")
-        return cls(data=tuple(data), model=DetectorConfig.from_dict(model), **strict_fields(cls, "training", d))
+        if not isinstance(sources, list) or not all(isinstance(x, str) and x for x in sources):
+            raise ConfigError(f"sources={sources!r}: expected a list of elevation sources, one per data directory")
+        return cls(data=tuple(data), model=DetectorConfig.from_dict(model), sources=tuple(sources),
+                   **strict_fields(cls, "training", d))
 
 
 @dataclass
@@ -101,22 +122,33 @@ class FrameSet:
     """Frames resized to the network input: images uint8 [N, S, S]; boxes per frame float32 [k, 4]
     (l, r, t, b) px of the network input; frames: their labels; complete: bool [N], the union
     catalogue covers every size over the whole frame (poleward of the small-crater catalogue's
-    band, small craters are real but unlabelled, so such a frame supervises only its boxes)."""
+    band, small craters are real but unlabelled, so such a frame supervises only its boxes);
+    ignore: per frame bool [k], the box is neither a positive nor a negative (module docstring)."""
 
     images: np.ndarray
     boxes: list[np.ndarray]
     frames: list[LabelledFrame]
     shapes: list[tuple[int, int]]
     complete: np.ndarray
+    ignore: list[np.ndarray]
 
 
-def load_frames(dirs: tuple[str, ...] | list[str], split: str, size: int, limit: int | None = None) -> FrameSet:
-    imgs, boxes, frames, shapes, complete = [], [], [], [], []
-    for d in dirs:
+def load_frames(dirs: tuple[str, ...] | list[str], split: str, size: int, limit: int | None = None,
+                sources: tuple[str, ...] = (), ignore_relief_below: float = 0.0) -> FrameSet:
+    """The ``split`` frames of ``dirs``; with ``ignore_relief_below``, each box whose crater's relief
+    in ``sources`` (one per directory) is below it is flagged to be ignored."""
+    imgs, boxes, frames, shapes, complete, ignore = [], [], [], [], [], []
+    for j, d in enumerate(dirs):
         labels = read_labels(d)
         band = labels.rule().small_max_abs_lat
         chosen = labels.split(split)
-        for f in tqdm(chosen[:limit] if limit else chosen, desc=f"load {Path(d).name} {split}", unit="frame",
+        chosen = chosen[:limit] if limit else chosen
+        relief = None
+        if ignore_relief_below:
+            from trn.data.detection import label_relief
+
+            relief = label_relief(chosen, sources[j], labels.rule())
+        for f in tqdm(chosen, desc=f"load {Path(d).name} {split}", unit="frame",
                       disable=None, mininterval=2.0):
             img = labels.load(f.frame)
             h, w = img.shape
@@ -126,14 +158,16 @@ def load_frames(dirs: tuple[str, ...] | list[str], split: str, size: int, limit:
             frames.append(f)
             shapes.append((h, w))
             complete.append(catalogue_complete(f, band))
+            ignore.append(np.array([relief is not None and relief[x.id] < ignore_relief_below for x in f.boxes], bool))
     if not imgs:
         raise DataError(f"no {split} frames in {list(dirs)}; build detector data with trn-detect build")
-    return FrameSet(np.stack(imgs), boxes, frames, shapes, np.array(complete, bool))
+    return FrameSet(np.stack(imgs), boxes, frames, shapes, np.array(complete, bool), ignore)
 
 
-def augment(img: np.ndarray, boxes: np.ndarray, crop: int, min_box: int, rng: np.random.Generator
-            ) -> tuple[np.ndarray, np.ndarray]:
-    """One training sample: float32 [crop, crop] standardised and its boxes [k, 4] (see module)."""
+def augment(img: np.ndarray, boxes: np.ndarray, crop: int, min_box: int, rng: np.random.Generator,
+            flags: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """One training sample: float32 [crop, crop] standardised and its boxes [k, 4] (see module);
+    with ``flags`` (one per input box) also the flags of the boxes kept, in their order."""
     a = img.astype(np.float32)
     b = boxes.copy()
     s = float(np.exp(rng.uniform(math.log(0.75), math.log(4 / 3))))
@@ -146,8 +180,10 @@ def augment(img: np.ndarray, boxes: np.ndarray, crop: int, min_box: int, rng: np
     cx, cy = (b[:, 0] + b[:, 1]) / 2 - x0, (b[:, 2] + b[:, 3]) / 2 - y0
     b = b - np.array([x0, x0, y0, y0], np.float32)
     inside = (cx >= 0) & (cx < crop) & (cy >= 0) & (cy < crop)
+    kept = np.nonzero(inside)[0]
     b = np.clip(b[inside], 0, crop)
-    b = b[(b[:, 1] - b[:, 0] >= min_box) & (b[:, 3] - b[:, 2] >= min_box)]
+    big = (b[:, 1] - b[:, 0] >= min_box) & (b[:, 3] - b[:, 2] >= min_box)
+    b, kept = b[big], kept[big]
     # the dihedral group: transpose, then flips
     if rng.random() < 0.5:
         a, b = a.T, b[:, [2, 3, 0, 1]]
@@ -165,17 +201,25 @@ def augment(img: np.ndarray, boxes: np.ndarray, crop: int, min_box: int, rng: np
         a = cv2.GaussianBlur(a, (0, 0), rng.uniform(0.3, 1.5))
     if rng.random() < 0.7:
         a = a + rng.normal(0, rng.uniform(0, 0.04), a.shape)
-    return standardise((a * 255.0).astype(np.float32)), b.astype(np.float32).reshape(-1, 4)
+    x = standardise((a * 255.0).astype(np.float32)), b.astype(np.float32).reshape(-1, 4)
+    return x if flags is None else (*x, np.asarray(flags, bool)[kept])
 
 
-def targets(boxes: np.ndarray, out: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+def targets(boxes: np.ndarray, out: int, ignore: np.ndarray | None = None
+            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray] | tuple[np.ndarray, ...]:
     """Heat [out, out], size [2, out, out], offset [2, out, out] and the peak mask [out, out] of one
-    sample's boxes (px of the network input)."""
+    sample's boxes (px of the network input). With ``ignore`` (bool per box) also the weight
+    [out, out] of the negative cells: 0 inside an ignored box, which gets no peak."""
     heat = np.zeros((out, out), np.float32)
     size = np.zeros((2, out, out), np.float32)
     off = np.zeros((2, out, out), np.float32)
     mask = np.zeros((out, out), np.float32)
     yy, xx = np.mgrid[0:out, 0:out]
+    if ignore is not None:
+        weight = np.ones((out, out), np.float32)
+        for l, r, t, b in boxes[np.asarray(ignore, bool)]:
+            weight[int(t // STRIDE):int(math.ceil(b / STRIDE)), int(l // STRIDE):int(math.ceil(r / STRIDE))] = 0.0
+        boxes = boxes[~np.asarray(ignore, bool)]
     for l, r, t, b in boxes:
         cx, cy = (l + r) / 2 / STRIDE, (t + b) / 2 / STRIDE
         w, h = (r - l) / STRIDE, (b - t) / STRIDE
@@ -185,19 +229,19 @@ def targets(boxes: np.ndarray, out: int) -> tuple[np.ndarray, np.ndarray, np.nda
         size[:, iy, ix] = np.log(max(w, 1e-3)), np.log(max(h, 1e-3))
         off[:, iy, ix] = cx - ix, cy - iy
         mask[iy, ix] = 1.0
-    return heat, size, off, mask
+    return (heat, size, off, mask) if ignore is None else (heat, size, off, mask, weight)
 
 
 def focal_loss(logits: torch.Tensor, heat: torch.Tensor, negatives: torch.Tensor | None = None) -> torch.Tensor:
     """CenterNet's penalty-reduced focal loss, summed (normalise by the number of peaks).
-    logits, heat: [N, H, W]; negatives: float [N], the weight of each sample's negative cells
-    (0 where unlabelled craters may lie)."""
+    logits, heat: [N, H, W]; negatives: the weight of the negative cells, float [N] per sample (0
+    where unlabelled craters may lie) or [N, H, W] per cell (0 inside ignored boxes too)."""
     p = torch.sigmoid(logits).clamp(1e-4, 1 - 1e-4)
     pos = heat.eq(1).float()
     pos_loss = -torch.log(p) * (1 - p) ** 2 * pos
     neg_loss = -torch.log(1 - p) * p ** 2 * (1 - heat) ** 4 * (1 - pos)
     if negatives is not None:
-        neg_loss = neg_loss * negatives[:, None, None]
+        neg_loss = neg_loss * (negatives[:, None, None] if negatives.dim() == 1 else negatives)
     return pos_loss.sum() + neg_loss.sum()
 
 
@@ -256,10 +300,11 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
     elif (out / "last.pt").is_file():
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n", encoding="utf-8")
-    train = load_frames(cfg.data, "train", cfg.model.input_size, limit)
-    val = load_frames(cfg.data, "val", cfg.model.input_size, limit)
-    log.info("detector %d parameters; %d training frames (%d boxes), %d validation frames (%d boxes)",
-             parameter_count(model), len(train.frames), sum(len(b) for b in train.boxes), len(val.frames),
+    train = load_frames(cfg.data, "train", cfg.model.input_size, limit, cfg.sources, cfg.ignore_relief_below)
+    val = load_frames(cfg.data, "val", cfg.model.input_size, limit)  # validation counts every label
+    log.info("detector %d parameters; %d training frames (%d boxes, %d ignored for relief below %g), %d validation "
+             "frames (%d boxes)", parameter_count(model), len(train.frames), sum(len(b) for b in train.boxes),
+             sum(int(g.sum()) for g in train.ignore), cfg.ignore_relief_below, len(val.frames),
              sum(len(b) for b in val.boxes))
     steps_per_epoch = max(1, len(train.frames) // cfg.batch_size)
     total, warm = cfg.epochs * steps_per_epoch, cfg.warmup_epochs * steps_per_epoch
@@ -273,15 +318,15 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
         sums: dict[str, float] = {}
         for k in tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}", disable=None, mininterval=5.0):
             idx = order[k * cfg.batch_size:(k + 1) * cfg.batch_size]
-            xs, hs, ss, os_, ms = [], [], [], [], []
+            xs, hs, ss, os_, ms, ws = [], [], [], [], [], []
             for i in idx:
-                x, b = augment(train.images[i], train.boxes[i], cfg.crop, cfg.min_box, rng)
-                h, s, of, m = targets(b, o)
-                xs.append(x), hs.append(h), ss.append(s), os_.append(of), ms.append(m)
+                x, b, g = augment(train.images[i], train.boxes[i], cfg.crop, cfg.min_box, rng, train.ignore[i])
+                h, s, of, m, w = targets(b, o, g)
+                xs.append(x), hs.append(h), ss.append(s), os_.append(of), ms.append(m), ws.append(w)
             for g in opt.param_groups:
                 g["lr"] = cfg.lr * lr_factor(epoch * steps_per_epoch + k, total, warm, "cosine", cfg.min_lr_ratio)
             outp = model(torch.from_numpy(np.stack(xs))[:, None])
-            neg = torch.from_numpy(train.complete[idx].astype(np.float32))
+            neg = torch.from_numpy(train.complete[idx].astype(np.float32)[:, None, None] * np.stack(ws))
             loss, parts = detection_loss(outp, *(torch.from_numpy(np.stack(v)) for v in (hs, ss, os_, ms)), neg, cfg)
             opt.zero_grad(set_to_none=True)
             loss.backward()
