@@ -92,6 +92,24 @@ def test_ransac_rejects_a_planted_wrong_match():
     assert ransac_bearings(wrong[[0, 2]], b[[0, 2]], sigma, 0.0) is None
 
 
+def test_two_boxes_of_one_crater_never_make_a_fix_or_a_nan(recwarn):
+    """A detector may box one crater twice; both boxes matched to it cross at the crater itself,
+    which is no position. The pair is skipped, the residuals stay finite, no warning."""
+    p, rot, px, lm = scene(4, seed=5)
+    px2 = np.vstack([px, px[:1] + 3.0])  # a second, slightly shifted box of landmark 0
+    lm2 = np.vstack([lm, lm[:1]])
+    b = pixel_bearings(px2, CAM, rot)
+    sigma = angular_sigma(CAM, 1.0, 1.0)
+    alone = ransac_bearings(lm2[[0, 4]], b[[0, 4]], sigma, 0.3)
+    assert alone is None
+    fix = ransac_bearings(lm2, b, sigma, 0.3, rng=np.random.default_rng(0))
+    assert fix is not None and np.linalg.norm(fix.position - p) < 1.0  # the 3 px duplicate is within the noise
+    from trn.nav.fix import residual_sigmas, residuals
+
+    assert np.isfinite(residuals(lm, b[:4], lm[0])).all() and np.isfinite(residual_sigmas(lm, lm[0], sigma, 0.3)).all()
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+
+
 def test_pnp_with_ransac_recovers_pose_and_rejects_outliers():
     p, rot, px, lm = scene(10, seed=4)
     bad = px.copy()

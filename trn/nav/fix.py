@@ -62,13 +62,13 @@ def _normal(landmarks: np.ndarray, b: np.ndarray, w: np.ndarray) -> tuple[np.nda
 def residuals(landmarks: np.ndarray, b: np.ndarray, p: np.ndarray) -> np.ndarray:
     """Angle (radians) between each line of sight and the direction from ``p`` to its landmark."""
     d = landmarks - p
-    d /= np.linalg.norm(d, axis=1, keepdims=True)
+    d /= np.maximum(np.linalg.norm(d, axis=1, keepdims=True), 1e-9)  # a landmark at p: pi/2 or 0, never NaN
     return np.arccos(np.clip(np.einsum("ij,ij->i", d, b), -1.0, 1.0))
 
 
 def residual_sigmas(landmarks: np.ndarray, p: np.ndarray, sigma_rad: float, landmark_sigma_km: float) -> np.ndarray:
     """Angular sigma of each bearing's residual at ``p`` (the map's position error seen from p)."""
-    r = np.linalg.norm(landmarks - p, axis=1)
+    r = np.maximum(np.linalg.norm(landmarks - p, axis=1), 1e-6)
     return np.sqrt(sigma_rad ** 2 + (landmark_sigma_km / r) ** 2)
 
 
@@ -147,6 +147,8 @@ def ransac_bearings(landmarks: np.ndarray, b: np.ndarray, sigma_rad: float, land
         pairs = [pairs[k] for k in pick]
     best: np.ndarray | None = None
     for i, j in pairs:
+        if np.linalg.norm(landmarks[i] - landmarks[j]) < 1e-6:
+            continue  # two boxes of one crater (a detector's duplicate) cross at the crater: no fix
         try:
             p, _ = solve_bearings(landmarks[[i, j]], b[[i, j]], sigma_rad, landmark_sigma_km)
         except DataError:
