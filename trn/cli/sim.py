@@ -83,9 +83,6 @@ def main(argv: list[str] | None = None) -> int:
                     help="map navigation drops, before any search, detections whose box seen from the altimeter's "
                          "height spans less than FACTOR x the map's smallest crater (default: no gate; 1.0 was "
                          "chosen on the detector's validation frames, docs/detector.md)")
-    l1.add_argument("--map-verify", type=float_between(0.0, 1e4, low_open=True), default=None, metavar="KM",
-                    help="map navigation: while the filter's position sigma exceeds KM, a frame's fix needs 3 "
-                         "mutually consistent bearings (a range fix or two bearings wait); default off")
     l1.add_argument("--cold-start", action="store_true", default=None,
                     help="map_navigation with no initial state: the filter starts from the first verified "
                          "lost-in-space fix (and re-initialises from the fixes when it has lost track)")
@@ -276,8 +273,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
                 continue
             omap = onboard(emb)
             rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate, cold_start=bool(args.cold_start),
-                                 cold_velocity=args.cold_velocity or "image", lost_cfg=lost_cfg, lis_map=lis_map,
-                                 verify_sigma_km=args.map_verify)
+                                 cold_velocity=args.cold_velocity or "image", lost_cfg=lost_cfg, lis_map=lis_map)
             rep["boxes"] = summary
             _print_map_navigation(name, rep)
             plot_navigation(rep, out / f"map_navigation__{name.replace(' ', '_')}.png",
@@ -386,7 +382,6 @@ SCENARIO_OPTIONS = (
     ("--lis-min-inliers", "lis_min_inliers", MAP_SCENARIOS),
     ("--lis-map", "lis_map", MAP_SCENARIOS),
     ("--lis-set", "lis_set", MAP_SCENARIOS),
-    ("--map-verify", "map_verify", ("map_navigation",)),
     ("--cold-start", "cold_start", ("map_navigation",)),
     ("--cold-velocity", "cold_velocity", ("map_navigation",)),
     ("--profile", "profile", ("moon_navigation",)),

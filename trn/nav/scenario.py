@@ -172,18 +172,13 @@ def _initial_states(cold: ColdStart, first: tuple | None, t_f: float, z: np.ndar
 
 
 def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, sensors: SensorModel, seed: int = 0,
-             pixel_sigma: float | None = None, matcher=None, cold: ColdStart | None = None,
-             verify_sigma_km: float | None = None, verify_min: int = 3) -> NavResult:
+             pixel_sigma: float | None = None, matcher=None, cold: ColdStart | None = None) -> NavResult:
     """Run the filter along every frame of ``ds`` with the given matches per frame number;
     ``positions(ids)`` gives the map's body-fixed positions [n, 3]. With ``matcher`` the matches
     are made in flight instead: ``matcher(frame, predicted position, its 3x3 covariance,
     estimated attitude)`` returns the frame's matches (:class:`SearchWindow`). With ``cold`` the
     run starts with no state at all (:class:`ColdStart`): until the filter is initialised a frame
-    has no estimate (its error is NaN) and there is no dead-reckoning baseline. ``verify_sigma_km``:
-    while the filter's position sigma (RMS per axis) exceeds it, a frame's fix needs ``verify_min``
-    mutually consistent bearings; a range fix or a smaller consensus waits (``deferred_unverified``):
-    in a wide search window one false detection or two wrong matches that agree can make a fix the
-    gate still accepts, and a filter pulled off by it rejects the right matches after it."""
+    has no estimate (its error is NaN) and there is no dead-reckoning baseline."""
     if ds.poses is None or ds.metadata is None or not ds.metadata.camera:
         raise DataError("map navigation needs poses and metadata.json (camera, frame epochs)", ds.root)
     rng = np.random.default_rng([seed, 13])
@@ -208,7 +203,7 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
     day = np.array([float(m.get("sun_elevation_deg", 0.0)) > 0.0 for m in ds.metadata.frames]) \
         if len(ds.metadata.frames) == n else np.ones(n, bool)
     c = {"matches": 0, "correct_matches": 0, "wrong_matches": 0, "used": 0, "used_wrong": 0, "rejected_ransac": 0,
-         "rejected_gate": 0, "fixes_bearings": 0, "fixes_range": 0, "deferred_unverified": 0,
+         "rejected_gate": 0, "fixes_bearings": 0, "fixes_range": 0,
          # two-body period at the mean true radius: the summary's "converged" is one orbit after the first fix
          "orbit_period_s": float(2 * np.pi * np.sqrt(np.mean(np.linalg.norm(pos, axis=1)) ** 3 / MU_KM3_S2))}
     if cold:
@@ -280,10 +275,6 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
                     used, kind = np.array([0]), "fixes_range"
                 except DataError:
                     fix = None
-            if fix is not None and verify_sigma_km is not None and len(used) < verify_min \
-                    and np.sqrt(np.trace(f.p[:3, :3]) / 3.0) > verify_sigma_km:
-                c["deferred_unverified"] += len(used)
-                fix = None
             if fix is not None:
                 applied, _ = f.update(fix[0], fix[1])
                 if applied:
@@ -425,8 +416,7 @@ def map_size_gate(ds: Luna1Dataset, flat: list, min_km: float, altimeter_sigma_k
 def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None,
                    thresholds: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9, 0.95), n_sigma: float = 3.0,
                    box_sigma_px: float | None = None, gate: float | None = None, cold_start: bool = False,
-                   cold_velocity: str = "image", lost_cfg=None, lis_map=None, verify_sigma_km: float | None = None
-                   ) -> dict:
+                   cold_velocity: str = "image", lost_cfg=None, lis_map=None) -> dict:
     """Navigation with TRN at ``s.threshold`` and at each of ``thresholds``, against dead
     reckoning: each detection matched within its search window (:class:`SearchWindow`).
     Recognition against the whole map (no window) is reported beside it. ``box_sigma_px``: the
@@ -437,9 +427,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     frames' verified lost-in-space fixes (:class:`ColdStart`, :func:`lost_in_space_fixes`) against
     ``lis_map`` (a :class:`trn.nav.lost.CraterMap`; by default the craters of ``omap``), made on the
     whole set of boxes (before the size gate); ``cold_velocity``: how the first velocity is found
-    (:class:`ColdStart`). ``verify_sigma_km``: see :func:`navigate`."""
-    if verify_sigma_km is not None and not 0.0 < verify_sigma_km < 1e4:
-        raise ConfigError(f"verify_sigma_km={verify_sigma_km}: expected a position sigma in km above 0")
+    (:class:`ColdStart`)."""
     sensors = sensors or SensorModel()
     cold = None
     flat, sims = map_matches(ds, emb, omap, s)
@@ -477,8 +465,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     runs = {}
     for thr in sorted(set(thresholds) | {s.threshold}):
         window = SearchWindow(flat, sims, list(omap.ids), positions, cam, thr, n_sigma, pix)
-        res = navigate(ds, {}, omap.positions, sensors, s.seed, pixel_sigma=pix, matcher=window, cold=cold,
-                       verify_sigma_km=verify_sigma_km)
+        res = navigate(ds, {}, omap.positions, sensors, s.seed, pixel_sigma=pix, matcher=window, cold=cold)
         m = score >= thr
         cnt = res.counts
         rec = {"matched": int(cnt["matches"]), "correct": int(cnt["correct_matches"]),
