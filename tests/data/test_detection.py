@@ -34,6 +34,53 @@ def test_union_keeps_each_catalogue_within_its_range_and_ids_apart(tmp_path):
         UnionRule(small_min_km=20.0)
 
 
+def test_the_real_catalogues_are_moved_onto_their_elevation_and_a_world_is_not(tmp_path):
+    from trn.data.build import BuildConfig
+    from trn.data.sources import GLD100_REGISTRATION_KM, catalogue_registration
+
+    src = _source(tmp_path)
+    plain = union_catalogue(src)
+    key = BuildConfig(source=src, out=tmp_path / "out").render_key()
+    assert catalogue_registration(src) == (0.0, 0.0)  # no GLD100 elevation: a world's own catalogue
+    (src / "dem" / "gld100_32ppd").mkdir(parents=True)
+    east, north = GLD100_REGISTRATION_KM
+    reg = union_catalogue(src)
+    assert catalogue_registration(src) == (east, north)
+    assert reg.ids.tolist() == plain.ids.tolist()  # the ranges select on the published positions
+    np.testing.assert_allclose(np.radians(reg.lat - plain.lat) * MOON_RADIUS_KM, north, atol=1e-9)
+    east_km = np.radians((reg.lon - plain.lon + 180) % 360 - 180) * MOON_RADIUS_KM * np.cos(np.radians(plain.lat))
+    np.testing.assert_allclose(east_km, east, atol=1e-9)  # the 70 degree crater moves as far as the others
+    # a build of a registered source renders its landmarks elsewhere: its key is not an old build's
+    assert BuildConfig(source=src, out=tmp_path / "out").render_key() != key
+
+
+@pytest.mark.shared
+def test_registered_catalogue_centres_sit_on_the_elevation_bowls(shared_moon):
+    """The registration, checked where the frames are rendered from: for craters with clear relief,
+    the lowest 0.35-radius disk of the elevation lies within 0.25 km of the registered centre (the
+    published centres are 0.5-0.6 km north of it; benchmarks/dem_registration.py)."""
+    import sys
+    from pathlib import Path
+
+    from trn.data.detection import crater_relief
+    from trn.data.terrain import load_elevation
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    from dem_registration import bowl_offset
+
+    elev = load_elevation(shared_moon)
+    height = lambda la, lo: elev.height(la, lo, 0.0)  # noqa: E731
+    cat = union_catalogue(shared_moon)
+    pick = np.flatnonzero((cat.ids > SMALL_ID_OFFSET) & (np.mod(cat.lon, 360) >= 60) & (np.mod(cat.lon, 360) < 90)
+                          & (np.abs(cat.lat) < 50))[::25][:120]
+    pick = pick[crater_relief(height, cat.lat[pick], cat.lon[pick], cat.diameter_km[pick]) > 0.06]
+    rng = np.random.default_rng(0)
+    off = np.array([bowl_offset(height, float(cat.lat[k]), float(cat.lon[k]), float(cat.diameter_km[k]), rng)
+                    for k in pick])
+    assert len(off) >= 30
+    assert np.all(np.abs(np.median(off, axis=0)) <= 0.25), np.median(off, axis=0)
+
+
 def test_labels_on_constructed_geometry():
     pos = latlon_to_xyz(0.0, 0.0, MOON_RADIUS_KM + 100.0)
     rot = nadir_pose(pos, np.array([0.0, 0.0, 1.0]))

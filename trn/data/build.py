@@ -29,7 +29,8 @@ from trn.data.ephemeris import sun_direction_body
 from trn.data.frame_views import FrameViewRanges, render_frame_track, render_frame_view
 from trn.data.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION, split_ids
 from trn.data.render import RENDERER_VERSION, CraterView, RenderConfig, Surface, render_crater, render_frame
-from trn.data.sources import Catalogue, Trajectory, find_catalogue, read_catalogue, read_trajectory, segment_trajectory
+from trn.data.sources import (Catalogue, Trajectory, catalogue_registration, find_catalogue, read_catalogue, read_trajectory,
+                              registered, segment_trajectory)
 from trn.data.terrain import Albedo, load_albedo, load_elevation
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, xyz_to_latlon
@@ -136,6 +137,9 @@ class BuildConfig:
         }
         if self.segments:  # only then, so that the key of every earlier build stays what it was
             doc["segments"] = [list(map(float, seg)) for seg in self.segments]
+        reg = catalogue_registration(self.source)
+        if any(reg):  # the landmark renders and boxes sit where the registered catalogue puts the craters
+            doc["catalogue_registration_km"] = list(reg)
         return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -347,7 +351,7 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     frame_ids = list(range(cfg.first_frame, end))
     n_frames = end
     cat_path = find_catalogue(source, cfg.catalogue)
-    cat = select_craters(read_catalogue(cat_path), cfg)
+    cat = registered(select_craters(read_catalogue(cat_path), cfg), *catalogue_registration(source))
     boxed = cat
     if cfg.annotate_validation_of is not None:
         allowed = validation_craters(cfg.annotate_validation_of)

@@ -32,7 +32,8 @@ from trn.data.annotate import AnnotateConfig, annotate_frame
 from trn.data.build import BuildConfig, built_render_config, render_frames, rule_height, surface_of
 from trn.data.ephemeris import sun_direction_body
 from trn.data.render import RENDERER_VERSION, PinholeCamera, RenderConfig
-from trn.data.sources import Catalogue, UnionRule, read_trajectory, segment_trajectory, union_catalogue
+from trn.data.sources import (Catalogue, UnionRule, catalogue_registration, read_trajectory, segment_trajectory,
+                              union_catalogue)
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz
 
@@ -258,7 +259,7 @@ def label_build(build: str | Path, source: str | Path, rule: UnionRule | None = 
     boxes = label_frames(cat, ds.kitti, sun, rendered, cfg.camera, rule_height(surface), annotate)
     frames = [_frame(i, "test", 0, ds.kitti, sun, boxes[i]) for i in rendered]
     settings = {"kind": "build", "source": str(Path(source).name), "rule": asdict(rule), "annotate": asdict(annotate),
-                "catalogue_craters": len(cat)}
+                "catalogue_craters": len(cat), "catalogue_registration_km": list(catalogue_registration(source))}
     write_labels(root, settings, frames)
     _write_union_annotations(root, frames, "nav_images")
     return read_labels(root)
@@ -405,7 +406,8 @@ def build_detection_set(cfg: DetectionBuildConfig) -> DetectionLabels:
                 "plan": [list(s) for s in cfg.plan()], "val_segments": cfg.val_segments,
                 "stride": cfg.stride, "min_sun_elevation_deg": cfg.min_sun_elevation_deg,
                 "clear_deg_per_km": cfg.clear_deg_per_km, "rule": asdict(cfg.rule), "annotate": asdict(cfg.annotate),
-                "render": cfg.render.key_dict(), "catalogue_craters": len(cat), "frames_per_segment": len(source_traj)}
+                "render": cfg.render.key_dict(), "catalogue_craters": len(cat), "frames_per_segment": len(source_traj),
+                "catalogue_registration_km": list(catalogue_registration(cfg.source))}
     write_labels(out, settings, frames)
     _write_union_annotations(out, frames, "nav_images")
     todo = [i for i in frames_idx if not (out / luna1.NAV_IMAGES / f"{i}.png").is_file()]

@@ -24,7 +24,7 @@ import numpy as np
 from trn.data.ephemeris import epochs_every, parse_utc
 from trn.data.luna1 import poses_to_kitti, read_poses_csv, read_poses_kitti
 from trn.errors import ConfigError, DataError
-from trn.geometry import matrix_to_quat
+from trn.geometry import MOON_RADIUS_KM, matrix_to_quat
 
 # Column names understood for (longitude, latitude, diameter).
 _LON = ("lon", "long", "longitude", "lon_e")
@@ -232,9 +232,38 @@ def small_catalogue_path(source: str | Path) -> Path:
     return files[0]
 
 
+# Registration of the real catalogues to the elevation model the frames are rendered from. The
+# GLD100 tiles of the real lunar data put the bowls of catalogued craters about 0.55 km south of
+# the Head et al. 2010 and Povilaitis et al. 2018 centres, in every region and at both resolutions
+# (benchmarks/dem_registration.py, docs/bench_dem_registration.txt: medians of -0.5 to -0.6 km
+# north, 0.0 to +0.2 km east). The simulated Moon is that terrain, so its catalogue positions are
+# moved onto it: labels, maps and frames then agree, as they would for a map tied to the imagery
+# it is used with. A built-in world's catalogue is its terrain's own and is never moved.
+GLD100_REGISTRATION_KM = (0.1, -0.55)  # (east, north)
+
+
+def catalogue_registration(source: str | Path) -> tuple[float, float]:
+    """(east, north) km by which the catalogues of ``source`` are moved onto its elevation model:
+    :data:`GLD100_REGISTRATION_KM` for the real lunar data (a ``dem/gld100_*`` directory), else
+    none."""
+    dem = Path(source) / "dem"
+    return GLD100_REGISTRATION_KM if dem.is_dir() and any(dem.glob("gld100_*")) else (0.0, 0.0)
+
+
+def registered(cat: Catalogue, east_km: float, north_km: float) -> Catalogue:
+    """``cat`` with every crater moved ``east_km`` east and ``north_km`` north on the surface."""
+    if not east_km and not north_km:
+        return cat
+    lat = np.clip(cat.lat + np.degrees(north_km / MOON_RADIUS_KM), -90.0, 90.0)
+    coslat = np.maximum(np.cos(np.radians(cat.lat)), 1e-6)
+    lon = np.mod(cat.lon + np.degrees(east_km / (MOON_RADIUS_KM * coslat)), 360.0)
+    return Catalogue(cat.name, cat.ids, lat, lon, cat.diameter_km)
+
+
 def union_catalogue(source: str | Path, rule: UnionRule | None = None) -> Catalogue:
     """The large-crater catalogue of ``source`` (its Luna-1 one, ids unchanged) united with its
-    small-crater one (ids offset by :data:`SMALL_ID_OFFSET`), each within ``rule``'s ranges."""
+    small-crater one (ids offset by :data:`SMALL_ID_OFFSET`), each within ``rule``'s ranges, then
+    registered to the source's elevation model (:func:`catalogue_registration`)."""
     rule = rule or UnionRule()
     large = read_catalogue(find_catalogue(source))
     small = read_catalogue(small_catalogue_path(source), allow_empty=True)  # a world may have no small craters
@@ -245,5 +274,7 @@ def union_catalogue(source: str | Path, rule: UnionRule | None = None) -> Catalo
         raise DataError(f"the large-crater catalogue has {len(large)} rows; ids past {SMALL_ID_OFFSET} would collide",
                         find_catalogue(source))
     cat = lambda *a: np.concatenate(a)  # noqa: E731
-    return Catalogue("union", cat(large.ids, small.ids + SMALL_ID_OFFSET), cat(large.lat, small.lat),
-                     cat(large.lon, small.lon), cat(large.diameter_km, small.diameter_km))
+    # the ranges select on the catalogues as published; the selected craters are then registered
+    return registered(Catalogue("union", cat(large.ids, small.ids + SMALL_ID_OFFSET), cat(large.lat, small.lat),
+                                cat(large.lon, small.lon), cat(large.diameter_km, small.diameter_km)),
+                      *catalogue_registration(source))
