@@ -102,6 +102,8 @@ def test_two_boxes_of_one_crater_never_make_a_fix_or_a_nan(recwarn):
     sigma = angular_sigma(CAM, 1.0, 1.0)
     alone = ransac_bearings(lm2[[0, 4]], b[[0, 4]], sigma, 0.3)
     assert alone is None
+    with pytest.raises(DataError, match="one landmark"):
+        solve_bearings(lm2[[0, 4]], b[[0, 4]], sigma, 0.3)
     fix = ransac_bearings(lm2, b, sigma, 0.3, rng=np.random.default_rng(0))
     assert fix is not None and np.linalg.norm(fix.position - p) < 1.0  # the 3 px duplicate is within the noise
     from trn.nav.fix import residual_sigmas, residuals

@@ -372,7 +372,7 @@ def test_the_window_fuses_a_declared_fix_with_the_earlier_ones_only_when_asked()
             for t, x in zip(times, noisy):
                 out = win.add(float(t), float(np.linalg.norm(x)),
                               LostFix(True, REASONS[0], x.copy(), np.eye(3) * 0.36))
-            assert np.allclose(win.history[-1][3][0], noisy[-1])
+            assert np.allclose(win.history[-1].raw[0], noisy[-1])
             sq[fuse].append(np.sum((out.position - truth[-1]) ** 2))
             if not fuse:
                 assert np.allclose(out.position, noisy[-1])

@@ -79,6 +79,8 @@ def solve_bearings(landmarks: np.ndarray, b: np.ndarray, sigma_rad: float, landm
     if len(landmarks) < 2 or landmarks.shape != b.shape:
         raise DataError(f"a bearing fix needs two or more landmarks with one line of sight each "
                         f"(got {landmarks.shape} and {b.shape})")
+    if float(np.ptp(landmarks, axis=0).max()) < 1e-6:  # e.g. two boxes of one crater (a detector's duplicate)
+        raise DataError("the lines of sight all point at one landmark: they cross there, which fixes no position")
     w = np.ones(len(b))
     p = None
     for _ in range(iterations):
@@ -147,8 +149,6 @@ def ransac_bearings(landmarks: np.ndarray, b: np.ndarray, sigma_rad: float, land
         pairs = [pairs[k] for k in pick]
     best: np.ndarray | None = None
     for i, j in pairs:
-        if np.linalg.norm(landmarks[i] - landmarks[j]) < 1e-6:
-            continue  # two boxes of one crater (a detector's duplicate) cross at the crater: no fix
         try:
             p, _ = solve_bearings(landmarks[[i, j]], b[[i, j]], sigma_rad, landmark_sigma_km)
         except DataError:
@@ -162,8 +162,8 @@ def ransac_bearings(landmarks: np.ndarray, b: np.ndarray, sigma_rad: float, land
         idx = np.flatnonzero(best)
         p, cov = solve_bearings(landmarks[idx], b[idx], sigma_rad, landmark_sigma_km)
         ok = residuals(landmarks, b, p) <= threshold * residual_sigmas(landmarks, p, sigma_rad, landmark_sigma_km)
-        if ok.sum() < 2 or np.array_equal(ok, best):
-            break
+        if ok.sum() < 2 or np.array_equal(ok, best) or float(np.ptp(landmarks[ok], axis=0).max()) < 1e-6:
+            break  # (a consensus of one landmark's boxes alone fixes nothing: keep the last)
         best = ok
     idx = np.flatnonzero(best)
     p, cov = solve_bearings(landmarks[idx], b[idx], sigma_rad, landmark_sigma_km)

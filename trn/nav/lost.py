@@ -754,6 +754,18 @@ def circular_speed_km_s(radius_km: float) -> float:
     return math.sqrt(MU_KM3_S2 / radius_km)
 
 
+@dataclass
+class _Entry:
+    """One frame of :class:`WindowFixer`'s window: its time, its fix (as returned, or as declared
+    late), its ``rescore`` callable, and the (position, covariance) it was declared with before any
+    fusion (None while undeclared): fusions use these, never fused fixes."""
+
+    t_s: float
+    fix: LostFix
+    rescore: object = None
+    raw: tuple[np.ndarray, np.ndarray] | None = None
+
+
 class WindowFixer:
     """Frames in time order; a frame not decided alone is scored with each earlier frame of the
     window (module docstring, step 6). ``add`` returns the frame's fix. With ``cfg.late`` a frame
@@ -773,9 +785,7 @@ class WindowFixer:
 
     def __init__(self, cfg: LostConfig | None = None):
         self.cfg = cfg or LostConfig()
-        # [time s, fix as returned or declared late, rescore or None, (position, covariance) as
-        # declared before any fusion, or None]
-        self.history: list[list] = []
+        self.history: list[_Entry] = []
         self.late: list[tuple[float, LostFix, float]] = []
 
     def _combos(self, fix: LostFix, other: LostFix, dt: float, radius_km: float) -> list[Hypothesis]:
@@ -850,44 +860,51 @@ class WindowFixer:
                        candidates=fix.candidates + local.candidates, support=fix.support, llr=fix.llr,
                        runner_up=fix.runner_up, frames=fix.frames, best=best)
 
+    def _declared(self) -> list[tuple[float, LostFix]]:
+        return [(h.t_s, h.fix) for h in self.history if h.fix.declared]
+
+    def _fuse(self, fix: LostFix, t_s: float, raws: list[tuple[float, np.ndarray, np.ndarray]]) -> None:
+        """Refine ``fix`` (declared at ``t_s``, its raw fix last in ``raws``) with the window's
+        other raw fixes (:func:`fuse_fixes`), in place."""
+        fused = fuse_fixes(raws, t_s)
+        if fused is not None:
+            fix.position, fix.cov = fused[0], fused[1]
+
     def add(self, t_s: float, radius_km: float, fix: LostFix, rescore=None) -> LostFix:
         """The frame at ``t_s`` with its fix from the whole map; ``rescore``: a callable of ``near``
         that returns the frame's identification restricted to that ground (class docstring)."""
         cfg = self.cfg
-        self.history = [h for h in self.history if 0 < t_s - h[0] <= cfg.window_s]
+        self.history = [h for h in self.history if 0 < t_s - h.t_s <= cfg.window_s]
         result = fix
         if not fix.declared and cfg.window_s > 0:
-            declared = [(t_e, e) for t_e, e, *_ in self.history if e.declared]
-            pred = self._predicted(declared, t_s) if cfg.search_near_declared else None
-            combos = [c for t_e, earlier, *_ in self.history for c in self._combos(fix, earlier, t_s - t_e, radius_km)]
+            pred = self._predicted(self._declared(), t_s) if cfg.search_near_declared else None
+            combos = [c for h in self.history for c in self._combos(fix, h.fix, t_s - h.t_s, radius_km)]
             result = self._decide(fix, combos, pred) or fix
             if not result.declared and rescore is not None and pred is not None and fix.reason not in REASONS[2:4]:
                 wider = self._searched_near(fix, rescore, pred)
-                combos = [c for t_e, e, *_ in self.history for c in self._combos(wider, e, t_s - t_e, radius_km)]
+                combos = [c for h in self.history for c in self._combos(wider, h.fix, t_s - h.t_s, radius_km)]
                 result = self._decide(wider, combos, pred) or wider
         raw = (result.position, result.cov) if result.declared else None
-        if result.declared and cfg.fuse_declared:  # on the fixes as declared, never on fused ones
-            fused = fuse_fixes([(h[0], *h[3]) for h in self.history if h[3] is not None] + [(t_s, *raw)], t_s)
-            if fused is not None:
-                result.position, result.cov = fused[0], fused[1]
+        # fusions use the fixes as declared, never fused ones
+        raws = [(h.t_s, *h.raw) for h in self.history if h.raw is not None]
+        if result.declared and cfg.fuse_declared:
+            self._fuse(result, t_s, raws + [(t_s, *raw)])
         if result.declared and cfg.late and cfg.window_s > 0:
             for h in self.history:
-                if not h[1].declared and (h[1].best or h[2] is not None) and h[1].reason not in REASONS[2:4]:
+                if not h.fix.declared and (h.fix.best or h.rescore is not None) and h.fix.reason not in REASONS[2:4]:
                     declared, pred = [(t_s, result)], None
                     if cfg.search_near_declared:  # every declared frame of the window, not only this one
-                        declared = [(t_e, e) for t_e, e, *_ in self.history if e.declared] + declared
-                        pred = self._predicted(declared, h[0])
-                    earlier = self._searched_near(h[1], h[2], pred)
+                        declared = self._declared() + declared
+                        pred = self._predicted(declared, h.t_s)
+                    earlier = self._searched_near(h.fix, h.rescore, pred)
                     dec = self._decide(earlier, [c for t_e, e in declared
-                                                 for c in self._combos(earlier, e, h[0] - t_e, radius_km)], pred)
+                                                 for c in self._combos(earlier, e, h.t_s - t_e, radius_km)], pred)
                     if dec is not None:
                         dec.reason = REASONS[9]
-                        h[1], h[3] = dec, (dec.position, dec.cov)
+                        h.fix, h.raw = dec, (dec.position, dec.cov)
                         if cfg.fuse_declared:  # declared late: the fixes on both sides of it are known
-                            others = [(e[0], *e[3]) for e in self.history if e[3] is not None and e is not h]
-                            fused = fuse_fixes(others + [(t_s, *raw), (h[0], *h[3])], h[0])
-                            if fused is not None:
-                                dec.position, dec.cov = fused[0], fused[1]
-                        self.late.append((h[0], dec, t_s))
-        self.history.append([t_s, result, rescore, raw])
+                            self._fuse(dec, h.t_s, raws + [(t_s, *raw), (h.t_s, *h.raw)])
+                        raws.append((h.t_s, *h.raw))
+                        self.late.append((h.t_s, dec, t_s))
+        self.history.append(_Entry(t_s, result, rescore, raw))
         return result
