@@ -118,6 +118,26 @@ def test_training_resumes_and_refuses_other_settings(det_run):
     assert isinstance(model, CraterDetector) and meta["epoch"] in (1, 2)
 
 
+def test_fine_tuning_starts_from_the_given_weights_and_refuses_another_architecture(det_run):
+    root, _, cfg, _ = det_run
+    init = root / "run" / "best.pt"
+    start = torch.load(init, weights_only=False)["model"]
+    tuned = DetectTrainConfig(**{**cfg.__dict__, "init": str(init), "lr": 1e-9, "epochs": 1, "warmup_epochs": 0})
+    train_detector(tuned, root / "tuned")
+    after = torch.load(root / "tuned" / "last.pt", weights_only=False)["model"]
+    convs = [k for k in start if k.endswith("weight") and start[k].dim() == 4]
+    assert convs and all(torch.allclose(after[k], start[k], atol=1e-6) for k in convs)
+    scratch = DetectTrainConfig(**{**tuned.__dict__, "init": ""})
+    train_detector(scratch, root / "scratch")
+    fresh = torch.load(root / "scratch" / "last.pt", weights_only=False)["model"]
+    assert not all(torch.allclose(fresh[k], start[k], atol=1e-3) for k in convs)
+    with pytest.raises(ConfigError, match="architecture"):
+        other = DetectorConfig(**{**cfg.model.__dict__, "neck": 12})
+        train_detector(DetectTrainConfig(**{**tuned.__dict__, "model": other}), root / "other")
+    with pytest.raises(ConfigError, match="no such detector checkpoint"):
+        DetectTrainConfig(**{**tuned.__dict__, "init": str(root / "missing.pt")})
+
+
 def test_ship_eval_and_run_commands(det_run, capsys):
     root, labels, _, _ = det_run
     assert detect_main(["ship", str(root / "run"), "--out", str(root / "model"), "--gate-km", "0"]) == 0

@@ -54,7 +54,9 @@ log = logging.getLogger(__name__)
 class DetectTrainConfig:
     """data: detector data directories (``trn-detect build``); their "train" frames train, their
     "val" frames choose the epoch and the score threshold. crop: side of the training crops (px of
-    the network input). min_box: least side of a box kept in a crop (px of the network input)."""
+    the network input). min_box: least side of a box kept in a crop (px of the network input).
+    init: a detector checkpoint (a run's ``best.pt`` or a shipped ``detector.pt``) whose weights
+    start the run (fine-tuning, e.g. on relabelled data); its architecture must equal ``model``."""
 
     data: tuple[str, ...]
     model: DetectorConfig = field(default_factory=DetectorConfig)
@@ -70,6 +72,7 @@ class DetectTrainConfig:
     min_box: int = 6
     sources: tuple[str, ...] = ()
     ignore_relief_below: float = 0.0
+    init: str = ""
     seed: int = 0
     threads: int = 2
 
@@ -89,6 +92,9 @@ class DetectTrainConfig:
         if not 0.0 <= self.ignore_relief_below < 1.0:
             raise ConfigError(f"ignore_relief_below={self.ignore_relief_below}: expected 0 (off) to below 1 "
                               "(depth / diameter)")
+        if self.init and not Path(self.init).is_file():
+            raise ConfigError(f"init={self.init!r}: no such detector checkpoint; give a run's best.pt or a shipped "
+                              "detector.pt, or leave init empty to train from scratch")
         if self.ignore_relief_below and len(self.sources) != len(self.data):
             raise ConfigError(f"ignore_relief_below={self.ignore_relief_below} needs one elevation source per data "
                               f"directory in sources (got {len(self.sources)} for {len(self.data)}), e.g. "
@@ -299,6 +305,12 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
         history, start = ck["history"], ck["epoch"]
     elif (out / "last.pt").is_file():
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+    elif cfg.init:
+        ck = load_checked(cfg.init, fmt=CHECKPOINT_FORMAT, what="detector")
+        if DetectorConfig.from_dict(ck["model_config"]) != cfg.model:
+            raise ConfigError(f"init={cfg.init}: its architecture {ck['model_config']} differs from the config's "
+                              f"model {cfg.model.to_dict()}; copy the checkpoint's model settings into the config")
+        load_state(model, ck["model"], cfg.init, "detector")
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n", encoding="utf-8")
     train = load_frames(cfg.data, "train", cfg.model.input_size, limit, cfg.sources, cfg.ignore_relief_below)
     val = load_frames(cfg.data, "val", cfg.model.input_size, limit)  # validation counts every label
