@@ -13,7 +13,7 @@ from trn.data.annotate import AnnotateConfig, crater_box
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose, xyz_to_latlon
 from trn.nav.ekf import MU_KM3_S2
-from trn.nav.lost import (REASONS, CraterMap, LostConfig, LostFix, Sigmas, WindowFixer, box_geometry,
+from trn.nav.lost import (REASONS, CraterMap, Hypothesis, LostConfig, LostFix, Sigmas, WindowFixer, box_geometry,
                           frame_hypotheses, fuse_fixes)
 
 CAM = PinholeCamera(512, 512, 39.6)
@@ -377,6 +377,39 @@ def test_the_window_fuses_a_declared_fix_with_the_earlier_ones_only_when_asked()
             if not fuse:
                 assert np.allclose(out.position, noisy[-1])
     assert np.sqrt(np.mean(sq[True])) < 0.8 * np.sqrt(np.mean(sq[False]))
+
+
+@pytest.mark.parametrize("a_predicts, b_predicts, declared", [
+    ({}, {}, True),  # neither frame could have shown the other's new crater: three window craters
+    ({3: True}, {2: True}, False),  # each frame should have shown the other's new crater, deep inside
+    ({3: False}, {2: False}, True),  # both predicted only at the edge: the misses cost, no crater lost
+])
+def test_a_crater_the_other_frame_should_show_and_does_not_is_no_window_crater(a_predicts, b_predicts, declared):
+    """Two frames 10 s apart see crater 1 and one other each (2 in the first, 3 in the second, as a
+    chance match pairs one detection with neighbouring map craters). Where each frame predicts the
+    other's new crater deep inside it and does not see it, the window holds one crater, not three,
+    and nothing is declared; each such miss also lowers the window's score."""
+    t0, t1 = 0.0, 10.0
+    p0, p1 = orbit_positions(np.array([t0, t1]))
+    q = LostConfig().detection_probability
+    miss = {True: np.log(1 - q), False: np.log(1 - q / 2)}
+
+    def frame(p, seen, predicts):
+        hyp = Hypothesis(p, np.eye(3) * 0.5, 0.0, [(0, 1), (1, seen)], {1: 12.0, seen: 12.0},
+                         {r: miss[deep] for r, deep in predicts.items()},
+                         frozenset({1, seen} | {r for r, deep in predicts.items() if deep}))
+        hyp.llr = sum(hyp.contrib.values()) + sum(hyp.missed.values())
+        return LostFix(False, REASONS[8], best=[hyp])
+
+    win = WindowFixer(LostConfig(late=False, fuse_declared=False))
+    win.add(t0, float(np.linalg.norm(p0)), frame(p0, 2, a_predicts))
+    out = win.add(t1, float(np.linalg.norm(p1)), frame(p1, 3, b_predicts))
+    assert out.declared == declared
+    if declared:  # the window's score: three craters, less each miss of a crater the other frame saw
+        assert out.frames == 2
+        assert out.llr == pytest.approx(36.0 + sum(miss[d] for d in (*a_predicts.values(), *b_predicts.values())))
+    else:
+        assert out.reason == REASONS[8]
 
 
 @pytest.mark.parametrize("kw, match", [({"candidates": -1}, "candidates"), ({"min_inliers": 1}, "at least 2"),

@@ -36,8 +36,10 @@ candidates.
    with each earlier frame of the window: a pair of hypotheses whose displacement over the frames'
    time difference is an orbital speed is one hypothesis of the window, scored once per distinct
    map crater (a crater seen in both frames counts once, a crater predicted in either and never
-   seen counts once); the two frames must share at least one crater, identified alike in both, and
-   the window must hold ``window_min_craters`` distinct craters. A frame already decided joins only
+   seen counts once, a crater seen in one frame and predicted but not seen in the other adds that
+   miss); the two frames must share at least one crater, identified alike in both, and the window
+   must hold ``window_min_craters`` distinct craters, not counting a crater that the other frame
+   predicts certainly and farther inside than the assignment's gate and does not see. A frame already decided joins only
    with the position it declared. The report says how many frames a fix needed.
 7. **Late fixes** (``late``). A declared frame decides in the same way the undecided earlier frames
    of its window; such a fix is declared at the later frame's time, and the report gives its delay.
@@ -259,7 +261,9 @@ class CraterMap:
 class Hypothesis:
     """A scored position: ``position`` [3] km and ``cov`` [3, 3] km^2 (body frame); ``pairs``:
     (detection, map row) assignments; ``contrib``: map row -> its assigned detection's score;
-    ``missed``: map row -> log(1 - p) of each predicted crater with no detection."""
+    ``missed``: map row -> log(1 - p) of each predicted crater with no detection; ``inside``: map
+    rows predicted certainly visible and farther inside the frame than the assignment's gate (a
+    crater whose detection the frame could not have lost over its edge)."""
 
     position: np.ndarray
     cov: np.ndarray
@@ -267,6 +271,7 @@ class Hypothesis:
     pairs: list[tuple[int, int]]
     contrib: dict[int, float]
     missed: dict[int, float]
+    inside: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -494,11 +499,13 @@ def predicted_view(fr: _Frame, cmap: CraterMap, p: np.ndarray, rim_points_n: int
     return rows[k], np.stack([u[k], v[k]], 1), box[k], rng, sure[k]
 
 
-def score(fr: _Frame, cmap: CraterMap, p: np.ndarray) -> tuple[float, list[tuple[int, int]], dict, dict, dict]:
+def score(fr: _Frame, cmap: CraterMap, p: np.ndarray
+          ) -> tuple[float, list[tuple[int, int]], dict, dict, dict, frozenset[int]]:
     """Log-likelihood ratio of position ``p`` against "all detections are clutter" (module
     docstring; with the descriptor's evidence of each assigned pair when it is on), with its
     assignment: (llr, pairs, per-row contributions, per-row misses, per pair the detection's
-    corrected centre px). A detection is compared with a predicted crater box to
+    corrected centre px, the rows predicted inside the frame by more than the gate
+    (:class:`Hypothesis`)). A detection is compared with a predicted crater box to
     box (centre and longer side of both, both clipped to the frame as the rule clips them); its
     corrected centre is its box centre moved by the predicted offset between the crater centre's
     projection and the predicted box's centre (perspective, foreshortening and the frame edge)."""
@@ -508,6 +515,11 @@ def score(fr: _Frame, cmap: CraterMap, p: np.ndarray) -> tuple[float, list[tuple
     lam = cfg.clutter_per_frame / (fr.camera.width * fr.camera.height)  # clutter per px^2
     log_size_range = math.log(fr.camera.width / fr.rule.min_box_px)  # clutter sizes: uniform in log
     q = np.where(sure, cfg.detection_probability, 0.5 * cfg.detection_probability)
+    s_tot = np.sqrt(fr.sig.pixel ** 2 + (fr.sig.attitude_rad * fr.camera.focal_px) ** 2
+                    + (fr.sig.landmark_km * fr.camera.focal_px / np.maximum(rng, 1e-6)) ** 2)
+    depth = np.minimum(np.minimum(uv[:, 0], fr.camera.width - uv[:, 0]),
+                       np.minimum(uv[:, 1], fr.camera.height - uv[:, 1])) if len(rows) else np.zeros(0)
+    inside = frozenset(int(r) for r in rows[sure & (depth >= fr.rule.edge_px + cfg.threshold_sigma * s_tot)])
     pc = np.stack([(pbox[:, 0] + pbox[:, 1]) / 2, (pbox[:, 2] + pbox[:, 3]) / 2], 1)
     pside = np.maximum(np.maximum(pbox[:, 1] - pbox[:, 0], pbox[:, 3] - pbox[:, 2]), 1e-3)
     costs = []
@@ -516,8 +528,6 @@ def score(fr: _Frame, cmap: CraterMap, p: np.ndarray) -> tuple[float, list[tuple
             break
         l, r, t, b = fr.boxes[j]
         oc = np.array([(l + r) / 2, (t + b) / 2])
-        s_tot = np.sqrt(fr.sig.pixel ** 2 + (fr.sig.attitude_rad * fr.camera.focal_px) ** 2
-                        + (fr.sig.landmark_km * fr.camera.focal_px / rng) ** 2)
         d2 = ((pc - oc) ** 2).sum(1) / s_tot ** 2
         lr = np.log(max(r - l, b - t) / pside)
         ok = (d2 <= cfg.threshold_sigma ** 2) & (np.abs(lr) <= math.log(cfg.size_ratio))
@@ -541,7 +551,7 @@ def score(fr: _Frame, cmap: CraterMap, p: np.ndarray) -> tuple[float, list[tuple
         l, r, t, b = fr.boxes[j]
         corrected[j] = np.array([(l + r) / 2, (t + b) / 2]) + uv[k] - pc[k]
     missed = {int(rows[k]): math.log(1.0 - q[k]) for k in range(len(rows)) if k not in used_k}
-    return float(sum(contrib.values()) + sum(missed.values())), pairs, contrib, missed, corrected
+    return float(sum(contrib.values()) + sum(missed.values())), pairs, contrib, missed, corrected, inside
 
 
 def _prepare(boxes, rotation, radius_km, sun_dir, camera, sig, rule, cfg, sims=None) -> _Frame:
@@ -647,10 +657,10 @@ def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, 
         p, cov = fit
         best = None
         for _ in range(4):  # assign, refit on the assignment's corrected centres, keep the best, until it settles
-            llr, pairs, contrib, missed, corrected = score(fr, cmap, p)
+            llr, pairs, contrib, missed, corrected, inside = score(fr, cmap, p)
             if best is not None and llr <= best.llr:
                 break
-            best = Hypothesis(p, cov, llr, pairs, contrib, missed)
+            best = Hypothesis(p, cov, llr, pairs, contrib, missed, inside)
             if len(pairs) < 2:
                 break
             fit = _refit(fr, cmap, pairs, corrected)
@@ -803,13 +813,33 @@ class WindowFixer:
                     continue
                 if not set(h.contrib) & set(e.contrib):
                     continue  # the frames must share a crater, identified alike in both
-                contrib = dict(e.contrib)
-                for r, c in h.contrib.items():
-                    contrib[r] = max(c, contrib.get(r, -np.inf))
-                missed = {r: m for r, m in {**e.missed, **h.missed}.items() if r not in contrib}
-                llr = float(sum(contrib.values()) + sum(missed.values()))
-                combos.append(Hypothesis(h.position, h.cov, llr, h.pairs, contrib, missed))
+                combos.append(self._joined(h, e))
         return combos
+
+    def _joined(self, h: Hypothesis, e: Hypothesis) -> Hypothesis:
+        """Two frames' hypotheses as one of the window (module docstring, step 6), at ``h``'s
+        position. A crater seen in both counts once (its better term); a crater predicted in either
+        and never seen counts once. A crater seen in one frame that the other predicts without
+        seeing it keeps that frame's miss as well; where that prediction was certain and deeper
+        inside the frame than the assignment's gate (``inside``), it is not one of the window's
+        craters: the other frame contradicts it. (Counted as seen, a chance
+        match could pair a detection with one map crater in one frame and with a neighbour in the
+        other, and the pair of frames would hold a "third crater" neither frame supports.)"""
+        contrib = dict(e.contrib)
+        for r, c in h.contrib.items():
+            contrib[r] = max(c, contrib.get(r, -np.inf))
+        missed = {r: m for r, m in {**e.missed, **h.missed}.items() if r not in contrib}
+        contradicted: dict[int, float] = {}
+        refuted: set[int] = set()
+        for seen, other in ((h, e), (e, h)):
+            for r in seen.contrib:
+                if r not in other.contrib and r in other.missed:
+                    contradicted[r] = min(contradicted.get(r, 0.0), other.missed[r])
+                    if r in other.inside:
+                        refuted.add(r)
+        llr = float(sum(contrib.values()) + sum(missed.values()) + sum(contradicted.values()))
+        window = {r: c for r, c in contrib.items() if r not in refuted}
+        return Hypothesis(h.position, h.cov, llr, h.pairs, window, missed, h.inside | e.inside)
 
     def _decide(self, fix: LostFix, combos: list[Hypothesis], pred: tuple[np.ndarray, float] | None = None
                 ) -> LostFix | None:
