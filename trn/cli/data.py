@@ -3,6 +3,7 @@
     trn-data build luna1 --source ../shared/data/moon --out data/luna1
     trn-data build luna1-synth --out data/luna1-synth --seed 0
     trn-data check data/luna1
+    trn-data dense-catalogue --world ~/.cache/trn/luna1-synth-v2-seed0/.world --min-km 1
 """
 
 from __future__ import annotations
@@ -118,7 +119,7 @@ def _frame_view_ranges(args) -> FrameViewRanges:
 
 def build_parser() -> Parser:
     parser = Parser(prog="trn-data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{build,check,stats,sheet}")
+    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{build,check,stats,sheet,dense-catalogue}")
     b = sub.add_parser("build", help="build a dataset")
     bsub = b.add_subparsers(dest="what", required=True, metavar="{luna1,luna1-synth}")
     real = bsub.add_parser("luna1", help="Luna-1 from real lunar data (DEM, albedo, catalogue, LRO trajectory)")
@@ -147,6 +148,15 @@ def build_parser() -> Parser:
     sh.add_argument("--craters", type=int_at_least(1), default=24, help="crater landmarks on the sheet (default 24)")
     sh.add_argument("--frames", type=int_at_least(1), default=6, help="navigation frames on the sheet (default 6)")
     sh.add_argument("--seed", type=seed_number, default=0, help="seed of the choice of craters (0 to 2**32 - 1)")
+    dc = sub.add_parser("dense-catalogue", help="the built-in world's craters down to --min-km over the whole sphere "
+                                                "(about 1.5 million at 1 km), as a Head-style catalogue")
+    dc.add_argument("--world", type=Path, required=True,
+                    help="a built-in world's directory (the .world of a luna1-synth build, with its world.json)")
+    dc.add_argument("--min-km", type=float_between(0.1, 100.0), default=1.0,
+                    help="smallest diameter listed, km (default 1; below the world's smallest stamped crater)")
+    dc.add_argument("--out", type=Path, default=None,
+                    help="catalogue CSV to write (default WORLD/catalogs/synth_craters_dense_<MIN>km.csv); a JSON "
+                         "summary is written beside it")
     return parser
 
 
@@ -168,6 +178,11 @@ def main(argv: list[str] | None = None) -> int:
             from trn.sim.prepare import navigation_stats, stats_table
 
             print("\n".join(stats_table([navigation_stats(read_luna1(d), args.nms) for d in args.dirs])))
+            return 0
+        if args.cmd == "dense-catalogue":
+            from trn.data.dense_catalogue import dense_catalogue
+
+            print(dense_catalogue(args.world, args.min_km, args.out))
             return 0
         if args.cmd == "sheet":
             from trn.data.sheets import write_sheets
