@@ -102,6 +102,57 @@ def test_search_window_picks_the_predicted_crater_over_a_better_scoring_one_far_
     assert w(1, states[1, :3], np.eye(3), rots[1]) == []  # no detection in that frame
 
 
+def test_the_spatial_index_gives_the_windows_of_a_scan_of_the_whole_map():
+    """A dense map over the whole sphere (20,000 craters, heights of +-9 km), seeded draws of the
+    pose (off-nadir up to 20 degrees, 30 to 300 km up), the filter's sigma (0.1 km to 3,000 km) and
+    the boxes (some cut by or beyond the frame's edge): the windowed search through the k-d tree
+    returns exactly the matches and window sizes of the scan of every map crater, and projects far
+    fewer craters when the window is small."""
+    from types import SimpleNamespace
+
+    from trn.geometry import latlon_to_xyz
+    from trn.nav.scenario import SearchWindow
+
+    rng = np.random.default_rng(23)
+    n = 20_000
+    lat = np.degrees(np.arcsin(rng.uniform(-1, 1, n)))
+    lon = rng.uniform(0, 360, n)
+    craters = latlon_to_xyz(lat, lon, MOON_RADIUS_KM + rng.uniform(-9.0, 9.0, n)).reshape(-1, 3)
+    ids = list(range(n))
+    small_windows, windows = [], 0
+    for _ in range(60):
+        up = rng.normal(size=3)
+        up /= np.linalg.norm(up)
+        x = up * (MOON_RADIUS_KM + rng.uniform(30.0, 300.0))
+        tilt = np.radians(rng.uniform(0.0, 20.0))
+        side = np.cross(up, rng.normal(size=3))
+        side /= np.linalg.norm(side)
+        look = -np.cos(tilt) * up + np.sin(tilt) * side
+        # camera axes: z along the look direction, x along ``side`` made orthogonal to it
+        zc = look / np.linalg.norm(look)
+        xc = side - zc * (side @ zc)
+        xc /= np.linalg.norm(xc)
+        rot = np.stack([xc, np.cross(zc, xc), zc], 1)
+        dets = []
+        for _ in range(int(rng.integers(1, 6))):
+            cx, cy, h = rng.uniform(-60, 572), rng.uniform(-60, 572), rng.uniform(4, 200)
+            dets.append(SimpleNamespace(frame=0, box=(cx - h, cx + h, cy - h, cy + h), label="0"))
+        sims = rng.uniform(-0.2, 1.0, (len(dets), n)).astype(np.float32)
+        sigma = 10 ** rng.uniform(-1, 3.5)
+        p = np.eye(3) * sigma ** 2
+        fast = SearchWindow(dets, sims, ids, craters, CAM, threshold=0.5, pixel_sigma=4.0)
+        slow = SearchWindow(dets, sims, ids, craters, CAM, threshold=0.5, pixel_sigma=4.0, spatial=False)
+        got, ref = fast(0, x, p, rot), slow(0, x, p, rot)
+        assert [(m.crater, m.score) for m in got] == [(m.crater, m.score) for m in ref]
+        assert fast.candidates == slow.candidates
+        windows += sum(c > 0 for c in fast.candidates)
+        if sigma < 1.0:
+            dd = [d.box for d in dets]
+            spread = max(np.hypot((l + r) / 2 - 256, (t + b) / 2 - 256) + max(r - l, b - t) / 2 for l, r, t, b in dd)
+            small_windows.append(len(fast.index.within(x, fast.reach_km(x, sigma, rot, spread))))
+    assert windows > 50 and small_windows and max(small_windows) < n // 20  # a small window projects a few per cent of the map
+
+
 def test_map_size_gate_keeps_boxes_that_can_be_map_craters():
     """At 100 km with a 512 px, 39.6 degree camera (focal 711.6 px) a 20 km crater spans 142 px:
     with the gate at 20 km a 150 px box is kept, a 100 px box (14 km) dropped, and the longer side

@@ -11,6 +11,7 @@ updates is the dead-reckoning baseline. Every sensor model is in :mod:`trn.nav.s
 from __future__ import annotations
 
 import datetime as dt
+import math
 from dataclasses import dataclass, field
 
 import cv2
@@ -348,39 +349,79 @@ class SearchWindow:
     the crater's centre from its uncut rim edge and extent (:func:`trn.nav.lost.box_geometry`); a
     box whose centre that leaves more than ``max_centre_sigma`` box sigmas uncertain (cut in both
     directions, or too large a crater cut once) gives no bearing and is not matched: its box centre
-    can be tens of km from the crater's."""
+    can be tens of km from the crater's.
+
+    The window never scans the whole map: a k-d tree over the craters' positions
+    (:class:`trn.nav.spatial.CraterIndex`) first keeps those within :meth:`reach_km` of the
+    spacecraft, a bound that holds every crater a window can contain, and only they are projected
+    (``spatial=False``: every crater, the reference the tests compare with)."""
 
     def __init__(self, flat: list, sims: np.ndarray, map_ids: list[int], map_positions: np.ndarray,
                  cam: PinholeCamera, threshold: float, n_sigma: float = 3.0, pixel_sigma: float = 2.0,
-                 edge_sigma: float = 3.0, max_centre_sigma: float = 3.0):
+                 edge_sigma: float = 3.0, max_centre_sigma: float = 3.0, spatial: bool = True):
+        from trn.nav.spatial import CraterIndex
+
         self.flat, self.sims, self.threshold, self.n_sigma = flat, sims, threshold, n_sigma
         self.edge_sigma, self.max_centre_sigma = edge_sigma, max_centre_sigma
         self.ids = np.asarray(map_ids)
         self.pos = np.asarray(map_positions, np.float64)
+        self.index = CraterIndex(self.pos) if spatial and len(self.pos) else None
+        self.lowest_km = float(np.linalg.norm(self.pos, axis=1).min()) if len(self.pos) else MOON_RADIUS_KM
         self.cam, self.pixel_sigma = cam, pixel_sigma
         self.by_frame: dict[int, list[int]] = {}
         for k, d in enumerate(flat):
             self.by_frame.setdefault(d.frame, []).append(k)
         self.candidates: list[int] = []  # window sizes, for the report
 
+    def reach_km(self, x: np.ndarray, sig_km: float, rot: np.ndarray, spread_px: float) -> float:
+        """Distance from the spacecraft at ``x`` within which every crater a window can contain
+        lies. A window crater C projects within the window's radius (``n_sigma`` of the position
+        sigma ``sig_km`` at C's depth, and of the pixel sigma) plus the half box of a detection:
+        so C lies within ``L = n_sigma * sig_km`` of a line of sight at most ``alpha`` from the
+        nadir (the boresight's tilt and ``spread_px``: the largest distance of a detection's centre
+        from the principal point plus its half box, plus the pixel term). The foot P of C on that
+        line lies within L of C, so at least ``lo - L`` from the Moon's centre (``lo``: the lowest
+        map crater's radius), hence no farther along the line than where it enters that sphere,
+        and C no farther than that plus L. A crater facing the camera is never farther than
+        ``sqrt(|x|^2 - lo^2)``, the cap."""
+        r = float(np.linalg.norm(x))
+        lo = self.lowest_km
+        if r <= lo:
+            return math.inf  # at or below the lowest crater: no bound
+        cap = math.sqrt(r * r - lo * lo)
+        lat = self.n_sigma * sig_km
+        inner = lo - lat
+        off_nadir = math.acos(float(np.clip(-(x / r) @ rot[:, 2], -1.0, 1.0)))
+        alpha = off_nadir + math.atan((spread_px + self.n_sigma * self.pixel_sigma) / self.cam.focal_px)
+        if inner <= 0 or alpha >= math.pi / 2 or r * math.sin(alpha) >= inner:
+            return cap
+        enter = r * math.cos(alpha) - math.sqrt(inner * inner - (r * math.sin(alpha)) ** 2)
+        return min(cap, enter + lat) * (1.0 + 1e-9) + 1e-6
+
     def __call__(self, frame: int, x: np.ndarray, p: np.ndarray, rot: np.ndarray) -> list[Match]:
         dets = self.by_frame.get(frame)
         if not dets:
             return []
-        rel = self.pos - x
+        sig_km = float(np.sqrt(max(np.linalg.eigvalsh(p).max(), 0.0)))
+        centres, _, _, csig = box_geometry(np.array([self.flat[k].box for k in dets], np.float64), self.cam,
+                                           self.pixel_sigma, self.edge_sigma * self.pixel_sigma)
+        half = np.array([max(self.flat[k].box[1] - self.flat[k].box[0], self.flat[k].box[3] - self.flat[k].box[2])
+                         for k in dets], np.float64) / 2.0
+        spread = float(np.max(np.hypot(*(centres - np.asarray(self.cam.principal_point)).T) + half))
+        reach = self.reach_km(x, sig_km, rot, spread) if self.index is not None else math.inf
+        rows = self.index.within(x, reach) if math.isfinite(reach) else np.arange(len(self.pos))
+        pos = self.pos[rows]
+        rel = pos - x
         q = rel @ rot  # camera frame (x right, y down, z along the boresight)
-        facing = (rel * self.pos).sum(1) < 0.0  # the crater's side of the Moon faces the camera
+        facing = (rel * pos).sum(1) < 0.0  # the crater's side of the Moon faces the camera
         ok = facing & (q[:, 2] > 1e-6)
         fpx = self.cam.focal_px
         cx, cy = self.cam.principal_point
         z = np.where(ok, q[:, 2], 1.0)
         u = fpx * q[:, 0] / z + cx
         v = fpx * q[:, 1] / z + cy
-        sig_km = float(np.sqrt(max(np.linalg.eigvalsh(p).max(), 0.0)))
         radius = self.n_sigma * (sig_km * fpx / z + self.pixel_sigma)
         out = []
-        centres, _, _, csig = box_geometry(np.array([self.flat[k].box for k in dets], np.float64), self.cam,
-                                           self.pixel_sigma, self.edge_sigma * self.pixel_sigma)
         for k, (px, py), cs in zip(dets, centres, csig):
             if cs > self.max_centre_sigma * self.pixel_sigma:
                 continue
@@ -390,7 +431,7 @@ class SearchWindow:
             self.candidates.append(int(near.sum()))
             if not near.any():
                 continue
-            cand = np.flatnonzero(near)
+            cand = rows[np.flatnonzero(near)]
             j = cand[int(np.argmax(self.sims[k, cand]))]
             if self.sims[k, j] >= self.threshold:
                 out.append(Match(int(self.ids[j]), int(d.label), (float(px), float(py)), float(self.sims[k, j])))
