@@ -61,3 +61,49 @@ def test_damaged_or_incomplete_maps_are_refused(tmp_path, emb):
     (ds.root / "metadata.json").unlink()
     with pytest.raises(DataError, match="metadata.json"):
         build_map(ds, emb, tmp_path / "map2")
+
+
+class _Stopping:
+    """An embedder that stops the build (as a killed process would) at its ``stop_at``-th chunk."""
+
+    def __init__(self, emb, stop_at: int):
+        self.emb, self.stop_at, self.calls = emb, stop_at, 0
+        self.name, self.dim, self.input_size = emb.name, emb.dim, emb.input_size
+
+    def __call__(self, x):
+        if x.shape[0] == 1 and not np.any(x[0] != x[0].T):  # the probe (a symmetric ramp)
+            return self.emb(x)
+        self.calls += 1
+        if self.calls == self.stop_at:
+            raise KeyboardInterrupt("stopped")
+        return self.emb(x)
+
+
+def test_an_interrupted_build_resumes_its_unfinished_chunks_and_gives_the_same_map(tmp_path, emb):
+    """Chunks of one crater: the build stops at its third chunk; the map is not there, two chunks
+    are kept. The next build embeds only the two missing chunks and writes a map byte-identical to
+    one built in one go. A build of other inputs into the same directory is refused, and a damaged
+    chunk is named."""
+    from trn.nav.onboard_map import CHUNK_DIR
+
+    ds = _dataset(tmp_path)
+    whole = build_map(ds, emb, tmp_path / "whole", chunk=1)
+    stopping = _Stopping(emb, stop_at=3)
+    with pytest.raises(KeyboardInterrupt):
+        build_map(ds, stopping, tmp_path / "map", chunk=1)
+    assert not (tmp_path / "map" / MAP_FILE).exists()
+    assert sorted(p.name for p in (tmp_path / "map" / CHUNK_DIR).glob("chunk-*")) == ["chunk-00000.npz",
+                                                                                   "chunk-00001.npz"]
+    with pytest.raises(DataError, match="other inputs"):
+        build_map(ds, emb, tmp_path / "map", chunk=2)
+    counting = _Stopping(emb, stop_at=-1)
+    m = build_map(ds, counting, tmp_path / "map", chunk=1)
+    assert counting.calls == 2 and m.ids == whole.ids
+    for f in (DB_FILE, MAP_FILE):
+        assert (tmp_path / "map" / f).read_bytes() == (tmp_path / "whole" / f).read_bytes()
+    assert not (tmp_path / "map" / CHUNK_DIR).exists()  # a complete map keeps no work
+    with pytest.raises(KeyboardInterrupt):
+        build_map(ds, _Stopping(emb, stop_at=2), tmp_path / "again", chunk=1)
+    (tmp_path / "again" / CHUNK_DIR / "chunk-00000.npz").write_bytes(b"not a chunk")
+    with pytest.raises(DataError, match="chunk-00000.npz"):
+        build_map(ds, emb, tmp_path / "again", chunk=1)

@@ -14,7 +14,10 @@ the reference sphere (then the fix must allow a few km of height error: ``landma
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +33,8 @@ MAP_FORMAT = "trn-map"
 MAP_VERSION = 1
 DB_FILE = "landmarks.db"
 MAP_FILE = "map.json"
+CHUNK_DIR = ".chunks"  # an unfinished build's finished chunks (resumable)
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -169,7 +174,7 @@ def near_track(lat: np.ndarray, lon: np.ndarray, positions_km: np.ndarray, km: f
 
 def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None = None, batch: int = 256,
               appearance: str = "catalogue", workers: int = 2, catalogue: str = "dataset",
-              near_track_km: float | None = None) -> OnboardMap:
+              near_track_km: float | None = None, chunk: int = 4096) -> OnboardMap:
     """Embed every crater of ``ds`` with ``emb`` and write the map to ``out``. ``appearance``:
     "catalogue" embeds the dataset's landmark renders as they are; "predicted" renders each
     crater from ``source`` under the illumination of the planned pass and cuts it to the rim
@@ -177,7 +182,10 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     "union", every crater of ``source``'s union catalogue (Head et al. >= 20 km and Povilaitis et
     al. 5-20 km within 60 degrees, or a built-in world's analogue), each rendered from ``source``
     (in the landmark view for the catalogue appearance). ``near_track_km``: only the craters within
-    that distance of the planned trajectory's ground track (the ground the mission flies over)."""
+    that distance of the planned trajectory's ground track (the ground the mission flies over).
+    The work goes in chunks of ``chunk`` craters kept in ``out/.chunks`` as they finish: an
+    interrupted build, run again with the same inputs, does only the unfinished chunks
+    (:func:`_chunked_embeddings`)."""
     from trn.data.crops import preprocess
 
     if appearance not in APPEARANCES:
@@ -212,20 +220,22 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
         ids = [c for c, k in zip(ids, near_track(ll[:, 0], ll[:, 1], ds.kitti[:, :, 3], near_track_km)) if k]
     if not ids:
         raise DataError("no crater to map (none of crater_images/ in metadata.json, or none near the track)", ds.root)
-    if appearance == "predicted" or catalogue == "union":
-        images = predicted_renders(ds, meta, ids, Path(source), workers, craters, lit_by_pass=appearance == "predicted")
-    else:
-        images = ((c, ds.load_crater(c)) for c in ids)
-    order: list[int] = []
+    out.mkdir(parents=True, exist_ok=True)
+    (out / MAP_FILE).unlink(missing_ok=True)  # no map.json until both files are complete
+
+    def images(cids: list[int]):
+        if appearance == "predicted" or catalogue == "union":
+            return predicted_renders(ds, meta, cids, Path(source), workers, craters,
+                                     lit_by_pass=appearance == "predicted")
+        return ((c, ds.load_crater(c)) for c in cids)
+
+    plan = {"model": emb.name, "model_probe": _probe(emb), "dataset": str(ds.root), "source": str(source),
+            "appearance": appearance, "catalogue": catalogue, "near_track_km": near_track_km, "batch": batch}
+    order, vectors = _chunked_embeddings(out / CHUNK_DIR, plan, ids, chunk, images,
+                                         lambda items: _embed_chunk(emb, items, batch, preprocess))
     db = LandmarkDB(DBConfig(dim=emb.dim, threshold=0.9))
-    chunk: list[tuple[int, np.ndarray]] = []
-    for item in images:
-        chunk.append(item)
-        if len(chunk) == batch:
-            _embed_into(db, emb, chunk, preprocess, order)
-            chunk = []
-    if chunk:
-        _embed_into(db, emb, chunk, preprocess, order)
+    if len(order):
+        db.add(vectors, labels=[str(c) for c in order])
     ids = order
     if craters is None:
         craters = {c: (meta.craters[c]["lat"], meta.craters[c]["lon"], meta.craters[c]["diameter_km"]) for c in ids}
@@ -240,8 +250,6 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     else:
         radius = np.full(len(ids), MOON_RADIUS_KM)
         surface = f"reference sphere of {MOON_RADIUS_KM} km"
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MAP_FILE).unlink(missing_ok=True)  # no map.json until both files are complete
     db.save(out / DB_FILE)
     doc = {"format": MAP_FORMAT, "version": MAP_VERSION, "model": emb.name, "input_size": emb.input_size,
            "embedding_dim": emb.dim, "dataset": str(ds.root), "surface": surface, "appearance": appearance,
@@ -250,13 +258,78 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
            "columns": ["lat_deg", "lon_deg_east", "radius_km", "diameter_km"],
            "craters": {str(c): [float(a), float(b), float(r), float(d)] for c, a, b, r, d in zip(ids, lat, lon, radius, diam)}}
     atomic_write_text(out / MAP_FILE, json.dumps(doc) + "\n")
+    shutil.rmtree(out / CHUNK_DIR, ignore_errors=True)  # the map is complete: its work is no longer needed
     return OnboardMap.load(out)
 
 
-def _embed_into(db: LandmarkDB, emb, chunk: list[tuple[int, np.ndarray]], preprocess, order: list[int]) -> None:
-    x = np.stack([preprocess(img, emb.input_size) for _, img in chunk]).astype(np.float32)
-    db.add(emb(x).global_, labels=[str(c) for c, _ in chunk])
-    order.extend(c for c, _ in chunk)
+def _probe(emb) -> str:
+    """sha256 of the embedding of a fixed ramp image: a partial build is resumed only with a model
+    that computes the same numbers."""
+    s = emb.input_size
+    ramp = np.add.outer(np.arange(s), np.arange(s)).astype(np.float32) / (2.0 * s)
+    x = ramp[None]
+    return hashlib.sha256(np.ascontiguousarray(emb(x).global_, np.float32).tobytes()).hexdigest()
+
+
+def _embed_chunk(emb, items: list[tuple[int, np.ndarray]], batch: int, preprocess) -> tuple[list[int], np.ndarray]:
+    """One chunk's crater ids and embeddings [n, dim] float32, ``batch`` images at a time."""
+    ids, parts = [], []
+    for i in range(0, len(items), batch):
+        part = items[i:i + batch]
+        x = np.stack([preprocess(img, emb.input_size) for _, img in part]).astype(np.float32)
+        parts.append(np.asarray(emb(x).global_, np.float32))
+        ids.extend(c for c, _ in part)
+    return ids, np.concatenate(parts) if parts else np.zeros((0, emb.dim), np.float32)
+
+
+def _chunked_embeddings(work: Path, plan: dict, ids: list[int], chunk: int, images, embed
+                        ) -> tuple[list[int], np.ndarray]:
+    """Every crater's embedding, in chunks of ``chunk`` craters that are kept in ``work`` as they
+    finish (``chunk-NNNNN.npz``, written atomically) beside ``plan.json`` (the inputs): a build
+    that is stopped loses only its unfinished chunk, and the next build with the same inputs
+    reuses the finished ones. ``images(cids)`` yields (id, image); ``embed(items)`` gives (ids,
+    vectors). Returns the ids in order and their vectors [n, dim]."""
+    if chunk < 1:
+        raise DataError(f"map chunk size {chunk}: expected at least 1 crater")
+    chunks = [ids[i:i + chunk] for i in range(0, len(ids), chunk)]
+    plan = dict(plan, chunk=chunk, craters=len(ids),
+                ids_sha256=hashlib.sha256(np.asarray(ids, np.int64).tobytes()).hexdigest())
+    plan_path = work / "plan.json"
+    if plan_path.is_file():
+        try:
+            held = json.loads(plan_path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError:
+            held = None
+        if held != json.loads(json.dumps(plan)):
+            raise DataError("holds an unfinished map build of other inputs (model, craters, appearance, chunk "
+                            "size); build into another --out, or delete this directory to start again", work)
+        done = sum((work / f"chunk-{k:05d}.npz").is_file() for k in range(len(chunks)))
+        log.info("map build: resuming, %d of %d chunks already done in %s", done, len(chunks), work)
+    else:
+        work.mkdir(parents=True, exist_ok=True)
+        atomic_write_text(plan_path, json.dumps(plan, indent=1) + "\n")
+    order: list[int] = []
+    vectors: list[np.ndarray] = []
+    for k, cids in enumerate(chunks):
+        path = work / f"chunk-{k:05d}.npz"
+        if not path.is_file():
+            got_ids, got = embed(list(images(cids)))
+            if sorted(got_ids) != sorted(cids):
+                raise DataError(f"map chunk {k}: embedded {len(got_ids)} craters for {len(cids)} asked", work)
+            tmp = path.with_name(f".{path.stem}.tmp.npz")
+            np.savez(tmp, ids=np.asarray(got_ids, np.int64), vectors=got)
+            tmp.replace(path)
+            log.info("map build: chunk %d of %d done (%d craters)", k + 1, len(chunks), len(cids))
+        try:
+            with np.load(path) as z:
+                got_ids, got = [int(c) for c in z["ids"]], np.asarray(z["vectors"], np.float32)
+        except (OSError, ValueError, KeyError) as e:
+            raise DataError(f"map chunk {k} cannot be read ({e}); delete it and build again to redo it", path) from None
+        if sorted(got_ids) != sorted(cids) or got.shape != (len(cids), got.shape[1]):
+            raise DataError(f"map chunk {k} holds other craters than the plan; delete it and build again", path)
+        order.extend(got_ids)
+        vectors.append(got)
+    return order, np.concatenate(vectors) if vectors else np.zeros((0, 1), np.float32)
 
 
 def catalogue_crater_map(source: str | Path):
