@@ -107,3 +107,41 @@ def test_an_interrupted_build_resumes_its_unfinished_chunks_and_gives_the_same_m
     (tmp_path / "again" / CHUNK_DIR / "chunk-00000.npz").write_bytes(b"not a chunk")
     with pytest.raises(DataError, match="chunk-00000.npz"):
         build_map(ds, emb, tmp_path / "again", chunk=1)
+
+
+def _build_in(tmp_path, executor: str, **kw):
+    from trn.sim.embedders import make_embedder
+
+    ds = _dataset(tmp_path / executor)
+    emb = make_embedder("flight_conv2d_se_union", None, 1)
+    spec = None if executor == "inline" else "flight_conv2d_se_union"
+    build_map(ds, emb, tmp_path / executor / "map", chunk=2, executor=executor, model_spec=spec, workers=2, **kw)
+    return [(tmp_path / executor / "map" / f).read_bytes() for f in (DB_FILE, MAP_FILE)]
+
+
+@pytest.fixture(scope="module")
+def inline_bytes(tmp_path_factory):
+    return _build_in(tmp_path_factory.mktemp("inline"), "inline")
+
+
+def _same_but_dataset_path(a, b):
+    """map.json names its dataset's directory, which differs between the builds."""
+    da, db_ = json.loads(a[1]), json.loads(b[1])
+    da.pop("dataset"), db_.pop("dataset")
+    return a[0] == b[0] and da == db_
+
+
+def test_local_processes_give_the_bytes_of_a_build_in_one_process(tmp_path, inline_bytes):
+    """Chunks of two craters run as tasks in two spawned processes, each rebuilding the model on
+    one thread: the same landmarks.db and map.json as the build in this process on one thread."""
+    assert _same_but_dataset_path(_build_in(tmp_path, "processes"), inline_bytes)
+    with pytest.raises(DataError, match="model_spec"):
+        build_map(_dataset(tmp_path / "x"), emb=__import__("trn.sim.embedders", fromlist=["x"]).make_embedder(
+            "flight_conv2d_se_union", None, 1), out=tmp_path / "x" / "map", executor="processes")
+
+
+def test_ray_tasks_give_the_bytes_of_a_build_in_one_process(tmp_path, inline_bytes):
+    """The same chunks as Ray tasks on a local Ray cluster of two CPUs (skipped without the ray
+    extra): the same bytes."""
+    pytest.importorskip("ray")
+    assert _same_but_dataset_path(_build_in(tmp_path, "ray", ray_address="local"), inline_bytes)

@@ -143,6 +143,12 @@ def main(argv: list[str] | None = None) -> int:
     mb.add_argument("--chunk", type=int_between(1, 10_000_000), default=4096, metavar="N",
                     help="craters per chunk of work (default 4096); finished chunks are kept in OUT/.chunks, so an "
                          "interrupted build run again with the same inputs does only the unfinished ones")
+    mb.add_argument("--executor", choices=("inline", "processes"), default="inline",
+                    help="inline (default): render in --threads processes, embed in this one; processes: each chunk "
+                         "a task in one of --threads local processes (one torch thread each; the same bytes as --ray)")
+    mb.add_argument("--ray", default=None, metavar="ADDRESS",
+                    help="run each chunk as a Ray task on the cluster at ADDRESS, or 'local' for a cluster of "
+                         "--threads CPUs on this machine (needs the ray extra); the same bytes as --executor processes")
     mb.add_argument("--threads", type=int_between(1, 1024), default=max(1, os.cpu_count() or 1), help="torch CPU threads")
     mb.add_argument("-v", "--verbose", action="store_true")
     rp = sub.add_parser("report", help="re-render report.md and the plots of a report directory from its report.json")
@@ -197,7 +203,8 @@ def _map_build(args) -> int:
         raise ConfigError(f"--out {args.out} is a file; a map is a directory: give a new or existing directory")
     m = build_map(check_before_scenarios(args.data), make_embedder(args.model, None, args.threads), args.out, args.source,
                   appearance=args.appearance, workers=args.threads, catalogue=args.catalogue,
-                  near_track_km=args.near_track, chunk=args.chunk)
+                  near_track_km=args.near_track, chunk=args.chunk, executor="ray" if args.ray else args.executor,
+                  model_spec=args.model, ray_address=args.ray)
     size = sum(f.stat().st_size for f in Path(args.out).iterdir() if f.is_file())
     print(f"map {args.out}: {len(m.ids)} craters ({args.catalogue} catalogue) embedded by {m.info['model']} "
           f"({m.info['appearance']} appearance, {m.info['surface']}); {size / 2 ** 20:.1f} MiB on disk, built in "

@@ -174,7 +174,8 @@ def near_track(lat: np.ndarray, lon: np.ndarray, positions_km: np.ndarray, km: f
 
 def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None = None, batch: int = 256,
               appearance: str = "catalogue", workers: int = 2, catalogue: str = "dataset",
-              near_track_km: float | None = None, chunk: int = 4096) -> OnboardMap:
+              near_track_km: float | None = None, chunk: int = 4096, executor: str = "inline",
+              model_spec: str | None = None, ray_address: str | None = None) -> OnboardMap:
     """Embed every crater of ``ds`` with ``emb`` and write the map to ``out``. ``appearance``:
     "catalogue" embeds the dataset's landmark renders as they are; "predicted" renders each
     crater from ``source`` under the illumination of the planned pass and cuts it to the rim
@@ -185,7 +186,12 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     that distance of the planned trajectory's ground track (the ground the mission flies over).
     The work goes in chunks of ``chunk`` craters kept in ``out/.chunks`` as they finish: an
     interrupted build, run again with the same inputs, does only the unfinished chunks
-    (:func:`_chunked_embeddings`)."""
+    (:func:`_chunked_embeddings`). ``executor``: "inline" renders (``workers`` processes) and
+    embeds with ``emb`` in this process; "processes" (``workers`` local processes) and "ray" (Ray
+    tasks on the cluster at ``ray_address``, or "local" for one started on this machine) run each
+    chunk as one task (:func:`chunk_task`) that renders and embeds with the model ``model_spec``
+    on one thread, so both give the same bytes; ``emb`` must be that model (its output on a fixed
+    image is checked in every task)."""
     from trn.data.crops import preprocess
 
     if appearance not in APPEARANCES:
@@ -223,16 +229,27 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     out.mkdir(parents=True, exist_ok=True)
     (out / MAP_FILE).unlink(missing_ok=True)  # no map.json until both files are complete
 
-    def images(cids: list[int]):
-        if appearance == "predicted" or catalogue == "union":
-            return predicted_renders(ds, meta, cids, Path(source), workers, craters,
-                                     lit_by_pass=appearance == "predicted")
-        return ((c, ds.load_crater(c)) for c in cids)
+    if executor not in EXECUTORS:
+        raise DataError(f"map build executor {executor!r}: expected one of {EXECUTORS}")
+    if executor != "inline" and not model_spec:
+        raise DataError(f"the {executor} executor rebuilds the model in each task: give its model_spec (--model)")
+    job = ChunkJob(str(ds.root), None if source is None else str(source), appearance, catalogue, batch,
+                   model_spec or "", _probe(emb, threads=1 if executor != "inline" else None))
 
-    plan = {"model": emb.name, "model_probe": _probe(emb), "dataset": str(ds.root), "source": str(source),
-            "appearance": appearance, "catalogue": catalogue, "near_track_km": near_track_km, "batch": batch}
-    order, vectors = _chunked_embeddings(out / CHUNK_DIR, plan, ids, chunk, images,
-                                         lambda items: _embed_chunk(emb, items, batch, preprocess))
+    def sub(cids: list[int]) -> dict | None:
+        return None if craters is None else {c: craters[c] for c in cids}
+
+    if executor == "inline":
+        def run(chunks):
+            for k, cids in chunks:
+                yield k, _embed_chunk(emb, list(job.images(ds, meta, cids, sub(cids), workers)), batch, preprocess)
+    else:
+        def run(chunks):
+            yield from _run_tasks(executor, chunks, job, sub, workers, ray_address)
+    plan = {"model": emb.name, "model_probe": job.probe, "dataset": str(ds.root), "source": str(source),
+            "appearance": appearance, "catalogue": catalogue, "near_track_km": near_track_km, "batch": batch,
+            "one_thread_tasks": executor != "inline"}
+    order, vectors = _chunked_embeddings(out / CHUNK_DIR, plan, ids, chunk, run)
     db = LandmarkDB(DBConfig(dim=emb.dim, threshold=0.9))
     if len(order):
         db.add(vectors, labels=[str(c) for c in order])
@@ -262,13 +279,106 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     return OnboardMap.load(out)
 
 
-def _probe(emb) -> str:
-    """sha256 of the embedding of a fixed ramp image: a partial build is resumed only with a model
-    that computes the same numbers."""
+def _probe(emb, threads: int | None = None) -> str:
+    """sha256 of the embedding of a fixed ramp image (with ``threads`` torch threads, if given): a
+    partial build is resumed, and a task's model accepted, only when it computes the same numbers."""
+    import torch
+
     s = emb.input_size
     ramp = np.add.outer(np.arange(s), np.arange(s)).astype(np.float32) / (2.0 * s)
-    x = ramp[None]
-    return hashlib.sha256(np.ascontiguousarray(emb(x).global_, np.float32).tobytes()).hexdigest()
+    before = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    try:
+        return hashlib.sha256(np.ascontiguousarray(emb(ramp[None]).global_, np.float32).tobytes()).hexdigest()
+    finally:
+        torch.set_num_threads(before)
+
+
+EXECUTORS = ("inline", "processes", "ray")
+
+
+@dataclass(frozen=True)
+class ChunkJob:
+    """What a chunk task needs besides its craters (picklable, for processes and Ray workers)."""
+
+    dataset: str
+    source: str | None
+    appearance: str
+    catalogue: str
+    batch: int
+    model: str
+    probe: str
+
+    def images(self, ds: Luna1Dataset, meta: Luna1Metadata, cids: list[int], craters: dict | None, workers: int):
+        """(id, image) of the craters ``cids`` (:func:`build_map`)."""
+        if self.appearance == "predicted" or self.catalogue == "union":
+            return predicted_renders(ds, meta, cids, Path(self.source), workers, craters,
+                                     lit_by_pass=self.appearance == "predicted")
+        return ((c, ds.load_crater(c)) for c in cids)
+
+
+_TASK: dict = {}  # per worker process: the dataset, metadata and embedder of the last job
+
+
+def chunk_task(job: ChunkJob, cids: list[int], craters: dict | None) -> tuple[list[int], np.ndarray]:
+    """One chunk of a map build in a worker (a local process or a Ray task): render the craters in
+    this process and embed them with ``job.model`` on one torch thread. Refuses a model whose
+    output on the fixed image differs from the driver's."""
+    import torch
+
+    from trn.data.crops import preprocess
+    from trn.data.luna1 import read_luna1
+    from trn.sim.embedders import make_embedder
+
+    torch.set_num_threads(1)
+    key = (job.dataset, job.model)
+    if _TASK.get("key") != key:
+        ds = read_luna1(job.dataset)
+        _TASK.update(key=key, ds=ds, meta=Luna1Metadata.read(ds.root / "metadata.json"),
+                     emb=make_embedder(job.model, None, 1))
+        if _probe(_TASK["emb"]) != job.probe:
+            _TASK.clear()
+            raise DataError(f"model {job.model!r} computes other numbers in this worker than in the driver (another "
+                            "file or library version); install the same model and versions on every worker")
+    ds, meta, emb = _TASK["ds"], _TASK["meta"], _TASK["emb"]
+    return _embed_chunk(emb, list(job.images(ds, meta, cids, craters, 1)), job.batch, preprocess)
+
+
+def _run_tasks(executor: str, chunks, job: ChunkJob, sub, workers: int, ray_address: str | None):
+    """Yield (chunk index, (ids, vectors)) as the tasks finish, on ``workers`` local processes or
+    on a Ray cluster (a worker that dies has its task retried by Ray)."""
+    chunks = list(chunks)
+    if not chunks:
+        return
+    if executor == "processes":
+        import concurrent.futures as cf
+        import multiprocessing as mp
+
+        with cf.ProcessPoolExecutor(max(1, workers), mp_context=mp.get_context("spawn")) as pool:
+            futures = {pool.submit(chunk_task, job, cids, sub(cids)): k for k, cids in chunks}
+            for f in cf.as_completed(futures):
+                yield futures[f], f.result()
+        return
+    try:
+        import ray
+    except ImportError:
+        raise DataError("the ray executor needs Ray: pip install -e '.[ray]'") from None
+    started = not ray.is_initialized()
+    if started:
+        if ray_address in (None, "local"):
+            ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False)
+        else:
+            ray.init(address=ray_address, log_to_driver=False)
+    try:
+        task = ray.remote(max_retries=3)(chunk_task)
+        pending = {task.remote(job, cids, sub(cids)): k for k, cids in chunks}
+        while pending:
+            done, _ = ray.wait(list(pending), num_returns=1)
+            yield pending.pop(done[0]), ray.get(done[0])
+    finally:
+        if started:
+            ray.shutdown()
 
 
 def _embed_chunk(emb, items: list[tuple[int, np.ndarray]], batch: int, preprocess) -> tuple[list[int], np.ndarray]:
@@ -282,13 +392,13 @@ def _embed_chunk(emb, items: list[tuple[int, np.ndarray]], batch: int, preproces
     return ids, np.concatenate(parts) if parts else np.zeros((0, emb.dim), np.float32)
 
 
-def _chunked_embeddings(work: Path, plan: dict, ids: list[int], chunk: int, images, embed
-                        ) -> tuple[list[int], np.ndarray]:
+def _chunked_embeddings(work: Path, plan: dict, ids: list[int], chunk: int, run) -> tuple[list[int], np.ndarray]:
     """Every crater's embedding, in chunks of ``chunk`` craters that are kept in ``work`` as they
     finish (``chunk-NNNNN.npz``, written atomically) beside ``plan.json`` (the inputs): a build
-    that is stopped loses only its unfinished chunk, and the next build with the same inputs
-    reuses the finished ones. ``images(cids)`` yields (id, image); ``embed(items)`` gives (ids,
-    vectors). Returns the ids in order and their vectors [n, dim]."""
+    that is stopped loses only its unfinished chunks, and the next build with the same inputs
+    reuses the finished ones. ``run(chunks)``, given (index, crater ids) of the unfinished chunks,
+    yields (index, (ids, vectors)) in any order. Returns the ids in chunk order and their vectors
+    [n, dim]."""
     if chunk < 1:
         raise DataError(f"map chunk size {chunk}: expected at least 1 crater")
     chunks = [ids[i:i + chunk] for i in range(0, len(ids), chunk)]
@@ -308,18 +418,18 @@ def _chunked_embeddings(work: Path, plan: dict, ids: list[int], chunk: int, imag
     else:
         work.mkdir(parents=True, exist_ok=True)
         atomic_write_text(plan_path, json.dumps(plan, indent=1) + "\n")
+    path_of = lambda k: work / f"chunk-{k:05d}.npz"  # noqa: E731
+    for k, (got_ids, got) in run([(k, cids) for k, cids in enumerate(chunks) if not path_of(k).is_file()]):
+        if sorted(got_ids) != sorted(chunks[k]):
+            raise DataError(f"map chunk {k}: embedded {len(got_ids)} craters for {len(chunks[k])} asked", work)
+        tmp = path_of(k).with_name(f".chunk-{k:05d}.tmp.npz")
+        np.savez(tmp, ids=np.asarray(got_ids, np.int64), vectors=np.asarray(got, np.float32))
+        tmp.replace(path_of(k))
+        log.info("map build: chunk %d of %d done (%d craters)", k + 1, len(chunks), len(chunks[k]))
     order: list[int] = []
     vectors: list[np.ndarray] = []
     for k, cids in enumerate(chunks):
-        path = work / f"chunk-{k:05d}.npz"
-        if not path.is_file():
-            got_ids, got = embed(list(images(cids)))
-            if sorted(got_ids) != sorted(cids):
-                raise DataError(f"map chunk {k}: embedded {len(got_ids)} craters for {len(cids)} asked", work)
-            tmp = path.with_name(f".{path.stem}.tmp.npz")
-            np.savez(tmp, ids=np.asarray(got_ids, np.int64), vectors=got)
-            tmp.replace(path)
-            log.info("map build: chunk %d of %d done (%d craters)", k + 1, len(chunks), len(cids))
+        path = path_of(k)
         try:
             with np.load(path) as z:
                 got_ids, got = [int(c) for c in z["ids"]], np.asarray(z["vectors"], np.float32)
