@@ -124,6 +124,17 @@ def test_a_predicted_appearance_map_renders_under_the_pass_sun(boxed_world, tmp_
         build_map(ds, emb, tmp_path / "umap2", None, catalogue="union")
     with pytest.raises(DataError, match="none near the track"):
         build_map(ds, emb, tmp_path / "umap3", boxed_world, catalogue="union", near_track_km=0.001)
+    # a catalogue file (a dense catalogue's format): its rows near the track, rendered the same way
+    from trn.data.sources import write_catalogue
+
+    sel = np.flatnonzero(near)[:5]
+    write_catalogue(tmp_path / "five.csv", cat.lat[sel], cat.lon[sel], cat.diameter_km[sel])
+    f = build_map(ds, emb, tmp_path / "fmap", boxed_world, workers=1, catalogue=str(tmp_path / "five.csv"))
+    assert sorted(f.ids) == [1, 2, 3, 4, 5]
+    np.testing.assert_allclose(f.db.embeddings[[f.ids.index(k + 1) for k in range(5)]],
+                               u.db.embeddings[[u.ids.index(int(cat.ids[r])) for r in sel]], atol=1e-5)
+    with pytest.raises(DataError, match="catalogue CSV"):
+        build_map(ds, emb, tmp_path / "fmap2", boxed_world, catalogue=str(tmp_path / "missing.csv"))
 
 
 def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path, capsys):

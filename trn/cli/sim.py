@@ -138,6 +138,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="dataset: the craters the dataset rendered (default); union: every crater of the source's "
                          "union catalogue (Head et al. >= 20 km and Povilaitis et al. 5-20 km within 60 degrees; "
                          "needs --source)")
+    mb.add_argument("--catalogue-file", type=Path, default=None, metavar="CSV",
+                    help="map the craters of this catalogue instead (e.g. trn-data dense-catalogue's), rendered "
+                         "from --source; ids are its row numbers")
     mb.add_argument("--near-track", type=float_between(0.0, 20000.0, low_open=True), default=None, metavar="KM",
                     help="only the craters within KM of the dataset's planned ground track (default: all)")
     mb.add_argument("--chunk", type=int_between(1, 10_000_000), default=4096, metavar="N",
@@ -202,11 +205,12 @@ def _map_build(args) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file; a map is a directory: give a new or existing directory")
     m = build_map(check_before_scenarios(args.data), make_embedder(args.model, None, args.threads), args.out, args.source,
-                  appearance=args.appearance, workers=args.threads, catalogue=args.catalogue,
+                  appearance=args.appearance, workers=args.threads,
+                  catalogue=str(args.catalogue_file) if args.catalogue_file else args.catalogue,
                   near_track_km=args.near_track, chunk=args.chunk, executor="ray" if args.ray else args.executor,
                   model_spec=args.model, ray_address=args.ray)
     size = sum(f.stat().st_size for f in Path(args.out).iterdir() if f.is_file())
-    print(f"map {args.out}: {len(m.ids)} craters ({args.catalogue} catalogue) embedded by {m.info['model']} "
+    print(f"map {args.out}: {len(m.ids)} craters ({m.info['catalogue']} catalogue) embedded by {m.info['model']} "
           f"({m.info['appearance']} appearance, {m.info['surface']}); {size / 2 ** 20:.1f} MiB on disk, built in "
           f"{time.perf_counter() - t0:.0f} s ({len(m.ids) / max(time.perf_counter() - t0, 1e-9):.1f} craters/s)")
     return 0

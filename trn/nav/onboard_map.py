@@ -18,6 +18,7 @@ import hashlib
 import json
 import logging
 import shutil
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -182,7 +183,8 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     (:func:`predicted_renders`). ``catalogue``: "dataset", the craters the dataset rendered;
     "union", every crater of ``source``'s union catalogue (Head et al. >= 20 km and Povilaitis et
     al. 5-20 km within 60 degrees, or a built-in world's analogue), each rendered from ``source``
-    (in the landmark view for the catalogue appearance). ``near_track_km``: only the craters within
+    (in the landmark view for the catalogue appearance); or the path of a catalogue CSV (ids: its
+    row numbers), rendered the same way. ``near_track_km``: only the craters within
     that distance of the planned trajectory's ground track (the ground the mission flies over).
     The work goes in chunks of ``chunk`` craters kept in ``out/.chunks`` as they finish: an
     interrupted build, run again with the same inputs, does only the unfinished chunks
@@ -196,9 +198,11 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
 
     if appearance not in APPEARANCES:
         raise DataError(f"map appearance {appearance!r}: expected one of {APPEARANCES}")
-    if catalogue not in CATALOGUES:
-        raise DataError(f"map catalogue {catalogue!r}: expected one of {CATALOGUES}")
-    if (appearance == "predicted" or catalogue == "union") and source is None:
+    from_file = catalogue not in CATALOGUES
+    if from_file and not (catalogue.endswith(".csv") and Path(catalogue).is_file()):
+        raise DataError(f"map catalogue {catalogue!r}: expected one of {CATALOGUES} or a catalogue CSV file "
+                        "(e.g. trn-data dense-catalogue's)")
+    if (appearance == "predicted" or catalogue != "dataset") and source is None:
         raise DataError("a predicted-appearance or union-catalogue map renders the craters: pass the terrain source "
                         "(--source / --map-source, e.g. ../shared/data/moon, or the built-in world's directory)")
     out = Path(out)
@@ -208,11 +212,11 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
                         "with trn-data build", ds.root)
     meta = Luna1Metadata.read(meta_path)
     craters = None
-    if catalogue == "union":
+    if catalogue != "dataset":
         from trn.data.detection import source_union_catalogue
-        from trn.data.sources import UnionRule
+        from trn.data.sources import UnionRule, read_catalogue
 
-        cat = source_union_catalogue(source, UnionRule())
+        cat = read_catalogue(catalogue) if from_file else source_union_catalogue(source, UnionRule())
         craters = {int(c): (float(a), float(b), float(d)) for c, a, b, d in zip(cat.ids, cat.lat, cat.lon,
                                                                                  cat.diameter_km)}
         ids = list(craters)
@@ -312,7 +316,7 @@ class ChunkJob:
 
     def images(self, ds: Luna1Dataset, meta: Luna1Metadata, cids: list[int], craters: dict | None, workers: int):
         """(id, image) of the craters ``cids`` (:func:`build_map`)."""
-        if self.appearance == "predicted" or self.catalogue == "union":
+        if self.appearance == "predicted" or self.catalogue != "dataset":
             return predicted_renders(ds, meta, cids, Path(self.source), workers, craters,
                                      lit_by_pass=self.appearance == "predicted")
         return ((c, ds.load_crater(c)) for c in cids)
@@ -425,6 +429,8 @@ def _chunked_embeddings(work: Path, plan: dict, ids: list[int], chunk: int, run)
         tmp = path_of(k).with_name(f".chunk-{k:05d}.tmp.npz")
         np.savez(tmp, ids=np.asarray(got_ids, np.int64), vectors=np.asarray(got, np.float32))
         tmp.replace(path_of(k))
+        with open(work / "progress.jsonl", "a", encoding="utf-8") as f:  # throughput across interrupted runs
+            f.write(json.dumps({"chunk": k, "craters": len(chunks[k]), "unix_s": round(time.time(), 3)}) + "\n")
         log.info("map build: chunk %d of %d done (%d craters)", k + 1, len(chunks), len(chunks[k]))
     order: list[int] = []
     vectors: list[np.ndarray] = []
