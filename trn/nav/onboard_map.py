@@ -370,8 +370,8 @@ def _run_tasks(executor: str, chunks, job: ChunkJob, sub, workers: int, ray_addr
         raise DataError("the ray executor needs Ray: pip install -e '.[ray]'") from None
     started = not ray.is_initialized()
     if started:
-        if ray_address in (None, "local"):
-            ray.init(num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False)
+        if ray_address in (None, "local"):  # a new cluster of this machine, never one found running
+            ray.init(address="local", num_cpus=max(1, workers), include_dashboard=False, log_to_driver=False)
         else:
             ray.init(address=ray_address, log_to_driver=False)
     try:
