@@ -205,6 +205,10 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     if (appearance == "predicted" or catalogue != "dataset") and source is None:
         raise DataError("a predicted-appearance or union-catalogue map renders the craters: pass the terrain source "
                         "(--source / --map-source, e.g. ../shared/data/moon, or the built-in world's directory)")
+    if executor not in EXECUTORS:
+        raise DataError(f"map build executor {executor!r}: expected one of {EXECUTORS}")
+    if executor != "inline" and not model_spec:
+        raise DataError(f"the {executor} executor rebuilds the model in each task: give its model_spec (--model)")
     out = Path(out)
     meta_path = ds.root / "metadata.json"
     if not meta_path.is_file():
@@ -230,13 +234,6 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
         ids = [c for c, k in zip(ids, near_track(ll[:, 0], ll[:, 1], ds.kitti[:, :, 3], near_track_km)) if k]
     if not ids:
         raise DataError("no crater to map (none of crater_images/ in metadata.json, or none near the track)", ds.root)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / MAP_FILE).unlink(missing_ok=True)  # no map.json until both files are complete
-
-    if executor not in EXECUTORS:
-        raise DataError(f"map build executor {executor!r}: expected one of {EXECUTORS}")
-    if executor != "inline" and not model_spec:
-        raise DataError(f"the {executor} executor rebuilds the model in each task: give its model_spec (--model)")
     job = ChunkJob(str(ds.root), None if source is None else str(source), appearance, catalogue, batch,
                    model_spec or "", _probe(emb, threads=1 if executor != "inline" else None))
 
@@ -271,6 +268,7 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     else:
         radius = np.full(len(ids), MOON_RADIUS_KM)
         surface = f"reference sphere of {MOON_RADIUS_KM} km"
+    (out / MAP_FILE).unlink(missing_ok=True)  # no map.json until both files are complete
     db.save(out / DB_FILE)
     doc = {"format": MAP_FORMAT, "version": MAP_VERSION, "model": emb.name, "input_size": emb.input_size,
            "embedding_dim": emb.dim, "dataset": str(ds.root), "surface": surface, "appearance": appearance,
