@@ -71,7 +71,7 @@ class _Stopping:
         self.name, self.dim, self.input_size = emb.name, emb.dim, emb.input_size
 
     def __call__(self, x):
-        if x.shape[0] == 1 and not np.any(x[0] != x[0].T):  # the probe (a symmetric ramp)
+        if x.shape[0] == 1 and np.array_equal(x[0], x[0].T):  # the build's model probe (a symmetric ramp): not a chunk
             return self.emb(x)
         self.calls += 1
         if self.calls == self.stop_at:
@@ -135,9 +135,12 @@ def test_local_processes_give_the_bytes_of_a_build_in_one_process(tmp_path, inli
     """Chunks of two craters run as tasks in two spawned processes, each rebuilding the model on
     one thread: the same landmarks.db and map.json as the build in this process on one thread."""
     assert _same_but_dataset_path(_build_in(tmp_path, "processes"), inline_bytes)
+    from trn.sim.embedders import make_embedder
+
     with pytest.raises(DataError, match="model_spec"):
-        build_map(_dataset(tmp_path / "x"), emb=__import__("trn.sim.embedders", fromlist=["x"]).make_embedder(
-            "flight_conv2d_se_union", None, 1), out=tmp_path / "x" / "map", executor="processes")
+        build_map(_dataset(tmp_path / "x"), make_embedder("flight_conv2d_se_union", None, 1), tmp_path / "x" / "map",
+                  executor="processes")
+    assert not (tmp_path / "x" / "map").exists()  # refused before anything is written
 
 
 def test_ray_tasks_give_the_bytes_of_a_build_in_one_process(tmp_path, inline_bytes):

@@ -73,10 +73,10 @@ def draw_craters(cfg: SynthConfig, min_km: float = 1.0) -> DenseCraters:
     lat = np.degrees(np.arcsin(extra.uniform(-1.0, 1.0, n)))
     lon = extra.uniform(0.0, 360.0, n)
     age = extra.random(n)
-    cat = lambda world_values, extra_values: np.concatenate([np.asarray(world_values, np.float64),  # noqa: E731
-                                                             extra_values])
-    return DenseCraters(cat([c.lat for c in every], lat), cat([c.lon for c in every], lon),
-                        cat([c.diameter_km for c in every], dia), cat([c.age for c in every], age),
+    def joined(field: str, extra_values: np.ndarray) -> np.ndarray:  # the world's craters first, then the new ones
+        return np.concatenate([np.array([getattr(c, field) for c in every], np.float64), extra_values])
+
+    return DenseCraters(joined("lat", lat), joined("lon", lon), joined("diameter_km", dia), joined("age", age),
                         np.concatenate([np.ones(len(every), bool), np.zeros(n, bool)]))
 
 

@@ -34,13 +34,13 @@ candidates.
    fit's, updated by the altimeter. Otherwise the frame says why not.
 6. **A short window of frames** (:class:`WindowFixer`). A frame not decided alone is scored together
    with each earlier frame of the window: a pair of hypotheses whose displacement over the frames'
-   time difference is an orbital speed is one hypothesis of the window, scored once per distinct
-   map crater (a crater seen in both frames counts once, a crater predicted in either and never
-   seen counts once, a crater seen in one frame and predicted but not seen in the other adds that
-   miss); the two frames must share at least one crater, identified alike in both, and the window
-   must hold ``window_min_craters`` distinct craters, not counting a crater that the other frame
-   predicts certainly and farther inside than the assignment's gate and does not see. A frame already decided joins only
-   with the position it declared. The report says how many frames a fix needed.
+   time difference is an orbital speed is one hypothesis of the window, scored once per distinct map
+   crater (a crater seen in both frames counts once, a crater predicted in either and never seen
+   counts once, a crater seen in one frame and predicted but not seen in the other adds that miss);
+   the two frames must share at least one crater, identified alike in both, and the window must hold
+   ``window_min_craters`` distinct craters, not counting a crater that the other frame predicts
+   certainly and farther inside than the assignment's gate and does not see. A frame already decided
+   joins only with the position it declared. The report says how many frames a fix needed.
 7. **Late fixes** (``late``). A declared frame decides in the same way the undecided earlier frames
    of its window; such a fix is declared at the later frame's time, and the report gives its delay.
 
@@ -822,9 +822,9 @@ class WindowFixer:
         and never seen counts once. A crater seen in one frame that the other predicts without
         seeing it keeps that frame's miss as well; where that prediction was certain and deeper
         inside the frame than the assignment's gate (``inside``), it is not one of the window's
-        craters: the other frame contradicts it. (Counted as seen, a chance
-        match could pair a detection with one map crater in one frame and with a neighbour in the
-        other, and the pair of frames would hold a "third crater" neither frame supports.)"""
+        craters: the other frame contradicts it. (Counted as seen, a chance match could pair a
+        detection with one map crater in one frame and with a neighbour in the other, and the pair
+        of frames would hold a "third crater" neither frame supports.)"""
         contrib = dict(e.contrib)
         for r, c in h.contrib.items():
             contrib[r] = max(c, contrib.get(r, -np.inf))
