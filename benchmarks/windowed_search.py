@@ -68,8 +68,9 @@ def main() -> int:
     for sigma in (0.5, 5.0, 50.0):
         p = np.eye(3) * sigma ** 2
         for name, win in (("k-d tree", fast), ("scan", slow)):
-            times, projected = [], []
+            times = []
             win.candidates.clear()
+            win.projected.clear()
             frames = range(args.frames) if name == "k-d tree" else range(0, args.frames, 10)
             for f in frames:
                 t = 10.0 * f
@@ -79,15 +80,8 @@ def main() -> int:
                 s = time.perf_counter()
                 win(f, x, p, rot)
                 times.append((time.perf_counter() - s) * 1e3)
-                if name == "k-d tree":
-                    dd = [d.box for d in dets[f * n_det:(f + 1) * n_det]]
-                    spread = max(np.hypot((a + b) / 2 - 256, (c + d) / 2 - 256) + max(b - a, d - c) / 2
-                                 for a, b, c, d in dd)
-                    projected.append(len(win.index.within(x, win.reach_km(x, sigma, rot, spread))))
-                else:
-                    projected.append(len(cat))
             print(f"| {sigma:g} km | {name} | {np.percentile(times, 50):.2f} | {np.percentile(times, 99):.2f} | "
-                  f"{np.mean(projected):,.0f} | {np.mean(win.candidates):.1f} |")
+                  f"{np.mean(win.projected):,.0f} | {np.mean(win.candidates):.1f} |")
     return 0
 
 

@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from trn.cli.data import main as data_main
-from trn.data.dense_catalogue import DenseCraters, dense_catalogue, draw_craters, excavated
+from trn.data.dense_catalogue import dense_catalogue, draw_craters
 from trn.data.sources import read_catalogue
-from trn.data.synth import WORLD_MARKER, SynthConfig, sample_craters, secondaries, small_crater_catalogue
+from trn.data.synth import WORLD_MARKER, SynthConfig, excavated, sample_craters, secondaries, small_crater_catalogue
 from trn.errors import ConfigError, DataError
 
 CFG = SynthConfig(seed=3, ppd=4, n20=40.0)
@@ -51,10 +51,9 @@ def test_excavation_needs_a_younger_larger_rim_around_the_centre():
     # younger 5 km crater (kept); outside its rim an older 5 km crater (kept); an older crater of
     # the same size at the same place is not excavated by it (not larger)
     km = 1.0 / (np.pi * 1737.4 / 180.0)  # degrees per km on the reference sphere
-    c = DenseCraters(lat=np.array([0.0, 5 * km, -5 * km, 0.0, 0.0]), lon=np.array([0.0, 0.0, 0.0, 30 * km, 0.0]),
-                     diameter_km=np.array([40.0, 5.0, 5.0, 5.0, 40.0]), age=np.array([0.9, 0.1, 0.95, 0.1, 0.5]),
-                     world=np.ones(5, bool))
-    assert excavated(c, chunk=2).tolist() == [False, True, False, False, False]
+    lat, lon = np.array([0.0, 5 * km, -5 * km, 0.0, 0.0]), np.array([0.0, 0.0, 0.0, 30 * km, 0.0])
+    dia, age = np.array([40.0, 5.0, 5.0, 5.0, 40.0]), np.array([0.9, 0.1, 0.95, 0.1, 0.5])
+    assert excavated(lat, lon, dia, age, chunk=2).tolist() == [False, True, False, False, False]
 
 
 def test_the_catalogue_lists_what_the_worlds_small_catalogue_lists_in_its_range(tmp_path):

@@ -12,7 +12,8 @@ craters of 1-2 km and larger), so the built-in world's own population is extende
   stream of their own (``numpy.random.default_rng([seed, 25])``), so the world itself is unchanged;
 * a crater is listed when it is still visible, by the rules of the world's other catalogues: not
   older than the maria where they flood, and not excavated by a younger, larger crater whose rim
-  encloses its centre.
+  encloses its centre (:func:`trn.data.synth.flooded`, :func:`trn.data.synth.excavated`, the
+  rules of the world's own catalogues).
 
 The craters below ``min_crater_km`` exist in this catalogue only: the world's elevation (32 px per
 degree, about 0.95 km) does not stamp them, and renders show them only as far as the renderer's
@@ -28,12 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy.spatial import cKDTree
-
 from trn.data.sources import write_catalogue
-from trn.data.synth import FLOOD_AGE, WORLD_MARKER, SynthConfig, _mare, sample_craters, secondaries
+from trn.data.synth import WORLD_MARKER, SynthConfig, _mare, excavated, flooded, sample_craters, secondaries
 from trn.errors import ConfigError, DataError
-from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz
 
 log = logging.getLogger(__name__)
 STREAM = 25  # the extra craters' random stream: default_rng([seed, STREAM])
@@ -80,36 +78,6 @@ def draw_craters(cfg: SynthConfig, min_km: float = 1.0) -> DenseCraters:
                         np.concatenate([np.ones(len(every), bool), np.zeros(n, bool)]))
 
 
-def excavated(craters: DenseCraters, chunk: int = 200_000) -> np.ndarray:
-    """bool [N]: the crater's centre lies inside the rim of a younger, larger crater."""
-    xyz = latlon_to_xyz(craters.lat, craters.lon, 1.0).reshape(-1, 3)
-    radius = craters.diameter_km / (2.0 * MOON_RADIUS_KM)  # rad
-    chord = 2.0 * np.sin(radius / 2.0)
-    tree = cKDTree(xyz)
-    out = np.zeros(len(craters), bool)
-    # each crater as the excavator of the centres inside its rim; the smallest craters (most of
-    # them) enclose almost nothing, so the pairs found are few per crater
-    for s in range(0, len(craters), chunk):
-        rows = np.arange(s, min(s + chunk, len(craters)))
-        inside = tree.query_ball_point(xyz[rows], chord[rows], return_sorted=False)
-        lens = np.fromiter((len(x) for x in inside), int, len(rows))
-        if not lens.sum():
-            continue
-        exc = np.repeat(rows, lens)
-        hit = np.fromiter((i for x in inside for i in x), int, int(lens.sum()))
-        ok = (craters.age[exc] > craters.age[hit]) & (radius[exc] > radius[hit])
-        out[hit[ok]] = True
-    return out
-
-
-def flooded(craters: DenseCraters, cfg: SynthConfig, mare: np.ndarray | None = None) -> np.ndarray:
-    """bool [N]: older than the flooding (age below FLOOD_AGE) and inside a mare."""
-    mare = _mare(cfg) if mare is None else mare
-    r = np.minimum(((90.0 - craters.lat) * cfg.ppd).astype(int), mare.shape[0] - 1)
-    c = np.minimum(((craters.lon % 360.0) * cfg.ppd).astype(int), mare.shape[1] - 1)
-    return (craters.age < FLOOD_AGE) & (mare[r, c] > 0.5)
-
-
 def dense_catalogue(world_dir: str | Path, min_km: float = 1.0, out: str | Path | None = None) -> Path:
     """Write the visible craters of the built-in world at ``world_dir`` down to ``min_km`` (module
     docstring) as a Head-style catalogue, ``catalogs/synth_craters_dense_<min_km>km.csv`` unless
@@ -126,8 +94,8 @@ def dense_catalogue(world_dir: str | Path, min_km: float = 1.0, out: str | Path 
     if path.is_file() and summary_path.is_file():
         return path
     drawn = draw_craters(cfg, min_km)
-    gone_exc = excavated(drawn)
-    gone_flood = flooded(drawn, cfg)
+    gone_exc = excavated(drawn.lat, drawn.lon, drawn.diameter_km, drawn.age)
+    gone_flood = flooded(drawn.lat, drawn.lon, drawn.age, _mare(cfg), cfg.ppd)
     keep = ~(gone_exc | gone_flood)
     listed = drawn.subset(keep)
     tmp = path.with_name(path.name + ".part")

@@ -323,10 +323,41 @@ def _mare(cfg: SynthConfig) -> np.ndarray:
     return np.clip((mare_noise - thresh) / 0.05, 0.0, 1.0).astype(np.float32)
 
 
-def _flooded(c: Crater, mare: np.ndarray, ppd: int) -> bool:
-    r = min(int((90.0 - c.lat) * ppd), mare.shape[0] - 1)
-    col = min(int(c.lon * ppd), mare.shape[1] - 1)
-    return c.age < FLOOD_AGE and mare[r, col] > 0.5
+def flooded(lat: np.ndarray, lon: np.ndarray, age: np.ndarray, mare: np.ndarray, ppd: int) -> np.ndarray:
+    """bool [N]: the crater is older than the flooding (age below FLOOD_AGE) and lies in a mare."""
+    r = np.minimum(((90.0 - np.asarray(lat)) * ppd).astype(int), mare.shape[0] - 1)
+    col = np.minimum(((np.asarray(lon) % 360.0) * ppd).astype(int), mare.shape[1] - 1)
+    return (np.asarray(age) < FLOOD_AGE) & (mare[r, col] > 0.5)
+
+
+def excavated(lat: np.ndarray, lon: np.ndarray, diameter_km: np.ndarray, age: np.ndarray,
+              chunk: int = 200_000) -> np.ndarray:
+    """bool [N]: the crater's centre lies inside the rim of a younger, larger crater (small craters
+    are the ones later impacts erase). A k-d tree over the centres; each crater is asked for the
+    centres inside its rim, ``chunk`` craters at a time (most enclose almost nothing)."""
+    from scipy.spatial import cKDTree
+
+    age = np.asarray(age)
+    xyz = latlon_to_xyz(np.asarray(lat), np.asarray(lon), 1.0).reshape(-1, 3)
+    radius = np.asarray(diameter_km) / (2.0 * MOON_RADIUS_KM)  # rad
+    chord = 2.0 * np.sin(radius / 2.0)
+    tree = cKDTree(xyz)
+    out = np.zeros(len(xyz), bool)
+    for s in range(0, len(xyz), chunk):
+        rows = np.arange(s, min(s + chunk, len(xyz)))
+        inside = tree.query_ball_point(xyz[rows], chord[rows], return_sorted=False)
+        lens = np.fromiter((len(x) for x in inside), int, len(rows))
+        if not lens.sum():
+            continue
+        exc = np.repeat(rows, lens)
+        hit = np.fromiter((i for x in inside for i in x), int, int(lens.sum()))
+        ok = (age[exc] > age[hit]) & (radius[exc] > radius[hit])
+        out[hit[ok]] = True
+    return out
+
+
+def _columns(craters: list[Crater], *fields: str) -> list[np.ndarray]:
+    return [np.array([getattr(c, f) for c in craters], np.float64) for f in fields]
 
 
 def small_crater_catalogue(world_dir: Path, max_abs_lat: float = 60.0, max_km: float = 20.0) -> Path:
@@ -350,22 +381,12 @@ def small_crater_catalogue(world_dir: Path, max_abs_lat: float = 60.0, max_km: f
     rng = np.random.default_rng(cfg.seed)
     primaries = sample_craters(cfg, rng)
     every = primaries + secondaries(primaries, cfg, rng)
-    mare = _mare(cfg)
-    small = [c for c in every if c.diameter_km < max_km and abs(c.lat) <= max_abs_lat and not _flooded(c, mare, cfg.ppd)]
-    xyz = latlon_to_xyz(np.array([c.lat for c in every]), np.array([c.lon for c in every]), 1.0)
-    radius = np.array([c.diameter_km for c in every]) / (2.0 * MOON_RADIUS_KM)  # radians
-    age = np.array([c.age for c in every])
-    index = {id(c): k for k, c in enumerate(every)}
-    keep = []
-    for c in small:
-        k = index[id(c)]
-        ang = np.arccos(np.clip(xyz @ xyz[k], -1.0, 1.0))
-        if not np.any((age > c.age) & (ang < radius) & (radius > radius[k])):
-            keep.append(c)
-    write_catalogue(path, np.array([c.lat for c in keep]), np.array([c.lon for c in keep]),
-                    np.array([c.diameter_km for c in keep]))
+    lat, lon, dia, age = _columns(every, "lat", "lon", "diameter_km", "age")
+    small = (dia < max_km) & (np.abs(lat) <= max_abs_lat) & ~flooded(lat, lon, age, _mare(cfg), cfg.ppd)
+    keep = small & ~excavated(lat, lon, dia, age)
+    write_catalogue(path, lat[keep], lon[keep], dia[keep])
     log.info("built-in world: %d of %d craters below %g km within %g deg are visible; written to %s",
-             len(keep), len(small), max_km, max_abs_lat, path)
+             int(keep.sum()), int(small.sum()), max_km, max_abs_lat, path)
     return path
 
 
@@ -402,7 +423,9 @@ def make_world(cfg: SynthConfig, world_dir: Path) -> dict:
     for c in tqdm(young, desc="world: young craters", disable=None, mininterval=2.0):
         _stamp(grid, ppd, c)
     # Catalogue: primaries >= 20 km that are still visible (not buried by maria).
-    catalogue = [c for c in primaries if c.diameter_km >= 20.0 and not _flooded(c, mare, ppd)]
+    p_lat, p_lon, p_dia, p_age = _columns(primaries, "lat", "lon", "diameter_km", "age")
+    visible = (p_dia >= 20.0) & ~flooded(p_lat, p_lon, p_age, mare, ppd)
+    catalogue = [c for c, v in zip(primaries, visible) if v]
     # Remove sub-pixel discontinuities (rim crests, terrace edges) that would alias at this ppd.
     k = 4  # columns wrapped around the 0/360 seam so that the blur has no seam
     wrapped = np.concatenate([grid[:, -k:], grid, grid[:, :k]], axis=1).astype(np.float32)

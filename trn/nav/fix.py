@@ -72,6 +72,11 @@ def residual_sigmas(landmarks: np.ndarray, p: np.ndarray, sigma_rad: float, land
     return np.sqrt(sigma_rad ** 2 + (landmark_sigma_km / r) ** 2)
 
 
+def _one_landmark(landmarks: np.ndarray) -> bool:
+    """All the lines of sight point at one landmark: they cross there, which fixes no position."""
+    return float(np.ptp(landmarks, axis=0).max()) < 1e-6
+
+
 def solve_bearings(landmarks: np.ndarray, b: np.ndarray, sigma_rad: float, landmark_sigma_km: float = 0.0,
                    iterations: int = 3) -> tuple[np.ndarray, np.ndarray]:
     """Weighted least-squares position from two or more lines of sight; (position, covariance)."""
@@ -79,7 +84,7 @@ def solve_bearings(landmarks: np.ndarray, b: np.ndarray, sigma_rad: float, landm
     if len(landmarks) < 2 or landmarks.shape != b.shape:
         raise DataError(f"a bearing fix needs two or more landmarks with one line of sight each "
                         f"(got {landmarks.shape} and {b.shape})")
-    if float(np.ptp(landmarks, axis=0).max()) < 1e-6:  # e.g. two boxes of one crater (a detector's duplicate)
+    if _one_landmark(landmarks):  # e.g. two boxes of one crater (a detector's duplicate)
         raise DataError("the lines of sight all point at one landmark: they cross there, which fixes no position")
     w = np.ones(len(b))
     p = None
@@ -162,7 +167,7 @@ def ransac_bearings(landmarks: np.ndarray, b: np.ndarray, sigma_rad: float, land
         idx = np.flatnonzero(best)
         p, cov = solve_bearings(landmarks[idx], b[idx], sigma_rad, landmark_sigma_km)
         ok = residuals(landmarks, b, p) <= threshold * residual_sigmas(landmarks, p, sigma_rad, landmark_sigma_km)
-        if ok.sum() < 2 or np.array_equal(ok, best) or float(np.ptp(landmarks[ok], axis=0).max()) < 1e-6:
+        if ok.sum() < 2 or np.array_equal(ok, best) or _one_landmark(landmarks[ok]):
             break  # (a consensus of one landmark's boxes alone fixes nothing: keep the last)
         best = ok
     idx = np.flatnonzero(best)

@@ -372,6 +372,7 @@ class SearchWindow:
         for k, d in enumerate(flat):
             self.by_frame.setdefault(d.frame, []).append(k)
         self.candidates: list[int] = []  # window sizes, for the report
+        self.projected: list[int] = []  # map craters projected per frame (the spatial index's narrowing)
 
     def reach_km(self, x: np.ndarray, sig_km: float, rot: np.ndarray, spread_px: float) -> float:
         """Distance from the spacecraft at ``x`` within which every crater a window can contain
@@ -410,6 +411,7 @@ class SearchWindow:
         spread = float(np.max(np.hypot(*(centres - np.asarray(self.cam.principal_point)).T) + half))
         reach = self.reach_km(x, sig_km, rot, spread) if self.index is not None else math.inf
         rows = self.index.within(x, reach) if math.isfinite(reach) else np.arange(len(self.pos))
+        self.projected.append(len(rows))
         pos = self.pos[rows]
         rel = pos - x
         q = rel @ rot  # camera frame (x right, y down, z along the boresight)
@@ -422,12 +424,11 @@ class SearchWindow:
         v = fpx * q[:, 1] / z + cy
         radius = self.n_sigma * (sig_km * fpx / z + self.pixel_sigma)
         out = []
-        for k, (px, py), cs in zip(dets, centres, csig):
+        for k, (px, py), cs, h in zip(dets, centres, csig, half):
             if cs > self.max_centre_sigma * self.pixel_sigma:
                 continue
             d = self.flat[k]
-            l, r, t, b = d.box
-            near = ok & (np.hypot(u - px, v - py) <= radius + max(r - l, b - t) / 2.0)
+            near = ok & (np.hypot(u - px, v - py) <= radius + h)
             self.candidates.append(int(near.sum()))
             if not near.any():
                 continue
