@@ -231,17 +231,29 @@ class CraterView:
 
 
 def render_crater(surface: Surface, lat: float, lon: float, diameter_km: float, cfg: RenderConfig,
-                  view: CraterView | None = None) -> np.ndarray:
+                  view: CraterView | None = None, window: tuple[int, int] | None = None) -> np.ndarray:
     """Landmark image, uint8 [crater_size, crater_size], north up, east right.
 
     The scene is shaded on a ground grid whose rows run along the light's horizontal direction
     (so cast shadows are an exact horizon scan along each row); for Luna-1's default view that grid
     is the image itself. Any other view (light azimuth, scale, tilt) is shaded on a larger rotated
     grid and resampled (bilinear) into the north-up image.
+
+    ``window`` = (offset, size): only the square ``img[offset:offset + size, offset:offset + size]``
+    of that image, shaded from the grid rows it needs (and, for the shadows' horizon scan, every
+    column on the light's side): the same pixels as cutting the whole render, bit for bit, at a
+    fraction of its cost when the square is small (the rim of a small crater in its landmark
+    window, :func:`trn.nav.appearance.rim_window_px`). A tilted view shades the whole grid.
     """
     view = view or CraterView()
+    o, k = (0, cfg.crater_size) if window is None else (int(window[0]), int(window[1]))
+    if not (0 <= o and k >= 1 and o + k <= cfg.crater_size):
+        raise ConfigError(f"render window {window} (offset, size): must lie inside the {cfg.crater_size}-pixel "
+                          "landmark image")
+    ss = cfg.crater_supersample
     width_km = crater_window_km(diameter_km, cfg) * view.scale
-    n = cfg.crater_size * cfg.crater_supersample
+    n = cfg.crater_size * ss
+    out = slice(o * ss, (o + k) * ss)  # the window's pixels at the shading resolution
     gsd = width_km / n
     elev = cfg.light_elevation_deg if view.light_elevation_deg is None else view.light_elevation_deg
     tan_e = np.tan(np.radians(elev))
@@ -264,8 +276,25 @@ def render_crater(surface: Surface, lat: float, lon: float, diameter_km: float, 
     # as far as the local relief can throw a shadow at this light elevation.
     extra = int(min(m, np.ceil(min(relief / tan_e, width_km) / gsd))) if cfg.shadows else 0
     half = m * gsd / 2.0
-    u = (np.arange(-extra, m) + 0.5) * gsd - half  # along gx, km
-    v = half - (np.arange(m) + 0.5) * gsd  # along gy, km (row 0 at the top)
+    ta = np.radians(view.tilt_azimuth_deg)
+    lean = np.sin(ta) * east0 + np.cos(ta) * north0
+    # The grid rows [r0, r1) and columns [c0, c1) (counted from the first extra column) that the
+    # window reads, with a margin of two for the normals' differences and the bilinear taps.
+    if default:
+        r0, r1, c0, c1 = out.start - 1, out.stop + 1, out.start - 1 + extra, out.stop + 1 + extra
+        coords = None
+    else:
+        coords = _ViewCoords(n, gsd, half, extra, east0, north0, gx, gy, lean, view, out)
+        if view.tilt_deg > 0:  # parallax moves the taps by the relief: shade it all
+            r0, r1, c0, c1 = 0, m, 0, m + extra
+        else:
+            col, row = coords.at(coords.xe, coords.xn)
+            r0, r1 = int(np.floor(row.min())) - 2, int(np.ceil(row.max())) + 3
+            c0, c1 = int(np.floor(col.min())) - 2, int(np.ceil(col.max())) + 3
+    r0, r1, c1 = max(0, r0), min(m, r1), min(m + extra, c1)
+    c0 = 0 if cfg.shadows and cfg.illumination == "physical" else max(0, c0)  # the horizon scan starts there
+    u = ((np.arange(-extra, m) + 0.5) * gsd - half)[c0:c1]  # along gx, km
+    v = (half - (np.arange(m) + 0.5) * gsd)[r0:r1]  # along gy, km (row 0 at the top)
     uu, vv = np.meshgrid(u, v)
     a, b = uu / MOON_RADIUS_KM, vv / MOON_RADIUS_KM
     c = np.sqrt(np.clip(1.0 - a * a - b * b, 0.0, None))
@@ -280,8 +309,6 @@ def render_crater(surface: Surface, lat: float, lon: float, diameter_km: float, 
     normal = np.cross(du, -dv)  # (gx x gy) points up
     normal /= np.linalg.norm(normal, axis=-1, keepdims=True)
     light = np.cos(np.radians(elev)) * (-gx) + np.sin(np.radians(elev)) * up
-    ta = np.radians(view.tilt_azimuth_deg)
-    lean = np.sin(ta) * east0 + np.cos(ta) * north0
     look = np.cos(np.radians(view.tilt_deg)) * up + np.sin(np.radians(view.tilt_deg)) * lean  # towards the camera
     mu0 = normal @ light
     mu = normal @ look
@@ -296,52 +323,62 @@ def render_crater(surface: Surface, lat: float, lon: float, diameter_km: float, 
         # light's side rises above the light ray: max_{u'<u}(z + u' tan e) > z + u tan e.
         g = z + uu * tan_e
         horizon = np.maximum.accumulate(g, axis=1)
-        prev = np.concatenate([np.full((m, 1), -np.inf), horizon[:, :-1]], axis=1)
+        prev = np.concatenate([np.full((len(v), 1), -np.inf), horizon[:, :-1]], axis=1)
         value = np.where(prev > g + 1e-9, 0.0, value)
-    if default:
-        img = _to_uint8(value[:, extra:], cfg.exposure)
+    if coords is None:
+        img = _to_uint8(value[out.start - r0:out.stop - r0, out.start + extra - c0:out.stop + extra - c0],
+                        cfg.exposure)
     else:
-        img = _to_uint8(_resample_view(value, z, n, gsd, half, extra, east0, north0, gx, gy, lean, view), cfg.exposure)
-    if cfg.crater_supersample > 1:
-        img = cv2.resize(img.astype(np.float32), (cfg.crater_size, cfg.crater_size), interpolation=cv2.INTER_AREA)
+        img = _to_uint8(coords.resample(value, z, r0, c0), cfg.exposure)
+    if ss > 1:
+        img = cv2.resize(img.astype(np.float32), (k, k), interpolation=cv2.INTER_AREA)
         img = np.clip(np.round(img), 0, 255).astype(np.uint8)
     return img
 
 
-def _resample_view(value: np.ndarray, z: np.ndarray, n: int, gsd: float, half: float, extra: int,
-                   east: np.ndarray, north: np.ndarray, gx: np.ndarray, gy: np.ndarray, lean: np.ndarray,
-                   view: CraterView) -> np.ndarray:
-    """The north-up [n, n] image of a view from a ground grid shaded along (gx, gy).
+class _ViewCoords:
+    """Where the north-up image's pixels (those of ``out``, rows and columns alike) fall on a
+    view's rotated shading grid.
 
     An output pixel at image-plane offset w (km, east/north) sees the ground point x solving
     x = w' + z(x) tan(tilt) * lean, where w' stretches w by 1/cos(tilt) along the lean (the
     foreshortening of an orthographic camera tilted towards ``lean``); three fixed-point steps.
     """
-    e = (np.arange(n) + 0.5) * gsd - n * gsd / 2.0
-    we, wn = np.meshgrid(e, -e)  # east, north offsets in the image plane
-    le, ln = float(lean @ east), float(lean @ north)
-    tilt = np.radians(view.tilt_deg)
-    along = (we * le + wn * ln) * (1.0 / np.cos(tilt) - 1.0)
-    xe, xn = we + along * le, wn + along * ln
-    ge = np.array([gx @ east, gx @ north])
-    gn = np.array([gy @ east, gy @ north])
 
-    def grid_coords(pe: np.ndarray, pn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        gu = pe * ge[0] + pn * ge[1]
-        gv = pe * gn[0] + pn * gn[1]
-        col = (gu + half) / gsd - 0.5 + extra
-        row = (half - gv) / gsd - 0.5
+    def __init__(self, n: int, gsd: float, half: float, extra: int, east: np.ndarray, north: np.ndarray,
+                 gx: np.ndarray, gy: np.ndarray, lean: np.ndarray, view: CraterView, out: slice):
+        e = ((np.arange(n) + 0.5) * gsd - n * gsd / 2.0)[out]
+        we, wn = np.meshgrid(e, -e)  # east, north offsets in the image plane
+        self.le, self.ln = float(lean @ east), float(lean @ north)
+        self.tilt = np.radians(view.tilt_deg)
+        along = (we * self.le + wn * self.ln) * (1.0 / np.cos(self.tilt) - 1.0)
+        self.xe, self.xn = we + along * self.le, wn + along * self.ln
+        self.ge = np.array([gx @ east, gx @ north])
+        self.gn = np.array([gy @ east, gy @ north])
+        self.gsd, self.half, self.extra = gsd, half, extra
+
+    def at(self, pe: np.ndarray, pn: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(column, row) float32 on the whole grid (columns counted from the first extra one)."""
+        gu = pe * self.ge[0] + pn * self.ge[1]
+        gv = pe * self.gn[0] + pn * self.gn[1]
+        col = (gu + self.half) / self.gsd - 0.5 + self.extra
+        row = (self.half - gv) / self.gsd - 0.5
         return col.astype(np.float32), row.astype(np.float32)
 
-    pe, pn = xe, xn
-    if tilt > 0:
-        for _ in range(3):
-            col, row = grid_coords(pe, pn)
-            zz = cv2.remap(z.astype(np.float32), col, row, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
-            pe = xe + zz * np.tan(tilt) * le
-            pn = xn + zz * np.tan(tilt) * ln
-    col, row = grid_coords(pe, pn)
-    return cv2.remap(value.astype(np.float32), col, row, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
+    def resample(self, value: np.ndarray, z: np.ndarray, r0: int, c0: int) -> np.ndarray:
+        """The image from the grid's part whose first row is ``r0`` and first column ``c0``
+        (shifting float32 coordinates by whole pixels is exact, so the taps are the whole grid's)."""
+        def remap(src: np.ndarray, col: np.ndarray, row: np.ndarray) -> np.ndarray:
+            return cv2.remap(src.astype(np.float32), col - np.float32(c0), row - np.float32(r0), cv2.INTER_LINEAR,
+                             borderMode=cv2.BORDER_REPLICATE)
+
+        pe, pn = self.xe, self.xn
+        if self.tilt > 0:
+            for _ in range(3):
+                zz = remap(z, *self.at(pe, pn))
+                pe = self.xe + zz * np.tan(self.tilt) * self.le
+                pn = self.xn + zz * np.tan(self.tilt) * self.ln
+        return remap(value, *self.at(pe, pn))
 
 
 @dataclass(frozen=True)

@@ -50,14 +50,19 @@ def pass_illumination(lat_deg: np.ndarray, lon_deg: np.ndarray, positions_km: np
     return azimuth, elevation, k
 
 
+def rim_window_px(size: int, diameter_km: float, window_km: float) -> tuple[int, int]:
+    """(offset, side) in pixels of the centred square that a crater's rim spans in a square
+    landmark render of ``size`` pixels and ground width ``window_km``."""
+    if not 0 < diameter_km <= window_km:
+        raise DataError(f"crater diameter {diameter_km} km must be positive and within the render's {window_km} km")
+    k = max(4, int(round(size * diameter_km / window_km)))
+    return (size - k) // 2, k
+
+
 def rim_window(image: np.ndarray, diameter_km: float, window_km: float) -> np.ndarray:
     """The centred square of a landmark render (ground width ``window_km``) that the crater's
     diameter spans: what a detector's box around the rim frames."""
     if image.ndim != 2 or image.shape[0] != image.shape[1]:
         raise DataError(f"landmark render has shape {image.shape}; expected a square grey image")
-    if not 0 < diameter_km <= window_km:
-        raise DataError(f"crater diameter {diameter_km} km must be positive and within the render's {window_km} km")
-    n = image.shape[0]
-    k = max(4, int(round(n * diameter_km / window_km)))
-    o = (n - k) // 2
+    o, k = rim_window_px(image.shape[0], diameter_km, window_km)
     return image[o:o + k, o:o + k]

@@ -101,13 +101,14 @@ def _init_render(meta: Luna1Metadata, source: str) -> None:
 
 def _render_predicted(task: tuple[int, float, float, float, float | None, float | None]) -> tuple[int, np.ndarray]:
     from trn.data.render import CraterView, crater_window_km, render_crater
-    from trn.nav.appearance import rim_window
+    from trn.nav.appearance import rim_window_px
 
     cid, lat, lon, dia, az, el = task
     cfg = _RENDER["cfg"]
     view = CraterView() if az is None else CraterView(light_azimuth_deg=az, light_elevation_deg=el)
-    img = render_crater(_RENDER["surface"], lat, lon, dia, cfg, view)
-    return cid, rim_window(img, dia, crater_window_km(dia, cfg))
+    # only the rim's square is shaded: the pixels of the whole render cut to it (render_crater's window)
+    window = rim_window_px(cfg.crater_size, dia, crater_window_km(dia, cfg))
+    return cid, render_crater(_RENDER["surface"], lat, lon, dia, cfg, view, window=window)
 
 
 def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], source: Path, workers: int = 2,
