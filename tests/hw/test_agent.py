@@ -593,3 +593,82 @@ def test_board_timing_measures_detection_on_the_board_that_carries_the_evaluated
     finally:
         a.shutdown()
         t.join(5)
+
+
+def _indexed_map(path, model: str, n: int = 3000, dim: int = 512):
+    from trn.nav.onboard_map import write_map, write_map_index
+
+    rng = np.random.default_rng(4)
+    x = rng.normal(size=(40, dim))[rng.integers(0, 40, n)] + 0.6 * rng.normal(size=(n, dim))
+    x = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+    craters = np.stack([rng.uniform(-60, 60, n), rng.uniform(0, 360, n), np.full(n, 1737.4), rng.uniform(1, 30, n)], 1)
+    write_map(path, [int(c) for c in 3 * np.arange(n) + 1], x, craters, {"model": model, "input_size": SIZE,
+                                                                         "embedding_dim": dim})
+    write_map_index(path, "IVF-SQ8", visit=8)
+    return path, x
+
+
+def test_search_and_score_requests_search_the_bundled_map_index(bundle, tmp_path):
+    from trn.errors import ConfigError
+    from trn.export.bundle import load_private_key, make_bundle
+    from trn.hw.client import BoardClient
+    from trn.nav.onboard_map import CRATERS_FILE, OnboardMap
+    from trn_board.bundle import MANIFEST, SIGNATURE, sha256_file
+
+    _, pub, tmp = bundle
+    key = tmp / "keys" / "trn_signing_key.pem"
+    path, x = _indexed_map(tmp_path / "map", "tiny-se")
+    with pytest.raises(ConfigError, match="embedded by 'other'"):
+        make_bundle(tmp / "export", tmp_path / "b0", key, "tiny-se", SIZE, 512, 0.9, version=7,
+                    map_dir=_indexed_map(tmp_path / "map2", "other", n=600)[0])
+    b = make_bundle(tmp / "export", tmp_path / "bundle", key, "tiny-se", SIZE, 512, 0.9, version=7, map_dir=path)
+    assert b.manifest["map"]["craters"] == 3000 and b.manifest["map"]["factory"] == "IVF64,SQ8"
+    ground = OnboardMap.load(path).board
+    a = Agent(BoardModel(b.directory, pub), "127.0.0.1", 0, io_timeout=1.0)
+    t = a.start()
+    try:
+        with BoardClient(a.address) as c:
+            info = c.info()
+            assert info["map"]["craters"] == 3000 and info["map"]["visit"] == 8
+            q = x[[5, 900, 2999]] + 0.02
+            q /= np.linalg.norm(q, axis=1, keepdims=True)
+            got = c.search(q, 10)
+            rows, sims = ground.search(q, 10)
+            assert np.array_equal(got.ids, ground.ids[rows]) and np.allclose(got.similarities, sims)
+            assert got.ids[:, 0].tolist() == [16, 2701, 8998]  # each near-copy finds its crater first
+            cand = np.array([5, 6, 2999, 0])
+            sc = c.score(q, cand)
+            assert np.allclose(sc.similarities, ground.score(q, cand), atol=1e-6) and sc.board_ms >= 0
+            assert np.allclose(sc.similarities, q @ x[cand].T, atol=0.02)  # 8-bit codes, near the exact cosine
+            for call, match in [(lambda: c.search(q[:, :100], 5), "BAD_PAYLOAD.*512"),
+                                (lambda: c.search(q, 0), "BAD_PAYLOAD.*k = 0"),
+                                (lambda: c.score(q, np.array([3000])), "BAD_PAYLOAD.*outside"),
+                                (lambda: c.score(np.full((1, 512), np.nan, np.float32), cand), "NON_FINITE")]:
+                with pytest.raises(Exception, match=match):
+                    call()
+    finally:
+        a.shutdown()
+        t.join(5)
+    # a signed bundle whose map index and crater metadata disagree is refused by the board
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    for f in b.directory.iterdir():
+        (bad / f.name).write_bytes(f.read_bytes())
+    with np.load(bad / CRATERS_FILE) as z:
+        np.savez(bad / CRATERS_FILE, ids=z["ids"][:-1], craters=z["craters"][:-1])
+    doc = json.loads((bad / MANIFEST).read_text())
+    doc["files"][CRATERS_FILE] = {"sha256": sha256_file(bad / CRATERS_FILE), "bytes": (bad / CRATERS_FILE).stat().st_size}
+    data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()
+    (bad / MANIFEST).write_bytes(data)
+    (bad / SIGNATURE).write_bytes(load_private_key(key).sign(data))
+    with pytest.raises(Exception, match="3000 craters and the metadata 2999"):
+        BoardModel(bad, pub)
+
+
+def test_search_on_a_bundle_without_a_map_says_so(agent):
+    from trn.hw.client import BoardClient
+
+    with BoardClient(agent.address) as c:
+        assert c.info()["map"] is None
+        with pytest.raises(Exception, match="no map"):
+            c.search(np.ones((1, 512), np.float32), 3)

@@ -3,6 +3,13 @@
 from __future__ import annotations
 
 import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -148,3 +155,140 @@ def test_ray_tasks_give_the_bytes_of_a_build_in_one_process(tmp_path, inline_byt
     extra): the same bytes."""
     pytest.importorskip("ray")
     assert _same_but_dataset_path(_build_in(tmp_path, "ray", ray_address="local"), inline_bytes)
+
+
+# -- killed processes: real ones, killed with SIGKILL mid-build
+
+KILL_CRATERS, KILL_CHUNK = 1200, 30  # 40 chunks of about 0.2 s each on one thread
+
+
+def _many_craters(tmp_path):
+    """A dataset of KILL_CRATERS landmark renders (discs of varied size and brightness)."""
+    import cv2
+
+    ds = _dataset(tmp_path)
+    rng = np.random.default_rng(11)
+    craters = {}
+    for k in range(KILL_CRATERS):
+        img = np.full((96, 96), int(rng.integers(10, 60)), np.uint8)
+        cv2.circle(img, (48 + int(rng.integers(-9, 10)), 48), int(rng.integers(8, 45)), int(rng.integers(120, 250)), -1)
+        cv2.imwrite(str(ds.root / "crater_images" / f"{k}.png"), img)
+        craters[str(k)] = {"lat": float(rng.uniform(-60, 60)), "lon": float(rng.uniform(0, 360)),
+                           "diameter_km": float(rng.uniform(5, 40)), "catalogue": "t", "row": k}
+    (ds.root / "metadata.json").write_text(json.dumps({"format": "trn-luna1-metadata", "version": 1,
+                                                       "craters": craters, "frames": [], "camera": {}}))
+    from trn.data.luna1 import read_luna1
+
+    return read_luna1(ds.root)  # with the new renders
+
+
+def _build_command(ds, out, *extra):
+    return [sys.executable, "-c", "import sys; from trn.cli.sim import main; sys.exit(main(sys.argv[1:]))", "map",
+            "build", "--data", str(ds.root), "--model", "flight_conv2d_se_union", "--out", str(out), "--chunk",
+            str(KILL_CHUNK), "--threads", "2", "-v", *extra]
+
+
+def _chunks_done(out) -> int:
+    from trn.nav.onboard_map import CHUNK_DIR
+
+    return len(list((out / CHUNK_DIR).glob("chunk-*.npz")))
+
+
+def _wait_for(cond, what: str, timeout: float = 300.0) -> None:
+    t0 = time.monotonic()
+    while not cond():
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+@pytest.fixture(scope="module")
+def many(tmp_path_factory):
+    """The dataset and the map bytes of a build in one go in this process, one torch thread."""
+    from trn.sim.embedders import make_embedder
+
+    tmp = tmp_path_factory.mktemp("many")
+    ds = _many_craters(tmp)
+    build_map(ds, make_embedder("flight_conv2d_se_union", None, 1), tmp / "whole", chunk=KILL_CHUNK)
+    return ds, [(tmp / "whole" / f).read_bytes() for f in (DB_FILE, MAP_FILE)]
+
+
+def _complete_and_same(out, whole) -> None:
+    from trn.nav.onboard_map import CHUNK_DIR
+
+    assert [(out / f).read_bytes() for f in (DB_FILE, MAP_FILE)] == whole
+    assert not (out / CHUNK_DIR).exists()
+    OnboardMap.load(out)
+
+
+def test_a_killed_driver_loses_only_its_unfinished_chunks_and_a_rerun_finishes_the_map(tmp_path, many):
+    """``trn-sim map build --executor processes`` SIGKILLed with its workers once a few chunks are
+    written: no map, the finished chunks kept; the same command again does the rest only and
+    writes the bytes of a build in one go."""
+    ds, whole = many
+    out = tmp_path / "map"
+    cmd = _build_command(ds, out, "--executor", "processes")
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        _wait_for(lambda: _chunks_done(out) >= 3 or proc.poll() is not None, "three chunks")
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its workers, at once
+    finally:
+        proc.wait(30)
+        proc.stderr.close()
+    kept = _chunks_done(out)
+    assert proc.returncode == -signal.SIGKILL and 3 <= kept < KILL_CRATERS // KILL_CHUNK
+    assert not (out / MAP_FILE).exists()
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-2000:]
+    resumed = re.search(r"resuming, (\d+) of 40 chunks already done", again.stderr)
+    assert resumed and int(resumed.group(1)) >= kept
+    assert len(re.findall(r"chunk \d+ of 40 done", again.stderr)) == 40 - int(resumed.group(1))  # only the rest
+    _complete_and_same(out, whole)
+
+
+def _pids_named(fragment: str, parent: int | None = None) -> list[int]:
+    """Processes whose command line holds ``fragment`` (children of ``parent`` only, if given)."""
+    out = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit() or int(p.name) == os.getpid():
+            continue
+        try:
+            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        if fragment in cmd and (parent is None or ppid == parent):
+            out.append(int(p.name))
+    return out
+
+
+@pytest.mark.parametrize("executor", ["processes", "ray"])
+def test_a_killed_worker_loses_only_its_chunk_and_the_build_finishes(tmp_path, many, executor):
+    """A worker SIGKILLed while chunks run: a local process pool is started again with the
+    unfinished chunks, a Ray task is retried on another worker; either way the same run ends in a
+    complete map, byte-identical to a build in one go."""
+    if executor == "ray":
+        pytest.importorskip("ray")
+    ds, whole = many
+    out = tmp_path / "map"
+    extra = ["--executor", "processes"] if executor == "processes" else ["--ray", "local"]
+    proc = subprocess.Popen(_build_command(ds, out, *extra), start_new_session=True, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        if executor == "processes":
+            workers = lambda: _pids_named("spawn_main", parent=proc.pid)  # noqa: E731 - spawned pool workers
+        else:
+            workers = lambda: _pids_named("ray::chunk_task")  # noqa: E731 - a Ray worker running a chunk
+        _wait_for(lambda: (_chunks_done(out) >= 2 and workers()) or proc.poll() is not None, "a running worker")
+        victims = workers()
+        assert victims and proc.poll() is None, "the build ended before a worker could be killed"
+        os.kill(victims[0], signal.SIGKILL)
+        _, err = proc.communicate(timeout=600)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(30)
+    assert proc.returncode == 0, err[-2000:]
+    if executor == "processes":
+        assert "a worker process died" in err
+    _complete_and_same(out, whole)

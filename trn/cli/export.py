@@ -81,6 +81,9 @@ def build_parser() -> Parser:
     b.add_argument("--out", required=True, type=Path, help="bundle directory to create (a .tar is written beside it)")
     b.add_argument("--detector", type=Path, default=None,
                    help="also carry the int8 TFLite crater detector of this trn-detect export directory")
+    b.add_argument("--map", type=Path, default=None,
+                   help="also carry this onboard map's compressed index and crater metadata (trn-sim map index), "
+                        "searched by the board agent's SEARCH and SCORE requests")
     b.add_argument("--threshold", type=float_between(-1.0, 1.0), default=None,
                    help="match threshold recorded in the manifest (default: the model's operating point, "
                         "operating_point.json beside its weights, else 0.9)")
@@ -103,7 +106,8 @@ def _keys(args) -> int:
 def _bundle(args) -> int:
     from trn.export.bundle import bundle_model
 
-    b = bundle_model(args.model, args.export, args.out, args.key, args.version, args.threshold, args.detector)
+    b = bundle_model(args.model, args.export, args.out, args.key, args.version, args.threshold, args.detector,
+                     args.map)
     m = b.manifest
     print(f"export checked against {m['model']}'s weights (sha256 {m['source']['weights_sha256'][:12]}): "
           + ", ".join(m["source"]["checked"]))

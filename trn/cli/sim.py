@@ -79,6 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     l1.add_argument("--map-appearance", choices=("catalogue", "predicted"), default=None,
                     help="landmark appearance of a map built on the fly (default catalogue; predicted needs "
                          "--map-source, or the built-in world)")
+    l1.add_argument("--map-index", action="store_true", default=None,
+                    help="every descriptor similarity against the map through its compressed index (trn-sim map "
+                         "index; the board's map) in place of its exact vectors")
     l1.add_argument("--map-gate", type=float_between(0.0, 2.0, low_open=True), default=None, metavar="FACTOR",
                     help="map navigation drops, before any search, detections whose box seen from the altimeter's "
                          "height spans less than FACTOR x the map's smallest crater (default: no gate; 1.0 was "
@@ -123,7 +126,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="dataset layout (default: detected: crater_images/ = luna1, labels*.txt = hirise, else folder)")
     _common(lm, sc.LANDMARK_SCENARIOS)
     mp = sub.add_parser("map", help="onboard landmark maps")
-    msub = mp.add_subparsers(dest="map_cmd", required=True, metavar="{build}")
+    msub = mp.add_subparsers(dest="map_cmd", required=True, metavar="{build,index}")
     mb = msub.add_parser("build", help="embed every catalogue crater of a Luna-1 directory into a read-only map")
     mb.add_argument("--data", type=Path, required=True)
     mb.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME|PATH")
@@ -154,6 +157,13 @@ def main(argv: list[str] | None = None) -> int:
                          "--threads CPUs on this machine (needs the ray extra); the same bytes as --executor processes")
     mb.add_argument("--threads", type=int_between(1, 1024), default=max(1, os.cpu_count() or 1), help="torch CPU threads")
     mb.add_argument("-v", "--verbose", action="store_true")
+    mi = msub.add_parser("index", help="build a map's compressed index and the crater metadata a board carries "
+                                       "(docs/million_map.md)")
+    mi.add_argument("--map", type=Path, required=True, help="a finished map directory (trn-sim map build)")
+    mi.add_argument("--index", default="IVF-PQ64", help="one of trn.nav.map_index.SPECS (default IVF-PQ64)")
+    mi.add_argument("--visit", type=int_between(1, 1_000_000), default=32, metavar="N",
+                    help="inverted lists (or graph entries) a search visits (default 32)")
+    mi.add_argument("-v", "--verbose", action="store_true")
     rp = sub.add_parser("report", help="re-render report.md and the plots of a report directory from its report.json")
     rp.add_argument("dir", type=Path)
     args = parser.parse_args(argv)
@@ -161,7 +171,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.cmd == "report":
         return run_main(lambda: _rerender(args.dir))
     if args.cmd == "map":
-        return run_main(lambda: _map_build(args))
+        return run_main(lambda: _map_index(args) if args.map_cmd == "index" else _map_build(args))
     return run_main(lambda: _run(args, argv))
 
 
@@ -213,6 +223,17 @@ def _map_build(args) -> int:
     print(f"map {args.out}: {len(m.ids)} craters ({m.info['catalogue']} catalogue) embedded by {m.info['model']} "
           f"({m.info['appearance']} appearance, {m.info['surface']}); {size / 2 ** 20:.1f} MiB on disk, built in "
           f"{time.perf_counter() - t0:.0f} s ({len(m.ids) / max(time.perf_counter() - t0, 1e-9):.1f} craters/s)")
+    return 0
+
+
+def _map_index(args) -> int:
+    from trn.nav.onboard_map import write_map_index
+
+    e = write_map_index(args.map, args.index, args.visit)
+    mib = (e["bytes"] + e["craters_bytes"]) / 2 ** 20
+    print(f"map {args.map}: index {e['name']} ({e['factory']}, visit {e['visit']}) over {e['craters']} craters, "
+          f"{e['bytes'] / 2 ** 20:.2f} MiB + metadata {e['craters_bytes'] / 2 ** 20:.2f} MiB = {mib:.2f} MiB "
+          f"({(e['bytes'] + e['craters_bytes']) / e['craters']:.1f} bytes a crater), built in {e['build_s']:.1f} s")
     return 0
 
 
@@ -278,7 +299,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
                 omap = onboard(emb)
                 dmap = descriptor_crater_map(omap)
                 lis = lost_in_space_fixes(dsk, dmap, sk, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed, emb=emb,
-                                          omap=omap)
+                                          omap=omap, compressed=bool(args.map_index))
                 lis |= {"boxes": summary, "map": f"descriptor map {args.map or 'built from the dataset'}"}
                 _print_lost_fixes(name, lis)
                 _draw_lost(dsk, dmap, lis, out / f"lost_in_space__{emb.name}_{kind}_boxes.jpg")
@@ -287,7 +308,8 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
                 continue
             omap = onboard(emb)
             rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate, cold_start=bool(args.cold_start),
-                                 cold_velocity=args.cold_velocity or "image", lost_cfg=lost_cfg, lis_map=lis_map)
+                                 cold_velocity=args.cold_velocity or "image", lost_cfg=lost_cfg, lis_map=lis_map,
+                                 compressed=bool(args.map_index))
             rep["boxes"] = summary
             _print_map_navigation(name, rep)
             plot_navigation(rep, out / f"map_navigation__{name.replace(' ', '_')}.png",
@@ -392,6 +414,7 @@ SCENARIO_OPTIONS = (
     ("--map-source", "map_source", MAP_SCENARIOS),
     ("--map-appearance", "map_appearance", MAP_SCENARIOS),
     ("--map-gate", "map_gate", MAP_SCENARIOS),
+    ("--map-index", "map_index", MAP_SCENARIOS),
     ("--lis-candidates", "lis_candidates", MAP_SCENARIOS),
     ("--lis-min-inliers", "lis_min_inliers", MAP_SCENARIOS),
     ("--lis-map", "lis_map", MAP_SCENARIOS),
@@ -411,6 +434,9 @@ def check_options(args: argparse.Namespace, scenarios: list[str]) -> None:
     not selected read, a map-building option beside a ready ``--map``, built-in world options
     beside ``--data``, token options without tokens. Each message says how to ask for what the
     option does."""
+    if getattr(args, "map_index", None) and getattr(args, "map", None) is None:
+        raise ConfigError("--map-index searches a map's compressed index: give --map DIR of a map with one (trn-sim map "
+                          "build, then trn-sim map index), or drop --map-index")
     if getattr(args, "cold_velocity", None) is not None and not getattr(args, "cold_start", None):
         raise ConfigError("--cold-velocity sets how a cold start takes its first velocity: add --cold-start, or drop "
                           "--cold-velocity")

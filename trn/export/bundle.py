@@ -185,10 +185,29 @@ def detector_spec(detector_export: str | Path) -> dict:
             "outputs": outs, "decode": "trn_board.detect.decode_input (3 x 3 peaks, exp(size) x stride, NMS 0.5)"}
 
 
+def map_spec(map_dir: str | Path, model_name: str, embedding_dim: int) -> dict:
+    """What a board needs to load a map's compressed index (:mod:`trn_board.mapindex`), from a map
+    directory whose index agrees with its metadata (:meth:`trn.nav.onboard_map.OnboardMap.load`)."""
+    from trn.nav.onboard_map import OnboardMap
+
+    omap = OnboardMap.load(map_dir)
+    e = omap.info.get("index")
+    if omap.board is None or not e:
+        raise DataError("this map has no compressed index for a board; build it with trn-sim map index", Path(map_dir))
+    if omap.info.get("model") != model_name or int(omap.info.get("embedding_dim", -1)) != int(embedding_dim):
+        raise ConfigError(f"the map was embedded by {omap.info.get('model')!r} ({omap.info.get('embedding_dim')}-d), "
+                          f"the bundle's model is {model_name!r} ({embedding_dim}-d): its similarities would mean "
+                          "nothing; build the map with the bundle's model")
+    return {"index": e["file"], "craters_file": e["craters_file"], "craters": len(omap.ids), "name": e["name"],
+            "factory": e["factory"], "visit": e["visit"], "model": omap.info["model"],
+            "appearance": omap.info.get("appearance"), "catalogue": omap.info.get("catalogue"),
+            "search": "trn_board.mapindex.BoardMap: search (k best by inner product), score (given rows)"}
+
+
 def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, model_name: str,
                 input_size: int, embedding_dim: int, threshold: float, card: Path | None = None,
                 quantisation: dict | None = None, *, version: int | None = None, source: dict | None = None,
-                detector: str | Path | None = None) -> Bundle:
+                detector: str | Path | None = None, map_dir: str | Path | None = None) -> Bundle:
     """Write the bundle directory ``out`` (refused when it exists) and ``out``.tar, signed.
 
     ``card``: the model card (bundled as MODEL_CARD.md and bound by its sha256; else the export
@@ -196,7 +215,9 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     :func:`derived_version`). ``source``: what the bundle was checked against
     (:func:`check_export`), recorded in the manifest. ``detector``: a ``trn-detect export``
     directory whose int8 TFLite crater detector the bundle also carries (``detector`` in the
-    manifest). Signs what it is given: use
+    manifest). ``map_dir``: an onboard map with a compressed index (``trn-sim map index``) whose
+    index and crater metadata the bundle also carries (``map`` in the manifest); refused when the
+    map was embedded by another model or at another size. Signs what it is given: use
     :func:`bundle_model` for a bundle of a trained model."""
     serialization, _ = _crypto()
     version = derived_version() if version is None else version
@@ -217,6 +238,7 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
                         export_dir)
     tfl = _tflite_spec(export_dir)
     det = detector_spec(detector) if detector is not None else None
+    board_map = map_spec(map_dir, model_name, embedding_dim) if map_dir is not None else None
     tmp = out.with_name(f".{out.name}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -225,6 +247,9 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
         shutil.copy2(f, tmp / f.name)
     if det is not None:
         shutil.copy2(Path(detector) / DETECTOR_FILE, tmp / DETECTOR_FILE)
+    if board_map is not None:
+        for f in (board_map["index"], board_map["craters_file"]):
+            shutil.copy2(Path(map_dir) / f, tmp / f)
     if card_src.is_file():
         shutil.copy2(card_src, tmp / CARD)
     for f in sorted(tmp.iterdir()):
@@ -249,6 +274,8 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
         manifest["tflite"] = tfl
     if det is not None:
         manifest["detector"] = det
+    if board_map is not None:
+        manifest["map"] = board_map
     data = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8")
     (tmp / MANIFEST).write_bytes(data)
     (tmp / SIGNATURE).write_bytes(key.sign(data))
@@ -381,8 +408,8 @@ def check_export(export_dir: str | Path, weights: str | Path, model_name: str, m
 
 
 def bundle_model(model: str, export_dir: str | Path, out: str | Path, key_path: str | Path,
-                 version: int | None = None, threshold: float | None = None, detector: str | Path | None = None
-                 ) -> Bundle:
+                 version: int | None = None, threshold: float | None = None, detector: str | Path | None = None,
+                 map_dir: str | Path | None = None) -> Bundle:
     """A bundle of a trained model (a shipped name, a run directory or a checkpoint): its name, its
     card, its input size and embedding size, its operating point (unless ``threshold``), and the
     export directory cross-checked against its weights (:func:`check_export`) before signing."""
@@ -408,7 +435,7 @@ def bundle_model(model: str, export_dir: str | Path, out: str | Path, key_path: 
                                      "agreement_with_fp32": doc.get("agreement_with_fp32")}}
     thr = model_threshold(weights.parent) if threshold is None else threshold
     return make_bundle(export_dir, out, key_path, name, desc.cfg.input_size, desc.cfg.embed_dim, thr, card, quant,
-                       version=version, source=source, detector=detector)
+                       version=version, source=source, detector=detector, map_dir=map_dir)
 
 
 def verify_bundle(directory: str | Path, public_key: bytes) -> dict:

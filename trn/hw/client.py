@@ -132,6 +132,56 @@ class BoardClient:
         return DetectResult(rows[:, :4].copy(), rows[:, 4].copy(), (t_end - t_start) / 1e6, (t_end - t_rx) / 1e6, rt)
 
 
+    def search(self, descriptors: np.ndarray, k: int) -> "SearchResult":
+        """Each descriptor's ``k`` best craters of the board's map (its compressed index): crater
+        ids int64 [n, k] (-1: none) and similarities [n, k], best first."""
+        q = self._descriptors(descriptors)
+        body = self._timed(P.SEARCH, P.SEARCH_HEAD.pack(q.shape[0], q.shape[1], int(k)) + q.tobytes())
+        (t_rx, t_start, t_end, n, kk), rt = P.SEARCH_REPLY.unpack_from(body[0]), body[1]
+        ids = np.frombuffer(body[0], ">i8", count=n * kk, offset=P.SEARCH_REPLY.size).astype(np.int64).reshape(n, kk)
+        sims = np.frombuffer(body[0], ">f4", offset=P.SEARCH_REPLY.size + n * kk * 8).astype(np.float32).reshape(n, kk)
+        return SearchResult(ids, sims, (t_end - t_start) / 1e6, (t_end - t_rx) / 1e6, rt)
+
+    def score(self, descriptors: np.ndarray, rows: np.ndarray) -> "SearchResult":
+        """Each descriptor's similarity [n, m] to the map craters at ``rows`` (rows of the map's
+        metadata) only, from their decoded codes (windowed matching)."""
+        q = self._descriptors(descriptors)
+        r = np.asarray(rows).reshape(-1)
+        if r.dtype.kind not in "iu" or (len(r) and (r.min() < 0 or r.max() > 0xFFFFFFFF)):
+            raise DataError(f"map rows must be non-negative integers (u32); got {r.dtype} {r[:5]}")
+        payload = P.SCORE_HEAD.pack(q.shape[0], q.shape[1], len(r)) + q.tobytes() + r.astype(">u4").tobytes()
+        body, rt = self._timed(P.SCORE, payload)
+        t_rx, t_start, t_end, n, m = P.SCORE_REPLY.unpack_from(body)
+        sims = np.frombuffer(body, ">f4", offset=P.SCORE_REPLY.size).astype(np.float32).reshape(n, m)
+        return SearchResult(r.astype(np.int64)[None].repeat(n, 0), sims, (t_end - t_start) / 1e6,
+                            (t_end - t_rx) / 1e6, rt)
+
+    @staticmethod
+    def _descriptors(descriptors: np.ndarray) -> np.ndarray:
+        q = np.asarray(descriptors, np.float32)
+        if q.ndim != 2:
+            raise DataError(f"descriptors have shape {q.shape}; expected [n, dim]")
+        return np.ascontiguousarray(q, ">f4")
+
+    def _timed(self, mtype: int, payload: bytes) -> tuple[bytes, float]:
+        t0 = time.perf_counter()
+        body = self.request(mtype, payload)
+        return body, (time.perf_counter() - t0) * 1e3
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    """A SEARCH or SCORE answer: crater ids (SEARCH) or the rows asked (SCORE) [n, k], their
+    similarities [n, k]; board time of the search, of the request after it was read, and the
+    ground's round trip, milliseconds."""
+
+    ids: np.ndarray
+    similarities: np.ndarray
+    board_ms: float
+    board_total_ms: float
+    round_trip_ms: float
+
+
 @dataclass(frozen=True)
 class DetectResult:
     """A DETECT answer: boxes [n, 4] and scores [n]; board time of the detection, of the request

@@ -34,6 +34,8 @@ MAP_FORMAT = "trn-map"
 MAP_VERSION = 1
 DB_FILE = "landmarks.db"
 MAP_FILE = "map.json"
+INDEX_FILE = "map_index.faiss"  # the compressed index a board searches (trn-sim map index)
+CRATERS_FILE = "map_craters.npz"  # the metadata beside it: ids, lat, lon, radius, diameter
 CHUNK_DIR = ".chunks"  # an unfinished build's finished chunks (resumable)
 log = logging.getLogger(__name__)
 
@@ -57,7 +59,9 @@ class OnboardMap:
         self._row = {c: i for i, c in enumerate(self.ids)}
 
     @classmethod
-    def load(cls, path: str | Path) -> "OnboardMap":
+    def load(cls, path: str | Path, index: bool = True) -> "OnboardMap":
+        """The map at ``path``, with its compressed index when it has one (``index=False``: without
+        it, e.g. to build it again)."""
         path = Path(path)
         try:
             doc = json.loads((path / MAP_FILE).read_text(encoding="utf-8"))
@@ -81,7 +85,22 @@ class OnboardMap:
             raise DataError(f"{MAP_FILE} craters are malformed ({exc}); rebuild the map", path) from None
         if [str(k) for k in ids] != [str(x) for x in db.labels]:
             raise DataError(f"{MAP_FILE} and {DB_FILE} list different craters; rebuild the map", path)
-        return cls(db, ids, arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], {k: v for k, v in doc.items() if k != "craters"})
+        out = cls(db, ids, arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], {k: v for k, v in doc.items() if k != "craters"})
+        if index and doc.get("index") is not None:
+            out.board = _load_board_map(path, doc["index"], ids, int(doc.get("embedding_dim", db.cfg.dim)))
+        return out
+
+    board = None  # the map's compressed index and metadata (trn_board.mapindex.BoardMap), when it has one
+
+    def vectors(self, compressed: bool = False) -> np.ndarray:
+        """The craters' descriptors [n, dim] in the order of ``ids``: exact, or with ``compressed``
+        as the map's index decodes them (what a board scores)."""
+        if not compressed:
+            return self.db.embeddings
+        if self.board is None:
+            raise DataError("this map has no compressed index; build one with trn-sim map index",
+                            Path(self.info.get("path", ".")))
+        return self.board.decode(np.arange(len(self.ids)))
 
 
 APPEARANCES = ("catalogue", "predicted")
@@ -252,9 +271,6 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
             "appearance": appearance, "catalogue": catalogue, "near_track_km": near_track_km, "batch": batch,
             "one_thread_tasks": executor != "inline"}
     order, vectors = _chunked_embeddings(out / CHUNK_DIR, plan, ids, chunk, run)
-    db = LandmarkDB(DBConfig(dim=emb.dim, threshold=0.9))
-    if len(order):
-        db.add(vectors, labels=[str(c) for c in order])
     ids = order
     if craters is None:
         craters = {c: (meta.craters[c]["lat"], meta.craters[c]["lon"], meta.craters[c]["diameter_km"]) for c in ids}
@@ -269,17 +285,33 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     else:
         radius = np.full(len(ids), MOON_RADIUS_KM)
         surface = f"reference sphere of {MOON_RADIUS_KM} km"
-    (out / MAP_FILE).unlink(missing_ok=True)  # no map.json until both files are complete
-    db.save(out / DB_FILE)
-    doc = {"format": MAP_FORMAT, "version": MAP_VERSION, "model": emb.name, "input_size": emb.input_size,
-           "embedding_dim": emb.dim, "dataset": str(ds.root), "surface": surface, "appearance": appearance,
-           "catalogue": catalogue, "near_track_km": near_track_km,
-           "db_sha256": _sha256(out / DB_FILE),
-           "columns": ["lat_deg", "lon_deg_east", "radius_km", "diameter_km"],
-           "craters": {str(c): [float(a), float(b), float(r), float(d)] for c, a, b, r, d in zip(ids, lat, lon, radius, diam)}}
-    atomic_write_text(out / MAP_FILE, json.dumps(doc) + "\n")
+    write_map(out, ids, vectors, np.stack([lat, lon, radius, diam], axis=1),
+              {"model": emb.name, "input_size": emb.input_size, "embedding_dim": emb.dim, "dataset": str(ds.root),
+               "surface": surface, "appearance": appearance, "catalogue": catalogue, "near_track_km": near_track_km})
+    progress = out / CHUNK_DIR / "progress.jsonl"
+    if progress.is_file():  # the chunks' finishing times, for the build's throughput
+        shutil.copyfile(progress, out / "build_progress.jsonl")
     shutil.rmtree(out / CHUNK_DIR, ignore_errors=True)  # the map is complete: its work is no longer needed
     return OnboardMap.load(out)
+
+
+def write_map(out: str | Path, ids: list[int], vectors: np.ndarray, craters: np.ndarray, info: dict) -> None:
+    """Write a map directory: ``landmarks.db`` of ``vectors`` [n, dim] labelled by ``ids``, then
+    ``map.json`` with ``info`` (model, input_size, embedding_dim, ...) and per crater the row of
+    ``craters`` [n, 4] (latitude, longitude, surface radius, diameter); ``map.json`` last, so an
+    interrupted write leaves no map that loads."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    vectors = np.asarray(vectors, np.float32)
+    db = LandmarkDB(DBConfig(dim=vectors.shape[1], threshold=0.9))
+    if len(ids):
+        db.add(vectors, labels=[str(c) for c in ids])
+    (out / MAP_FILE).unlink(missing_ok=True)  # no map.json until both files are complete
+    db.save(out / DB_FILE)
+    doc = {"format": MAP_FORMAT, "version": MAP_VERSION, **info, "db_sha256": _sha256(out / DB_FILE),
+           "columns": ["lat_deg", "lon_deg_east", "radius_km", "diameter_km"],
+           "craters": {str(c): [float(v) for v in row] for c, row in zip(ids, np.asarray(craters, np.float64))}}
+    atomic_write_text(out / MAP_FILE, json.dumps(doc) + "\n")
 
 
 def _probe(emb, threads: int | None = None) -> str:
@@ -355,13 +387,7 @@ def _run_tasks(executor: str, chunks, job: ChunkJob, sub, workers: int, ray_addr
     if not chunks:
         return
     if executor == "processes":
-        import concurrent.futures as cf
-        import multiprocessing as mp
-
-        with cf.ProcessPoolExecutor(max(1, workers), mp_context=mp.get_context("spawn")) as pool:
-            futures = {pool.submit(chunk_task, job, cids, sub(cids)): k for k, cids in chunks}
-            for f in cf.as_completed(futures):
-                yield futures[f], f.result()
+        yield from _process_tasks(chunks, job, sub, workers)
         return
     try:
         import ray
@@ -382,6 +408,37 @@ def _run_tasks(executor: str, chunks, job: ChunkJob, sub, workers: int, ray_addr
     finally:
         if started:
             ray.shutdown()
+
+
+POOL_RESTARTS = 3  # a local process pool whose worker died is started again this often (as Ray retries a task)
+
+
+def _process_tasks(chunks: list, job: ChunkJob, sub, workers: int):
+    """The chunks as tasks of ``workers`` spawned local processes, yielded as they finish. A
+    worker that dies (killed, out of memory) breaks the pool: the unfinished chunks go to a new
+    pool, up to :data:`POOL_RESTARTS` times; the finished ones are already kept."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+    from concurrent.futures.process import BrokenProcessPool
+
+    todo = dict(chunks)
+    for attempt in range(POOL_RESTARTS + 1):
+        try:
+            with cf.ProcessPoolExecutor(max(1, workers), mp_context=mp.get_context("spawn")) as pool:
+                futures = {pool.submit(chunk_task, job, cids, sub(cids)): k for k, cids in todo.items()}
+                for f in cf.as_completed(futures):
+                    k = futures[f]
+                    result = f.result()
+                    del todo[k]
+                    yield k, result
+            return
+        except BrokenProcessPool:
+            if attempt == POOL_RESTARTS:
+                raise DataError(f"map build: a worker process died {POOL_RESTARTS + 1} times (killed, or out of "
+                                f"memory); {len(todo)} chunks unfinished, the finished ones are kept: run the same "
+                                "command again to finish the map") from None
+            log.warning("map build: a worker process died; %d unfinished chunks go to a new pool (restart %d of %d)",
+                        len(todo), attempt + 1, POOL_RESTARTS)
 
 
 def _embed_chunk(emb, items: list[tuple[int, np.ndarray]], batch: int, preprocess) -> tuple[list[int], np.ndarray]:
@@ -445,6 +502,64 @@ def _chunked_embeddings(work: Path, plan: dict, ids: list[int], chunk: int, run)
         order.extend(got_ids)
         vectors.append(got)
     return order, np.concatenate(vectors) if vectors else np.zeros((0, 1), np.float32)
+
+
+def _load_board_map(path: Path, entry: dict, ids: list[int], dim: int):
+    """The map's index and crater metadata, checked against ``map.json`` (files, hashes, crater
+    ids and count, embedding size): a map whose index and metadata disagree is refused."""
+    from trn_board.mapindex import BoardMap, MapError
+
+    try:
+        files = {k: path / entry[k] for k in ("file", "craters_file")}
+        for k, sha in (("file", "sha256"), ("craters_file", "craters_sha256")):
+            if not files[k].is_file() or _sha256(files[k]) != entry[sha]:
+                raise DataError(f"{files[k].name} is missing or differs from the one {MAP_FILE} was written with; "
+                                "rebuild it with trn-sim map index", path)
+        board = BoardMap(files["file"], files["craters_file"], dim=dim, craters=len(ids), visit=int(entry["visit"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        raise DataError(f"{MAP_FILE}'s index entry is malformed ({exc}); rebuild it with trn-sim map index", path) from None
+    except MapError as exc:
+        raise DataError(exc.message, exc.path) from None
+    if board.ids.tolist() != [int(c) for c in ids]:
+        raise DataError(f"{CRATERS_FILE} lists other craters than {MAP_FILE}: the index and the map disagree; rebuild "
+                        "it with trn-sim map index", path)
+    return board
+
+
+def write_map_index(path: str | Path, name: str, visit: int, seed: int = 0) -> dict:
+    """Build the compressed index ``name`` (:data:`trn.nav.map_index.SPECS`) over a finished map's
+    descriptors, searching ``visit`` lists (or graph entries) per query, and write it with the
+    crater metadata a board needs beside the map (both atomically, then ``map.json``'s ``index``
+    entry). Returns that entry."""
+    import faiss
+
+    from trn.nav.map_index import build_index, factory_string, index_bytes
+
+    path = Path(path)
+    omap = OnboardMap.load(path, index=False)
+    t0 = time.perf_counter()
+    index = build_index(omap.db.embeddings, name, seed=seed)
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.make_direct_map()  # the windowed search decodes given craters
+    build_s = time.perf_counter() - t0
+    tmp = path / f".{INDEX_FILE}.tmp"
+    faiss.write_index(index, str(tmp))
+    tmp.replace(path / INDEX_FILE)
+    meta = np.stack([omap.lat, omap.lon, omap.radius_km, omap.diameter_km], axis=1).astype(np.float32)
+    tmp = path / f".{CRATERS_FILE}.tmp.npz"
+    np.savez(tmp, ids=np.asarray(omap.ids, np.int64), craters=meta)
+    tmp.replace(path / CRATERS_FILE)
+    entry = {"name": name, "factory": factory_string(name, len(omap.ids)), "visit": int(visit), "seed": seed,
+             "file": INDEX_FILE, "sha256": _sha256(path / INDEX_FILE), "bytes": (path / INDEX_FILE).stat().st_size,
+             "craters_file": CRATERS_FILE, "craters_sha256": _sha256(path / CRATERS_FILE),
+             "craters_bytes": (path / CRATERS_FILE).stat().st_size, "craters": len(omap.ids),
+             "build_s": round(build_s, 2), "index_bytes": index_bytes(index)}
+    doc = json.loads((path / MAP_FILE).read_text(encoding="utf-8"))
+    doc["index"] = entry
+    atomic_write_text(path / MAP_FILE, json.dumps(doc) + "\n")
+    OnboardMap.load(path)  # the written map loads, index and metadata agreeing
+    return entry
 
 
 def catalogue_crater_map(source: str | Path):

@@ -320,19 +320,40 @@ def frame_detections(ds: Luna1Dataset, s) -> list:
     return [d for fr in frames for d in dets[fr]]
 
 
-def map_matches(ds: Luna1Dataset, emb, omap, s, flat: list | None = None) -> tuple[list, np.ndarray]:
-    """Every annotated frame's detections (:func:`frame_detections`, unless given) embedded, each as
-    the square centred on its box (not stretched to the network's input), and compared with every
-    map entry: (detections, similarities [detections, map entries] in the order of ``omap.ids``)."""
+def detection_descriptors(ds: Luna1Dataset, emb, flat: list) -> np.ndarray:
+    """The descriptors [detections, dim] of ``flat``, each cut as the square centred on its box
+    (not stretched to the network's input)."""
     from trn.sim import scenarios as sc
 
-    flat = frame_detections(ds, s) if flat is None else flat
-    emb_map = omap.db.embeddings  # rows in the order of omap.ids (OnboardMap.load checks it)
-    sims = np.zeros((len(flat), len(omap.ids)), np.float32)
+    out = np.zeros((len(flat), emb.dim), np.float32)
     for i in range(0, len(flat), 512):
-        e = emb(sc.crop_images(ds, flat[i:i + 512], emb.input_size, square=True)).global_
-        sims[i:i + len(e)] = e @ emb_map.T
-    return flat, sims
+        out[i:i + 512] = emb(sc.crop_images(ds, flat[i:i + 512], emb.input_size, square=True)).global_
+    return out
+
+
+def map_matches(ds: Luna1Dataset, emb, omap, s, flat: list | None = None, compressed: bool = False
+                ) -> tuple[list, np.ndarray]:
+    """Every annotated frame's detections (:func:`frame_detections`, unless given) embedded
+    (:func:`detection_descriptors`) and compared with every map entry: (detections, similarities
+    [detections, map entries] in the order of ``omap.ids``). ``compressed``: against the map's
+    vectors as its compressed index decodes them (:meth:`OnboardMap.vectors`)."""
+    flat = frame_detections(ds, s) if flat is None else flat
+    return flat, detection_descriptors(ds, emb, flat) @ omap.vectors(compressed).T
+
+
+class CandidateScores:
+    """Similarities of detections to given map craters only, computed when asked: the windowed
+    matching's search, which never forms the detections x map matrix. ``queries`` [detections,
+    dim]; ``decode(rows)`` -> the map vectors [len(rows), dim] at those rows (exact, or decoded from
+    a compressed index's codes: :meth:`trn_board.mapindex.BoardMap.decode`)."""
+
+    def __init__(self, queries: np.ndarray, decode):
+        self.queries, self.decode = np.asarray(queries, np.float32), decode
+        self.scored = 0  # map craters scored, over every call
+
+    def __call__(self, k: int, rows: np.ndarray) -> np.ndarray:
+        self.scored += len(rows)
+        return self.decode(rows) @ self.queries[k]
 
 
 class SearchWindow:
@@ -343,7 +364,8 @@ class SearchWindow:
     compared only with the craters whose predicted pixel lies within ``n_sigma`` of the position
     uncertainty (projected at the crater's range) plus the box's half size; the best of those at or
     above ``threshold`` is its match. With a large covariance the window covers the whole visible
-    map. ``sims`` [detections, map craters]: the detections' similarities to every map entry.
+    map. ``sims``: the detections' similarities to the map craters, a matrix [detections, map
+    craters] or, so that nothing scores the whole map, a :class:`CandidateScores`.
 
     A box cut by the frame's edge (an edge within ``edge_sigma`` box sigmas of the border) gives
     the crater's centre from its uncut rim edge and extent (:func:`trn.nav.lost.box_geometry`); a
@@ -361,7 +383,8 @@ class SearchWindow:
                  edge_sigma: float = 3.0, max_centre_sigma: float = 3.0, spatial: bool = True):
         from trn.nav.spatial import CraterIndex
 
-        self.flat, self.sims, self.threshold, self.n_sigma = flat, sims, threshold, n_sigma
+        self.flat, self.threshold, self.n_sigma = flat, threshold, n_sigma
+        self.score = sims if callable(sims) else (lambda k, rows: sims[k, rows])
         self.edge_sigma, self.max_centre_sigma = edge_sigma, max_centre_sigma
         self.ids = np.asarray(map_ids)
         self.pos = np.asarray(map_positions, np.float64)
@@ -433,9 +456,10 @@ class SearchWindow:
             if not near.any():
                 continue
             cand = rows[np.flatnonzero(near)]
-            j = cand[int(np.argmax(self.sims[k, cand]))]
-            if self.sims[k, j] >= self.threshold:
-                out.append(Match(int(self.ids[j]), int(d.label), (float(px), float(py)), float(self.sims[k, j])))
+            sim = self.score(k, cand)
+            i = int(np.argmax(sim))
+            if sim[i] >= self.threshold:
+                out.append(Match(int(self.ids[cand[i]]), int(d.label), (float(px), float(py)), float(sim[i])))
         return out
 
 
@@ -458,7 +482,7 @@ def map_size_gate(ds: Luna1Dataset, flat: list, min_km: float, altimeter_sigma_k
 def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None,
                    thresholds: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9, 0.95), n_sigma: float = 3.0,
                    box_sigma_px: float | None = None, gate: float | None = None, cold_start: bool = False,
-                   cold_velocity: str = "image", lost_cfg=None, lis_map=None) -> dict:
+                   cold_velocity: str = "image", lost_cfg=None, lis_map=None, compressed: bool = False) -> dict:
     """Navigation with TRN at ``s.threshold`` and at each of ``thresholds``, against dead
     reckoning: each detection matched within its search window (:class:`SearchWindow`).
     Recognition against the whole map (no window) is reported beside it. ``box_sigma_px``: the
@@ -469,10 +493,17 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     frames' verified lost-in-space fixes (:class:`ColdStart`, :func:`lost_in_space_fixes`) against
     ``lis_map`` (a :class:`trn.nav.lost.CraterMap`; by default the craters of ``omap``), made on the
     whole set of boxes (before the size gate); ``cold_velocity``: how the first velocity is found
-    (:class:`ColdStart`)."""
+    (:class:`ColdStart`). ``compressed``: every similarity from the map's compressed index (its
+    decoded codes, :meth:`OnboardMap.vectors`) in place of the exact vectors. The windows score
+    their candidates only (:class:`CandidateScores`); the whole-map figures beside them, and the
+    cold start's lost-in-space search, use every crater's similarity."""
     sensors = sensors or SensorModel()
     cold = None
-    flat, sims = map_matches(ds, emb, omap, s)
+    flat = frame_detections(ds, s)
+    queries = detection_descriptors(ds, emb, flat)
+    vectors = omap.vectors(compressed)
+    sims = queries @ vectors.T
+    decode = omap.board.decode if compressed else (lambda rows: vectors[rows])
     if cold_start:
         from trn.nav.onboard_map import descriptor_crater_map
 
@@ -491,7 +522,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
         if not 0.0 < gate <= 2.0:
             raise ConfigError(f"map size gate {gate}: expected a factor of the map's smallest crater in (0, 2]")
         keep = map_size_gate(ds, flat, gate * float(np.min(omap.diameter_km)), sensors.altimeter_sigma_km, s.seed)
-        flat, sims = [d for d, k in zip(flat, keep) if k], sims[keep]
+        flat, sims, queries = [d for d, k in zip(flat, keep) if k], sims[keep], queries[keep]
     ids = np.asarray(omap.ids)
     best = ids[sims.argmax(1)] if len(flat) else np.zeros(0, int)
     score = sims.max(1) if len(flat) else np.zeros(0)
@@ -506,7 +537,8 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     positions = omap.positions(list(omap.ids))
     runs = {}
     for thr in sorted(set(thresholds) | {s.threshold}):
-        window = SearchWindow(flat, sims, list(omap.ids), positions, cam, thr, n_sigma, pix)
+        window = SearchWindow(flat, CandidateScores(queries, decode), list(omap.ids), positions, cam, thr, n_sigma,
+                              pix)
         res = navigate(ds, {}, omap.positions, sensors, s.seed, pixel_sigma=pix, matcher=window, cold=cold)
         m = score >= thr
         cnt = res.counts
@@ -527,7 +559,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
 
 def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None = None, cfg=None,
                         box_sigma_px: float | None = None, seed: int = 0, emb=None, omap=None,
-                        matches: tuple[list, np.ndarray] | None = None) -> dict:
+                        matches: tuple[list, np.ndarray] | None = None, compressed: bool = False) -> dict:
     """Every frame's lost-in-space fix against the whole map ``cmap`` (:class:`trn.nav.lost.CraterMap`),
     with no position prior (:func:`trn.nav.lost.frame_hypotheses`, then :class:`trn.nav.lost.WindowFixer`
     over the frames in time order): the star tracker's attitude and the altimeter as
@@ -537,7 +569,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     (both need ``emb`` and the descriptor map ``omap``, whose craters ``cmap`` must list in the
     same order). ``matches``: the detections and their similarities to ``omap``, when the caller
     has them already (:func:`map_matches`; map navigation's cold start), so nothing is embedded
-    twice. Per frame: detections, declared or not and why, frames the fix needed, the fix's error and
+    twice; ``compressed``: the similarities from the map's compressed index. Per frame: detections, declared or not and why, frames the fix needed, the fix's error and
     sigma, candidates and hypotheses examined, score, time; summaries by detections per frame (a
     declared fix farther than 2 km from the truth is a wrong fix)."""
     import functools
@@ -562,7 +594,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
             sims = matches[1]
         else:
             t0 = time.perf_counter()
-            _, sims = map_matches(ds, emb, omap, s, flat)
+            _, sims = map_matches(ds, emb, omap, s, flat, compressed)
             embed_search_s = time.perf_counter() - t0
     cam = dataset_camera(ds)
     pix = detector_pixel_sigma(s.shift_px, s.shrink_px, sensors.pixel_sigma) if box_sigma_px is None \

@@ -54,6 +54,7 @@ import numpy as np  # noqa: E402
 from trn_board import protocol as P  # noqa: E402
 from trn_board import trust  # noqa: E402
 from trn_board.detect import decode_input  # noqa: E402
+from trn_board.mapindex import BoardMap, MapError  # noqa: E402
 from trn_board.options import ranged_int, seconds  # noqa: E402
 from trn_board.bundle import BundleError, manifest_sha256, verify_bundle  # noqa: E402
 
@@ -197,6 +198,16 @@ class BoardModel:
         self.model_file = _needs(backend, files)[0]
         self.detector = self.manifest.get("detector")
         self.detector_error = None
+        self.map = None
+        if self.manifest.get("map") is not None:  # a signed map that does not load refuses the bundle
+            m = self.manifest["map"]
+            try:
+                self.map = BoardMap(self.dir / m["index"], self.dir / m["craters_file"], dim=self.embedding_dim,
+                                    craters=int(m["craters"]), visit=int(m["visit"]))
+            except ImportError:
+                raise ModelError("the bundle carries a map and this board has no FAISS: install faiss-cpu") from None
+            except (MapError, KeyError, TypeError, ValueError) as exc:
+                raise ModelError(f"{self.dir}: the bundle's map cannot be used ({exc})") from None
         try:
             self._load(backend)
         except ModelError:
@@ -247,7 +258,12 @@ class BoardModel:
                     "file": self.detector["file"], "file_sha256": files[self.detector["file"]]["sha256"],
                     "input_size": self.detector_size, "score_threshold": self.detector["score_threshold"],
                     "gate_km": self.detector.get("gate_km"), "preprocess": self.detector["input"]["from"]},
-                "detector_error": self.detector_error}
+                "detector_error": self.detector_error,
+                "map": None if self.map is None else {
+                    "craters": len(self.map), "dim": self.map.dim, "name": self.manifest["map"]["name"],
+                    "factory": self.manifest["map"]["factory"], "visit": self.map.visit,
+                    "index_sha256": files[self.manifest["map"]["index"]]["sha256"],
+                    "craters_sha256": files[self.manifest["map"]["craters_file"]]["sha256"]}}
 
     def detect(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """One standardised frame [S, S] -> boxes float32 [n, 4] (l, r, t, b, pixels of the input)
@@ -319,8 +335,11 @@ class Agent:
             raise ValueError("a stop token must have at least 16 bytes")
         self.model = model
         self.max_batch = max_batch
+        board_map = getattr(model, "map", None)
+        queries = max_batch * (board_map.dim if board_map is not None else 0) * 4
         self.max_payload = max(P.INFER_HEAD.size + max_batch * model.input_size ** 2 * 4,
-                               P.DETECT_HEAD.size + getattr(model, "detector_size", 0) ** 2 * 4)
+                               P.DETECT_HEAD.size + getattr(model, "detector_size", 0) ** 2 * 4,
+                               P.SCORE_HEAD.size + queries + (P.MAX_SCORE_ROWS * 4 if board_map is not None else 0))
         self.max_connections = max_connections
         self.idle_timeout, self.io_timeout, self.first_request_timeout = idle_timeout, io_timeout, first_request_timeout
         self.stop_token = stop_token
@@ -413,6 +432,77 @@ class Agent:
         rows = np.ascontiguousarray(np.concatenate([boxes, scores[:, None]], axis=1), dtype=">f4")
         self._send(conn, P.DETECT | P.REPLY, rid, P.DETECT_REPLY.pack(t_received, t0, t1, len(rows)) + rows.tobytes())
 
+    def _map_queries(self, conn: socket.socket, rid: int, payload: bytes, head: struct.Struct, what: str):
+        """(head fields, queries [n, dim]) of a SEARCH or SCORE request, or None once answered
+        with the error."""
+        board_map = getattr(self.model, "map", None)
+        if board_map is None:
+            self._error(conn, rid, P.BAD_PAYLOAD, f"this bundle carries no map to {what}; re-make it with "
+                                                  "trn-export bundle --map DIR")
+            return None
+        if len(payload) < head.size:
+            self._error(conn, rid, P.BAD_PAYLOAD, f"{what.upper()} payload shorter than its {head.size}-byte head")
+            return None
+        fields = head.unpack_from(payload)
+        n, dim = fields[0], fields[1]
+        if not 1 <= n <= self.max_batch:
+            self._error(conn, rid, P.BAD_PAYLOAD, f"n = {n} descriptors; send 1 to {self.max_batch} per request")
+            return None
+        if dim != board_map.dim:
+            self._error(conn, rid, P.BAD_PAYLOAD, f"descriptors of {dim} values; this map holds {board_map.dim}")
+            return None
+        if len(payload) < head.size + n * dim * 4:
+            self._error(conn, rid, P.BAD_PAYLOAD, f"{what.upper()} payload has {len(payload)} bytes; {n} descriptors "
+                                                  f"take {n * dim * 4} after the head")
+            return None
+        q = np.frombuffer(payload, dtype=">f4", count=n * dim, offset=head.size).astype(np.float32).reshape(n, dim)
+        if not np.isfinite(q).all():
+            self._error(conn, rid, P.NON_FINITE, "descriptors contain NaN or infinite values")
+            return None
+        return fields, q
+
+    def _search(self, conn: socket.socket, rid: int, payload: bytes, t_received: int) -> None:
+        got = self._map_queries(conn, rid, payload, P.SEARCH_HEAD, "search")
+        if got is None:
+            return
+        (n, dim, k), q = got
+        board_map = self.model.map
+        if len(payload) != P.SEARCH_HEAD.size + n * dim * 4:
+            return self._error(conn, rid, P.BAD_PAYLOAD, f"SEARCH payload has {len(payload)} bytes; {n} descriptors "
+                                                          f"of {dim} float32 take {P.SEARCH_HEAD.size + n * dim * 4}")
+        if not 1 <= k <= min(len(board_map), 1024):
+            return self._error(conn, rid, P.BAD_PAYLOAD, f"k = {k}; expected 1 to {min(len(board_map), 1024)}")
+        with self.lock:
+            t0 = time.monotonic_ns()
+            rows, sims = board_map.search(q, k)
+            t1 = time.monotonic_ns()
+        ids = np.where(rows >= 0, board_map.ids[np.maximum(rows, 0)], -1).astype(">i8")
+        body = P.SEARCH_REPLY.pack(t_received, t0, t1, n, k) + ids.tobytes() + np.ascontiguousarray(sims, ">f4").tobytes()
+        self._send(conn, P.SEARCH | P.REPLY, rid, body)
+
+    def _score(self, conn: socket.socket, rid: int, payload: bytes, t_received: int) -> None:
+        got = self._map_queries(conn, rid, payload, P.SCORE_HEAD, "score")
+        if got is None:
+            return
+        (n, dim, m), q = got
+        board_map = self.model.map
+        if not 1 <= m <= P.MAX_SCORE_ROWS:
+            return self._error(conn, rid, P.BAD_PAYLOAD, f"m = {m} map rows; send 1 to {P.MAX_SCORE_ROWS}")
+        want = P.SCORE_HEAD.size + n * dim * 4 + m * 4
+        if len(payload) != want:
+            return self._error(conn, rid, P.BAD_PAYLOAD, f"SCORE payload has {len(payload)} bytes; {n} descriptors "
+                                                          f"and {m} u32 rows take {want}")
+        rows = np.frombuffer(payload, dtype=">u4", count=m, offset=P.SCORE_HEAD.size + n * dim * 4).astype(np.int64)
+        if rows.max() >= len(board_map):
+            return self._error(conn, rid, P.BAD_PAYLOAD, f"map row {int(rows.max())} outside the map's "
+                                                          f"0..{len(board_map) - 1}")
+        with self.lock:
+            t0 = time.monotonic_ns()
+            sims = board_map.score(q, rows)
+            t1 = time.monotonic_ns()
+        body = P.SCORE_REPLY.pack(t_received, t0, t1, n, m) + np.ascontiguousarray(sims, ">f4").tobytes()
+        self._send(conn, P.SCORE | P.REPLY, rid, body)
+
     def _stop(self, conn: socket.socket, rid: int, payload: bytes) -> bool:
         """True when the SHUTDOWN is authenticated (and answered)."""
         if self.stop_token is None:
@@ -470,6 +560,10 @@ class Agent:
                         self._infer(conn, rid, payload, t_received)
                     elif mtype == P.DETECT:
                         self._detect(conn, rid, payload, t_received)
+                    elif mtype == P.SEARCH:
+                        self._search(conn, rid, payload, t_received)
+                    elif mtype == P.SCORE:
+                        self._score(conn, rid, payload, t_received)
                     elif mtype == P.SHUTDOWN:
                         if self._stop(conn, rid, payload):
                             self.shutdown()

@@ -27,6 +27,15 @@ Every message, both ways, is a 16-byte header and a payload::
   resized to the detector's input and standardised (INFO's ``detector``) -> ``t_received``,
   ``t_start``, ``t_end`` (u64 ns, as INFER), ``n`` (u16), then n x 5 float32: l, r, t, b (pixels of
   the detector's input) and score, descending, at or above the bundle's score threshold, after NMS.
+- SEARCH (a bundle with a map): ``n`` (u16), ``dim`` (u16), ``k`` (u16), then n x dim float32
+  L2-normalised descriptors -> ``t_received``, ``t_start``, ``t_end`` (u64 ns), ``n`` (u16), ``k``
+  (u16), then n x k int64 crater ids (-1: none) and n x k float32 similarities, best first: each
+  descriptor's k best craters of the whole map, through the map's compressed index.
+- SCORE (a bundle with a map): ``n`` (u16), ``dim`` (u16), ``m`` (u32), then n x dim float32
+  descriptors and m u32 map rows (row i of the map's metadata) -> ``t_received``, ``t_start``,
+  ``t_end`` (u64 ns), ``n`` (u16), ``m`` (u32), then n x m float32 similarities from the rows'
+  decoded codes: the windowed matching of map navigation, which compares a detection with the
+  craters predicted near it only.
 - SHUTDOWN (the stop token) -> empty; the agent then stops accepting and exits cleanly. Off unless
   the agent was started with a stop token (``--stop-token-file``, a random token written with mode
   0600 for whoever may stop it); otherwise, or with another token, FORBIDDEN and the connection is
@@ -43,14 +52,20 @@ import struct
 MAGIC = b"TRNB"
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct("!4sBBHII")
-INFO, HEALTH, INFER, SHUTDOWN, DETECT = 0x01, 0x02, 0x03, 0x04, 0x05
+INFO, HEALTH, INFER, SHUTDOWN, DETECT, SEARCH, SCORE = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07
 REPLY = 0x80
 ERROR = 0x7F
-REQUESTS = {INFO: "INFO", HEALTH: "HEALTH", INFER: "INFER", SHUTDOWN: "SHUTDOWN", DETECT: "DETECT"}
+REQUESTS = {INFO: "INFO", HEALTH: "HEALTH", INFER: "INFER", SHUTDOWN: "SHUTDOWN", DETECT: "DETECT", SEARCH: "SEARCH",
+            SCORE: "SCORE"}
 INFER_HEAD = struct.Struct("!HH")
 INFER_REPLY = struct.Struct("!QQQHH")
 DETECT_HEAD = struct.Struct("!H")
 DETECT_REPLY = struct.Struct("!QQQH")
+SEARCH_HEAD = struct.Struct("!HHH")
+SEARCH_REPLY = struct.Struct("!QQQHH")
+SCORE_HEAD = struct.Struct("!HHI")
+SCORE_REPLY = struct.Struct("!QQQHI")
+MAX_SCORE_ROWS = 1 << 16  # map rows one SCORE request may name
 ERROR_HEAD = struct.Struct("!H")
 
 # error codes

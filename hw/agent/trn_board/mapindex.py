@@ -1,0 +1,118 @@
+"""The onboard map as a board holds it: a compressed FAISS index of the craters' descriptors
+(``map_index.faiss``) and their metadata (``map_craters.npz``: crater ids, latitude, longitude,
+surface radius and diameter, row i of each the index's id i).
+
+Two searches, by inner product (the cosine, for unit descriptors):
+
+* :meth:`BoardMap.search`: the k best craters of the whole map for each query (lost in space);
+* :meth:`BoardMap.score`: each query's similarity to given craters only (the windowed matching of
+  map navigation: the craters the filter predicts near a detection), from their decoded codes.
+
+Imports numpy and FAISS only (no torch, no trn): it runs in the board agent.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+CRATER_COLUMNS = ("lat_deg", "lon_deg_east", "radius_km", "diameter_km")
+
+
+class MapError(Exception):
+    """A map whose files are missing, unreadable, or disagree with each other or with the bundle."""
+
+    def __init__(self, message: str, path: Path | None = None):
+        super().__init__(f"{path}: {message}" if path is not None else message)
+        self.message = message
+        self.path = path
+
+
+def read_craters(path: Path) -> tuple[np.ndarray, np.ndarray]:
+    """(crater ids int64 [n], metadata float32 [n, 4] in :data:`CRATER_COLUMNS` order)."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            ids, meta = np.asarray(z["ids"]), np.asarray(z["craters"])
+    except FileNotFoundError:
+        raise MapError("no crater metadata file; rebuild the map's index (trn-sim map index)", path) from None
+    except (OSError, ValueError, KeyError) as exc:
+        raise MapError(f"crater metadata is not readable ({type(exc).__name__}: {exc}); rebuild the map's index "
+                       "(trn-sim map index)", path) from None
+    if ids.ndim != 1 or meta.shape != (len(ids), len(CRATER_COLUMNS)) or ids.dtype.kind not in "iu":
+        raise MapError(f"crater metadata has ids {ids.shape} {ids.dtype} and craters {meta.shape}; expected [n] "
+                       f"integers and [n, {len(CRATER_COLUMNS)}]", path)
+    if not np.isfinite(meta).all():
+        raise MapError("crater metadata contains NaN or infinite values", path)
+    return ids.astype(np.int64), meta.astype(np.float32)
+
+
+class BoardMap:
+    """A map index and its crater metadata, checked against each other (and against ``dim`` and
+    ``craters`` when given: the bundle's embedding size and crater count) before any search."""
+
+    def __init__(self, index_path: str | Path, craters_path: str | Path, dim: int | None = None,
+                 craters: int | None = None, visit: int = 0):
+        import faiss
+
+        self.index_path, self.craters_path = Path(index_path), Path(craters_path)
+        if not self.index_path.is_file():
+            raise MapError("no map index file; build it with trn-sim map index", self.index_path)
+        try:
+            self.index = faiss.read_index(str(self.index_path))
+        except RuntimeError as exc:
+            raise MapError(f"not a readable FAISS index ({str(exc).splitlines()[0][:200]}); rebuild it with "
+                           "trn-sim map index", self.index_path) from None
+        self.ids, self.meta = read_craters(self.craters_path)
+        n = int(self.index.ntotal)
+        if n != len(self.ids):
+            raise MapError(f"the index holds {n} craters and the metadata {len(self.ids)}: they disagree; rebuild the "
+                           "map's index (trn-sim map index)", self.index_path)
+        if craters is not None and n != int(craters):
+            raise MapError(f"the index holds {n} craters, the bundle's manifest says {craters}", self.index_path)
+        if dim is not None and int(self.index.d) != int(dim):
+            raise MapError(f"the index's vectors have {self.index.d} dimensions, the model's embeddings {dim}",
+                           self.index_path)
+        if len(np.unique(self.ids)) != n:
+            raise MapError("crater ids repeat in the metadata", self.craters_path)
+        self.dim = int(self.index.d)
+        self.ivf = faiss.try_extract_index_ivf(self.index)
+        if self.ivf is not None and visit:
+            self.ivf.nprobe = int(visit)
+        hnsw = getattr(faiss.downcast_index(self.index), "hnsw", None)
+        if hnsw is not None and visit:
+            hnsw.efSearch = int(visit)
+        self.visit = int(visit)
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def _queries(self, q: np.ndarray) -> np.ndarray:
+        q = np.ascontiguousarray(q, np.float32)
+        if q.ndim != 2 or q.shape[1] != self.dim:
+            raise MapError(f"queries have shape {q.shape}; expected [n, {self.dim}]")
+        if not np.isfinite(q).all():
+            raise MapError("queries contain NaN or infinite values")
+        return q
+
+    def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """(rows int64 [n, k], similarities float32 [n, k]) of each query's k best craters, best
+        first (-1 and -inf where the index returns fewer)."""
+        q = self._queries(q)
+        if not 1 <= int(k) <= len(self):
+            raise MapError(f"k = {k}: expected 1 to the map's {len(self)} craters")
+        sims, rows = self.index.search(q, int(k))
+        return rows.astype(np.int64), np.where(rows >= 0, sims, -np.inf).astype(np.float32)
+
+    def decode(self, rows: np.ndarray) -> np.ndarray:
+        """The decoded (compressed) vectors [m, dim] of the craters at ``rows``."""
+        rows = np.asarray(rows, np.int64).reshape(-1)
+        if len(rows) and (rows.min() < 0 or rows.max() >= len(self)):
+            raise MapError(f"crater rows {int(rows.min())}..{int(rows.max())} outside the map's 0..{len(self) - 1}")
+        if not len(rows):
+            return np.zeros((0, self.dim), np.float32)
+        return np.asarray(self.index.reconstruct_batch(rows), np.float32)
+
+    def score(self, q: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        """Similarities float32 [n, m] of each query to the craters at ``rows`` only."""
+        return self._queries(q) @ self.decode(rows).T

@@ -1,0 +1,107 @@
+"""The map's compressed index: built deterministically, searched close to exact search, decoded for
+given craters, and refused when it and the crater metadata disagree."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from trn.errors import ConfigError, DataError
+from trn.nav.map_index import SPECS, build_index, factory_string
+from trn.nav.onboard_map import CRATERS_FILE, INDEX_FILE, MAP_FILE, OnboardMap, write_map, write_map_index
+from trn_board.bundle import sha256_file
+from trn_board.mapindex import BoardMap, MapError
+
+N, DIM = 3000, 64
+
+
+def _vectors(n: int = N, seed: int = 0) -> np.ndarray:
+    """Unit vectors in clusters, like descriptors of similar-looking craters."""
+    rng = np.random.default_rng(seed)
+    centres = rng.normal(size=(40, DIM))
+    x = centres[rng.integers(0, 40, n)] + 0.6 * rng.normal(size=(n, DIM))
+    return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+
+
+def _map(path, n: int = N, seed: int = 0):
+    rng = np.random.default_rng(seed + 1)
+    craters = np.stack([rng.uniform(-60, 60, n), rng.uniform(0, 360, n), np.full(n, 1737.4), rng.uniform(1, 30, n)], 1)
+    ids = [int(c) for c in 10 * np.arange(n) + 7]
+    write_map(path, ids, _vectors(n, seed), craters, {"model": "t", "input_size": 48, "embedding_dim": DIM})
+    return path
+
+
+def test_the_index_searches_near_exact_search_and_decodes_given_craters(tmp_path):
+    entry = write_map_index(_map(tmp_path / "m"), "IVF-PQ32", visit=16)
+    assert entry["factory"] == factory_string("IVF-PQ32", N) == "IVF64,PQ32"
+    m = OnboardMap.load(tmp_path / "m")
+    assert m.board is not None and len(m.board) == N and m.board.ids.tolist() == m.ids
+    exact = m.vectors()
+    rng = np.random.default_rng(5)
+    q = exact[rng.integers(0, N, 200)] + 0.05 * rng.normal(size=(200, DIM)).astype(np.float32)
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    truth = np.argmax(q @ exact.T, axis=1)
+    rows, sims = m.board.search(q, 10)
+    assert np.mean([t in r for t, r in zip(truth, rows)]) >= 0.95  # the exact best among the index's 10
+    assert np.all(np.diff(sims, axis=1) <= 1e-6)  # best first
+    # scoring given craters uses their decoded codes: the index's own similarities, near the exact ones
+    cand = rows[:, :5]
+    got = np.stack([m.board.score(q[i:i + 1], cand[i])[0] for i in range(len(q))])
+    np.testing.assert_allclose(got, sims[:, :5], atol=1e-4)
+    np.testing.assert_allclose(got, np.take_along_axis(q @ exact.T, cand, axis=1), atol=0.1)
+    np.testing.assert_array_equal(m.vectors(compressed=True)[cand[0]], m.board.decode(cand[0]))
+    with pytest.raises(MapError, match="outside the map"):
+        m.board.decode(np.array([N]))
+    with pytest.raises(MapError, match="expected"):
+        m.board.search(q[:, :10], 5)
+
+
+def test_the_same_vectors_give_the_same_index_bytes(tmp_path):
+    a = write_map_index(_map(tmp_path / "a"), "IVF-PQ32", visit=8)
+    b = write_map_index(_map(tmp_path / "b"), "IVF-PQ32", visit=8)
+    assert a["sha256"] == b["sha256"] and a["craters_sha256"] == b["craters_sha256"]
+    with pytest.raises(ConfigError, match="map index"):
+        build_index(_vectors(100), "IVF-LSH")
+    assert set(SPECS) >= {"Flat", "SQ8", "IVF-PQ64", "HNSW32-PQ64"}
+
+
+def test_a_map_whose_index_and_metadata_disagree_is_refused(tmp_path):
+    path = _map(tmp_path / "m")
+    write_map_index(path, "SQ8", visit=1)
+    doc = json.loads((path / MAP_FILE).read_text())
+
+    def rewrite(**entry):
+        doc["index"].update(entry)
+        (path / MAP_FILE).write_text(json.dumps(doc))
+
+    # an index of another map (fewer craters), its hash recorded: the counts disagree
+    other = _map(tmp_path / "other", n=N - 1)
+    write_map_index(other, "SQ8", visit=1)
+    (path / INDEX_FILE).write_bytes((other / INDEX_FILE).read_bytes())
+    rewrite(sha256=sha256_file(path / INDEX_FILE))
+    with pytest.raises(DataError, match=f"index holds {N - 1} craters and the metadata {N}"):
+        OnboardMap.load(path)
+    # metadata of other craters, same count: the ids disagree with map.json
+    write_map_index(path, "SQ8", visit=1)
+    doc = json.loads((path / MAP_FILE).read_text())
+    with np.load(path / CRATERS_FILE) as z:
+        ids, meta = z["ids"], z["craters"]
+    np.savez(path / CRATERS_FILE, ids=ids + 1, craters=meta)
+    rewrite(craters_sha256=sha256_file(path / CRATERS_FILE))
+    with pytest.raises(DataError, match="other craters"):
+        OnboardMap.load(path)
+    # a file changed after map.json was written
+    np.savez(path / CRATERS_FILE, ids=ids, craters=meta[::-1])
+    with pytest.raises(DataError, match="differs"):
+        OnboardMap.load(path)
+    # an index of vectors of another size, checked by the board's loader against the model's embeddings
+    write_map_index(path, "SQ8", visit=1)
+    with pytest.raises(MapError, match="dimensions"):
+        BoardMap(path / INDEX_FILE, path / CRATERS_FILE, dim=DIM + 1)
+    with pytest.raises(MapError, match="manifest says"):
+        BoardMap(path / INDEX_FILE, path / CRATERS_FILE, craters=N + 1)
+    (path / INDEX_FILE).write_bytes(b"not an index")
+    with pytest.raises(MapError, match="not a readable FAISS index"):
+        BoardMap(path / INDEX_FILE, path / CRATERS_FILE)

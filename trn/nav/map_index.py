@@ -1,0 +1,119 @@
+"""Compressed FAISS indexes over an onboard map's descriptors (issue 25, item 3).
+
+A map of a million craters holds a million 512-d float32 vectors: 2 GiB, more than a
+SpaceCube-class board's memory. A compressed index keeps a code per crater (scalar quantisation,
+product quantisation, optionally behind an inverted file or a graph) and answers top-k searches by
+inner product, which for the map's unit vectors is the cosine the exact search ranks by.
+
+:func:`build_index` builds one of :data:`SPECS` from the map's vectors (training on a seeded sample,
+so the same vectors give the same index bytes); :func:`search_params` sets how much of it a
+search visits (``nprobe`` for inverted files, ``efSearch`` for graphs). The choice among them is
+made by measurement: ``benchmarks/map_index.py``.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from trn.errors import ConfigError, DataError
+
+
+def _nlist(n: int) -> int:
+    """Inverted lists for ``n`` vectors: about 4 sqrt(n), a power of two, at least 16 and with at
+    least 39 training vectors each (FAISS's k-means warns below that)."""
+    k = 1 << int(round(np.log2(max(16.0, 4.0 * np.sqrt(n)))))
+    while k > 16 and n < 39 * k:
+        k //= 2
+    return k
+
+
+# name -> FAISS factory string, with {nlist} filled in from the map's size
+SPECS: dict[str, str] = {
+    "Flat": "Flat",  # exact: the reference
+    "SQ8": "SQ8",
+    "SQ4": "SQ4",
+    "PQ64": "PQ64",
+    "IVF-SQ8": "IVF{nlist},SQ8",
+    "IVF-PQ64": "IVF{nlist},PQ64",
+    "IVF-PQ32": "IVF{nlist},PQ32",
+    "OPQ64-IVF-PQ64": "OPQ64,IVF{nlist},PQ64",
+    "IVF-PQ128x4fs": "IVF{nlist},PQ128x4fs",
+    "HNSW32-Flat": "HNSW32,Flat",
+    "HNSW32-PQ64": "HNSW32_PQ64",
+}
+
+
+def factory_string(name: str, n: int) -> str:
+    if name not in SPECS:
+        raise ConfigError(f"map index {name!r}: expected one of {sorted(SPECS)}")
+    return SPECS[name].format(nlist=_nlist(n))
+
+
+def build_index(vectors: np.ndarray, name: str, train_size: int = 262_144, seed: int = 0):
+    """The index ``name`` of :data:`SPECS` over ``vectors`` [n, d] (unit rows; row i is id i),
+    inner-product metric, trained on at most ``train_size`` rows drawn with ``seed``."""
+    import faiss
+
+    x = np.ascontiguousarray(vectors, np.float32)
+    if x.ndim != 2 or not len(x):
+        raise DataError(f"map vectors have shape {x.shape}; expected [n > 0, dim]")
+    if not np.isfinite(x).all():
+        raise DataError("map vectors contain NaN or infinite values")
+    index = faiss.index_factory(x.shape[1], factory_string(name, len(x)), faiss.METRIC_INNER_PRODUCT)
+    if not index.is_trained:
+        rng = np.random.default_rng(seed)
+        sample = x if len(x) <= train_size else x[np.sort(rng.choice(len(x), train_size, replace=False))]
+        _seed_clustering(index, seed)
+        _no_polysemous_training(index)
+        index.train(sample)
+    index.add(x)
+    return index
+
+
+def _seed_clustering(index, seed: int) -> None:
+    """Fix the k-means seeds of an index's coarse quantiser and product quantiser, so that the
+    same vectors give the same index."""
+    import faiss
+
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.cp.seed = seed
+    for sub in (index, ivf):
+        pq = getattr(faiss.downcast_index(sub), "pq", None) if sub is not None else None
+        if pq is not None:
+            pq.cp.seed = seed
+
+
+def _no_polysemous_training(index) -> None:
+    """Skip FAISS's polysemous training of product quantisers (a reordering of the centroids that
+    only Hamming-distance filtering uses, which no search here does): the same distances, and
+    training that takes seconds instead of minutes."""
+    import faiss
+
+    parts = [faiss.downcast_index(index), faiss.try_extract_index_ivf(index)]
+    storage = getattr(parts[0], "storage", None)
+    if storage is not None:
+        parts.append(faiss.downcast_index(storage))
+    for part in parts:
+        if part is not None and hasattr(part, "do_polysemous_training"):
+            part.do_polysemous_training = False
+
+
+def search_params(index, visit: int) -> None:
+    """Set how far a search looks: ``nprobe`` lists of an inverted file, ``efSearch`` of a graph
+    (no effect on a flat index)."""
+    import faiss
+
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.nprobe = int(visit)
+    hnsw = getattr(faiss.downcast_index(index), "hnsw", None)
+    if hnsw is not None:
+        hnsw.efSearch = int(visit)
+
+
+def index_bytes(index) -> int:
+    """Size of the index as it would be stored and loaded on a board (its FAISS serialisation)."""
+    import faiss
+
+    return int(faiss.serialize_index(index).nbytes)
