@@ -40,6 +40,10 @@ SPECS: dict[str, str] = {
     "IVF-PQ128x4fs": "IVF{nlist},PQ128x4fs",
     "HNSW32-Flat": "HNSW32,Flat",
     "HNSW32-PQ64": "HNSW32_PQ64",
+    "PCA128-SQ8": "PCAR128,SQ8",  # principal components (with a random rotation), 8 bits each
+    "PCA96-SQ8": "PCAR96,SQ8",
+    "PCA96-IVF-SQ8": "PCAR96,IVF{nlist},SQ8",
+    "PCA128-IVF-PQ64": "PCAR128,IVF{nlist},PQ64",
 }
 
 

@@ -49,6 +49,7 @@ class OnboardMap:
     radius_km: np.ndarray
     diameter_km: np.ndarray
     info: dict
+    board: object = None  # the map's compressed index and metadata (trn_board.mapindex.BoardMap), when it has one
 
     def positions(self, crater_ids: list[int]) -> np.ndarray:
         """Body-fixed positions [n, 3] (km) of the given crater ids."""
@@ -90,16 +91,13 @@ class OnboardMap:
             out.board = _load_board_map(path, doc["index"], ids, int(doc.get("embedding_dim", db.cfg.dim)))
         return out
 
-    board = None  # the map's compressed index and metadata (trn_board.mapindex.BoardMap), when it has one
-
     def vectors(self, compressed: bool = False) -> np.ndarray:
         """The craters' descriptors [n, dim] in the order of ``ids``: exact, or with ``compressed``
         as the map's index decodes them (what a board scores)."""
         if not compressed:
             return self.db.embeddings
         if self.board is None:
-            raise DataError("this map has no compressed index; build one with trn-sim map index",
-                            Path(self.info.get("path", ".")))
+            raise DataError("this map has no compressed index; build one with trn-sim map index")
         return self.board.decode(np.arange(len(self.ids)))
 
 
@@ -548,7 +546,9 @@ def write_map_index(path: str | Path, name: str, visit: int, seed: int = 0) -> d
     tmp.replace(path / INDEX_FILE)
     meta = np.stack([omap.lat, omap.lon, omap.radius_km, omap.diameter_km], axis=1).astype(np.float32)
     tmp = path / f".{CRATERS_FILE}.tmp.npz"
-    np.savez(tmp, ids=np.asarray(omap.ids, np.int64), craters=meta)
+    ids = np.asarray(omap.ids, np.int64)
+    small = len(ids) == 0 or (ids.min() >= -2 ** 31 and ids.max() < 2 ** 31)
+    np.savez(tmp, ids=ids.astype(np.int32 if small else np.int64), craters=meta)  # 20 bytes a crater, ids permitting
     tmp.replace(path / CRATERS_FILE)
     entry = {"name": name, "factory": factory_string(name, len(omap.ids)), "visit": int(visit), "seed": seed,
              "file": INDEX_FILE, "sha256": _sha256(path / INDEX_FILE), "bytes": (path / INDEX_FILE).stat().st_size,
