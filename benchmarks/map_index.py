@@ -102,8 +102,9 @@ def queries(args, map_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _decoded_error(index, q: np.ndarray, rows: np.ndarray, x: np.ndarray) -> tuple[float, float]:
-    """p50 and p99 of |q.x - q.x'| over each query's 10 exact best craters, x' the index's decoded
-    vector (what a windowed match scores): nan when the index cannot decode."""
+    """p50 and p99 of |q.x - q.x'| over each query's 10 exact best craters, x' the direction of
+    the index's decoded vector (what a windowed match scores, trn_board.mapindex.BoardMap.directions):
+    nan when the index cannot decode."""
     import faiss
 
     ivf = faiss.try_extract_index_ivf(index)
@@ -113,6 +114,7 @@ def _decoded_error(index, q: np.ndarray, rows: np.ndarray, x: np.ndarray) -> tup
         dec = np.stack([index.reconstruct_batch(r) for r in rows])
     except RuntimeError:
         return float("nan"), float("nan")
+    dec /= np.maximum(np.linalg.norm(dec, axis=2, keepdims=True), 1e-12)
     err = np.abs(np.einsum("qd,qkd->qk", q, x[rows]) - np.einsum("qd,qkd->qk", q, dec))
     return float(np.percentile(err, 50)), float(np.percentile(err, 99))
 
@@ -127,9 +129,8 @@ def main() -> int:
     ap.add_argument("--split", default="val")
     ap.add_argument("--source", required=True, help="terrain source whose union catalogue the labels number")
     ap.add_argument("--model", default="flight_conv2d_se_union")
-    ap.add_argument("--candidates", default="Flat,SQ8,SQ4,PQ64,IVF-SQ8,IVF-PQ64,IVF-PQ32,OPQ64-IVF-PQ64,PCA128-SQ8,PCA96-SQ8,"
-                                            "PCA96-IVF-SQ8,PCA128-IVF-PQ64,"
-                                            "IVF-PQ128x4fs,HNSW32-Flat,HNSW32-PQ64")
+    ap.add_argument("--candidates", default="Flat,SQ8,SQ4,PQ64,IVF-SQ8,IVF-PQ64,IVF-PQ64x10,IVF-PQ128,IVF-PQ32,"
+                                            "OPQ64-IVF-PQ64,IVF-PQ128x4fs,HNSW32-Flat,HNSW32-PQ64")
     ap.add_argument("--visit", default="8,16,32,64", help="nprobe / efSearch values to try")
     ap.add_argument("--limit", type=int, default=0, help="use only the first N map vectors (0: all)")
     ap.add_argument("--timed", type=int, default=500, help="queries timed one by one")

@@ -3,8 +3,9 @@ frame's window (:class:`trn.nav.scenario.SearchWindow`) through the k-d tree ove
 positions against the scan of every map crater, p50 / p99, and the craters each projects.
 
 The map is the built-in world's dense catalogue (``trn-data dense-catalogue``) at the reference
-sphere; the similarities are random numbers (the window's cost does not depend on their values,
-and no descriptor map of a million craters exists yet). Frames look at the nadir along a 100 km
+sphere, with random similarities drawn for each window's candidates only; or, with ``--map DIR``, a
+map with a compressed index (``trn-sim map index``), each window's candidates scored from the
+decoded codes as the board's SCORE request scores them. Frames look at the nadir along a 100 km
 polar orbit; each has ``--detections`` boxes of 20 to 80 px. The filter's position sigma is set per
 row: 0.5 km (converged), 5 km (the cold start's first minutes), 50 km.
 
@@ -38,23 +39,44 @@ from trn.nav.scenario import SearchWindow  # noqa: E402
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--catalogue", type=Path, required=True, help="a dense catalogue (trn-data dense-catalogue)")
+    ap.add_argument("--catalogue", type=Path, default=None, help="a dense catalogue (trn-data dense-catalogue)")
     ap.add_argument("--frames", type=int, default=200)
     ap.add_argument("--detections", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--map", type=Path, default=None,
+                    help="a map with a compressed index (trn-sim map index): its craters, and the windows' candidates "
+                         "scored from its codes (default: the catalogue, random scores)")
     args = ap.parse_args()
-    t0 = time.perf_counter()
-    cat = read_catalogue(args.catalogue)
-    craters = latlon_to_xyz(cat.lat, cat.lon, MOON_RADIUS_KM).reshape(-1, 3)
+    if (args.catalogue is None) == (args.map is None):
+        ap.error("give --catalogue CSV or --map DIR")
     print(f"hardware: {hardware()}")
-    print(f"map: {len(cat):,} craters from {args.catalogue} (read in {time.perf_counter() - t0:.1f} s)")
+    if args.catalogue is not None:
+        t0 = time.perf_counter()
+        cat = read_catalogue(args.catalogue)
+        craters = latlon_to_xyz(cat.lat, cat.lon, MOON_RADIUS_KM).reshape(-1, 3)
+        print(f"map: {len(cat):,} craters from {args.catalogue} (read in {time.perf_counter() - t0:.1f} s)")
     rng = np.random.default_rng(args.seed)
     cam = PinholeCamera(512, 512, 39.6)
     n_det = args.detections
     dets = [SimpleNamespace(frame=f, box=(float(cx - h), float(cx + h), float(cy - h), float(cy + h)), label="0")
             for f in range(args.frames)
             for cx, cy, h in zip(rng.uniform(60, 452, n_det), rng.uniform(60, 452, n_det), rng.uniform(10, 40, n_det))]
-    sims = rng.uniform(-0.2, 1.0, (len(dets), len(cat))).astype(np.float32)
+    if args.map is not None:  # the board's map: each window's candidates scored from their decoded codes
+        from trn.nav.onboard_map import OnboardMap
+        from trn.nav.scenario import CandidateScores
+
+        omap = OnboardMap.load(args.map)
+        if omap.board is None:
+            raise SystemExit(f"{args.map} has no compressed index: trn-sim map index --map {args.map}")
+        craters = omap.positions(list(omap.ids))
+        cat = omap.ids
+        print(f"map: {len(cat):,} craters of {args.map}")
+        q = rng.normal(size=(len(dets), omap.board.dim)).astype(np.float32)
+        sims = CandidateScores(q / np.linalg.norm(q, axis=1, keepdims=True), omap.board.directions)
+        print(f"scores: the decoded codes of {args.map}'s index {omap.info['index']['factory']}")
+    else:  # random similarities, drawn for the candidates only: the window's geometry alone
+        sims = lambda k, rows: rng.uniform(-0.2, 1.0, len(rows)).astype(np.float32)  # noqa: E731
+        print("scores: random numbers (the window's geometry only)")
     t1 = time.perf_counter()
     fast = SearchWindow(dets, sims, list(range(len(cat))), craters, cam, threshold=0.9, pixel_sigma=4.0)
     print(f"spatial index (k-d tree over {len(cat):,} positions) built in {time.perf_counter() - t1:.2f} s")

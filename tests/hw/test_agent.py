@@ -640,6 +640,7 @@ def test_search_and_score_requests_search_the_bundled_map_index(bundle, tmp_path
             sc = c.score(q, cand)
             assert np.allclose(sc.similarities, ground.score(q, cand), atol=1e-6) and sc.board_ms >= 0
             assert np.allclose(sc.similarities, q @ x[cand].T, atol=0.02)  # 8-bit codes, near the exact cosine
+            assert np.allclose(sc.similarities, q @ ground.directions(cand).T, atol=1e-6)
             for call, match in [(lambda: c.search(q[:, :100], 5), "BAD_PAYLOAD.*512"),
                                 (lambda: c.search(q, 0), "BAD_PAYLOAD.*k = 0"),
                                 (lambda: c.score(q, np.array([3000])), "BAD_PAYLOAD.*outside"),

@@ -93,12 +93,12 @@ class OnboardMap:
 
     def vectors(self, compressed: bool = False) -> np.ndarray:
         """The craters' descriptors [n, dim] in the order of ``ids``: exact, or with ``compressed``
-        as the map's index decodes them (what a board scores)."""
+        the directions the map's index decodes (what a board scores, :meth:`BoardMap.directions`)."""
         if not compressed:
             return self.db.embeddings
         if self.board is None:
             raise DataError("this map has no compressed index; build one with trn-sim map index")
-        return self.board.decode(np.arange(len(self.ids)))
+        return self.board.directions(np.arange(len(self.ids)))
 
 
 APPEARANCES = ("catalogue", "predicted")

@@ -503,7 +503,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     queries = detection_descriptors(ds, emb, flat)
     vectors = omap.vectors(compressed)
     sims = queries @ vectors.T
-    decode = omap.board.decode if compressed else (lambda rows: vectors[rows])
+    decode = omap.board.directions if compressed else (lambda rows: vectors[rows])
     if cold_start:
         from trn.nav.onboard_map import descriptor_crater_map
 

@@ -113,6 +113,14 @@ class BoardMap:
             return np.zeros((0, self.dim), np.float32)
         return np.asarray(self.index.reconstruct_batch(rows), np.float32)
 
+    def directions(self, rows: np.ndarray) -> np.ndarray:
+        """The decoded vectors of ``rows`` scaled back to unit length: a quantiser's reconstruction
+        is shorter than the unit vector it codes (by a different amount for each crater), so its
+        direction, not its length, is the estimate of the crater's descriptor."""
+        d = self.decode(rows)
+        return d / np.maximum(np.linalg.norm(d, axis=1, keepdims=True), 1e-12)
+
     def score(self, q: np.ndarray, rows: np.ndarray) -> np.ndarray:
-        """Similarities float32 [n, m] of each query to the craters at ``rows`` only."""
-        return self._queries(q) @ self.decode(rows).T
+        """Cosine similarities float32 [n, m] of each query to the craters at ``rows`` only, from
+        their decoded directions (:meth:`directions`)."""
+        return self._queries(q) @ self.directions(rows).T
