@@ -139,7 +139,8 @@ def main() -> int:
 
     import faiss
 
-    from trn.nav.map_index import build_index, factory_string, index_bytes, search_params
+    from trn.nav.map_index import build_index, factory_string, index_bytes
+    from trn_board.mapindex import set_visit
 
     faiss.omp_set_num_threads(1)
     ids, x = map_vectors(args)
@@ -172,7 +173,7 @@ def main() -> int:
         visits = [int(v) for v in args.visit.split(",")] if ("IVF" in name or "HNSW" in name) else [0]
         for visit in visits:
             if visit:
-                search_params(index, visit)
+                set_visit(index, visit)
             _, found = index.search(q, 100)
             r = {k: float(np.mean([g[0] in f[:k] for g, f in zip(ref, found)])) for k in (1, 10, 100)}
             sim_err = _decoded_error(index, q, ref[:, :10], x)

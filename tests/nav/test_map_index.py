@@ -17,24 +17,26 @@ from trn_board.mapindex import BoardMap, MapError
 N, DIM = 3000, 64
 
 
-def _vectors(n: int = N, seed: int = 0) -> np.ndarray:
+def _vectors(n: int = N, seed: int = 0, dim: int = DIM) -> np.ndarray:
     """Unit vectors in clusters, like descriptors of similar-looking craters."""
     rng = np.random.default_rng(seed)
-    centres = rng.normal(size=(40, DIM))
-    x = centres[rng.integers(0, 40, n)] + 0.6 * rng.normal(size=(n, DIM))
+    centres = rng.normal(size=(40, dim))
+    x = centres[rng.integers(0, 40, n)] + 0.6 * rng.normal(size=(n, dim))
     return (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
 
 
-def _map(path, n: int = N, seed: int = 0):
+def vector_map(path, n: int = N, seed: int = 0, model: str = "t", dim: int = DIM, input_size: int = 48):
+    """A map of ``n`` clustered unit vectors (crater ids 10 k + 7) embedded by ``model``."""
     rng = np.random.default_rng(seed + 1)
     craters = np.stack([rng.uniform(-60, 60, n), rng.uniform(0, 360, n), np.full(n, 1737.4), rng.uniform(1, 30, n)], 1)
     ids = [int(c) for c in 10 * np.arange(n) + 7]
-    write_map(path, ids, _vectors(n, seed), craters, {"model": "t", "input_size": 48, "embedding_dim": DIM})
+    write_map(path, ids, _vectors(n, seed, dim), craters, {"model": model, "input_size": input_size,
+                                                           "embedding_dim": dim})
     return path
 
 
 def test_the_index_searches_near_exact_search_and_decodes_given_craters(tmp_path):
-    entry = write_map_index(_map(tmp_path / "m"), "IVF-PQ32", visit=16)
+    entry = write_map_index(vector_map(tmp_path / "m"), "IVF-PQ32", visit=16)
     assert entry["factory"] == factory_string("IVF-PQ32", N) == "IVF64,PQ32"
     m = OnboardMap.load(tmp_path / "m")
     assert m.board is not None and len(m.board) == N and m.board.ids.tolist() == m.ids
@@ -64,8 +66,8 @@ def test_the_index_searches_near_exact_search_and_decodes_given_craters(tmp_path
 
 
 def test_the_same_vectors_give_the_same_index_bytes(tmp_path):
-    a = write_map_index(_map(tmp_path / "a"), "IVF-PQ32", visit=8)
-    b = write_map_index(_map(tmp_path / "b"), "IVF-PQ32", visit=8)
+    a = write_map_index(vector_map(tmp_path / "a"), "IVF-PQ32", visit=8)
+    b = write_map_index(vector_map(tmp_path / "b"), "IVF-PQ32", visit=8)
     assert a["sha256"] == b["sha256"] and a["craters_sha256"] == b["craters_sha256"]
     with pytest.raises(ConfigError, match="map index"):
         build_index(_vectors(100), "IVF-LSH")
@@ -73,7 +75,7 @@ def test_the_same_vectors_give_the_same_index_bytes(tmp_path):
 
 
 def test_a_map_whose_index_and_metadata_disagree_is_refused(tmp_path):
-    path = _map(tmp_path / "m")
+    path = vector_map(tmp_path / "m")
     write_map_index(path, "SQ8", visit=1)
     doc = json.loads((path / MAP_FILE).read_text())
 
@@ -82,7 +84,7 @@ def test_a_map_whose_index_and_metadata_disagree_is_refused(tmp_path):
         (path / MAP_FILE).write_text(json.dumps(doc))
 
     # an index of another map (fewer craters), its hash recorded: the counts disagree
-    other = _map(tmp_path / "other", n=N - 1)
+    other = vector_map(tmp_path / "other", n=N - 1)
     write_map_index(other, "SQ8", visit=1)
     (path / INDEX_FILE).write_bytes((other / INDEX_FILE).read_bytes())
     rewrite(sha256=sha256_file(path / INDEX_FILE))

@@ -6,8 +6,8 @@ product quantisation, optionally behind an inverted file or a graph) and answers
 inner product, which for the map's unit vectors is the cosine the exact search ranks by.
 
 :func:`build_index` builds one of :data:`SPECS` from the map's vectors (training on a seeded sample,
-so the same vectors give the same index bytes); :func:`search_params` sets how much of it a
-search visits (``nprobe`` for inverted files, ``efSearch`` for graphs). The choice among them is
+so the same vectors give the same index bytes); :func:`trn_board.mapindex.set_visit` sets how
+much of it a search visits (``nprobe`` for inverted files, ``efSearch`` for graphs). The choice among them is
 made by measurement: ``benchmarks/map_index.py``.
 """
 
@@ -102,19 +102,6 @@ def _no_polysemous_training(index) -> None:
     for part in parts:
         if part is not None and hasattr(part, "do_polysemous_training"):
             part.do_polysemous_training = False
-
-
-def search_params(index, visit: int) -> None:
-    """Set how far a search looks: ``nprobe`` lists of an inverted file, ``efSearch`` of a graph
-    (no effect on a flat index)."""
-    import faiss
-
-    ivf = faiss.try_extract_index_ivf(index)
-    if ivf is not None:
-        ivf.nprobe = int(visit)
-    hnsw = getattr(faiss.downcast_index(index), "hnsw", None)
-    if hnsw is not None:
-        hnsw.efSearch = int(visit)
 
 
 def index_bytes(index) -> int:

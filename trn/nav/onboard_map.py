@@ -531,7 +531,7 @@ def write_map_index(path: str | Path, name: str, visit: int, seed: int = 0) -> d
     entry). Returns that entry."""
     import faiss
 
-    from trn.nav.map_index import build_index, factory_string, index_bytes
+    from trn.nav.map_index import build_index, factory_string
 
     path = Path(path)
     omap = OnboardMap.load(path, index=False)
@@ -554,7 +554,7 @@ def write_map_index(path: str | Path, name: str, visit: int, seed: int = 0) -> d
              "file": INDEX_FILE, "sha256": _sha256(path / INDEX_FILE), "bytes": (path / INDEX_FILE).stat().st_size,
              "craters_file": CRATERS_FILE, "craters_sha256": _sha256(path / CRATERS_FILE),
              "craters_bytes": (path / CRATERS_FILE).stat().st_size, "craters": len(omap.ids),
-             "build_s": round(build_s, 2), "index_bytes": index_bytes(index)}
+             "build_s": round(build_s, 2)}
     doc = json.loads((path / MAP_FILE).read_text(encoding="utf-8"))
     doc["index"] = entry
     atomic_write_text(path / MAP_FILE, json.dumps(doc) + "\n")

@@ -501,9 +501,8 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     cold = None
     flat = frame_detections(ds, s)
     queries = detection_descriptors(ds, emb, flat)
-    vectors = omap.vectors(compressed)
+    vectors = omap.vectors(compressed)  # with ``compressed``, the directions the board's SCORE decodes
     sims = queries @ vectors.T
-    decode = omap.board.directions if compressed else (lambda rows: vectors[rows])
     if cold_start:
         from trn.nav.onboard_map import descriptor_crater_map
 
@@ -537,8 +536,8 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     positions = omap.positions(list(omap.ids))
     runs = {}
     for thr in sorted(set(thresholds) | {s.threshold}):
-        window = SearchWindow(flat, CandidateScores(queries, decode), list(omap.ids), positions, cam, thr, n_sigma,
-                              pix)
+        window = SearchWindow(flat, CandidateScores(queries, lambda rows: vectors[rows]), list(omap.ids), positions,
+                              cam, thr, n_sigma, pix)
         res = navigate(ds, {}, omap.positions, sensors, s.seed, pixel_sigma=pix, matcher=window, cold=cold)
         m = score >= thr
         cnt = res.counts

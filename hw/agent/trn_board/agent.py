@@ -401,10 +401,7 @@ class Agent:
         crops = np.frombuffer(payload, dtype=">f4", offset=P.INFER_HEAD.size).astype(np.float32).reshape(n, s, s)
         if not np.isfinite(crops).all():
             return self._error(conn, rid, P.NON_FINITE, "crops contain NaN or infinite values")
-        with self.lock:
-            t0 = time.monotonic_ns()
-            emb = self.model.embed(crops)
-            t1 = time.monotonic_ns()
+        t0, t1, emb = self._timed(self.model.embed, crops)
         emb = np.ascontiguousarray(emb, dtype=">f4")
         body = P.INFER_REPLY.pack(t_received, t0, t1, emb.shape[0], emb.shape[1]) + emb.tobytes()
         self._send(conn, P.INFER | P.REPLY, rid, body)
@@ -425,16 +422,13 @@ class Agent:
         x = np.frombuffer(payload, dtype=">f4", offset=P.DETECT_HEAD.size).astype(np.float32).reshape(s, s)
         if not np.isfinite(x).all():
             return self._error(conn, rid, P.NON_FINITE, "the frame contains NaN or infinite values")
-        with self.lock:
-            t0 = time.monotonic_ns()
-            boxes, scores = self.model.detect(x)
-            t1 = time.monotonic_ns()
+        t0, t1, (boxes, scores) = self._timed(self.model.detect, x)
         rows = np.ascontiguousarray(np.concatenate([boxes, scores[:, None]], axis=1), dtype=">f4")
         self._send(conn, P.DETECT | P.REPLY, rid, P.DETECT_REPLY.pack(t_received, t0, t1, len(rows)) + rows.tobytes())
 
-    def _map_queries(self, conn: socket.socket, rid: int, payload: bytes, head: struct.Struct, what: str):
-        """(head fields, queries [n, dim]) of a SEARCH or SCORE request, or None once answered
-        with the error."""
+    def _map_queries(self, conn: socket.socket, rid: int, payload: bytes, head: struct.Struct, what: str, tail):
+        """(head fields, queries [n, dim]) of a SEARCH or SCORE request whose payload is the head,
+        n x dim float32 and ``tail(fields)`` more bytes; or None once answered with the error."""
         board_map = getattr(self.model, "map", None)
         if board_map is None:
             self._error(conn, rid, P.BAD_PAYLOAD, f"this bundle carries no map to {what}; re-make it with "
@@ -451,9 +445,10 @@ class Agent:
         if dim != board_map.dim:
             self._error(conn, rid, P.BAD_PAYLOAD, f"descriptors of {dim} values; this map holds {board_map.dim}")
             return None
-        if len(payload) < head.size + n * dim * 4:
-            self._error(conn, rid, P.BAD_PAYLOAD, f"{what.upper()} payload has {len(payload)} bytes; {n} descriptors "
-                                                  f"take {n * dim * 4} after the head")
+        want = head.size + n * dim * 4 + tail(fields)
+        if len(payload) != want:
+            self._error(conn, rid, P.BAD_PAYLOAD, f"{what.upper()} payload has {len(payload)} bytes; its head, {n} "
+                                                  f"descriptors of {dim} float32 and what follows take {want}")
             return None
         q = np.frombuffer(payload, dtype=">f4", count=n * dim, offset=head.size).astype(np.float32).reshape(n, dim)
         if not np.isfinite(q).all():
@@ -462,46 +457,42 @@ class Agent:
         return fields, q
 
     def _search(self, conn: socket.socket, rid: int, payload: bytes, t_received: int) -> None:
-        got = self._map_queries(conn, rid, payload, P.SEARCH_HEAD, "search")
+        got = self._map_queries(conn, rid, payload, P.SEARCH_HEAD, "search", lambda f: 0)
         if got is None:
             return
-        (n, dim, k), q = got
+        (n, _dim, k), q = got
         board_map = self.model.map
-        if len(payload) != P.SEARCH_HEAD.size + n * dim * 4:
-            return self._error(conn, rid, P.BAD_PAYLOAD, f"SEARCH payload has {len(payload)} bytes; {n} descriptors "
-                                                          f"of {dim} float32 take {P.SEARCH_HEAD.size + n * dim * 4}")
         if not 1 <= k <= min(len(board_map), 1024):
             return self._error(conn, rid, P.BAD_PAYLOAD, f"k = {k}; expected 1 to {min(len(board_map), 1024)}")
-        with self.lock:
-            t0 = time.monotonic_ns()
-            rows, sims = board_map.search(q, k)
-            t1 = time.monotonic_ns()
+        t0, t1, (rows, sims) = self._timed(board_map.search, q, k)
         ids = np.where(rows >= 0, board_map.ids[np.maximum(rows, 0)], -1).astype(">i8")
         body = P.SEARCH_REPLY.pack(t_received, t0, t1, n, k) + ids.tobytes() + np.ascontiguousarray(sims, ">f4").tobytes()
         self._send(conn, P.SEARCH | P.REPLY, rid, body)
 
     def _score(self, conn: socket.socket, rid: int, payload: bytes, t_received: int) -> None:
-        got = self._map_queries(conn, rid, payload, P.SCORE_HEAD, "score")
+        got = self._map_queries(conn, rid, payload, P.SCORE_HEAD, "score", lambda f: f[2] * 4)
         if got is None:
             return
         (n, dim, m), q = got
         board_map = self.model.map
         if not 1 <= m <= P.MAX_SCORE_ROWS:
             return self._error(conn, rid, P.BAD_PAYLOAD, f"m = {m} map rows; send 1 to {P.MAX_SCORE_ROWS}")
-        want = P.SCORE_HEAD.size + n * dim * 4 + m * 4
-        if len(payload) != want:
-            return self._error(conn, rid, P.BAD_PAYLOAD, f"SCORE payload has {len(payload)} bytes; {n} descriptors "
-                                                          f"and {m} u32 rows take {want}")
         rows = np.frombuffer(payload, dtype=">u4", count=m, offset=P.SCORE_HEAD.size + n * dim * 4).astype(np.int64)
         if rows.max() >= len(board_map):
             return self._error(conn, rid, P.BAD_PAYLOAD, f"map row {int(rows.max())} outside the map's "
                                                           f"0..{len(board_map) - 1}")
-        with self.lock:
-            t0 = time.monotonic_ns()
-            sims = board_map.score(q, rows)
-            t1 = time.monotonic_ns()
+        t0, t1, sims = self._timed(board_map.score, q, rows)
         body = P.SCORE_REPLY.pack(t_received, t0, t1, n, m) + np.ascontiguousarray(sims, ">f4").tobytes()
         self._send(conn, P.SCORE | P.REPLY, rid, body)
+
+    def _timed(self, fn, *args):
+        """(start, end ns of the board's monotonic clock, result) of ``fn(*args)`` under the
+        interpreter's lock: the board's own time of a request."""
+        with self.lock:
+            t0 = time.monotonic_ns()
+            out = fn(*args)
+            t1 = time.monotonic_ns()
+        return t0, t1, out
 
     def _stop(self, conn: socket.socket, rid: int, payload: bytes) -> bool:
         """True when the SHUTDOWN is authenticated (and answered)."""

@@ -47,6 +47,19 @@ def read_craters(path: Path) -> tuple[np.ndarray, np.ndarray]:
     return ids.astype(np.int64), meta.astype(np.float32)
 
 
+def set_visit(index, visit: int) -> None:
+    """How far a search looks: ``nprobe`` lists of an inverted file, ``efSearch`` of a graph (no
+    effect on a flat index)."""
+    import faiss
+
+    ivf = faiss.try_extract_index_ivf(index)
+    if ivf is not None:
+        ivf.nprobe = int(visit)
+    hnsw = getattr(faiss.downcast_index(index), "hnsw", None)
+    if hnsw is not None:
+        hnsw.efSearch = int(visit)
+
+
 class BoardMap:
     """A map index and its crater metadata, checked against each other (and against ``dim`` and
     ``craters`` when given: the bundle's embedding size and crater count) before any search."""
@@ -76,12 +89,8 @@ class BoardMap:
         if len(np.unique(self.ids)) != n:
             raise MapError("crater ids repeat in the metadata", self.craters_path)
         self.dim = int(self.index.d)
-        self.ivf = faiss.try_extract_index_ivf(self.index)
-        if self.ivf is not None and visit:
-            self.ivf.nprobe = int(visit)
-        hnsw = getattr(faiss.downcast_index(self.index), "hnsw", None)
-        if hnsw is not None and visit:
-            hnsw.efSearch = int(visit)
+        if visit:
+            set_visit(self.index, visit)
         self.visit = int(visit)
 
     def __len__(self) -> int:
