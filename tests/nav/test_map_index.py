@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from trn.errors import ConfigError, DataError
-from trn.nav.map_index import SPECS, build_index, factory_string
+from trn.nav.map_index import SPECS, build_index, factory_string, metric
 from trn.nav.onboard_map import CRATERS_FILE, INDEX_FILE, MAP_FILE, OnboardMap, write_map, write_map_index
 from trn_board.bundle import sha256_file
 from trn_board.mapindex import BoardMap, MapError
@@ -63,6 +63,25 @@ def test_the_index_searches_near_exact_search_and_decodes_given_craters(tmp_path
         m.board.decode(np.array([N]))
     with pytest.raises(MapError, match="expected"):
         m.board.search(q[:, :10], 5)
+
+
+def test_an_index_ranked_by_l2_distance_reports_cosines(tmp_path):
+    # on exact vectors L2 distance ranks as the cosine does and its distances are the cosines'
+    # 2 - 2 cos; the board hands out cosines either way
+    path = vector_map(tmp_path / "m")
+    q = _vectors(50, seed=9)
+    found = {}
+    for name in ("Flat", "Flat-L2"):
+        write_map_index(path, name, visit=1)
+        found[name] = OnboardMap.load(path).board.search(q, 5)
+    assert metric("Flat-L2") == "l2" and metric("Flat") == "ip"
+    assert factory_string("IVF-PQ32-L2", N) == factory_string("IVF-PQ32", N)
+    np.testing.assert_array_equal(found["Flat"][0], found["Flat-L2"][0])
+    np.testing.assert_allclose(found["Flat-L2"][1], found["Flat"][1], atol=1e-5)
+    np.testing.assert_allclose(found["Flat"][1][:, 0], np.max(q @ OnboardMap.load(path).vectors().T, axis=1),
+                               atol=1e-5)
+    with pytest.raises(ConfigError, match="-L2"):
+        factory_string("Flat-L1", N)
 
 
 def test_the_same_vectors_give_the_same_index_bytes(tmp_path):

@@ -28,6 +28,7 @@ def _nlist(n: int) -> int:
 
 
 # name -> FAISS factory string, with {nlist} filled in from the map's size
+# (each also as NAME-L2: the same codes ranked by Euclidean distance, :func:`metric`)
 SPECS: dict[str, str] = {
     "Flat": "Flat",  # exact: the reference
     "SQ8": "SQ8",
@@ -39,6 +40,7 @@ SPECS: dict[str, str] = {
     "IVF-PQ64x10": "IVF{nlist},PQ64x10",  # 10-bit codes: 1,024 centroids per sub-quantiser, 80 bytes
     "IVF-PQ128": "IVF{nlist},PQ128",
     "OPQ64-IVF-PQ64": "OPQ64,IVF{nlist},PQ64",
+    "OPQ64-IVF-PQ64x10": "OPQ64,IVF{nlist},PQ64x10",  # a learnt rotation, then 10-bit codes
     "IVF-PQ128x4fs": "IVF{nlist},PQ128x4fs",
     "HNSW32-Flat": "HNSW32,Flat",
     "HNSW32-PQ64": "HNSW32_PQ64",
@@ -48,15 +50,31 @@ SPECS: dict[str, str] = {
 # measured on 40,960 craters, recall at 10 against exact search 0.18-0.25 (docs/million_map.md).
 
 
+L2_SUFFIX = "-L2"  # any spec with this suffix: ranked by Euclidean distance instead of inner product
+
+
+def _spec(name: str) -> tuple[str, bool]:
+    """(the SPECS entry of ``name``, whether it ranks by L2 distance)."""
+    base = name[:-len(L2_SUFFIX)] if name.endswith(L2_SUFFIX) else name
+    if base not in SPECS:
+        raise ConfigError(f"map index {name!r}: expected one of {sorted(SPECS)}, optionally with {L2_SUFFIX!r}")
+    return SPECS[base], base != name
+
+
 def factory_string(name: str, n: int) -> str:
-    if name not in SPECS:
-        raise ConfigError(f"map index {name!r}: expected one of {sorted(SPECS)}")
-    return SPECS[name].format(nlist=_nlist(n))
+    return _spec(name)[0].format(nlist=_nlist(n))
+
+
+def metric(name: str) -> str:
+    """``"ip"`` (inner product) or ``"l2"``. For unit vectors both rank exact vectors alike
+    (|q - x|^2 = 2 - 2 q.x), but not a quantiser's shorter reconstructions x': L2 adds |x'|^2,
+    about 1 - |x - x'|^2, to the ranking, much as scoring the decoded direction does."""
+    return "l2" if _spec(name)[1] else "ip"
 
 
 def build_index(vectors: np.ndarray, name: str, train_size: int = 262_144, seed: int = 0):
     """The index ``name`` of :data:`SPECS` over ``vectors`` [n, d] (unit rows; row i is id i),
-    inner-product metric, trained on at most ``train_size`` rows drawn with ``seed``."""
+    by inner product (or L2 distance, :func:`metric`), trained on at most ``train_size`` rows drawn with ``seed``."""
     import faiss
 
     x = np.ascontiguousarray(vectors, np.float32)
@@ -64,7 +82,8 @@ def build_index(vectors: np.ndarray, name: str, train_size: int = 262_144, seed:
         raise DataError(f"map vectors have shape {x.shape}; expected [n > 0, dim]")
     if not np.isfinite(x).all():
         raise DataError("map vectors contain NaN or infinite values")
-    index = faiss.index_factory(x.shape[1], factory_string(name, len(x)), faiss.METRIC_INNER_PRODUCT)
+    kind = faiss.METRIC_L2 if metric(name) == "l2" else faiss.METRIC_INNER_PRODUCT
+    index = faiss.index_factory(x.shape[1], factory_string(name, len(x)), kind)
     if not index.is_trained:
         rng = np.random.default_rng(seed)
         sample = x if len(x) <= train_size else x[np.sort(rng.choice(len(x), train_size, replace=False))]

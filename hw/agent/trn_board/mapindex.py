@@ -2,7 +2,8 @@
 (``map_index.faiss``) and their metadata (``map_craters.npz``: crater ids, latitude, longitude,
 surface radius and diameter, row i of each the index's id i).
 
-Two searches, by inner product (the cosine, for unit descriptors):
+Two searches, by cosine similarity (the inner product of unit descriptors; an index that ranks by
+L2 distance has its distances turned into cosines):
 
 * :meth:`BoardMap.search`: the k best craters of the whole map for each query (lost in space);
 * :meth:`BoardMap.score`: each query's similarity to given craters only (the windowed matching of
@@ -89,6 +90,7 @@ class BoardMap:
         if len(np.unique(self.ids)) != n:
             raise MapError("crater ids repeat in the metadata", self.craters_path)
         self.dim = int(self.index.d)
+        self.l2 = int(self.index.metric_type) == int(faiss.METRIC_L2)
         if visit:
             set_visit(self.index, visit)
         self.visit = int(visit)
@@ -105,13 +107,15 @@ class BoardMap:
         return q
 
     def search(self, q: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """(rows int64 [n, k], similarities float32 [n, k]) of each query's k best craters, best
-        first (-1 and -inf where the index returns fewer)."""
+        """(rows int64 [n, k], cosine similarities float32 [n, k]) of each query's k best craters,
+        best first (-1 and -inf where the index returns fewer)."""
         q = self._queries(q)
         if not 1 <= int(k) <= len(self):
             raise MapError(f"k = {k}: expected 1 to the map's {len(self)} craters")
-        sims, rows = self.index.search(q, int(k))
-        return rows.astype(np.int64), np.where(rows >= 0, sims, -np.inf).astype(np.float32)
+        found, rows = self.index.search(q, int(k))
+        if self.l2:  # squared distances between unit vectors: |q - x|^2 = 2 - 2 cos
+            found = 1.0 - 0.5 * found
+        return rows.astype(np.int64), np.where(rows >= 0, found, -np.inf).astype(np.float32)
 
     def decode(self, rows: np.ndarray) -> np.ndarray:
         """The decoded (compressed) vectors [m, dim] of the craters at ``rows``."""
