@@ -84,6 +84,24 @@ def test_an_index_ranked_by_l2_distance_reports_cosines(tmp_path):
         factory_string("Flat-L1", N)
 
 
+def test_an_index_behind_a_rotation_decodes_as_faiss_does(tmp_path):
+    # OPQ's learnt rotation is slow to train; a random rotation is the same kind of transform
+    import faiss
+
+    x = _vectors(1200, dim=32)
+    index = faiss.index_factory(32, "RR32,IVF16,PQ8", faiss.METRIC_L2)
+    index.train(x)
+    index.add(x)
+    faiss.extract_index_ivf(index).make_direct_map()
+    faiss.write_index(index, str(tmp_path / INDEX_FILE))
+    np.savez(tmp_path / CRATERS_FILE, ids=np.arange(1200), craters=np.ones((1200, 4), np.float32))
+    board = BoardMap(tmp_path / INDEX_FILE, tmp_path / CRATERS_FILE, dim=32)
+    assert board._pre is not None
+    rows = np.array([5, 0, 1199, 5, 640])
+    np.testing.assert_allclose(board.decode(rows), index.reconstruct_batch(rows), atol=1e-6)
+    assert board.decode(np.array([], np.int64)).shape == (0, 32)
+
+
 def test_the_same_vectors_give_the_same_index_bytes(tmp_path):
     a = write_map_index(vector_map(tmp_path / "a"), "IVF-PQ32", visit=8)
     b = write_map_index(vector_map(tmp_path / "b"), "IVF-PQ32", visit=8)
