@@ -235,7 +235,7 @@ def test_training_with_frame_views_validates_on_them_and_starts_from_weights(tmp
     train(from_dict(doc2), tmp_path / "b")
     after = load_descriptor(tmp_path / "b" / "weights.pt")
     w0, w1 = dict(first.named_parameters()), dict(after.named_parameters())  # BN running statistics still move
-    assert max(float((w0[k] - w1[k]).abs().max()) for k in w0) < 1e-4
+    assert max(float((w0[k] - w1[k]).detach().abs().max()) for k in w0) < 1e-4
     bad = dict(doc2, model=dict(doc["model"], embed_dim=16))
     with pytest.raises(ConfigError, match="architecture differs"):
         train(from_dict(bad), tmp_path / "c")
