@@ -102,6 +102,23 @@ def test_an_index_behind_a_rotation_decodes_as_faiss_does(tmp_path):
     assert board.decode(np.array([], np.int64)).shape == (0, 32)
 
 
+def test_no_product_quantiser_is_trained_for_hamming_filtering():
+    # polysemous training (a centroid reordering only Hamming filtering uses) took most of an OPQ
+    # index's build when the IVFPQ behind the rotation kept it on
+    import faiss
+
+    from trn.nav.map_index import _no_polysemous_training
+
+    for factory in ("PQ8", "IVF16,PQ8", "OPQ8,IVF16,PQ8", "OPQ8,IVF16,PQ8x10", "HNSW8_PQ8"):
+        index = faiss.index_factory(32, factory, faiss.METRIC_L2)
+        _no_polysemous_training(index)
+        ivf = faiss.try_extract_index_ivf(index)
+        parts = [faiss.downcast_index(index), faiss.downcast_index(ivf) if ivf is not None else None,
+                 faiss.downcast_index(getattr(faiss.downcast_index(index), "storage", None) or index)]
+        flags = [p.do_polysemous_training for p in parts if p is not None and hasattr(p, "do_polysemous_training")]
+        assert flags and not any(flags), factory
+
+
 def test_the_same_vectors_give_the_same_index_bytes(tmp_path):
     a = write_map_index(vector_map(tmp_path / "a"), "IVF-PQ32", visit=8)
     b = write_map_index(vector_map(tmp_path / "b"), "IVF-PQ32", visit=8)

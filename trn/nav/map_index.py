@@ -114,7 +114,8 @@ def _no_polysemous_training(index) -> None:
     training that takes seconds instead of minutes."""
     import faiss
 
-    parts = [faiss.downcast_index(index), faiss.try_extract_index_ivf(index)]
+    ivf = faiss.try_extract_index_ivf(index)  # the IndexIVF base: downcast to reach an IVFPQ's own flags
+    parts = [faiss.downcast_index(index), faiss.downcast_index(ivf) if ivf is not None else None]
     storage = getattr(parts[0], "storage", None)
     if storage is not None:
         parts.append(faiss.downcast_index(storage))
