@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> int:
     mi = msub.add_parser("index", help="build a map's compressed index and the crater metadata a board carries "
                                        "(docs/million_map.md)")
     mi.add_argument("--map", type=Path, required=True, help="a finished map directory (trn-sim map build)")
-    mi.add_argument("--index", default="IVF-PQ64", help="one of trn.nav.map_index.SPECS (default IVF-PQ64)")
+    mi.add_argument("--index", default="IVF-PQ64", help="one of trn.nav.map_index.SPECS, or NAME-L2 to rank by "
+                                                        "L2 distance (default IVF-PQ64)")
     mi.add_argument("--visit", type=int_between(1, 1_000_000), default=32, metavar="N",
                     help="inverted lists (or graph entries) a search visits (default 32)")
     mi.add_argument("-v", "--verbose", action="store_true")
