@@ -74,7 +74,8 @@ def metric(name: str) -> str:
 
 def build_index(vectors: np.ndarray, name: str, train_size: int = 262_144, seed: int = 0):
     """The index ``name`` of :data:`SPECS` over ``vectors`` [n, d] (unit rows; row i is id i),
-    by inner product (or L2 distance, :func:`metric`), trained on at most ``train_size`` rows drawn with ``seed``."""
+    ranked by inner product (or L2 distance, :func:`metric`), trained on at most ``train_size``
+    rows drawn with ``seed``."""
     import faiss
 
     x = np.ascontiguousarray(vectors, np.float32)
