@@ -618,6 +618,7 @@ def test_search_and_score_requests_search_the_bundled_map_index(bundle, tmp_path
                     map_dir=_indexed_map(tmp_path / "map2", "other", n=600)[0])
     b = make_bundle(tmp / "export", tmp_path / "bundle", key, "tiny-se", SIZE, 512, 0.9, version=7, map_dir=path)
     assert b.manifest["map"]["craters"] == 3000 and b.manifest["map"]["factory"] == "IVF64,SQ8"
+    assert b.manifest["map"]["metric"] == "ip"
     ground = OnboardMap.load(path).board
     a = Agent(BoardModel(b.directory, pub), "127.0.0.1", 0, io_timeout=1.0)
     t = a.start()

@@ -188,6 +188,7 @@ def detector_spec(detector_export: str | Path) -> dict:
 def map_spec(map_dir: str | Path, model_name: str, embedding_dim: int) -> dict:
     """What a board needs to load a map's compressed index (:mod:`trn_board.mapindex`), from a map
     directory whose index agrees with its metadata (:meth:`trn.nav.onboard_map.OnboardMap.load`)."""
+    from trn.nav.map_index import metric
     from trn.nav.onboard_map import OnboardMap
 
     omap = OnboardMap.load(map_dir)
@@ -201,7 +202,8 @@ def map_spec(map_dir: str | Path, model_name: str, embedding_dim: int) -> dict:
     return {"index": e["file"], "craters_file": e["craters_file"], "craters": len(omap.ids), "name": e["name"],
             "factory": e["factory"], "visit": e["visit"], "model": omap.info["model"],
             "appearance": omap.info.get("appearance"), "catalogue": omap.info.get("catalogue"),
-            "search": "trn_board.mapindex.BoardMap: search (k best by inner product), score (given rows)"}
+            "metric": metric(e["name"]),
+            "search": "trn_board.mapindex.BoardMap: search (k best, cosines), score (given rows, decoded directions)"}
 
 
 def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, model_name: str,
