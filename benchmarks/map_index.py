@@ -107,14 +107,15 @@ def _decoded_error(index, q: np.ndarray, rows: np.ndarray, x: np.ndarray) -> tup
     nan when the index cannot decode."""
     import faiss
 
+    from trn_board.mapindex import decode, unit_rows
+
     ivf = faiss.try_extract_index_ivf(index)
     try:
         if ivf is not None:
             ivf.make_direct_map()
-        dec = np.stack([index.reconstruct_batch(r) for r in rows])
+        dec = unit_rows(np.stack([decode(index, r) for r in rows]))
     except RuntimeError:
         return float("nan"), float("nan")
-    dec /= np.maximum(np.linalg.norm(dec, axis=2, keepdims=True), 1e-12)
     err = np.abs(np.einsum("qd,qkd->qk", q, x[rows]) - np.einsum("qd,qkd->qk", q, dec))
     return float(np.percentile(err, 50)), float(np.percentile(err, 99))
 

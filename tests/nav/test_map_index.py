@@ -96,7 +96,7 @@ def test_an_index_behind_a_rotation_decodes_as_faiss_does(tmp_path):
     faiss.write_index(index, str(tmp_path / INDEX_FILE))
     np.savez(tmp_path / CRATERS_FILE, ids=np.arange(1200), craters=np.ones((1200, 4), np.float32))
     board = BoardMap(tmp_path / INDEX_FILE, tmp_path / CRATERS_FILE, dim=32)
-    assert board._pre is not None
+    assert isinstance(board.index, faiss.IndexPreTransform)  # the one-product path of trn_board.mapindex.decode
     rows = np.array([5, 0, 1199, 5, 640])
     np.testing.assert_allclose(board.decode(rows), index.reconstruct_batch(rows), atol=1e-6)
     assert board.decode(np.array([], np.int64)).shape == (0, 32)

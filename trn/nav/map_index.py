@@ -95,33 +95,35 @@ def build_index(vectors: np.ndarray, name: str, train_size: int = 262_144, seed:
     return index
 
 
-def _seed_clustering(index, seed: int) -> None:
-    """Fix the k-means seeds of an index's coarse quantiser and product quantiser, so that the
-    same vectors give the same index."""
+def _parts(index) -> list:
+    """The index and the indexes inside it that may own a quantiser (an inverted file, a graph's
+    storage, the index behind a rotation), each downcast to its own class: FAISS hands the inner
+    ones out as base classes, whose proxies lack the subclass's fields (an IVFPQ's ``pq``)."""
     import faiss
 
-    ivf = faiss.try_extract_index_ivf(index)
-    if ivf is not None:
-        ivf.cp.seed = seed
-    for sub in (index, ivf):
-        pq = getattr(faiss.downcast_index(sub), "pq", None) if sub is not None else None
-        if pq is not None:
-            pq.cp.seed = seed
+    top = faiss.downcast_index(index)
+    found = [top]
+    for inner in (faiss.try_extract_index_ivf(index), getattr(top, "storage", None), getattr(top, "index", None)):
+        if inner is not None:
+            found.append(faiss.downcast_index(inner))
+    return found
+
+
+def _seed_clustering(index, seed: int) -> None:
+    """Fix the k-means seeds of an index's coarse quantiser and product quantisers, so that the
+    same vectors give the same index."""
+    for part in _parts(index):
+        for q in (getattr(part, "cp", None), getattr(getattr(part, "pq", None), "cp", None)):
+            if q is not None:
+                q.seed = seed
 
 
 def _no_polysemous_training(index) -> None:
     """Skip FAISS's polysemous training of product quantisers (a reordering of the centroids that
     only Hamming-distance filtering uses, which no search here does): the same distances, and
     training that takes seconds instead of minutes."""
-    import faiss
-
-    ivf = faiss.try_extract_index_ivf(index)  # the IndexIVF base: downcast to reach an IVFPQ's own flags
-    parts = [faiss.downcast_index(index), faiss.downcast_index(ivf) if ivf is not None else None]
-    storage = getattr(parts[0], "storage", None)
-    if storage is not None:
-        parts.append(faiss.downcast_index(storage))
-    for part in parts:
-        if part is not None and hasattr(part, "do_polysemous_training"):
+    for part in _parts(index):
+        if hasattr(part, "do_polysemous_training"):
             part.do_polysemous_training = False
 
 

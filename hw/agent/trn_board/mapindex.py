@@ -61,6 +61,29 @@ def set_visit(index, visit: int) -> None:
         hnsw.efSearch = int(visit)
 
 
+def decode(index, rows: np.ndarray) -> np.ndarray:
+    """The decoded vectors [m, d] of an index's ``rows`` (an inverted file needs its direct map).
+    An index behind a rotation (OPQ) decodes in the rotated space and is rotated back in one
+    matrix product: FAISS's own reconstruct_batch through the transform took ten times as long for
+    a window's few craters."""
+    import faiss
+
+    rows = np.ascontiguousarray(rows, np.int64)
+    if not isinstance(index, faiss.IndexPreTransform):
+        return np.asarray(index.reconstruct_batch(rows), np.float32)
+    inner = np.ascontiguousarray(index.index.reconstruct_batch(rows), np.float32)
+    out = np.empty((len(rows), index.d), np.float32)
+    index.reverse_chain(len(rows), faiss.swig_ptr(inner), faiss.swig_ptr(out))
+    return out
+
+
+def unit_rows(x: np.ndarray) -> np.ndarray:
+    """``x`` with each row scaled to unit length: a quantiser's reconstruction is shorter than the
+    unit vector it codes (by a different amount for each crater), so its direction, not its
+    length, is the estimate of the crater's descriptor."""
+    return x / np.maximum(np.linalg.norm(x, axis=-1, keepdims=True), 1e-12)
+
+
 class BoardMap:
     """A map index and its crater metadata, checked against each other (and against ``dim`` and
     ``craters`` when given: the bundle's embedding size and crater count) before any search."""
@@ -90,10 +113,6 @@ class BoardMap:
         if len(np.unique(self.ids)) != n:
             raise MapError("crater ids repeat in the metadata", self.craters_path)
         self.dim = int(self.index.d)
-        # an index behind a learnt rotation (OPQ) decodes in the rotated space and is rotated back
-        # here in one matrix product: FAISS's own reconstruct_batch through the transform took ten
-        # times as long for a window's few craters
-        self._pre = self.index if isinstance(self.index, faiss.IndexPreTransform) else None
         self.l2 = int(self.index.metric_type) == int(faiss.METRIC_L2)
         if visit:
             set_visit(self.index, visit)
@@ -128,21 +147,11 @@ class BoardMap:
             raise MapError(f"crater rows {int(rows.min())}..{int(rows.max())} outside the map's 0..{len(self) - 1}")
         if not len(rows):
             return np.zeros((0, self.dim), np.float32)
-        if self._pre is None:
-            return np.asarray(self.index.reconstruct_batch(rows), np.float32)
-        import faiss
-
-        inner = np.ascontiguousarray(self._pre.index.reconstruct_batch(rows), np.float32)
-        out = np.empty((len(rows), self.dim), np.float32)
-        self._pre.reverse_chain(len(rows), faiss.swig_ptr(inner), faiss.swig_ptr(out))
-        return out
+        return decode(self.index, rows)
 
     def directions(self, rows: np.ndarray) -> np.ndarray:
-        """The decoded vectors of ``rows`` scaled back to unit length: a quantiser's reconstruction
-        is shorter than the unit vector it codes (by a different amount for each crater), so its
-        direction, not its length, is the estimate of the crater's descriptor."""
-        d = self.decode(rows)
-        return d / np.maximum(np.linalg.norm(d, axis=1, keepdims=True), 1e-12)
+        """The decoded vectors of ``rows`` scaled back to unit length (:func:`unit_rows`)."""
+        return unit_rows(self.decode(rows))
 
     def score(self, q: np.ndarray, rows: np.ndarray) -> np.ndarray:
         """Cosine similarities float32 [n, m] of each query to the craters at ``rows`` only, from
