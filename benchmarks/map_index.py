@@ -13,8 +13,11 @@ number). Queries whose crater is not in the map count for the recall against exa
 
 Recall against exact search, at k: the share of queries whose exact nearest map crater is among
 the index's k best. True-crater recall at k: the share of the queries whose crater is in the map
-that find it among the k best, exact and through the index. Metadata: 16 bytes a crater (latitude,
-longitude, radius, diameter as float32), as the board's map carries it. The size per million
+that find it among the k best, exact and through the index. Metadata: 20 bytes a crater (the id as
+int32; latitude, longitude, radius, diameter as float32), as ``trn-sim map index`` writes it beside
+the index (``map_craters.npz``) and the board loads it. With ``--map`` and ``--from-map``, the
+candidate that the map's written index names is read from its file instead of built again (its
+build time is the one ``map.json`` recorded). The size per million
 craters scales the whole index by its craters, fixed parts (centroids, rotations) included, so it
 overstates an inverted file's size when the map is smaller than a million.
 
@@ -38,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _hw import hardware  # noqa: E402
 
-METADATA_BYTES = 16  # lat, lon, radius, diameter: float32
+METADATA_BYTES = 20  # id (int32); lat, lon, radius, diameter (float32): trn.nav.onboard_map.write_map_index
 
 
 def map_vectors(args) -> tuple[np.ndarray, np.ndarray]:
@@ -101,6 +104,24 @@ def queries(args, map_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(q / np.linalg.norm(q, axis=1, keepdims=True)), np.asarray(truth, np.int64)
 
 
+def written_index(map_dir: str, name: str, n: int):
+    """(index, build seconds) of the map's written index when it is ``name`` over all ``n`` craters
+    and its file is the one map.json names (hash checked), else None."""
+    import faiss
+
+    from trn.nav.onboard_map import INDEX_FILE, MAP_FILE
+    from trn_board.bundle import sha256_file
+
+    entry = json.loads((Path(map_dir) / MAP_FILE).read_text(encoding="utf-8")).get("index") or {}
+    path = Path(map_dir) / INDEX_FILE
+    if entry.get("name") != name or entry.get("craters") != n or not path.is_file():
+        return None
+    if sha256_file(path) != entry["sha256"]:
+        raise SystemExit(f"{path} is not the index {Path(map_dir) / MAP_FILE} names (hash differs): "
+                         "write it again with trn-sim map index")
+    return faiss.read_index(str(path)), float(entry["build_s"])
+
+
 def _decoded_error(index, q: np.ndarray, rows: np.ndarray, x: np.ndarray) -> tuple[float, float]:
     """p50 and p99 of |q.x - q.x'| over each query's 10 exact best craters, x' the direction of
     the index's decoded vector (what a windowed match scores, trn_board.mapindex.BoardMap.directions):
@@ -137,8 +158,13 @@ def main() -> int:
     ap.add_argument("--timed", type=int, default=500, help="queries timed one by one")
     ap.add_argument("--build-threads", type=int, default=2,
                     help="FAISS threads while an index trains and adds (searches are timed on one)")
+    ap.add_argument("--from-map", action="store_true",
+                    help="with --map: read the candidate the map's written index names (trn-sim map index) from its "
+                         "file instead of building it")
     ap.add_argument("--out", help="also write the rows as JSON here")
     args = ap.parse_args()
+    if args.from_map and not args.map:
+        ap.error("--from-map reads a finished map's written index: give --map DIR")
 
     import faiss
 
@@ -168,9 +194,13 @@ def main() -> int:
     exact_true = {k: true_recall(ref, k) for k in (1, 10, 100)}
     for name in args.candidates.split(","):
         faiss.omp_set_num_threads(args.build_threads)
-        t0 = time.perf_counter()
-        index = build_index(x, name)
-        build_s = time.perf_counter() - t0
+        written = written_index(args.map, name, len(x)) if args.from_map else None
+        if written is not None:
+            index, build_s = written
+        else:
+            t0 = time.perf_counter()
+            index = build_index(x, name)
+            build_s = time.perf_counter() - t0
         faiss.omp_set_num_threads(1)
         nbytes = index_bytes(index)
         per = nbytes / len(x)
