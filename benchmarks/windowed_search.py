@@ -37,6 +37,23 @@ from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pos
 from trn.nav.scenario import SearchWindow  # noqa: E402
 
 
+class FrameScorer:
+    """The board's SCORE for each frame's detections: the frame's queries are made ready (rotated
+    into the codes' space, :meth:`trn_board.mapindex.BoardMap.scorer`) at the frame's first call,
+    inside the timed window search, and each detection's candidates are scored from their codes."""
+
+    def __init__(self, board, q: np.ndarray, per_frame: int):
+        self.board, self.q, self.per_frame = board, q, per_frame
+        self.frame, self.scorer = None, None
+
+    def __call__(self, k: int, rows: np.ndarray) -> np.ndarray:
+        frame = k // self.per_frame
+        if frame != self.frame:
+            first = frame * self.per_frame
+            self.frame, self.scorer = frame, self.board.scorer(self.q[first:first + self.per_frame])
+        return self.scorer(k - frame * self.per_frame, rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--catalogue", type=Path, default=None, help="a dense catalogue (trn-data dense-catalogue)")
@@ -63,7 +80,6 @@ def main() -> int:
             for cx, cy, h in zip(rng.uniform(60, 452, n_det), rng.uniform(60, 452, n_det), rng.uniform(10, 40, n_det))]
     if args.map is not None:  # the board's map: each window's candidates scored from their decoded codes
         from trn.nav.onboard_map import OnboardMap
-        from trn.nav.scenario import CandidateScores
 
         omap = OnboardMap.load(args.map)
         if omap.board is None:
@@ -72,7 +88,7 @@ def main() -> int:
         cat = omap.ids
         print(f"map: {len(cat):,} craters of {args.map}")
         q = rng.normal(size=(len(dets), omap.board.dim)).astype(np.float32)
-        sims = CandidateScores(q / np.linalg.norm(q, axis=1, keepdims=True), omap.board.directions)
+        sims = FrameScorer(omap.board, q / np.linalg.norm(q, axis=1, keepdims=True), n_det)
         print(f"scores: the decoded codes of {args.map}'s index {omap.info['index']['factory']}")
     else:  # random similarities, drawn for the candidates only: the window's geometry alone
         sims = lambda k, rows: rng.uniform(-0.2, 1.0, len(rows)).astype(np.float32)  # noqa: E731

@@ -12,7 +12,7 @@ from trn.errors import ConfigError, DataError
 from trn.nav.map_index import SPECS, build_index, factory_string, metric
 from trn.nav.onboard_map import CRATERS_FILE, INDEX_FILE, MAP_FILE, OnboardMap, write_map, write_map_index
 from trn_board.bundle import sha256_file
-from trn_board.mapindex import BoardMap, MapError
+from trn_board.mapindex import BoardMap, MapError, code_space, unit_rows
 
 N, DIM = 3000, 64
 
@@ -100,6 +100,17 @@ def test_an_index_behind_a_rotation_decodes_as_faiss_does(tmp_path):
     rows = np.array([5, 0, 1199, 5, 640])
     np.testing.assert_allclose(board.decode(rows), index.reconstruct_batch(rows), atol=1e-6)
     assert board.decode(np.array([], np.int64)).shape == (0, 32)
+    # scoring rotates the queries into the codes' space once instead of each crater back: the same
+    # cosines with the decoded directions
+    assert code_space(board.index)[1] is not None
+    q = _vectors(3, seed=4, dim=32)
+    want = q @ unit_rows(index.reconstruct_batch(rows)).T
+    np.testing.assert_allclose(board.score(q, rows), want, atol=1e-5)
+    scorer = board.scorer(q)
+    np.testing.assert_allclose(scorer(2, rows), want[2], atol=1e-5)
+    assert scorer(0, np.array([], np.int64)).shape == (0,)
+    with pytest.raises(MapError, match="outside the map"):
+        scorer(0, np.array([1200]))
 
 
 def test_no_product_quantiser_is_trained_for_hamming_filtering():
