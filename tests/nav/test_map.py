@@ -243,6 +243,8 @@ def test_a_killed_driver_loses_only_its_unfinished_chunks_and_a_rerun_finishes_t
     resumed = re.search(r"resuming, (\d+) of 40 chunks already done", again.stderr)
     assert resumed and int(resumed.group(1)) >= kept
     assert len(re.findall(r"chunk \d+ of 40 done", again.stderr)) == 40 - int(resumed.group(1))  # only the rest
+    # its throughput counts the craters it embedded, not those the killed run left in chunks
+    assert f"; {int(resumed.group(1)) * KILL_CHUNK} craters resumed from earlier runs' chunks)" in again.stdout
     _complete_and_same(out, whole)
 
 

@@ -160,10 +160,11 @@ def main(argv: list[str] | None = None) -> int:
     mi = msub.add_parser("index", help="build a map's compressed index and the crater metadata a board carries "
                                        "(docs/million_map.md)")
     mi.add_argument("--map", type=Path, required=True, help="a finished map directory (trn-sim map build)")
-    mi.add_argument("--index", default="IVF-PQ64", help="one of trn.nav.map_index.SPECS, or NAME-L2 to rank by "
-                                                        "L2 distance (default IVF-PQ64)")
-    mi.add_argument("--visit", type=int_between(1, 1_000_000), default=32, metavar="N",
-                    help="inverted lists (or graph entries) a search visits (default 32)")
+    mi.add_argument("--index", default="OPQ64-IVF-PQ64-L2",
+                    help="one of trn.nav.map_index.SPECS, or NAME-L2 to rank by L2 distance (default "
+                         "OPQ64-IVF-PQ64-L2, chosen on the million-crater map: docs/million_map.md)")
+    mi.add_argument("--visit", type=int_between(1, 1_000_000), default=64, metavar="N",
+                    help="inverted lists (or graph entries) a search visits (default 64)")
     mi.add_argument("-v", "--verbose", action="store_true")
     rp = sub.add_parser("report", help="re-render report.md and the plots of a report directory from its report.json")
     rp.add_argument("dir", type=Path)
@@ -215,6 +216,7 @@ def _map_build(args) -> int:
     t0 = time.perf_counter()
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file; a map is a directory: give a new or existing directory")
+    held = _chunk_craters(args.out)  # craters an interrupted build already embedded: not this run's work
     m = build_map(check_before_scenarios(args.data), make_embedder(args.model, None, args.threads), args.out, args.source,
                   appearance=args.appearance, workers=args.threads,
                   catalogue=str(args.catalogue_file) if args.catalogue_file else args.catalogue,
@@ -223,8 +225,25 @@ def _map_build(args) -> int:
     size = sum(f.stat().st_size for f in Path(args.out).iterdir() if f.is_file())
     print(f"map {args.out}: {len(m.ids)} craters ({m.info['catalogue']} catalogue) embedded by {m.info['model']} "
           f"({m.info['appearance']} appearance, {m.info['surface']}); {size / 2 ** 20:.1f} MiB on disk, built in "
-          f"{time.perf_counter() - t0:.0f} s ({len(m.ids) / max(time.perf_counter() - t0, 1e-9):.1f} craters/s)")
+          f"{time.perf_counter() - t0:.0f} s ({(len(m.ids) - held) / max(time.perf_counter() - t0, 1e-9):.1f} craters/s"
+          + (f"; {held} craters resumed from earlier runs' chunks" if held else "") + ")")
     return 0
+
+
+def _chunk_craters(out: Path) -> int:
+    """Craters in the finished chunks an interrupted map build left in ``out`` (0 for a new build)."""
+    import numpy as np
+
+    from trn.nav.onboard_map import CHUNK_DIR
+
+    n = 0
+    for path in sorted((out / CHUNK_DIR).glob("chunk-*.npz")) if out.is_dir() else ():
+        try:
+            with np.load(path) as z:
+                n += len(z["ids"])
+        except (OSError, ValueError, KeyError):
+            pass  # an unreadable chunk is the build's to report (it names the file and the fix)
+    return n
 
 
 def _map_index(args) -> int:
