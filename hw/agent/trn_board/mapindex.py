@@ -161,11 +161,16 @@ class BoardMap:
             found = 1.0 - 0.5 * found
         return rows.astype(np.int64), np.where(rows >= 0, found, -np.inf).astype(np.float32)
 
-    def decode(self, rows: np.ndarray) -> np.ndarray:
-        """The decoded (compressed) vectors [m, dim] of the craters at ``rows``."""
+    def checked_rows(self, rows: np.ndarray) -> np.ndarray:
+        """``rows`` as int64 [m], each checked to be a crater of the map."""
         rows = np.asarray(rows, np.int64).reshape(-1)
         if len(rows) and (rows.min() < 0 or rows.max() >= len(self)):
             raise MapError(f"crater rows {int(rows.min())}..{int(rows.max())} outside the map's 0..{len(self) - 1}")
+        return rows
+
+    def decode(self, rows: np.ndarray) -> np.ndarray:
+        """The decoded (compressed) vectors [m, dim] of the craters at ``rows``."""
+        rows = self.checked_rows(rows)
         if not len(rows):
             return np.zeros((0, self.dim), np.float32)
         return decode(self.index, rows)
@@ -196,10 +201,7 @@ class Scorer:
 
     def _codes(self, rows: np.ndarray) -> np.ndarray:
         """Unit directions [m, d] of the craters at ``rows``, in the space the queries were put in."""
-        rows = np.asarray(rows, np.int64).reshape(-1)
-        if len(rows) and (rows.min() < 0 or rows.max() >= len(self.board)):
-            raise MapError(f"crater rows {int(rows.min())}..{int(rows.max())} outside the map's "
-                           f"0..{len(self.board) - 1}")
+        rows = self.board.checked_rows(rows)
         if not len(rows):
             return np.zeros((0, self.q.shape[1]), np.float32)
         return unit_rows(np.asarray(self.inner.reconstruct_batch(rows), np.float32))
