@@ -17,7 +17,7 @@ import pytest
 from tests.sim.test_scenarios import NAV, write_dataset
 from trn.errors import DataError, TrnError
 from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz
-from trn.nav.onboard_map import DB_FILE, MAP_FILE, OnboardMap, build_map
+from trn.nav.onboard_map import DB_FILE, MAP_FILE, OnboardMap, build_map, shared_descriptors, write_map
 from trn.sim.embedders import TorchEmbedder
 from trn.data.crops import preprocess
 
@@ -51,6 +51,17 @@ def test_map_round_trip(tmp_path, emb):
     with pytest.raises(TrnError):
         again.db.add(emb(x).global_[:1], labels=["9"])  # read-only in flight
     assert m.ids == again.ids
+    assert again.info["shared_descriptors"] == 0
+
+
+def test_craters_of_one_descriptor_are_counted(tmp_path, caplog):
+    # featureless renders embed identically: the map says how many craters no descriptor can tell apart
+    x = np.eye(5, 8, dtype=np.float32)[[0, 1, 1, 2, 1, 3]]
+    write_map(tmp_path / "m", list(range(6)), x, np.ones((6, 4)), {"model": "t", "input_size": 48,
+                                                                  "embedding_dim": 8})
+    assert OnboardMap.load(tmp_path / "m").info["shared_descriptors"] == 3
+    assert "3 of 6 craters share their descriptor" in caplog.text
+    assert shared_descriptors(x[[0, 1, 3]]) == 0 and shared_descriptors(x[:0]) == 0
 
 
 def test_damaged_or_incomplete_maps_are_refused(tmp_path, emb):
