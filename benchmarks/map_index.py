@@ -45,13 +45,15 @@ from _hw import hardware  # noqa: E402
 METADATA_BYTES = 20  # id (int32); lat, lon, radius, diameter (float32): trn.nav.onboard_map.write_map_index
 
 
-def map_vectors(args) -> tuple[np.ndarray, np.ndarray]:
-    """(crater ids [n], unit vectors [n, d]) of the map or of the finished chunks."""
-    from trn.db.database import LandmarkDB
+def map_vectors(args):
+    """(crater ids [n], unit vectors [n, d], the loaded map or None) of the map or of the finished
+    chunks; with ``--from-map`` the map is loaded with its written index, checked against
+    ``map.json`` as every reader of a map checks it (:meth:`trn.nav.onboard_map.OnboardMap.load`)."""
+    from trn.nav.onboard_map import OnboardMap
 
     if args.map:
-        db = LandmarkDB.load(Path(args.map) / "landmarks.db", read_only=True)
-        return np.array([int(c) for c in db.labels], np.int64), np.ascontiguousarray(db.embeddings, np.float32)
+        omap = OnboardMap.load(args.map, index=args.from_map)
+        return np.array(omap.ids, np.int64), np.ascontiguousarray(omap.db.embeddings, np.float32), omap
     ids, vecs = [], []
     for path in sorted(Path(args.chunks).glob("chunk-*.npz")):
         with np.load(path) as z:
@@ -60,7 +62,7 @@ def map_vectors(args) -> tuple[np.ndarray, np.ndarray]:
     if not ids:
         raise SystemExit(f"no finished chunk in {args.chunks}")
     v = np.concatenate(vecs).astype(np.float32)
-    return np.concatenate(ids), np.ascontiguousarray(v / np.linalg.norm(v, axis=1, keepdims=True))
+    return np.concatenate(ids), np.ascontiguousarray(v / np.linalg.norm(v, axis=1, keepdims=True)), None
 
 
 def queries(args, map_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -105,24 +107,6 @@ def queries(args, map_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(q / np.linalg.norm(q, axis=1, keepdims=True)), np.asarray(truth, np.int64)
 
 
-def written_index(map_dir: str, name: str, n: int):
-    """(index, build seconds) of the map's written index when it is ``name`` over all ``n`` craters
-    and its file is the one map.json names (hash checked), else None."""
-    import faiss
-
-    from trn.nav.onboard_map import INDEX_FILE, MAP_FILE
-    from trn_board.bundle import sha256_file
-
-    entry = json.loads((Path(map_dir) / MAP_FILE).read_text(encoding="utf-8")).get("index") or {}
-    path = Path(map_dir) / INDEX_FILE
-    if entry.get("name") != name or entry.get("craters") != n or not path.is_file():
-        return None
-    if sha256_file(path) != entry["sha256"]:
-        raise SystemExit(f"{path} is not the index {Path(map_dir) / MAP_FILE} names (hash differs): "
-                         "write it again with trn-sim map index")
-    return faiss.read_index(str(path)), float(entry["build_s"])
-
-
 def _decoded_error(index, q: np.ndarray, rows: np.ndarray, x: np.ndarray) -> tuple[float, float]:
     """p50 and p99 of |q.x - q.x'| over each query's 10 exact best craters, x' the direction of
     the index's decoded vector (what a windowed match scores, trn_board.mapindex.BoardMap.directions):
@@ -161,7 +145,7 @@ def main() -> int:
                     help="FAISS threads while an index trains and adds (searches are timed on one)")
     ap.add_argument("--from-map", action="store_true",
                     help="with --map: read the candidate the map's written index names (trn-sim map index) from its "
-                         "file instead of building it")
+                         "file instead of building it (not with --limit)")
     ap.add_argument("--out", help="also write the rows as JSON here")
     args = ap.parse_args()
     if args.from_map and not args.map:
@@ -172,7 +156,8 @@ def main() -> int:
     from trn.nav.map_index import build_index, factory_string, index_bytes
     from trn_board.mapindex import set_visit
 
-    ids, x = map_vectors(args)
+    ids, x, omap = map_vectors(args)
+    written = omap.info["index"] if omap is not None and omap.board is not None and not args.limit else {}
     if args.limit:
         ids, x = ids[:args.limit], x[:args.limit]
     q, truth = queries(args, ids)
@@ -204,9 +189,8 @@ def main() -> int:
     ties = (np.einsum("qd,qkd->qk", q, x[ref]) >= best[:, None] - 1e-6).sum(axis=1)
     for name in args.candidates.split(","):
         faiss.omp_set_num_threads(args.build_threads)
-        written = written_index(args.map, name, len(x)) if args.from_map else None
-        if written is not None:
-            index, build_s = written
+        if written.get("name") == name:  # --from-map: the map's own index, as trn-sim map index wrote it
+            index, build_s = omap.board.index, float(written["build_s"])
         else:
             t0 = time.perf_counter()
             index = build_index(x, name)

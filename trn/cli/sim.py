@@ -210,13 +210,13 @@ def _rerender(d: Path) -> int:
 
 
 def _map_build(args) -> int:
-    from trn.nav.onboard_map import build_map
+    from trn.nav.onboard_map import build_map, chunk_craters
     from trn.sim.prepare import check_before_scenarios
 
     t0 = time.perf_counter()
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file; a map is a directory: give a new or existing directory")
-    held = _chunk_craters(args.out)  # craters an interrupted build already embedded: not this run's work
+    held = chunk_craters(args.out)  # craters an interrupted build already embedded: not this run's work
     m = build_map(check_before_scenarios(args.data), make_embedder(args.model, None, args.threads), args.out, args.source,
                   appearance=args.appearance, workers=args.threads,
                   catalogue=str(args.catalogue_file) if args.catalogue_file else args.catalogue,
@@ -228,22 +228,6 @@ def _map_build(args) -> int:
           f"{time.perf_counter() - t0:.0f} s ({(len(m.ids) - held) / max(time.perf_counter() - t0, 1e-9):.1f} craters/s"
           + (f"; {held} craters resumed from earlier runs' chunks" if held else "") + ")")
     return 0
-
-
-def _chunk_craters(out: Path) -> int:
-    """Craters in the finished chunks an interrupted map build left in ``out`` (0 for a new build)."""
-    import numpy as np
-
-    from trn.nav.onboard_map import CHUNK_DIR
-
-    n = 0
-    for path in sorted((out / CHUNK_DIR).glob("chunk-*.npz")) if out.is_dir() else ():
-        try:
-            with np.load(path) as z:
-                n += len(z["ids"])
-        except (OSError, ValueError, KeyError):
-            pass  # an unreadable chunk is the build's to report (it names the file and the fix)
-    return n
 
 
 def _map_index(args) -> int:

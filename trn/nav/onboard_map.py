@@ -19,6 +19,7 @@ import json
 import logging
 import shutil
 import time
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -324,10 +325,7 @@ def shared_descriptors(vectors: np.ndarray) -> int:
     x = np.ascontiguousarray(vectors, np.float32)
     if len(x) < 2:
         return 0
-    keys = [hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in x]
-    counts: dict[bytes, int] = {}
-    for k in keys:
-        counts[k] = counts.get(k, 0) + 1
+    counts = Counter(hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in x)
     return sum(c for c in counts.values() if c > 1)
 
 
@@ -469,6 +467,23 @@ def _embed_chunk(emb, items: list[tuple[int, np.ndarray]], batch: int, preproces
     return ids, np.concatenate(parts) if parts else np.zeros((0, emb.dim), np.float32)
 
 
+def _chunk_path(work: Path, k: int) -> Path:
+    return work / f"chunk-{k:05d}.npz"
+
+
+def chunk_craters(out: str | Path) -> int:
+    """Craters in the finished chunks an interrupted map build left in the map directory ``out``
+    (0 for a new build): work a resumed build does not do again."""
+    n = 0
+    for path in sorted((Path(out) / CHUNK_DIR).glob("chunk-*.npz")):  # as _chunk_path names them
+        try:
+            with np.load(path) as z:
+                n += len(z["ids"])
+        except (OSError, ValueError, KeyError):
+            pass  # an unreadable chunk is the build's to report (it names the file and the fix)
+    return n
+
+
 def _chunked_embeddings(work: Path, plan: dict, ids: list[int], chunk: int, run) -> tuple[list[int], np.ndarray]:
     """Every crater's embedding, in chunks of ``chunk`` craters that are kept in ``work`` as they
     finish (``chunk-NNNNN.npz``, written atomically) beside ``plan.json`` (the inputs): a build
@@ -490,12 +505,12 @@ def _chunked_embeddings(work: Path, plan: dict, ids: list[int], chunk: int, run)
         if held != json.loads(json.dumps(plan)):
             raise DataError("holds an unfinished map build of other inputs (model, craters, appearance, chunk "
                             "size); build into another --out, or delete this directory to start again", work)
-        done = sum((work / f"chunk-{k:05d}.npz").is_file() for k in range(len(chunks)))
+        done = sum(_chunk_path(work, k).is_file() for k in range(len(chunks)))
         log.info("map build: resuming, %d of %d chunks already done in %s", done, len(chunks), work)
     else:
         work.mkdir(parents=True, exist_ok=True)
         atomic_write_text(plan_path, json.dumps(plan, indent=1) + "\n")
-    path_of = lambda k: work / f"chunk-{k:05d}.npz"  # noqa: E731
+    path_of = lambda k: _chunk_path(work, k)  # noqa: E731
     for k, (got_ids, got) in run([(k, cids) for k, cids in enumerate(chunks) if not path_of(k).is_file()]):
         if sorted(got_ids) != sorted(chunks[k]):
             raise DataError(f"map chunk {k}: embedded {len(got_ids)} craters for {len(chunks[k])} asked", work)
