@@ -372,3 +372,15 @@ def test_build_option_ranges_are_the_config_ranges(tmp_path, capsys):
             assert f"argument {opt}: " in capsys.readouterr().err
             with pytest.raises(ConfigError):
                 config(float(text) if "." in text or opt == "--orbits" else int(text))
+
+
+def test_detector_build_refuses_malformed_rotations_in_one_line(tmp_path, capsys):
+    from trn.cli import detect as detect_cli
+
+    base = ["build", "--source", str(tmp_path), "--out", str(tmp_path / "o")]
+    for extra, match in ((["--rotations", "10,east"], "expected degrees separated by commas"),
+                         (["--rotations", "10,400"], "between -360 and 360"),
+                         (["--rotations", "10,0"], "none on the source's own track"),
+                         (["--day-step", "-1"], "--day-step")):
+        _one_line_exit_2(_run(detect_cli.main, base + extra), capsys, match)
+    assert not (tmp_path / "o").exists()

@@ -129,7 +129,25 @@ def test_another_plan_gives_other_tracks_and_another_build_key(tmp_path):
     with pytest.raises(ConfigError, match="first_rotation_deg"):
         DetectionBuildConfig(source=tmp_path, out=tmp_path / "a", first_rotation_deg=360.0)
     with pytest.raises(ConfigError, match="day_step"):
-        DetectionBuildConfig(source=tmp_path, out=tmp_path / "a", day_step=0.0)
+        DetectionBuildConfig(source=tmp_path, out=tmp_path / "a", day_step=-0.1)
+
+
+def test_validation_frames_of_the_source_pass_itself(tmp_path):
+    """``rotations`` with ``day_step`` 0 and every segment held out: the tracks given, flown at the
+    source pass's own epochs (its Sun), all of them validation frames; a rotation onto the source's
+    own track, or one rotation too few, is refused."""
+    from trn.data.detection import DetectionBuildConfig
+
+    cfg = DetectionBuildConfig(source=tmp_path, out=tmp_path / "v", segments=4, val_segments=4,
+                               rotations=(10.0, -10.0, 20.0, -20.0), day_step=0.0)
+    assert cfg.plan() == ((10.0, 0.0), (350.0, 0.0), (20.0, 0.0), (340.0, 0.0))
+    assert cfg.key() != DetectionBuildConfig(source=tmp_path, out=tmp_path / "v", segments=4, val_segments=4,
+                                             rotations=(10.0, -10.0, 20.0, -25.0), day_step=0.0).key()
+    for bad in ((10.0, -10.0, 20.0, 360.0), (10.0, -10.0, 20.0), (10.0, -10.0, 20.0, float("nan"))):
+        with pytest.raises(ConfigError, match="rotations"):
+            DetectionBuildConfig(source=tmp_path, out=tmp_path / "v", segments=4, val_segments=4, rotations=bad)
+    with pytest.raises(ConfigError, match="val_segments"):
+        DetectionBuildConfig(source=tmp_path, out=tmp_path / "v", segments=4, val_segments=5)
 
 
 @pytest.mark.parametrize("doc, what", [

@@ -21,14 +21,25 @@ def _build(args) -> int:
     from trn.data.detection import DetectionBuildConfig, build_detection_set
 
     labels = build_detection_set(DetectionBuildConfig(
-        source=args.source, out=args.out, segments=args.segments, val_segments=args.val_segments, stride=args.stride,
-        first_rotation_deg=args.first_rotation, day_step=args.day_step,
+        source=args.source, out=args.out, segments=len(args.rotations) if args.rotations else args.segments,
+        val_segments=args.val_segments, stride=args.stride,
+        first_rotation_deg=args.first_rotation, day_step=args.day_step, rotations=tuple(args.rotations or ()),
         limit_frames=args.limit_frames, workers=args.workers, seed=args.seed))
     for split in ("train", "val"):
         fr = labels.split(split)
         boxes = [b for f in fr for b in f.boxes]
         print(f"{split}: {len(fr)} frames, {len(boxes)} boxes of {len({b.id for b in boxes})} craters")
     return 0
+
+
+def _rotations(text: str) -> list[float]:
+    try:
+        out = [float(v) for v in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected degrees separated by commas, e.g. 8,-8") from None
+    if not all(-360.0 < r < 360.0 for r in out):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected degrees between -360 and 360")
+    return out
 
 
 def _label(args) -> int:
@@ -265,13 +276,17 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--source", type=Path, required=True, help="../shared/data/moon or a built-in world directory")
     b.add_argument("--out", type=Path, required=True, help="output directory (resumable)")
     b.add_argument("--segments", type=int_between(1, 200), default=16, help="copies of the source pass (default 16)")
-    b.add_argument("--val-segments", type=int_between(0, 199), default=2,
-                   help="last segments held out as validation frames (default 2)")
+    b.add_argument("--val-segments", type=int_between(0, 200), default=2,
+                   help="last segments held out as validation frames (default 2; all of them: a set to choose on, "
+                        "not to train on)")
     b.add_argument("--first-rotation", type=float_between(0.0, 359.999), default=3.75, metavar="DEG",
                    help="the first segment's ground track, degrees east of the source pass's (default 3.75; another "
                         "value gives other ground tracks, for more frames beside an existing build)")
-    b.add_argument("--day-step", type=float_between(0.0, 100.0, low_open=True), default=2.3, metavar="DAYS",
-                   help="days between the segments' epochs (default 2.3)")
+    b.add_argument("--rotations", type=_rotations, default=None, metavar="DEG,DEG,...",
+                   help="the segments' ground tracks, degrees east of the source pass's (one a segment; instead of "
+                        "--first-rotation's even spread)")
+    b.add_argument("--day-step", type=float_between(0.0, 100.0), default=2.3, metavar="DAYS",
+                   help="days between the segments' epochs (default 2.3; 0: the source pass's own epochs and Sun)")
     b.add_argument("--stride", type=int_between(1, 10000), default=10, help="keep every N-th frame (default 10)")
     b.add_argument("--limit-frames", type=int_at_least(1), default=None, metavar="N", help="only the first N frames")
     b.add_argument("--workers", type=int_between(1, 256), default=2)

@@ -265,14 +265,19 @@ def label_build(build: str | Path, source: str | Path, rule: UnionRule | None = 
     return read_labels(root)
 
 
-def detection_segments(n: int, first_rotation_deg: float = 3.75, day_step: float = 2.3) -> tuple[tuple[float, float], ...]:
+def detection_segments(n: int, first_rotation_deg: float = 3.75, day_step: float = 2.3,
+                       rotations: tuple[float, ...] = ()) -> tuple[tuple[float, float], ...]:
     """``n`` copies of the source pass: ground tracks spread evenly in longitude, the first
-    ``first_rotation_deg`` east of the source's (never on it), each flown ``day_step`` days after
-    the previous one (the Sun's body-fixed longitude moves about 12.2 degrees a day)."""
+    ``first_rotation_deg`` east of the source's (never on it), or the tracks ``rotations`` degrees
+    east of it when given; each flown ``day_step`` days after the previous one (the Sun's
+    body-fixed longitude moves about 12.2 degrees a day; 0: every copy at the source's own epochs,
+    so its ground is lit as the source pass lights its own)."""
     if not 1 <= n <= 200:
         raise ConfigError(f"detector segments={n}: expected 1 to 200")
-    return tuple((round(first_rotation_deg + j * 360.0 / n, 6), round((j + 1) * day_step * 86400.0, 3))
-                 for j in range(n))
+    if rotations and len(rotations) != n:
+        raise ConfigError(f"{len(rotations)} rotations for {n} segments: give one rotation a segment")
+    rot = [r % 360.0 for r in rotations] if rotations else [first_rotation_deg + j * 360.0 / n for j in range(n)]
+    return tuple((round(r, 6), round((j + 1) * day_step * 86400.0, 3)) for j, r in enumerate(rot))
 
 
 @dataclass(frozen=True)
@@ -283,8 +288,10 @@ class DetectionBuildConfig:
     out: output directory (resumable).
     segments: copies of the source pass (:func:`detection_segments`); the last ``val_segments``
         of them are the detector's validation frames.
-    first_rotation_deg, day_step: the segments' plan (:func:`detection_segments`); another first
-        rotation gives other ground tracks, for more frames beside an existing build.
+    first_rotation_deg, day_step, rotations: the segments' plan (:func:`detection_segments`);
+        another first rotation gives other ground tracks, for more frames beside an existing build;
+        ``rotations`` near 0 with ``day_step`` 0 and every segment held out give validation frames
+        of the source pass itself (its Sun, neighbouring ground it did not image).
     stride: keep every stride-th frame of a segment (10 s apart: 10 frames = 100 s, about 160 km
         along track, more than a frame's footprint, so no two kept frames overlap).
     min_sun_elevation_deg: the Sun's least elevation at the sub-camera point (day side).
@@ -301,6 +308,7 @@ class DetectionBuildConfig:
     val_segments: int = 2
     first_rotation_deg: float = 3.75
     day_step: float = 2.3
+    rotations: tuple[float, ...] = ()
     stride: int = 10
     min_sun_elevation_deg: float = 5.0
     clear_deg_per_km: float = 0.6 * 180.0 / (math.pi * MOON_RADIUS_KM)
@@ -314,11 +322,15 @@ class DetectionBuildConfig:
     def __post_init__(self) -> None:
         if not 1 <= self.segments <= 200:
             raise ConfigError(f"segments={self.segments}: expected 1 to 200")
-        if not 0 <= self.val_segments < self.segments:
-            raise ConfigError(f"val_segments={self.val_segments}: expected 0 to segments - 1 ({self.segments - 1})")
-        if not (0.0 <= self.first_rotation_deg < 360.0 and 0.0 < self.day_step <= 100.0):
+        if not 0 <= self.val_segments <= self.segments:
+            raise ConfigError(f"val_segments={self.val_segments}: expected 0 to segments ({self.segments})")
+        if not (0.0 <= self.first_rotation_deg < 360.0 and 0.0 <= self.day_step <= 100.0):
             raise ConfigError(f"first_rotation_deg={self.first_rotation_deg}, day_step={self.day_step}: expected "
-                              "0 to 360 degrees and more than 0 to 100 days")
+                              "0 to 360 degrees and 0 to 100 days")
+        if self.rotations and (len(self.rotations) != self.segments
+                               or any(not math.isfinite(r) or r % 360.0 == 0.0 for r in self.rotations)):
+            raise ConfigError(f"rotations={list(self.rotations)}: expected one finite rotation for each of the "
+                              f"{self.segments} segments, none on the source's own track (0 degrees)")
         if not 1 <= self.stride <= 10000:
             raise ConfigError(f"stride={self.stride}: expected 1 to 10000 frames")
         if not -90 <= self.min_sun_elevation_deg <= 90:
@@ -329,7 +341,7 @@ class DetectionBuildConfig:
             raise ConfigError(f"limit_frames={self.limit_frames}: expected at least 1")
 
     def plan(self) -> tuple[tuple[float, float], ...]:
-        return detection_segments(self.segments, self.first_rotation_deg, self.day_step)
+        return detection_segments(self.segments, self.first_rotation_deg, self.day_step, self.rotations)
 
     def key(self) -> str:
         doc = {"renderer_version": RENDERER_VERSION, "source": str(Path(self.source).resolve()),
