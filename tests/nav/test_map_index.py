@@ -177,3 +177,52 @@ def test_a_map_whose_index_and_metadata_disagree_is_refused(tmp_path):
     (path / INDEX_FILE).write_bytes(b"not an index")
     with pytest.raises(MapError, match="not a readable FAISS index"):
         BoardMap(path / INDEX_FILE, path / CRATERS_FILE)
+
+
+
+def _board_of(tmp_path, index, name: str) -> BoardMap:
+    import faiss
+
+    faiss.extract_index_ivf(index).make_direct_map()
+    faiss.write_index(index, str(tmp_path / f"{name}.faiss"))
+    np.savez(tmp_path / f"{name}.npz", ids=np.arange(index.ntotal), craters=np.ones((index.ntotal, 4), np.float32))
+    return BoardMap(tmp_path / f"{name}.faiss", tmp_path / f"{name}.npz", dim=index.d)
+
+
+def test_a_second_code_re_ranks_the_shortlist(tmp_path):
+    """IVF,PQ+PQ behind a rotation (FAISS's IndexIVFPQR; the map's default is OPQ64,IVF,PQ64+16): a
+    second product code of what the first leaves re-ranks the first code's shortlist. Its decoded
+    vectors (what a window scores) include the second code and are closer to the exact ones than
+    the first code's alone; the exact best is found among the 10 best more often; the board scores
+    given craters in the codes' space with the decoded directions' cosines; the second code's
+    clustering is seeded like the first's, so the same vectors give the same bytes. (A random
+    rotation stands in for OPQ's learnt one, which is slow to train.)"""
+    import faiss
+
+    from trn.nav.map_index import _seed_clustering
+
+    assert factory_string("OPQ64-IVF-PQ64+16-L2", 1_000_000) == "OPQ64,IVF4096,PQ64+16"
+    x, q = _vectors(4000, dim=32), _vectors(300, seed=11, dim=32)
+    boards, blobs = {}, []
+    for name, factory in (("plain", "RR32,IVF16,PQ8"), ("refined", "RR32,IVF16,PQ8+8"), ("again", "RR32,IVF16,PQ8+8")):
+        index = faiss.index_factory(32, factory, faiss.METRIC_L2)
+        _seed_clustering(index, 3)
+        index.train(x)
+        index.add(x)
+        blobs.append(faiss.serialize_index(index).tobytes())
+        boards[name] = _board_of(tmp_path, index, name)
+    assert blobs[1] == blobs[2]
+    refined, plain = boards["refined"], boards["plain"]
+    assert isinstance(faiss.downcast_index(faiss.extract_index_ivf(refined.index)), faiss.IndexIVFPQR)
+    set_visit = __import__("trn_board.mapindex", fromlist=["set_visit"]).set_visit
+    for b in (refined, plain):
+        set_visit(b.index, 16)
+    rows = np.arange(0, len(x), 7)
+    err = {k: np.linalg.norm(b.decode(rows) - x[rows], axis=1).mean() for k, b in boards.items()}
+    assert err["refined"] < 0.9 * err["plain"], err
+    truth = np.argmax(q @ x.T, axis=1)
+    hit = {k: np.mean([t in r[:1] for t, r in zip(truth, b.search(q, 10)[0])]) for k, b in boards.items()}
+    assert hit["refined"] > hit["plain"] + 0.05, hit
+    _, sims = refined.search(q, 10)
+    assert np.all(np.diff(sims, axis=1) <= 1e-6)
+    np.testing.assert_allclose(refined.score(q[:4], rows), q[:4] @ refined.directions(rows).T, atol=1e-5)

@@ -160,9 +160,9 @@ def main(argv: list[str] | None = None) -> int:
     mi = msub.add_parser("index", help="build a map's compressed index and the crater metadata a board carries "
                                        "(docs/million_map.md)")
     mi.add_argument("--map", type=Path, required=True, help="a finished map directory (trn-sim map build)")
-    mi.add_argument("--index", default="OPQ64-IVF-PQ64-L2",
+    mi.add_argument("--index", default="OPQ64-IVF-PQ64+16-L2",
                     help="one of trn.nav.map_index.SPECS, or NAME-L2 to rank by L2 distance (default "
-                         "OPQ64-IVF-PQ64-L2, chosen on the million-crater map: docs/million_map.md)")
+                         "OPQ64-IVF-PQ64+16-L2, chosen on the million-crater map: docs/million_map.md)")
     mi.add_argument("--visit", type=int_between(1, 1_000_000), default=64, metavar="N",
                     help="inverted lists (or graph entries) a search visits (default 64)")
     mi.add_argument("-v", "--verbose", action="store_true")

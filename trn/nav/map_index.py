@@ -42,6 +42,10 @@ SPECS: dict[str, str] = {
     "OPQ64-IVF-PQ64": "OPQ64,IVF{nlist},PQ64",
     "OPQ64-IVF-PQ64x10": "OPQ64,IVF{nlist},PQ64x10",  # a learnt rotation, then 10-bit codes
     "IVF-PQ128x4fs": "IVF{nlist},PQ128x4fs",
+    # a second product code of what the first leaves, which re-ranks the first code's shortlist
+    # (FAISS's IndexIVFPQR: k_factor times the k asked, Jegou et al. 2011's re-ranking)
+    "OPQ64-IVF-PQ64+16": "OPQ64,IVF{nlist},PQ64+16",
+    "OPQ32-IVF-PQ32+32": "OPQ32,IVF{nlist},PQ32+32",
     "HNSW32-Flat": "HNSW32,Flat",
     "HNSW32-PQ64": "HNSW32_PQ64",
 }
@@ -113,7 +117,8 @@ def _seed_clustering(index, seed: int) -> None:
     """Fix the k-means seeds of an index's coarse quantiser and product quantisers, so that the
     same vectors give the same index."""
     for part in _parts(index):
-        for q in (getattr(part, "cp", None), getattr(getattr(part, "pq", None), "cp", None)):
+        for q in (getattr(part, "cp", None), getattr(getattr(part, "pq", None), "cp", None),
+                  getattr(getattr(part, "refine_pq", None), "cp", None)):
             if q is not None:
                 q.seed = seed
 
