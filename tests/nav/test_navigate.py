@@ -100,6 +100,15 @@ def test_search_window_picks_the_predicted_crater_over_a_better_scoring_one_far_
     high = SearchWindow([det], sims, ids, craters, CAM, threshold=0.9)
     assert high(0, states[0, :3], np.eye(3) * 25.0, rots[0]) == []  # A is below the threshold
     assert w(1, states[1, :3], np.eye(3), rots[1]) == []  # no detection in that frame
+    # a crater of A's descriptor near A (a featureless render shared by both): a tie in the window is
+    # no identity, so no match; far outside the window the same tie does not matter
+    with_twin = np.vstack([craters, craters[a] + np.array([2.0, 0.0, 0.0])])  # a crater 2 km from A
+    twin = np.concatenate([sims, sims[:, a:a + 1]], axis=1)
+    tw = SearchWindow([det], twin, ids + [len(craters)], with_twin, CAM, threshold=0.7)
+    assert tw(0, states[0, :3], np.eye(3) * 25.0, rots[0]) == [] and tw.tied == 1
+    twin[0, -1], twin[0, far] = 0.1, 0.80  # the tie is far outside the window now
+    tw = SearchWindow([det], twin, ids + [len(craters)], with_twin, CAM, threshold=0.7)
+    assert [m.crater for m in tw(0, states[0, :3], np.eye(3) * 25.0, rots[0])] == [a] and tw.tied == 0
 
 
 def test_the_spatial_index_gives_the_windows_of_a_scan_of_the_whole_map():

@@ -399,6 +399,10 @@ def _print_map_navigation(name: str, rep: dict) -> None:
               f"{n['trn']['p95_km']:.3f} | {n['trn']['max_km']:.3f} | {n['trn_day_after_first_fix']['rms_km']:.3f}, "
               f"{n['trn_night_after_first_fix']['max_km']:.3f} (first fix at {(n['first_fix_s'] or float('nan')) / 60:.0f} min) | "
               f"{n['dead_reckoning']['rms_km']:.3f} | {n['dead_reckoning']['max_km']:.3f} |")
+    ties = {thr: r["recognition"].get("window_ties_refused", 0) for thr, r in rep["runs"].items()}
+    if any(ties.values()):
+        print("window matches refused because the best crater tied with another of identical descriptor: "
+              + ", ".join(f"{v} at {t}" for t, v in ties.items()))
     n = rep["runs"][f"{rep['threshold']:g}"]["navigation"]
     if n.get("cold_start"):
         fmt = lambda v: "never" if v is None else f"{v / 60:.1f} min"  # noqa: E731

@@ -363,7 +363,9 @@ class SearchWindow:
     frame from the filter's predicted position and the estimated attitude, and a detection is
     compared only with the craters whose predicted pixel lies within ``n_sigma`` of the position
     uncertainty (projected at the crater's range) plus the box's half size; the best of those at or
-    above ``threshold`` is its match. With a large covariance the window covers the whole visible
+    above ``threshold`` is its match, unless another window crater has exactly its similarity
+    (craters of identical descriptors, such as featureless renders, carry no identity to choose
+    between: the detection is left unmatched and counted in ``tied``). With a large covariance the window covers the whole visible
     map. ``sims``: the detections' similarities to the map craters, a matrix [detections, map
     craters] or, so that nothing scores the whole map, a :class:`CandidateScores`.
 
@@ -396,6 +398,7 @@ class SearchWindow:
             self.by_frame.setdefault(d.frame, []).append(k)
         self.candidates: list[int] = []  # window sizes, for the report
         self.projected: list[int] = []  # map craters projected per frame (the spatial index's narrowing)
+        self.tied = 0  # detections not matched: their best window crater tied with another
 
     def reach_km(self, x: np.ndarray, sig_km: float, rot: np.ndarray, spread_px: float) -> float:
         """Distance from the spacecraft at ``x`` within which every crater a window can contain
@@ -459,6 +462,11 @@ class SearchWindow:
             sim = self.score(k, cand)
             i = int(np.argmax(sim))
             if sim[i] >= self.threshold:
+                if np.count_nonzero(sim == sim[i]) > 1:
+                    # the best is tied with another window crater (identical descriptors: featureless
+                    # renders): no identity to choose between them, so no match
+                    self.tied += 1
+                    continue
                 out.append(Match(int(self.ids[cand[i]]), int(d.label), (float(px), float(py)), float(sim[i])))
         return out
 
@@ -544,6 +552,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
         rec = {"matched": int(cnt["matches"]), "correct": int(cnt["correct_matches"]),
                "precision": cnt["correct_matches"] / cnt["matches"] if cnt["matches"] else float("nan"),
                "window_median_candidates": float(np.median(window.candidates)) if window.candidates else float("nan"),
+               "window_ties_refused": int(window.tied),
                "whole_map": {"matched": int(m.sum()), "correct": int((m & (best == truth)).sum()),
                              "precision": float((best == truth)[m].mean()) if m.any() else float("nan")}}
         runs[f"{thr:g}"] = {"recognition": rec, "navigation": res.summary(), "result": res}
