@@ -84,6 +84,17 @@ def test_an_index_ranked_by_l2_distance_reports_cosines(tmp_path):
         factory_string("Flat-L1", N)
 
 
+def _board_of(tmp_path, index, name: str, visit: int = 0) -> BoardMap:
+    """``index`` (an inverted file, given its direct map) written with placeholder crater metadata
+    and loaded as a board loads it."""
+    import faiss
+
+    faiss.extract_index_ivf(index).make_direct_map()
+    faiss.write_index(index, str(tmp_path / f"{name}.faiss"))
+    np.savez(tmp_path / f"{name}.npz", ids=np.arange(index.ntotal), craters=np.ones((index.ntotal, 4), np.float32))
+    return BoardMap(tmp_path / f"{name}.faiss", tmp_path / f"{name}.npz", dim=index.d, visit=visit)
+
+
 def test_an_index_behind_a_rotation_decodes_as_faiss_does(tmp_path):
     # OPQ's learnt rotation is slow to train; a random rotation is the same kind of transform
     import faiss
@@ -92,10 +103,7 @@ def test_an_index_behind_a_rotation_decodes_as_faiss_does(tmp_path):
     index = faiss.index_factory(32, "RR32,IVF16,PQ8", faiss.METRIC_L2)
     index.train(x)
     index.add(x)
-    faiss.extract_index_ivf(index).make_direct_map()
-    faiss.write_index(index, str(tmp_path / INDEX_FILE))
-    np.savez(tmp_path / CRATERS_FILE, ids=np.arange(1200), craters=np.ones((1200, 4), np.float32))
-    board = BoardMap(tmp_path / INDEX_FILE, tmp_path / CRATERS_FILE, dim=32)
+    board = _board_of(tmp_path, index, "rotated")
     assert isinstance(board.index, faiss.IndexPreTransform)  # the one-product path of trn_board.mapindex.decode
     rows = np.array([5, 0, 1199, 5, 640])
     np.testing.assert_allclose(board.decode(rows), index.reconstruct_batch(rows), atol=1e-6)
@@ -180,15 +188,6 @@ def test_a_map_whose_index_and_metadata_disagree_is_refused(tmp_path):
 
 
 
-def _board_of(tmp_path, index, name: str) -> BoardMap:
-    import faiss
-
-    faiss.extract_index_ivf(index).make_direct_map()
-    faiss.write_index(index, str(tmp_path / f"{name}.faiss"))
-    np.savez(tmp_path / f"{name}.npz", ids=np.arange(index.ntotal), craters=np.ones((index.ntotal, 4), np.float32))
-    return BoardMap(tmp_path / f"{name}.faiss", tmp_path / f"{name}.npz", dim=index.d)
-
-
 def test_a_second_code_re_ranks_the_shortlist(tmp_path):
     """IVF,PQ+PQ behind a rotation (FAISS's IndexIVFPQR; the map's default is OPQ64,IVF,PQ64+16): a
     second product code of what the first leaves re-ranks the first code's shortlist. Its decoded
@@ -203,20 +202,20 @@ def test_a_second_code_re_ranks_the_shortlist(tmp_path):
 
     assert factory_string("OPQ64-IVF-PQ64+16-L2", 1_000_000) == "OPQ64,IVF4096,PQ64+16"
     x, q = _vectors(4000, dim=32), _vectors(300, seed=11, dim=32)
-    boards, blobs = {}, []
-    for name, factory in (("plain", "RR32,IVF16,PQ8"), ("refined", "RR32,IVF16,PQ8+8"), ("again", "RR32,IVF16,PQ8+8")):
+
+    def built(factory: str):
         index = faiss.index_factory(32, factory, faiss.METRIC_L2)
         _seed_clustering(index, 3)
         index.train(x)
         index.add(x)
-        blobs.append(faiss.serialize_index(index).tobytes())
-        boards[name] = _board_of(tmp_path, index, name)
-    assert blobs[1] == blobs[2]
-    refined, plain = boards["refined"], boards["plain"]
+        return index
+
+    twice = [built("RR32,IVF16,PQ8+8") for _ in range(2)]
+    assert faiss.serialize_index(twice[0]).tobytes() == faiss.serialize_index(twice[1]).tobytes()
+    boards = {"plain": _board_of(tmp_path, built("RR32,IVF16,PQ8"), "plain", visit=16),
+              "refined": _board_of(tmp_path, twice[0], "refined", visit=16)}
+    refined = boards["refined"]
     assert isinstance(faiss.downcast_index(faiss.extract_index_ivf(refined.index)), faiss.IndexIVFPQR)
-    set_visit = __import__("trn_board.mapindex", fromlist=["set_visit"]).set_visit
-    for b in (refined, plain):
-        set_visit(b.index, 16)
     rows = np.arange(0, len(x), 7)
     err = {k: np.linalg.norm(b.decode(rows) - x[rows], axis=1).mean() for k, b in boards.items()}
     assert err["refined"] < 0.9 * err["plain"], err

@@ -283,8 +283,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="the first segment's ground track, degrees east of the source pass's (default 3.75; another "
                         "value gives other ground tracks, for more frames beside an existing build)")
     b.add_argument("--rotations", type=_rotations, default=None, metavar="DEG,DEG,...",
-                   help="the segments' ground tracks, degrees east of the source pass's (one a segment; instead of "
-                        "--first-rotation's even spread)")
+                   help="the segments' ground tracks, degrees east of the source pass's (one a segment, so their count "
+                        "replaces --segments; instead of --first-rotation's even spread)")
     b.add_argument("--day-step", type=float_between(0.0, 100.0), default=2.3, metavar="DAYS",
                    help="days between the segments' epochs (default 2.3; 0: the source pass's own epochs and Sun)")
     b.add_argument("--stride", type=int_between(1, 10000), default=10, help="keep every N-th frame (default 10)")

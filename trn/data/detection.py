@@ -327,10 +327,10 @@ class DetectionBuildConfig:
         if not (0.0 <= self.first_rotation_deg < 360.0 and 0.0 <= self.day_step <= 100.0):
             raise ConfigError(f"first_rotation_deg={self.first_rotation_deg}, day_step={self.day_step}: expected "
                               "0 to 360 degrees and 0 to 100 days")
-        if self.rotations and (len(self.rotations) != self.segments
-                               or any(not math.isfinite(r) or r % 360.0 == 0.0 for r in self.rotations)):
-            raise ConfigError(f"rotations={list(self.rotations)}: expected one finite rotation for each of the "
-                              f"{self.segments} segments, none on the source's own track (0 degrees)")
+        if any(not math.isfinite(r) or r % 360.0 == 0.0 for r in self.rotations):
+            raise ConfigError(f"rotations={list(self.rotations)}: expected finite rotations, none on the source's own "
+                              "track (0 degrees)")
+        self.plan()  # one rotation a segment (detection_segments refuses any other count)
         if not 1 <= self.stride <= 10000:
             raise ConfigError(f"stride={self.stride}: expected 1 to 10000 frames")
         if not -90 <= self.min_sun_elevation_deg <= 90:

@@ -365,8 +365,8 @@ class SearchWindow:
     uncertainty (projected at the crater's range) plus the box's half size; the best of those at or
     above ``threshold`` is its match, unless another window crater has exactly its similarity
     (craters of identical descriptors, such as featureless renders, carry no identity to choose
-    between: the detection is left unmatched and counted in ``tied``). With a large covariance the window covers the whole visible
-    map. ``sims``: the detections' similarities to the map craters, a matrix [detections, map
+    between: the detection is left unmatched and counted in ``tied``). With a large covariance the
+    window covers the whole visible map. ``sims``: the detections' similarities to the map craters, a matrix [detections, map
     craters] or, so that nothing scores the whole map, a :class:`CandidateScores`.
 
     A box cut by the frame's edge (an edge within ``edge_sigma`` box sigmas of the border) gives
