@@ -225,3 +225,75 @@ def test_a_second_code_re_ranks_the_shortlist(tmp_path):
     _, sims = refined.search(q, 10)
     assert np.all(np.diff(sims, axis=1) <= 1e-6)
     np.testing.assert_allclose(refined.score(q[:4], rows), q[:4] @ refined.directions(rows).T, atol=1e-5)
+
+
+def test_the_board_holds_no_precomputed_table_and_searches_alike(tmp_path):
+    """An inverted file of product codes ranked by L2 distance gets, when FAISS reads it, a table of
+    nlist x M x 256 floats (256 MiB for the million-crater map's OPQ64,IVF4096,PQ64+16: two and a
+    half times the index). The board reads its map without it: the same rows and distances."""
+    import faiss
+
+    x, q = _vectors(4000, dim=32), _vectors(100, seed=12, dim=32)
+    index = faiss.index_factory(32, "RR32,IVF32,PQ8+8", faiss.METRIC_L2)
+    index.train(x)
+    index.add(x)
+    board = _board_of(tmp_path, index, "tables", visit=8)
+    read = faiss.read_index(str(tmp_path / "tables.faiss"))  # as FAISS reads it by default
+    with_table = faiss.downcast_index(faiss.extract_index_ivf(read))
+    assert with_table.use_precomputed_table == 1 and with_table.precomputed_table.size() == 32 * 8 * 256
+    ivf = faiss.downcast_index(faiss.extract_index_ivf(board.index))
+    assert ivf.precomputed_table.size() == 0
+    with_table.nprobe = 8
+    sims, rows = read.search(q, 10)
+    got_rows, got = board.search(q, 10)
+    np.testing.assert_array_equal(got_rows, rows)
+    np.testing.assert_allclose(got, 1.0 - 0.5 * sims, atol=1e-5)
+    assert board.ids.dtype == np.int32  # as the metadata stores them: 4 bytes a crater, not 8
+
+
+def test_a_second_code_of_other_bits_is_built_as_the_factory_builds_its_own():
+    """FAISS's factory takes 8 bits a sub-quantiser for the second code only; ``PQm+MxB`` is built
+    by hand the way the factory builds ``PQm+M``: the same bytes for B = 8, B bits otherwise (a
+    finer code than 8 x M/2 bytes' worth for 3/4 of the bytes of 8 x M), and no inner product."""
+    import faiss
+
+    from trn.nav.map_index import _no_polysemous_training, _refined_index, _seed_clustering
+
+    x = _vectors(4000, dim=32)
+
+    def trained(index):
+        _seed_clustering(index, 0)
+        _no_polysemous_training(index)
+        index.train(x)
+        index.add(x)
+        return index
+
+    by_factory = trained(faiss.index_factory(32, "OPQ8,IVF16,PQ8+8", faiss.METRIC_L2))
+    by_hand = trained(_refined_index(32, "OPQ8,IVF16,PQ8+8x8", faiss.METRIC_L2))
+    assert faiss.serialize_index(by_factory).tobytes() == faiss.serialize_index(by_hand).tobytes()
+    finer = trained(_refined_index(32, "IVF16,PQ8+16x6", faiss.METRIC_L2))
+    refine = faiss.downcast_index(faiss.extract_index_ivf(finer)).refine_pq
+    assert (refine.M, refine.nbits, refine.code_size) == (16, 6, 12)
+    for index in (by_factory, finer):
+        faiss.extract_index_ivf(index).make_direct_map()
+    err = [np.linalg.norm(i.reconstruct_n(0, len(x)) - x, axis=1).mean() for i in (by_factory, finer)]
+    assert err[1] < 0.9 * err[0], err
+    assert factory_string("OPQ64-IVF1024-PQ64+32x6-L2", 10) == "OPQ64,IVF1024,PQ64+32x6"
+    with pytest.raises(ConfigError, match="L2"):
+        build_index(x, "OPQ64-IVF1024-PQ64+32x6")
+
+
+@pytest.mark.parametrize("spread", [1, 1000])  # ids in a narrow range (marked) and far apart (sorted)
+def test_metadata_whose_crater_ids_repeat_is_refused(tmp_path, spread):
+    import faiss
+
+    x = _vectors(500, dim=16)
+    index = faiss.IndexFlatIP(16)
+    index.add(x)
+    faiss.write_index(index, str(tmp_path / "m.faiss"))
+    ids = 7 + spread * np.arange(len(x))
+    for name, given in (("ok", ids), ("twice", np.concatenate([ids[:-1], ids[250:251]]))):
+        np.savez(tmp_path / f"{name}.npz", ids=given, craters=np.ones((len(x), 4), np.float32))
+    assert len(BoardMap(tmp_path / "m.faiss", tmp_path / "ok.npz")) == len(x)
+    with pytest.raises(MapError, match="crater ids repeat"):
+        BoardMap(tmp_path / "m.faiss", tmp_path / "twice.npz")

@@ -13,6 +13,8 @@ made by measurement: ``benchmarks/map_index.py``.
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from trn.errors import ConfigError, DataError
@@ -46,6 +48,12 @@ SPECS: dict[str, str] = {
     # (FAISS's IndexIVFPQR: k_factor times the k asked, Jegou et al. 2011's re-ranking)
     "OPQ64-IVF-PQ64+16": "OPQ64,IVF{nlist},PQ64+16",
     "OPQ32-IVF-PQ32+32": "OPQ32,IVF{nlist},PQ32+32",
+    # the second code with fewer bits a sub-quantiser (FAISS's factory takes 8 only: built by
+    # _refined_index), behind fewer inverted lists, whose centroids (4 KiB each at 512-d) the
+    # finer second code spends
+    "OPQ64-IVF1024-PQ64+16": "OPQ64,IVF1024,PQ64+16",
+    "OPQ64-IVF1024-PQ64+32x6": "OPQ64,IVF1024,PQ64+32x6",
+    "OPQ64-IVF2048-PQ64+32x6": "OPQ64,IVF2048,PQ64+32x6",
     "HNSW32-Flat": "HNSW32,Flat",
     "HNSW32-PQ64": "HNSW32_PQ64",
 }
@@ -88,7 +96,9 @@ def build_index(vectors: np.ndarray, name: str, train_size: int = 262_144, seed:
     if not np.isfinite(x).all():
         raise DataError("map vectors contain NaN or infinite values")
     kind = faiss.METRIC_L2 if metric(name) == "l2" else faiss.METRIC_INNER_PRODUCT
-    index = faiss.index_factory(x.shape[1], factory_string(name, len(x)), kind)
+    factory = factory_string(name, len(x))
+    index = _refined_index(x.shape[1], factory, kind) if REFINED.fullmatch(factory) else \
+        faiss.index_factory(x.shape[1], factory, kind)
     if not index.is_trained:
         rng = np.random.default_rng(seed)
         sample = x if len(x) <= train_size else x[np.sort(rng.choice(len(x), train_size, replace=False))]
@@ -96,6 +106,35 @@ def build_index(vectors: np.ndarray, name: str, train_size: int = 262_144, seed:
         _no_polysemous_training(index)
         index.train(sample)
     index.add(x)
+    return index
+
+
+# an inverted file of product codes whose second code has its own bits a sub-quantiser
+REFINED = re.compile(r"(?:OPQ(\d+),)?IVF(\d+),PQ(\d+)\+(\d+)x(\d+)")
+
+
+def _refined_index(d: int, factory: str, kind: int):
+    """``[OPQm,]IVFn,PQm+MxB``: FAISS's IndexIVFPQR (8-bit first code) with a second code of M
+    sub-quantisers of B bits, behind an OPQ rotation when asked; built as FAISS's factory builds
+    ``PQm+M`` (which it is for B = 8), since the factory takes no bits for the second code."""
+    import faiss
+
+    opq, nlist, m, m2, bits2 = (int(g) if g else 0 for g in REFINED.fullmatch(factory).groups())
+    if kind != faiss.METRIC_L2:
+        raise ConfigError(f"map index {factory!r}: a second code re-ranks by L2 distance only; add {L2_SUFFIX!r}")
+    # each part handed to its owner in C++ (own_fields) and released by Python, so that it is
+    # deleted once, with the index
+    quantizer = faiss.IndexFlatL2(d)
+    ivf = faiss.IndexIVFPQR(quantizer, d, nlist, m, 8, m2, bits2)
+    ivf.own_fields = True
+    quantizer.this.disown()
+    if not opq:
+        return ivf
+    rotation = faiss.OPQMatrix(d, opq)
+    index = faiss.IndexPreTransform(rotation, ivf)
+    index.own_fields = True
+    rotation.this.disown()
+    ivf.this.disown()
     return index
 
 
