@@ -305,3 +305,32 @@ def test_search_window_reads_a_cut_box_by_its_uncut_rim_and_skips_a_box_cut_both
     got = w(0, states[0, :3], np.eye(3) * 1e4, rots[0])
     assert len(got) == 1 and got[0].crater == a
     assert got[0].pixel[0] == 20.0 and abs(got[0].pixel[1] - int(y)) < 1e-9
+
+
+def test_the_window_covariance_eigenvalue_in_closed_form_is_numpys():
+    from trn.nav.scenario import largest_eigenvalue
+
+    rng = np.random.default_rng(4)
+    cases = [np.eye(3) * 0.25, np.zeros((3, 3)), np.diag([1.0, 9.0, 4.0]), np.full((3, 3), 2.0)]
+    for _ in range(400):
+        a = rng.normal(size=(3, 3))
+        v = rng.normal(size=3)
+        cases += [a @ a.T * 10.0 ** rng.uniform(-6, 8), np.outer(v, v), a @ a.T + np.eye(3) * 1e6]
+    for p in cases:
+        want = np.linalg.eigvalsh(p).max()
+        assert abs(largest_eigenvalue(p) - want) <= 1e-12 * max(abs(want), 1e-300), p
+
+
+def test_uncut_boxes_give_the_geometry_of_the_general_rules():
+    # a frame whose boxes are all uncut skips the cut rules; the same boxes beside a cut one take them
+    from trn.nav.lost import box_geometry
+
+    rng = np.random.default_rng(2)
+    cx, cy, h = rng.uniform(80, 430, 20), rng.uniform(80, 430, 20), rng.uniform(5, 40, 20)
+    uncut = np.stack([cx - h, cx + h, cy - h * 0.9, cy + h * 0.9], 1)
+    cut = np.array([[-10.0, 60.0, 200.0, 280.0]])
+    alone = box_geometry(uncut, CAM, 2.0, 6.0)
+    mixed = box_geometry(np.vstack([uncut, cut]), CAM, 2.0, 6.0)
+    for a, m in zip(alone, mixed):
+        np.testing.assert_array_equal(a, m[:-1])
+    assert mixed[0][-1, 0] == 60.0 - 40.0 and mixed[3][-1] > 2.0  # the cut box: centre from its rim edge

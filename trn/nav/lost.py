@@ -313,6 +313,8 @@ def box_geometry(boxes: np.ndarray, camera: PinholeCamera, pixel_sigma: float, e
     cut_t, cut_b = t <= edge_px, b >= camera.height - edge_px
     cut_x, cut_y = cut_l | cut_r, cut_t | cut_b
     x, y = (l + r) / 2.0, (t + b) / 2.0
+    if not (cut_x.any() or cut_y.any()):  # no box cut (most frames): what the rules below give then
+        return np.stack([x, y], 1), np.maximum(w, h), np.zeros(len(bx), bool), np.full(len(bx), float(pixel_sigma))
     one_x = cut_x & ~(cut_l & cut_r) & ~cut_y
     one_y = cut_y & ~(cut_t & cut_b) & ~cut_x
     x = np.where(one_x & cut_l, r - h / 2.0, np.where(one_x & cut_r, l + h / 2.0, x))
