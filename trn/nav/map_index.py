@@ -51,6 +51,7 @@ SPECS: dict[str, str] = {
     # the second code with fewer bits a sub-quantiser (FAISS's factory takes 8 only: built by
     # _refined_index), behind fewer inverted lists, whose centroids (4 KiB each at 512-d) the
     # finer second code spends
+    "OPQ64-IVF-PQ64+32": "OPQ64,IVF{nlist},PQ64+32",  # over the budget at a million: a bound on what bytes buy
     "OPQ64-IVF1024-PQ64+16": "OPQ64,IVF1024,PQ64+16",
     "OPQ64-IVF1024-PQ64+32x6": "OPQ64,IVF1024,PQ64+32x6",
     "OPQ64-IVF2048-PQ64+32x6": "OPQ64,IVF2048,PQ64+32x6",
