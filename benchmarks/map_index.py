@@ -1,7 +1,10 @@
 """Compressed indexes for the onboard map (issue 25, item 3): for each candidate of
 :data:`trn.nav.map_index.SPECS`, its bytes per crater and total size with the map's metadata, its
 build time (on ``--build-threads`` threads), recall against exact search and of the true crater,
-and its search time per query on one thread.
+and its search time per query on one thread, as a board holds it (without FAISS's precomputed
+distance table of an L2 inverted file: :func:`trn_board.mapindex.drop_precomputed_table`; the
+rows of ``docs/bench_map_index_*.txt`` written before 2026-11-25's eleventh session were timed
+with it).
 
 The map's vectors come from a finished map (``--map DIR``: ``landmarks.db``) or from the chunks of
 a build still running (``--chunks DIR/.chunks``: every finished chunk). The queries are real frame
@@ -154,7 +157,7 @@ def main() -> int:
     import faiss
 
     from trn.nav.map_index import build_index, factory_string, index_bytes
-    from trn_board.mapindex import set_visit
+    from trn_board.mapindex import drop_precomputed_table, set_visit
 
     ids, x, omap = map_vectors(args)
     written = omap.info["index"] if omap is not None and omap.board is not None and not args.limit else {}
@@ -195,6 +198,7 @@ def main() -> int:
             t0 = time.perf_counter()
             index = build_index(x, name)
             build_s = time.perf_counter() - t0
+            drop_precomputed_table(index)  # searched as the board holds it (BoardMap reads it without the table)
         faiss.omp_set_num_threads(1)
         nbytes = index_bytes(index)
         per = nbytes / len(x)

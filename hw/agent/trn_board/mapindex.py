@@ -68,6 +68,22 @@ def distinct(ids: np.ndarray, chunk: int = 1 << 16) -> bool:
     return int(np.count_nonzero(seen)) == len(ids)
 
 
+def drop_precomputed_table(index) -> int:
+    """Free an inverted file's precomputed distance table (FAISS builds it when an IVF,PQ index
+    ranked by L2 distance trains or is read), so that a built index searches as the board holds
+    it; the same results. Returns the bytes freed."""
+    import faiss
+
+    ivf = faiss.try_extract_index_ivf(index)
+    table = getattr(faiss.downcast_index(ivf), "precomputed_table", None) if ivf is not None else None
+    if table is None:
+        return 0
+    freed = int(table.size()) * 4
+    table.resize(0)
+    faiss.downcast_index(ivf).use_precomputed_table = 0
+    return freed
+
+
 def set_visit(index, visit: int) -> None:
     """How far a search looks: ``nprobe`` lists of an inverted file, ``efSearch`` of a graph (no
     effect on a flat index)."""
