@@ -186,7 +186,7 @@ def test_crater_views_differ_only_in_the_intended_ways(tmp_path):
 
 
 @pytest.mark.parametrize("view_kw, size, ss", [({}, 64, 1), ({"light_azimuth_deg": 200.0, "light_elevation_deg": 12.0}, 64, 1),
-                                                ({"light_azimuth_deg": 35.0, "scale": 1.4}, 32, 2),
+                                                ({"light_azimuth_deg": 305.0, "scale": 1.4}, 32, 2),
                                                 ({"tilt_deg": 9.0, "tilt_azimuth_deg": 120.0}, 48, 1)])
 def test_a_render_window_is_the_whole_render_cut_bit_for_bit(tmp_path, view_kw, size, ss):
     from trn.data.render import CraterView
@@ -194,12 +194,21 @@ def test_a_render_window_is_the_whole_render_cut_bit_for_bit(tmp_path, view_kw, 
 
     s = _bowl_world(tmp_path)
     s = Surface(s.elevation, Albedo.uniform(), Detail(enabled=True, seed=3))  # pointwise detail too
-    cfg = RenderConfig(crater_size=size, crater_supersample=ss, light_elevation_deg=25)
+    cfg = RenderConfig(crater_size=size, crater_supersample=ss, light_elevation_deg=15)  # cast shadows in the bowl
     view = CraterView(**view_kw)
     whole = render_crater(s, 0.2, 0.3, 30.0, cfg, view)
     for o, k in [(0, size), ((size - 9) // 2, 9), (3, 20), (size - 5, 5), (0, 1)]:
         np.testing.assert_array_equal(render_crater(s, 0.2, 0.3, 30.0, cfg, view, window=(o, k)),
                                       whole[o:o + k, o:o + k])
+    # small windows all along the diagonal of a render over the bowl: some start inside its cast
+    # shadow, whose horizon scan must reach back to the rim that casts it
+    over = render_crater(s, 0.0, 0.0, 30.0, cfg, view)
+    shaded = 0
+    for o in range(0, size - 2, 2):
+        np.testing.assert_array_equal(render_crater(s, 0.0, 0.0, 30.0, cfg, view, window=(o, 2)),
+                                      over[o:o + 2, o:o + 2], err_msg=f"window at {o}")
+        shaded += int((over[o:o + 2, o:o + 2] == 0).any())
+    assert shaded >= 1
     for bad in [(-1, 4), (size - 3, 4), (0, 0)]:
         with pytest.raises(ConfigError, match="render window"):
             render_crater(s, 0.2, 0.3, 30.0, cfg, view, window=bad)

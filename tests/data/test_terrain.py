@@ -150,6 +150,67 @@ def test_detail_is_deterministic_seeded_and_band_limited():
     assert np.all(d0.height(lat, lon, 2.0, 1.0) == 0)  # nothing to add when the DEM is finer than the render
 
 
+def _reference_detail(cfg: DetailConfig, lat, lon, min_wl: float, max_wl: float) -> np.ndarray:
+    """DetailSynth.height as its docstrings define it, one hash a lattice corner and a crater cell
+    per point: the reference the shared-product and held-cells evaluation must equal bit for bit."""
+    from trn.data.terrain import _hash64, _hash_u16x4, crater_profile
+    from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz
+
+    p = latlon_to_xyz(np.asarray(lat, np.float64), lon, MOON_RADIUS_KM)
+    out = np.zeros(p.shape[:-1])
+    wl, octave = max_wl, 0
+    while wl >= min_wl and octave < 12:
+        q = p / wl
+        base = np.floor(q)
+        f = q - base
+        f = f * f * (3 - 2 * f)
+        b = base.astype(np.int64)
+        noise = np.zeros(p.shape[:-1])
+        for dx in (0, 1):
+            for dy in (0, 1):
+                for dz in (0, 1):
+                    h = _hash64(b[..., 0] + dx, b[..., 1] + dy, b[..., 2] + dz, cfg.seed, 17 + octave)
+                    v = (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+                    wx = f[..., 0] if dx else 1 - f[..., 0]
+                    wy = f[..., 1] if dy else 1 - f[..., 1]
+                    wz = f[..., 2] if dz else 1 - f[..., 2]
+                    noise += wx * wy * wz * (2 * v - 1)
+        out += cfg.noise_km * (wl ** cfg.hurst) * noise
+        wl *= 0.5
+        octave += 1
+    d_hi, k, level = min(cfg.max_crater_km, max_wl), cfg.crater_density / 1000.0 * 0.01, 0
+    craters = np.zeros(p.shape[:-1])
+    while d_hi >= max(2.0 * min_wl, 0.1) and level < 8:
+        d_lo, cell = d_hi / 2.0, 4.0 * d_hi
+        prob = min(1.0, k * (d_lo ** -2 - d_hi ** -2) * cell ** 3 / (0.375 * d_hi))
+        b = np.floor(p / cell).astype(np.int64)
+        u = _hash_u16x4(b[..., 0], b[..., 1], b[..., 2], cfg.seed, 101 + level)
+        w = _hash_u16x4(b[..., 0], b[..., 1], b[..., 2], cfg.seed, 211 + level)
+        c = (b + 0.25 + 0.5 * np.stack(u[:3], axis=-1)) * cell
+        dia = (d_lo ** -2 - w[0] * (d_lo ** -2 - d_hi ** -2)) ** -0.5
+        keep = (u[3] < prob) & (np.abs(np.linalg.norm(c, axis=-1) - MOON_RADIUS_KM) < 0.25 * dia)
+        x = np.linalg.norm(p - c, axis=-1) / (0.5 * dia)
+        fresh = 0.5 + 0.5 * w[1]
+        craters += np.where(keep & (x < 2.0), crater_profile(x, 0.2 * dia * fresh, 0.04 * dia * fresh), 0.0)
+        d_hi, level = d_lo, level + 1
+    return out + craters
+
+
+@pytest.mark.parametrize("cfg", [DetailConfig(seed=1), DetailConfig(seed=7, crater_density=400.0, max_crater_km=4.0),
+                                 DetailConfig(seed=3, noise_km=0.0, crater_density=2000.0)])
+def test_detail_equals_its_plain_definition_bit_for_bit(cfg):
+    # a render's dense patch (many points per lattice cell and crater) and scattered points
+    g = np.linspace(-0.15, 0.15, 90)
+    lat = np.concatenate([(20.0 + g[:, None] + 0 * g).ravel(), np.random.default_rng(0).uniform(-80, 80, 3000)])
+    lon = np.concatenate([(-33.0 + 0 * g[:, None] + g).ravel(), np.random.default_rng(1).uniform(-180, 180, 3000)])
+    got = DetailSynth(cfg).height(lat, lon, 0.04, 1.0)
+    want = _reference_detail(cfg, lat, lon, 0.04, 1.0)
+    assert np.abs(want).max() > 0.01
+    np.testing.assert_array_equal(got, want)
+    patch = got[:90 * 90]
+    assert np.ptp(patch) > (0.05 if cfg.crater_density > 100 else 0.005)  # craters or noise in the patch
+
+
 def test_detail_config_validation():
     with pytest.raises(ConfigError, match="hurst"):
         DetailConfig(hurst=1.5)

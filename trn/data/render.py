@@ -292,7 +292,17 @@ def render_crater(surface: Surface, lat: float, lon: float, diameter_km: float, 
             r0, r1 = int(np.floor(row.min())) - 2, int(np.ceil(row.max())) + 3
             c0, c1 = int(np.floor(col.min())) - 2, int(np.ceil(col.max())) + 3
     r0, r1, c1 = max(0, r0), min(m, r1), min(m + extra, c1)
-    c0 = 0 if cfg.shadows and cfg.illumination == "physical" else max(0, c0)  # the horizon scan starts there
+    if cfg.shadows and cfg.illumination == "physical":
+        # The horizon scan of the window's columns starts as far towards the light as a shadow can
+        # reach them: z varies by at most the relief plus the sphere's drop over the grid, so a
+        # point more than that / tan(e) away on the light's side stays under the light ray of every
+        # window point. Starting nearer changes no pixel of the whole render, and saves most of a
+        # small window's columns (a tilted view shades from the first column as before).
+        drop = ((m / 2.0 + extra) * gsd * np.sqrt(2.0)) ** 2 / (2.0 * MOON_RADIUS_KM)
+        reach = int(np.ceil((relief + drop) / tan_e / gsd)) + 2
+        c0 = 0 if view.tilt_deg > 0 else max(0, c0 - reach)
+    else:
+        c0 = max(0, c0)
     u = ((np.arange(-extra, m) + 0.5) * gsd - half)[c0:c1]  # along gx, km
     v = (half - (np.arange(m) + 0.5) * gsd)[r0:r1]  # along gy, km (row 0 at the top)
     uu, vv = np.meshgrid(u, v)

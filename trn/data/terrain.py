@@ -310,13 +310,20 @@ class DetailConfig:
             raise ConfigError(f"detail hurst={self.hurst} must be in (0, 1]")
 
 
+_HASH_X, _HASH_Y, _HASH_Z = np.uint64(0x9E3779B97F4A7C15), np.uint64(0xC2B2AE3D27D4EB4F), np.uint64(0x165667B19E3779F9)
+
+
 def _hash64(ix: np.ndarray, iy: np.ndarray, iz: np.ndarray, seed: int, salt: int) -> np.ndarray:
     """Deterministic 64-bit hash of integer lattice coordinates (splitmix64 finaliser)."""
     with np.errstate(over="ignore"):
-        h = (ix.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-             ^ iy.astype(np.uint64) * np.uint64(0xC2B2AE3D27D4EB4F)
-             ^ iz.astype(np.uint64) * np.uint64(0x165667B19E3779F9)
-             ^ np.uint64((seed * 1000003 + salt) & 0xFFFFFFFFFFFFFFFF))
+        return _mix64(ix.astype(np.uint64) * _HASH_X ^ iy.astype(np.uint64) * _HASH_Y
+                      ^ iz.astype(np.uint64) * _HASH_Z, seed, salt)
+
+
+def _mix64(h: np.ndarray, seed: int, salt: int) -> np.ndarray:
+    """The finaliser of :func:`_hash64` on the xor of the coordinates' products (a new array)."""
+    with np.errstate(over="ignore"):
+        h = h ^ np.uint64((seed * 1000003 + salt) & 0xFFFFFFFFFFFFFFFF)
         h ^= h >> np.uint64(33)
         h *= np.uint64(0xFF51AFD7ED558CCD)
         h ^= h >> np.uint64(33)
@@ -341,15 +348,23 @@ def _value_noise(p: np.ndarray, seed: int, salt: int) -> np.ndarray:
     base = np.floor(p)
     f = p - base
     f = f * f * (3 - 2 * f)
-    b = base.astype(np.int64)
+    b = base.astype(np.int64).astype(np.uint64)
     out = np.zeros(p.shape[:-1])
+    # the corners' coordinate products, each from the cell's: (i + 1) * K = i * K + K modulo 2^64,
+    # so every corner hashes as _hash64 would, with three products a point instead of 24
+    with np.errstate(over="ignore"):
+        hx = [b[..., 0] * _HASH_X, None]
+        hy = [b[..., 1] * _HASH_Y, None]
+        hz = [b[..., 2] * _HASH_Z, None]
+        hx[1], hy[1], hz[1] = hx[0] + _HASH_X, hy[0] + _HASH_Y, hz[0] + _HASH_Z
     for dx in (0, 1):
         wx = f[..., 0] if dx else 1 - f[..., 0]
         for dy in (0, 1):
             wy = f[..., 1] if dy else 1 - f[..., 1]
+            hxy = hx[dx] ^ hy[dy]
             for dz in (0, 1):
                 wz = f[..., 2] if dz else 1 - f[..., 2]
-                v = _hash_u01(b[..., 0] + dx, b[..., 1] + dy, b[..., 2] + dz, seed, salt)
+                v = (_mix64(hxy ^ hz[dz], seed, salt) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
                 out += wx * wy * wz * (2 * v - 1)
     return out
 
@@ -408,17 +423,22 @@ class DetailSynth:
             r_mid = 0.375 * d_hi
             prob = min(1.0, per_km2 * cell ** 3 / r_mid)
             b = np.floor(p / cell).astype(np.int64)
-            ix, iy, iz = b[..., 0], b[..., 1], b[..., 2]
-            u = _hash_u16x4(ix, iy, iz, self.cfg.seed, 101 + level)
-            w = _hash_u16x4(ix, iy, iz, self.cfg.seed, 211 + level)
-            c = (b + 0.25 + 0.5 * np.stack(u[:3], axis=-1)) * cell
-            dia = (d_lo ** -2 - w[0] * (d_lo ** -2 - d_hi ** -2)) ** -0.5
-            radial = np.abs(np.linalg.norm(c, axis=-1) - MOON_RADIUS_KM)
-            keep = (u[3] < prob) & (radial < 0.25 * dia)
-            if keep.any():
-                x = np.linalg.norm(p - c, axis=-1) / (0.5 * dia)
-                fresh = 0.5 + 0.5 * w[1]
-                out += np.where(keep & (x < 2.0), crater_profile(x, 0.2 * dia * fresh, 0.04 * dia * fresh), 0.0)
+            h = _hash64(b[..., 0], b[..., 1], b[..., 2], self.cfg.seed, 101 + level)
+            # a cell holds a crater with probability ``prob`` (the hash's top 16 bits); the rest of
+            # its draws (as _hash_u16x4 gives them) are made for those cells' points only
+            held = ((h >> np.uint64(48)) & np.uint64(0xFFFF)).astype(np.float64) / 65536.0 < prob
+            if held.any():
+                bh, hh = b[held], h[held]
+                u = [((hh >> np.uint64(16 * j)) & np.uint64(0xFFFF)).astype(np.float64) / 65536.0 for j in range(3)]
+                w = _hash_u16x4(bh[:, 0], bh[:, 1], bh[:, 2], self.cfg.seed, 211 + level)
+                c = (bh + 0.25 + 0.5 * np.stack(u, axis=-1)) * cell
+                dia = (d_lo ** -2 - w[0] * (d_lo ** -2 - d_hi ** -2)) ** -0.5
+                near = np.abs(np.linalg.norm(c, axis=-1) - MOON_RADIUS_KM) < 0.25 * dia
+                x = np.linalg.norm(p[held][near] - c[near], axis=-1) / (0.5 * dia[near])
+                fresh = 0.5 + 0.5 * w[1][near]
+                rows = np.flatnonzero(held.ravel())[near]
+                out.ravel()[rows] += np.where(x < 2.0, crater_profile(x, 0.2 * dia[near] * fresh,
+                                                                      0.04 * dia[near] * fresh), 0.0)
             d_hi = d_lo
             level += 1
         return out
