@@ -1,7 +1,8 @@
 """The onboard map's resident memory (issue 25, item 3): what a board holds once it has loaded a
 map's compressed index and crater metadata as the board agent does
-(:class:`trn_board.mapindex.BoardMap`), and what the windowed search adds (the k-d tree over the
-craters' positions, :class:`trn.nav.spatial.CraterIndex`).
+(:class:`trn_board.mapindex.BoardMap`), and what the windowed search adds: the k-d tree over the
+craters' positions (:class:`trn.nav.spatial.CraterIndex`), or the cells over the metadata the board
+already holds (:class:`trn.nav.spatial.CellIndex`).
 
 Each part is loaded in a fresh process and measured by its resident set (``VmRSS``) before and
 after, and its peak (``VmHWM``) during the load, so that no memory freed by an earlier step hides
@@ -88,6 +89,17 @@ def _child(part: str, map_dir: Path) -> dict:
         gc.collect()
         out.update(rss=_status("VmRSS") - before, peak=_status("VmHWM") - before, craters=len(tree),
                    positions_bytes=tree.positions.nbytes, shares_positions=bool(np.shares_memory(tree.positions, pos)))
+    elif part == "cells":
+        from trn.nav.spatial import CellIndex
+
+        ids, meta = read_craters(map_dir / entry["craters_file"])
+        gc.collect()
+        before = _status("VmRSS")
+        _reset_peak()
+        cells = CellIndex(meta[:, 0], meta[:, 1], meta[:, 2])  # views of the board's metadata, not copies
+        gc.collect()
+        out.update(rss=_status("VmRSS") - before, peak=_status("VmHWM") - before, craters=len(cells),
+                   index_bytes=cells.nbytes, shares_metadata=bool(np.shares_memory(cells.lat, meta)))
     else:
         raise SystemExit(f"unknown part {part!r}")
     return out
@@ -96,7 +108,7 @@ def _child(part: str, map_dir: Path) -> dict:
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--map", type=Path, required=True, help="a map with a compressed index (trn-sim map index)")
-    ap.add_argument("--part", choices=("board", "spatial"), default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--part", choices=("board", "spatial", "cells"), default=None, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.part:
         print(json.dumps(_child(args.part, args.map)))
@@ -113,7 +125,7 @@ def main() -> int:
         env.pop("MALLOC_MMAP_THRESHOLD_", None)
         if malloc == "fixed":
             env["MALLOC_MMAP_THRESHOLD_"] = str(128 * 1024)
-        for part in ("board", "spatial"):
+        for part in ("board", "spatial", "cells"):
             res = subprocess.run([sys.executable, __file__, "--map", str(args.map), "--part", part], capture_output=True,
                                  text=True, check=False, env=env)
             if res.returncode:
@@ -136,7 +148,8 @@ def main() -> int:
 
     for part, label in (("board", "the board's map (BoardMap: index and metadata)"),
                         ("spatial", "the window's spatial index (k-d tree over float64 positions, "
-                                    f"{got['spatial', 'fixed']['positions_bytes'] / MIB:.2f} MiB of them)")):
+                                    f"{got['spatial', 'fixed']['positions_bytes'] / MIB:.2f} MiB of them)"),
+                        ("cells", "or the window's cells over the board's metadata (CellIndex, 0.5 degrees)")):
         live, peak = held(got[part, "fixed"])
         print(f"| {label} | {live:.2f} | {peak:.2f} | {held(got[part, 'default'])[0]:.2f} | {live * MIB / n:.1f} |")
     print(f"metadata arrays held: ids {b['ids_bytes'] / MIB:.2f} MiB, craters {b['meta_bytes'] / MIB:.2f} MiB")

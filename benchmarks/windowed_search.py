@@ -1,6 +1,8 @@
 """Windowed map search over a million craters, one thread (issue 25, item 4): the time of one
 frame's window (:class:`trn.nav.scenario.SearchWindow`) through the k-d tree over the craters'
-positions against the scan of every map crater, p50 / p99, and the craters each projects.
+positions and through the cells of :class:`trn.nav.spatial.CellIndex` over their latitude,
+longitude and radius, against the scan of every map crater, p50 / p99, and the craters each
+projects.
 
 The map is the built-in world's dense catalogue (``trn-data dense-catalogue``) at the reference
 sphere, with random similarities drawn for each window's candidates only; or, with ``--map DIR``, a
@@ -35,6 +37,7 @@ from _hw import hardware  # noqa: E402
 from trn.data.sources import read_catalogue  # noqa: E402
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose  # noqa: E402
 from trn.nav.scenario import SearchWindow  # noqa: E402
+from trn.nav.spatial import CellIndex  # noqa: E402
 
 
 class FrameScorer:
@@ -61,8 +64,8 @@ def main() -> int:
     ap.add_argument("--detections", type=int, default=4)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--repeat", type=int, default=1,
-                    help="passes over the frames for each k-d tree row (its p50 / p99 over all of them: a p99 of 200 "
-                         "times is their second largest)")
+                    help="passes over the frames for each k-d tree and cells row (its p50 / p99 over all of them: a "
+                         "p99 of 200 times is their second largest)")
     ap.add_argument("--map", type=Path, default=None,
                     help="a map with a compressed index (trn-sim map index): its craters, and the windows' candidates "
                          "scored from its codes (default: the catalogue, random scores)")
@@ -75,7 +78,8 @@ def main() -> int:
     if args.catalogue is not None:
         t0 = time.perf_counter()
         cat = read_catalogue(args.catalogue)
-        craters = latlon_to_xyz(cat.lat, cat.lon, MOON_RADIUS_KM).reshape(-1, 3)
+        lat, lon, rad = cat.lat, cat.lon, np.full(len(cat), MOON_RADIUS_KM)
+        craters = latlon_to_xyz(lat, lon, rad).reshape(-1, 3)
         print(f"map: {len(cat):,} craters from {args.catalogue} (read in {time.perf_counter() - t0:.1f} s)")
     rng = np.random.default_rng(args.seed)
     cam = PinholeCamera(512, 512, 39.6)
@@ -89,6 +93,7 @@ def main() -> int:
         omap = OnboardMap.load(args.map)
         if omap.board is None:
             raise SystemExit(f"{args.map} has no compressed index: trn-sim map index --map {args.map}")
+        lat, lon, rad = omap.lat, omap.lon, omap.radius_km
         craters = omap.positions(list(omap.ids))
         cat = omap.ids
         print(f"map: {len(cat):,} craters of {args.map}")
@@ -101,6 +106,11 @@ def main() -> int:
     t1 = time.perf_counter()
     fast = SearchWindow(dets, sims, list(range(len(cat))), craters, cam, threshold=0.9, pixel_sigma=4.0)
     print(f"spatial index (k-d tree over {len(cat):,} positions) built in {time.perf_counter() - t1:.2f} s")
+    t1 = time.perf_counter()
+    cells = SearchWindow(dets, sims, list(range(len(cat))), CellIndex(lat, lon, rad), cam, threshold=0.9,
+                         pixel_sigma=4.0)
+    print(f"spatial index (cells of {cells.index.cell_deg:g} degrees over {len(cat):,} craters, "
+          f"{cells.index.nbytes / 2 ** 20:.2f} MiB beside their metadata) built in {time.perf_counter() - t1:.2f} s")
     slow = SearchWindow(dets, sims, list(range(len(cat))), craters, cam, threshold=0.9, pixel_sigma=4.0,
                         spatial=False)
     # a polar orbit at 100 km: one frame every 10 s
@@ -120,18 +130,18 @@ def main() -> int:
     # the first search after loading pays one-time costs (first calls into the k-d tree, numpy and
     # FAISS): shown apart, as the start-up a flight system does before its first frame
     print(f"start-up: the first window search after loading took {frame_ms(fast, 0, np.eye(3) * 0.25):.2f} ms "
-          "(not in the rows below)")
+          f"through the k-d tree, {frame_ms(cells, 0, np.eye(3) * 0.25):.2f} ms through the cells (not in the rows below)")
     print("| position sigma | search | p50 ms | p99 ms | craters projected (mean) | window candidates per detection (mean) |")
     print("| ---: | --- | ---: | ---: | ---: | ---: |")
     for sigma in (0.5, 5.0, 50.0):
         p = np.eye(3) * sigma ** 2
-        for name, win in (("k-d tree", fast), ("scan", slow)):
+        for name, win in (("k-d tree", fast), ("cells", cells), ("scan", slow)):
             win.candidates.clear()
             win.projected.clear()
             # (every pass prepares its frames' queries inside its own timing)
-            frames = range(args.frames) if name == "k-d tree" else range(0, args.frames, 10)
+            frames = range(args.frames) if name != "scan" else range(0, args.frames, 10)
             times = []
-            for _ in range(args.repeat if name == "k-d tree" else 1):
+            for _ in range(args.repeat if name != "scan" else 1):
                 if isinstance(sims, FrameScorer):
                     sims.frame = None
                 times += [frame_ms(win, f, p) for f in frames]

@@ -115,18 +115,22 @@ def test_the_spatial_index_gives_the_windows_of_a_scan_of_the_whole_map():
     """A dense map over the whole sphere (20,000 craters, heights of +-9 km), seeded draws of the
     pose (off-nadir up to 20 degrees, 30 to 300 km up), the filter's sigma (0.1 km to 3,000 km) and
     the boxes (some cut by or beyond the frame's edge): the windowed search through the k-d tree
-    returns exactly the matches and window sizes of the scan of every map crater, and projects far
-    fewer craters when the window is small."""
+    and through the cells of :class:`trn.nav.spatial.CellIndex` returns exactly the matches and
+    window sizes of the scan of every map crater, and projects far fewer craters when the window is
+    small."""
     from types import SimpleNamespace
 
     from trn.geometry import latlon_to_xyz
     from trn.nav.scenario import SearchWindow
+    from trn.nav.spatial import CellIndex
 
     rng = np.random.default_rng(23)
     n = 20_000
     lat = np.degrees(np.arcsin(rng.uniform(-1, 1, n)))
     lon = rng.uniform(0, 360, n)
-    craters = latlon_to_xyz(lat, lon, MOON_RADIUS_KM + rng.uniform(-9.0, 9.0, n)).reshape(-1, 3)
+    rad = MOON_RADIUS_KM + rng.uniform(-9.0, 9.0, n)
+    craters = latlon_to_xyz(lat, lon, rad).reshape(-1, 3)
+    cells = CellIndex(lat, lon, rad)  # the same positions, computed for the craters it returns only
     ids = list(range(n))
     small_windows, windows = [], 0
     for _ in range(60):
@@ -151,9 +155,12 @@ def test_the_spatial_index_gives_the_windows_of_a_scan_of_the_whole_map():
         p = np.eye(3) * sigma ** 2
         fast = SearchWindow(dets, sims, ids, craters, CAM, threshold=0.5, pixel_sigma=4.0)
         slow = SearchWindow(dets, sims, ids, craters, CAM, threshold=0.5, pixel_sigma=4.0, spatial=False)
-        got, ref = fast(0, x, p, rot), slow(0, x, p, rot)
+        by_cell = SearchWindow(dets, sims, ids, cells, CAM, threshold=0.5, pixel_sigma=4.0)
+        got, ref, celled = fast(0, x, p, rot), slow(0, x, p, rot), by_cell(0, x, p, rot)
         assert [(m.crater, m.score) for m in got] == [(m.crater, m.score) for m in ref]
-        assert fast.candidates == slow.candidates
+        assert [(m.crater, m.score) for m in celled] == [(m.crater, m.score) for m in ref]
+        assert fast.candidates == slow.candidates == by_cell.candidates
+        assert by_cell.projected[-1] >= fast.projected[-1]  # the cells' box around the tree's ball
         windows += sum(c > 0 for c in fast.candidates)
         assert slow.projected == [n]
         if sigma < 1.0:

@@ -25,6 +25,7 @@ from trn.nav.fix import angular_sigma, pixel_bearings, ransac_bearings, solve_ra
 from trn.nav.lost import box_geometry
 from trn.nav.motion import MotionConfig, image_velocity
 from trn.nav.sensors import SensorModel
+from trn.nav.spatial import CellIndex
 
 
 @dataclass(frozen=True)
@@ -393,12 +394,15 @@ class SearchWindow:
     directions, or too large a crater cut once) gives no bearing and is not matched: its box centre
     can be tens of km from the crater's.
 
-    The window never scans the whole map: a k-d tree over the craters' positions
-    (:class:`trn.nav.spatial.CraterIndex`) first keeps those within :meth:`reach_km` of the
-    spacecraft, a bound that holds every crater a window can contain, and only they are projected
-    (``spatial=False``: every crater, the reference the tests compare with)."""
+    The window never scans the whole map: a spatial index first keeps the craters within
+    :meth:`reach_km` of the spacecraft, a bound that holds every crater a window can contain, and
+    only they are projected (``spatial=False``: every crater, the reference the tests compare
+    with). ``map_positions``: the craters' positions [M, 3] km (a k-d tree over them,
+    :class:`trn.nav.spatial.CraterIndex`), or a :class:`trn.nav.spatial.CellIndex` over the map's
+    own latitude, longitude and radius, which computes the positions of the craters it returns only
+    (a board's memory: 4 bytes a crater instead of 41)."""
 
-    def __init__(self, flat: list, sims: np.ndarray, map_ids: list[int], map_positions: np.ndarray,
+    def __init__(self, flat: list, sims: np.ndarray, map_ids: list[int], map_positions,
                  cam: PinholeCamera, threshold: float, n_sigma: float = 3.0, pixel_sigma: float = 2.0,
                  edge_sigma: float = 3.0, max_centre_sigma: float = 3.0, spatial: bool = True):
         from trn.nav.spatial import CraterIndex
@@ -407,9 +411,18 @@ class SearchWindow:
         self.score = sims if callable(sims) else (lambda k, rows: sims[k, rows])
         self.edge_sigma, self.max_centre_sigma = edge_sigma, max_centre_sigma
         self.ids = np.asarray(map_ids)
-        self.pos = np.asarray(map_positions, np.float64)
-        self.index = CraterIndex(self.pos) if spatial and len(self.pos) else None
-        self.lowest_km = float(np.linalg.norm(self.pos, axis=1).min()) if len(self.pos) else MOON_RADIUS_KM
+        if isinstance(map_positions, CellIndex):  # positions read from the map's metadata when needed
+            cells = map_positions
+            self.n_map, self.at = len(cells), cells.at
+            self.index = cells if spatial and len(cells) else None
+            self.lowest_km = cells.lowest_km if len(cells) else MOON_RADIUS_KM
+        else:
+            pos = np.asarray(map_positions, np.float64)
+            self.n_map, self.at = len(pos), pos.__getitem__
+            self.index = CraterIndex(pos) if spatial and len(pos) else None
+            self.lowest_km = float(np.linalg.norm(pos, axis=1).min()) if len(pos) else MOON_RADIUS_KM
+        if len(self.ids) != self.n_map:
+            raise DataError(f"{len(self.ids)} map crater ids for {self.n_map} positions")
         self.cam, self.pixel_sigma = cam, pixel_sigma
         self.by_frame: dict[int, list[int]] = {}
         for k, d in enumerate(flat):
@@ -453,9 +466,15 @@ class SearchWindow:
         half = np.maximum(boxes[:, 1] - boxes[:, 0], boxes[:, 3] - boxes[:, 2]) / 2.0
         spread = float(np.max(np.hypot(*(centres - np.asarray(self.cam.principal_point)).T) + half))
         reach = self.reach_km(x, sig_km, rot, spread) if self.index is not None else math.inf
-        rows = self.index.within(x, reach) if math.isfinite(reach) else np.arange(len(self.pos))
+        if not math.isfinite(reach):
+            rows = np.arange(self.n_map)
+            pos = self.at(rows)
+        elif isinstance(self.index, CellIndex):  # positions computed once, for the craters in reach
+            rows, pos = self.index.within_at(x, reach)
+        else:
+            rows = self.index.within(x, reach)
+            pos = self.at(rows)
         self.projected.append(len(rows))
-        pos = self.pos[rows]
         rel = pos - x
         q = rel @ rot  # camera frame (x right, y down, z along the boresight)
         facing = (rel * pos).sum(1) < 0.0  # the crater's side of the Moon faces the camera
@@ -561,10 +580,10 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     pix = detector_pixel_sigma(s.shift_px, s.shrink_px, sensors.pixel_sigma) if box_sigma_px is None \
         else float(np.hypot(box_sigma_px, sensors.pixel_sigma))
     cam = dataset_camera(ds)
-    positions = omap.positions(list(omap.ids))
+    cells = CellIndex(omap.lat, omap.lon, omap.radius_km)  # the window's spatial index, as a board holds it
     runs = {}
     for thr in sorted(set(thresholds) | {s.threshold}):
-        window = SearchWindow(flat, CandidateScores(queries, lambda rows: vectors[rows]), list(omap.ids), positions,
+        window = SearchWindow(flat, CandidateScores(queries, lambda rows: vectors[rows]), list(omap.ids), cells,
                               cam, thr, n_sigma, pix)
         res = navigate(ds, {}, omap.positions, sensors, s.seed, pixel_sigma=pix, matcher=window, cold=cold)
         m = score >= thr

@@ -1,18 +1,27 @@
-"""Which map craters lie near a point: a k-d tree over body-fixed crater positions.
+"""Which map craters lie near a point.
 
 Lost-in-space identification asks, for tens of thousands of hypothesised positions at once,
 "which map crater lies within a few km of this ground point" and "which craters lie under this
-footprint". A k-d tree over the craters' 3-D positions (km, body frame, on the elevation model)
-answers both without scanning the map; Euclidean distance between surface points is the chord,
-which differs from the arc by under 0.01 % at the 100 km scale of a frame.
+footprint": :class:`CraterIndex`, a k-d tree over the craters' 3-D positions (km, body frame, on
+the elevation model), answers both without scanning the map; Euclidean distance between surface
+points is the chord, which differs from the arc by under 0.01 % at the 100 km scale of a frame.
+
+The windowed search of map navigation asks one question a frame, "which craters lie within
+``reach`` km of the spacecraft", of a map that may hold a million craters on a board whose
+memory the map itself nearly fills: :class:`CellIndex` groups the craters by cells of a
+latitude-band tessellation of the sphere and reads their positions from the map's own float32
+latitude, longitude and radius, 4 bytes a crater beside them where the k-d tree holds 41.
 """
 
 from __future__ import annotations
+
+import math
 
 import numpy as np
 from scipy.spatial import cKDTree
 
 from trn.errors import DataError
+from trn.geometry import latlon_to_xyz
 
 
 class CraterIndex:
@@ -40,3 +49,157 @@ class CraterIndex:
     def within(self, point_km: np.ndarray, radius_km: float) -> np.ndarray:
         """Rows of the craters within ``radius_km`` of one point [3], sorted."""
         return np.sort(np.asarray(self._tree.query_ball_point(np.asarray(point_km, np.float64), radius_km), int))
+
+    def at(self, rows: np.ndarray) -> np.ndarray:
+        """Positions [n, 3] km of the given rows."""
+        return self.positions[rows]
+
+
+class CellIndex:
+    """Craters grouped by the cells of a latitude-band tessellation of the sphere.
+
+    Band b covers latitudes [-90 + b h, -90 + (b + 1) h] (``cell_deg`` = h) and is cut into
+    max(1, round(360 cos(mid-latitude) / h)) equal longitude cells from 0 degrees east, so cells
+    are about h x h degrees everywhere. The crater rows are kept sorted by cell, band after band
+    and east within a band, so the cells of one band's longitude range are one slice of them.
+    ``lat_deg``, ``lon_deg``, ``radius_km``: float arrays [M] (the map's metadata, float32 on a
+    board), held as given, not copied; a crater's position is ``latlon_to_xyz`` of its three
+    values, computed for the craters a query reads only. Memory: 4 bytes a crater for the sorted
+    rows, plus 4 bytes a cell (165,000 cells at 0.5 degrees).
+    """
+
+    def __init__(self, lat_deg: np.ndarray, lon_deg: np.ndarray, radius_km: np.ndarray, cell_deg: float = 0.5):
+        if not 0.01 <= cell_deg <= 30.0:
+            raise DataError(f"cell_deg={cell_deg}: expected 0.01 to 30 degrees")
+        arrays = [np.asarray(a) for a in (lat_deg, lon_deg, radius_km)]
+        if any(a.ndim != 1 or len(a) != len(arrays[0]) for a in arrays):
+            raise DataError(f"crater latitude, longitude and radius must be three arrays [M] of one length, got shapes "
+                            f"{[a.shape for a in arrays]}")
+        lat, lon, rad = arrays
+        if not (np.all(np.isfinite(lat)) and np.all(np.isfinite(lon)) and np.all(np.isfinite(rad))) \
+                or (len(lat) and (np.abs(lat).max() > 90.0 or rad.min() <= 0.0)):
+            raise DataError("crater positions must be finite latitudes within +-90 degrees, longitudes and positive "
+                            "radii (km)")
+        self.lat, self.lon, self.radius = lat, lon, rad
+        self.cell_deg = float(cell_deg)
+        n_bands = int(math.ceil(180.0 / cell_deg))
+        mid = -90.0 + (np.arange(n_bands) + 0.5) * cell_deg
+        self._n_lon = np.maximum(1, np.round(360.0 * np.cos(np.radians(np.minimum(np.abs(mid), 90.0))) / cell_deg)
+                                 ).astype(np.int64)
+        self._band_first = np.concatenate([[0], np.cumsum(self._n_lon)])  # first cell of each band
+        # cell of each crater, int32, a slice at a time: a board builds this beside its map, so the
+        # float64 temporaries of a million craters at once (tens of MiB) are never all alive
+        cells = np.empty(len(lat), np.int32)
+        for i in range(0, len(lat), 65_536):
+            cells[i:i + 65_536] = self._cells(lat[i:i + 65_536], lon[i:i + 65_536])
+        self.order = np.argsort(cells, kind="stable").astype(np.int32)
+        # start[c]: first position in ``order`` of cell c's craters; start[-1] = M
+        counts = np.bincount(cells, minlength=int(self._band_first[-1]))
+        del cells
+        self.start = np.zeros(len(counts) + 1, np.int32)
+        np.cumsum(counts, out=self.start[1:])
+        # the per-band tables as Python ints too (360 bands at 0.5 degrees), for the query's loop
+        self._first_list, self._n_lon_list = self._band_first.tolist(), self._n_lon.tolist()
+        self.lowest_km = float(rad.min()) if len(rad) else 0.0
+        self.highest_km = float(rad.max()) if len(rad) else 0.0
+
+    def __len__(self) -> int:
+        return len(self.lat)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes the index adds to the arrays it was given."""
+        return int(self.order.nbytes + self.start.nbytes + self._n_lon.nbytes + self._band_first.nbytes)
+
+    def _band(self, lat: np.ndarray) -> np.ndarray:
+        return np.clip(np.floor((np.asarray(lat, np.float64) + 90.0) / self.cell_deg).astype(np.int64), 0,
+                       len(self._n_lon) - 1)
+
+    def _column(self, lon: np.ndarray, band: np.ndarray) -> np.ndarray:
+        n = self._n_lon[band]
+        east = np.mod(np.asarray(lon, np.float64), 360.0)
+        return np.minimum(np.floor(east / 360.0 * n).astype(np.int64), n - 1)
+
+    def _cells(self, lat: np.ndarray, lon: np.ndarray) -> np.ndarray:
+        band = self._band(lat)
+        return self._band_first[band] + self._column(lon, band)
+
+    def at(self, rows: np.ndarray) -> np.ndarray:
+        """Positions float64 [n, 3] km of the given rows."""
+        return latlon_to_xyz(self.lat[rows], self.lon[rows], self.radius[rows]).reshape(-1, 3)
+
+    def cap_deg(self, point_km: np.ndarray, radius_km: float) -> float:
+        """Angular radius (degrees, seen from the Moon's centre) of a cap that holds every crater of
+        this map within ``radius_km`` of ``point_km``: for a crater at radius rho the angle g from
+        the point's direction (at radius r) satisfies cos g >= (r^2 + rho^2 - R^2) / (2 r rho), whose
+        least value over rho in [lowest, highest] is at an end or at rho = sqrt(r^2 - R^2)."""
+        r = float(np.linalg.norm(point_km))
+        big = float(radius_km)
+        lo, hi = self.lowest_km, self.highest_km
+        if r == 0.0 or big >= r + hi:
+            return 180.0
+        f = lambda rho: (r * r + rho * rho - big * big) / (2.0 * r * rho)  # noqa: E731
+        least = min(f(lo), f(hi))
+        if r > big and lo <= math.sqrt(r * r - big * big) <= hi:
+            least = min(least, f(math.sqrt(r * r - big * big)))
+        if least <= -1.0:
+            return 180.0
+        return math.degrees(math.acos(min(1.0, least))) * (1.0 + 1e-9) + 1e-9
+
+    def candidates(self, point_km: np.ndarray, cap_deg: float) -> np.ndarray:
+        """Rows of the craters in the cells that meet the latitude-longitude box around a cap of
+        ``cap_deg`` centred under ``point_km`` (unsorted; a superset of the cap's craters)."""
+        if cap_deg >= 180.0:
+            return self.order
+        p = np.asarray(point_km, np.float64)
+        lat0 = math.degrees(math.asin(max(-1.0, min(1.0, p[2] / np.linalg.norm(p)))))
+        lon0 = math.degrees(math.atan2(p[1], p[0])) % 360.0
+        south, north = lat0 - cap_deg, lat0 + cap_deg
+        pole = north >= 90.0 or south <= -90.0  # the cap holds a pole: every longitude of its bands
+        g, f0 = math.radians(cap_deg), math.radians(lat0)
+        # the latitude where the cap is widest in longitude (where its bounding box touches it)
+        widest = math.degrees(math.asin(min(1.0, math.sin(f0) / math.cos(g)))) if not pole else lat0
+
+        def half_width(lat: float) -> float:
+            """Longitude half-width (degrees) of the cap along the parallel ``lat``."""
+            f = math.radians(lat)
+            c = (math.cos(g) - math.sin(f) * math.sin(f0)) / (math.cos(f) * math.cos(f0))
+            return 180.0 if c <= -1.0 else math.degrees(math.acos(min(1.0, c)))
+
+        b0, b1 = (int(b) for b in self._band(np.array([max(south, -90.0), min(north, 90.0)])))
+        parts = []
+        for b in range(b0, b1 + 1):
+            first, n = self._first_list[b], self._n_lon_list[b]
+            if pole:
+                half = 180.0
+            else:
+                # widest along the band's parallel nearest the widest one, within the cap's latitudes
+                a = max(south, -90.0 + b * self.cell_deg)
+                z = min(north, -90.0 + (b + 1) * self.cell_deg)
+                half = half_width(min(max(widest, a), z)) * (1.0 + 1e-9) + 1e-9
+            # a few bands a query: Python floats, the same IEEE operations as _column's on arrays
+            if 2.0 * half >= 360.0 - 360.0 / n:  # both ends could fall in one cell: the whole band
+                spans = ((0, n - 1),)
+            else:
+                west, east = (lon0 - half) % 360.0, (lon0 + half) % 360.0
+                c0, c1 = min(math.floor(west / 360.0 * n), n - 1), min(math.floor(east / 360.0 * n), n - 1)
+                spans = ((c0, c1),) if c0 <= c1 else ((c0, n - 1), (0, c1))  # across 0 degrees east
+            for a, z in spans:
+                parts.append(self.order[self.start[first + a]:self.start[first + z + 1]])
+        return np.concatenate(parts) if parts else np.zeros(0, np.int32)
+
+    def within(self, point_km: np.ndarray, radius_km: float) -> np.ndarray:
+        """Rows of the craters within ``radius_km`` of one point [3] km (squared distance at most
+        ``radius_km`` squared), sorted: exactly the brute-force answer over the same positions."""
+        return self.within_at(point_km, radius_km)[0]
+
+    def within_at(self, point_km: np.ndarray, radius_km: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`within` and the positions [n, 3] km of its rows, computed once."""
+        p = np.asarray(point_km, np.float64).reshape(3)
+        if not len(self):
+            return np.zeros(0, np.int64), np.zeros((0, 3))
+        rows = np.sort(self.candidates(p, self.cap_deg(p, radius_km))).astype(np.int64)
+        pos = self.at(rows)
+        d = pos - p
+        keep = np.einsum("ij,ij->i", d, d) <= float(radius_km) ** 2
+        return rows[keep], pos[keep]
