@@ -144,11 +144,14 @@ class CellIndex:
             least = min(least, f(math.sqrt(r * r - big * big)))
         if least <= -1.0:
             return 180.0
-        return math.degrees(math.acos(min(1.0, least))) * (1.0 + 1e-9) + 1e-9
+        # a margin of 1e-6 degrees (3 cm) over the rounding of acos near 1, where it is steepest
+        return math.degrees(math.acos(min(1.0, least))) * (1.0 + 1e-9) + 1e-6
 
     def candidates(self, point_km: np.ndarray, cap_deg: float) -> np.ndarray:
-        """Rows of the craters in the cells that meet the latitude-longitude box around a cap of
-        ``cap_deg`` centred under ``point_km`` (unsorted; a superset of the cap's craters)."""
+        """Rows of the craters in the cells that a cap of ``cap_deg`` centred under ``point_km``
+        reaches (unsorted; a superset of the cap's craters): in each band it crosses, the cells of
+        the cap's widest longitude extent along the band (at the parallel nearest the one where the
+        cap is widest; a cap around a pole takes its bands whole)."""
         if cap_deg >= 180.0:
             return self.order
         p = np.asarray(point_km, np.float64)
@@ -176,7 +179,7 @@ class CellIndex:
                 # widest along the band's parallel nearest the widest one, within the cap's latitudes
                 a = max(south, -90.0 + b * self.cell_deg)
                 z = min(north, -90.0 + (b + 1) * self.cell_deg)
-                half = half_width(min(max(widest, a), z)) * (1.0 + 1e-9) + 1e-9
+                half = half_width(min(max(widest, a), z)) * (1.0 + 1e-9) + 1e-6
             # a few bands a query: Python floats, the same IEEE operations as _column's on arrays
             if 2.0 * half >= 360.0 - 360.0 / n:  # both ends could fall in one cell: the whole band
                 spans = ((0, n - 1),)
