@@ -28,22 +28,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _hw import proc_status_mib, reset_peak  # noqa: E402
+
 MIB = 2 ** 20
-
-
-def _status(key: str) -> float:
-    """``VmRSS`` or ``VmHWM`` of this process, MiB."""
-    with open("/proc/self/status", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {key} in /proc/self/status")
-
-
-def _reset_peak() -> None:
-    """Start ``VmHWM`` again from the current resident set (Linux: write 5 to clear_refs)."""
-    with open("/proc/self/clear_refs", "w", encoding="utf-8") as f:
-        f.write("5")
 
 
 def _child(part: str, map_dir: Path) -> dict:
@@ -61,11 +48,11 @@ def _child(part: str, map_dir: Path) -> dict:
     out: dict = {}
     if part == "board":
         gc.collect()
-        before = _status("VmRSS")
-        _reset_peak()
+        before = proc_status_mib("VmRSS")
+        reset_peak()
         board = BoardMap(map_dir / entry["file"], map_dir / entry["craters_file"], visit=int(entry["visit"]))
         gc.collect()
-        out.update(rss=_status("VmRSS") - before, peak=_status("VmHWM") - before, craters=len(board),
+        out.update(rss=proc_status_mib("VmRSS") - before, peak=proc_status_mib("VmHWM") - before, craters=len(board),
                    ids_bytes=board.ids.nbytes, meta_bytes=board.meta.nbytes)
         ivf = faiss.try_extract_index_ivf(board.index)
         if ivf is not None:
@@ -83,22 +70,22 @@ def _child(part: str, map_dir: Path) -> dict:
         pos = latlon_to_xyz(meta[:, 0].astype(np.float64), meta[:, 1].astype(np.float64),
                             meta[:, 2].astype(np.float64)).reshape(-1, 3)
         gc.collect()
-        before = _status("VmRSS")
-        _reset_peak()
+        before = proc_status_mib("VmRSS")
+        reset_peak()
         tree = CraterIndex(pos)
         gc.collect()
-        out.update(rss=_status("VmRSS") - before, peak=_status("VmHWM") - before, craters=len(tree),
+        out.update(rss=proc_status_mib("VmRSS") - before, peak=proc_status_mib("VmHWM") - before, craters=len(tree),
                    positions_bytes=tree.positions.nbytes, shares_positions=bool(np.shares_memory(tree.positions, pos)))
     elif part == "cells":
         from trn.nav.spatial import CellIndex
 
         ids, meta = read_craters(map_dir / entry["craters_file"])
         gc.collect()
-        before = _status("VmRSS")
-        _reset_peak()
+        before = proc_status_mib("VmRSS")
+        reset_peak()
         cells = CellIndex(meta[:, 0], meta[:, 1], meta[:, 2])  # views of the board's metadata, not copies
         gc.collect()
-        out.update(rss=_status("VmRSS") - before, peak=_status("VmHWM") - before, craters=len(cells),
+        out.update(rss=proc_status_mib("VmRSS") - before, peak=proc_status_mib("VmHWM") - before, craters=len(cells),
                    index_bytes=cells.nbytes, shares_metadata=bool(np.shares_memory(cells.lat, meta)))
     else:
         raise SystemExit(f"unknown part {part!r}")

@@ -29,15 +29,9 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from _hw import proc_status_mib, reset_peak  # noqa: E402
+
 MIB = 2 ** 20
-
-
-def _status(key: str) -> float:
-    with open("/proc/self/status", encoding="utf-8") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no {key} in /proc/self/status")
 
 
 def _child(part: str, meta_file: Path) -> dict:
@@ -49,16 +43,15 @@ def _child(part: str, meta_file: Path) -> dict:
     meta = np.load(meta_file)  # [N, 3] float32: latitude, longitude, radius
     cKDTree(np.zeros((8, 3)))  # the libraries' own first-use allocations, outside the measure
     gc.collect()
-    before = _status("VmRSS")
-    with open("/proc/self/clear_refs", "w", encoding="utf-8") as f:
-        f.write("5")  # VmHWM starts again from the current resident set
+    before = proc_status_mib("VmRSS")
+    reset_peak()
     if part == "tree":
         index = CraterIndex(latlon_to_xyz(meta[:, 0], meta[:, 1], meta[:, 2]).reshape(-1, 3))
     else:
         index = CellIndex(meta[:, 0], meta[:, 1], meta[:, 2])
     gc.collect()
-    return {"craters": len(index), "rss": _status("VmRSS") - before, "peak": _status("VmHWM") - before,
-            "nbytes": getattr(index, "nbytes", None)}
+    return {"craters": len(index), "rss": proc_status_mib("VmRSS") - before,
+            "peak": proc_status_mib("VmHWM") - before, "nbytes": getattr(index, "nbytes", None)}
 
 
 def main() -> int:
