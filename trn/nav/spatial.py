@@ -98,8 +98,6 @@ class CellIndex:
         del cells
         self.start = np.zeros(len(counts) + 1, np.int32)
         np.cumsum(counts, out=self.start[1:])
-        # the per-band tables as Python ints too (360 bands at 0.5 degrees), for the query's loop
-        self._first_list, self._n_lon_list = self._band_first.tolist(), self._n_lon.tolist()
         self.lowest_km = float(rad.min()) if len(rad) else 0.0
         self.highest_km = float(rad.max()) if len(rad) else 0.0
 
@@ -159,36 +157,28 @@ class CellIndex:
         lon0 = math.degrees(math.atan2(p[1], p[0])) % 360.0
         south, north = lat0 - cap_deg, lat0 + cap_deg
         pole = north >= 90.0 or south <= -90.0  # the cap holds a pole: every longitude of its bands
-        g, f0 = math.radians(cap_deg), math.radians(lat0)
-        # the latitude where the cap is widest in longitude (where its bounding box touches it)
-        widest = math.degrees(math.asin(min(1.0, math.sin(f0) / math.cos(g)))) if not pole else lat0
-
-        def half_width(lat: float) -> float:
-            """Longitude half-width (degrees) of the cap along the parallel ``lat``."""
-            f = math.radians(lat)
-            c = (math.cos(g) - math.sin(f) * math.sin(f0)) / (math.cos(f) * math.cos(f0))
-            return 180.0 if c <= -1.0 else math.degrees(math.acos(min(1.0, c)))
-
         b0, b1 = (int(b) for b in self._band(np.array([max(south, -90.0), min(north, 90.0)])))
-        parts = []
-        for b in range(b0, b1 + 1):
-            first, n = self._first_list[b], self._n_lon_list[b]
-            if pole:
-                half = 180.0
-            else:
-                # widest along the band's parallel nearest the widest one, within the cap's latitudes
-                a = max(south, -90.0 + b * self.cell_deg)
-                z = min(north, -90.0 + (b + 1) * self.cell_deg)
-                half = half_width(min(max(widest, a), z)) * (1.0 + 1e-9) + 1e-6
-            # a few bands a query: Python floats, the same IEEE operations as _column's on arrays
-            if 2.0 * half >= 360.0 - 360.0 / n:  # both ends could fall in one cell: the whole band
-                spans = ((0, n - 1),)
-            else:
-                west, east = (lon0 - half) % 360.0, (lon0 + half) % 360.0
-                c0, c1 = min(math.floor(west / 360.0 * n), n - 1), min(math.floor(east / 360.0 * n), n - 1)
-                spans = ((c0, c1),) if c0 <= c1 else ((c0, n - 1), (0, c1))  # across 0 degrees east
-            for a, z in spans:
-                parts.append(self.order[self.start[first + a]:self.start[first + z + 1]])
+        bands = np.arange(b0, b1 + 1)
+        first, n = self._band_first[bands], self._n_lon[bands]
+        if pole:
+            half = np.full(len(bands), 180.0)
+        else:
+            g, f0 = math.radians(cap_deg), math.radians(lat0)
+            # the cap is widest in longitude at this latitude (where its bounding box touches it);
+            # along each band it is widest at the band's parallel nearest it, within the cap
+            widest = math.degrees(math.asin(min(1.0, math.sin(f0) / math.cos(g))))
+            lat = np.radians(np.clip(widest, np.maximum(south, -90.0 + bands * self.cell_deg),
+                                     np.minimum(north, -90.0 + (bands + 1) * self.cell_deg)))
+            c = (math.cos(g) - np.sin(lat) * math.sin(f0)) / (np.cos(lat) * math.cos(f0))
+            half = np.degrees(np.arccos(np.clip(c, -1.0, 1.0))) * (1.0 + 1e-9) + 1e-6  # 1e-6 deg: acos's rounding
+        c0 = self._column(lon0 - half, bands)
+        c1 = self._column(lon0 + half, bands)
+        whole = 2.0 * half >= 360.0 - 360.0 / n  # both ends could fall in one cell: the whole band
+        c0, c1 = np.where(whole, 0, c0), np.where(whole, n - 1, c1)
+        seam = c0 > c1  # across 0 degrees east: to the band's end, and from its start
+        lo = np.concatenate([first + c0, first[seam]])
+        hi = np.concatenate([first + np.where(seam, n - 1, c1), first[seam] + c1[seam]])
+        parts = [self.order[i:j] for i, j in zip(self.start[lo].tolist(), self.start[hi + 1].tolist())]
         return np.concatenate(parts) if parts else np.zeros(0, np.int32)
 
     def within(self, point_km: np.ndarray, radius_km: float) -> np.ndarray:
