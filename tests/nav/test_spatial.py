@@ -83,3 +83,14 @@ def test_bad_metadata_is_refused_by_name():
     with pytest.raises(DataError, match="cell_deg"):
         CellIndex(lat, lon, rad, cell_deg=0.0)
     assert CellIndex(lat[:0], lon[:0], rad[:0]).within(np.array([0.0, 0.0, 1800.0]), 100.0).tolist() == []
+
+
+def test_a_window_refuses_crater_ids_that_do_not_fit_its_positions():
+    from trn.nav.scenario import SearchWindow
+
+    lat, lon, rad = sphere_map(10, 5)
+    cells = CellIndex(lat, lon, rad)
+    with pytest.raises(DataError, match="9 map crater ids for 10 positions"):
+        SearchWindow([], np.zeros((0, 10)), list(range(9)), cells, None, threshold=0.9)
+    with pytest.raises(DataError, match="11 map crater ids for 10 positions"):
+        SearchWindow([], np.zeros((0, 10)), list(range(11)), cells.at(np.arange(10)), None, threshold=0.9)
