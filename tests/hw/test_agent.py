@@ -616,6 +616,13 @@ def test_search_and_score_requests_search_the_bundled_map_index(bundle, tmp_path
     with pytest.raises(ConfigError, match="embedded by 'other'"):
         make_bundle(tmp / "export", tmp_path / "b0", key, "tiny-se", SIZE, 512, 0.9, version=7,
                     map_dir=_indexed_map(tmp_path / "map2", "other", n=600)[0])
+    with pytest.raises(ConfigError, match="embedded by 'tiny-sex@tflite'"):  # another model's export
+        make_bundle(tmp / "export", tmp_path / "b1", key, "tiny-se", SIZE, 512, 0.9, version=7,
+                    map_dir=_indexed_map(tmp_path / "map3", "tiny-sex@tflite", n=600)[0])
+    # a map embedded by the bundle's own int8 export (trn-sim map build --backend tflite) is the board's
+    int8 = make_bundle(tmp / "export", tmp_path / "b2", key, "tiny-se", SIZE, 512, 0.9, version=7,
+                       map_dir=_indexed_map(tmp_path / "map4", "tiny-se@tflite", n=600)[0])
+    assert int8.manifest["map"]["model"] == "tiny-se@tflite"
     b = make_bundle(tmp / "export", tmp_path / "bundle", key, "tiny-se", SIZE, 512, 0.9, version=7, map_dir=path)
     assert b.manifest["map"]["craters"] == 3000 and b.manifest["map"]["factory"] == "IVF64,SQ8"
     assert b.manifest["map"]["metric"] == "ip"

@@ -127,13 +127,14 @@ def test_an_interrupted_build_resumes_its_unfinished_chunks_and_gives_the_same_m
         build_map(ds, emb, tmp_path / "again", chunk=1)
 
 
-def _build_in(tmp_path, executor: str, **kw):
+def _build_in(tmp_path, executor: str, backend: str = "torch", **kw):
     from trn.sim.embedders import make_embedder
 
     ds = _dataset(tmp_path / executor)
-    emb = make_embedder("flight_conv2d_se_union", None, 1)
+    emb = make_embedder("flight_conv2d_se_union", None, 1, backend)
     spec = None if executor == "inline" else "flight_conv2d_se_union"
-    build_map(ds, emb, tmp_path / executor / "map", chunk=2, executor=executor, model_spec=spec, workers=2, **kw)
+    build_map(ds, emb, tmp_path / executor / "map", chunk=2, executor=executor, model_spec=spec, workers=2,
+              backend=backend, **kw)
     return [(tmp_path / executor / "map" / f).read_bytes() for f in (DB_FILE, MAP_FILE)]
 
 
@@ -166,6 +167,23 @@ def test_ray_tasks_give_the_bytes_of_a_build_in_one_process(tmp_path, inline_byt
     extra): the same bytes."""
     pytest.importorskip("ray")
     assert _same_but_dataset_path(_build_in(tmp_path, "ray", ray_address="local"), inline_bytes)
+
+
+def test_a_map_embedded_by_the_boards_int8_model(tmp_path, inline_bytes):
+    """--backend tflite: the shipped int8 TFLite descriptor embeds the map, as the board embeds its
+    detections (skipped without the export extra's runtime): the same bytes from one process and
+    from local process tasks, the map named after that export, its vectors the float map's to
+    within int8's error."""
+    pytest.importorskip("ai_edge_litert")
+    one = _build_in(tmp_path / "a", "inline", backend="tflite")
+    assert _same_but_dataset_path(_build_in(tmp_path / "b", "processes", backend="tflite"), one)
+    int8 = OnboardMap.load(tmp_path / "a" / "inline" / "map")
+    assert int8.info["model"] == "flight_conv2d_se_union@tflite"
+    (tmp_path / "f").mkdir()
+    (tmp_path / "f" / DB_FILE).write_bytes(inline_bytes[0])
+    (tmp_path / "f" / MAP_FILE).write_bytes(inline_bytes[1])
+    cos = (int8.db.embeddings * OnboardMap.load(tmp_path / "f").db.embeddings).sum(1)
+    assert cos.min() > 0.95 and cos.max() < 1.0 - 1e-6  # the same model, in other arithmetic
 
 
 # -- killed processes: real ones, killed with SIGKILL mid-build

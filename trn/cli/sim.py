@@ -130,6 +130,9 @@ def main(argv: list[str] | None = None) -> int:
     mb = msub.add_parser("build", help="embed every catalogue crater of a Luna-1 directory into a read-only map")
     mb.add_argument("--data", type=Path, required=True)
     mb.add_argument("--model", default=DEFAULT_MODEL, metavar="NAME|PATH")
+    mb.add_argument("--backend", choices=BACKENDS, default="torch",
+                    help="what embeds the craters: torch (default) or an export of --model (tflite: the int8 model "
+                         "a board runs, so that map and queries share its arithmetic; the export extra)")
     mb.add_argument("--out", type=Path, required=True)
     mb.add_argument("--source", type=Path, default=None,
                     help="elevation source (../shared/data/moon, or a built-in world's source) for the craters' "
@@ -217,11 +220,12 @@ def _map_build(args) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file; a map is a directory: give a new or existing directory")
     held = chunk_craters(args.out)  # craters an interrupted build already embedded: not this run's work
-    m = build_map(check_before_scenarios(args.data), make_embedder(args.model, None, args.threads), args.out, args.source,
+    emb = make_embedder(args.model, None, args.threads, args.backend)
+    m = build_map(check_before_scenarios(args.data), emb, args.out, args.source,
                   appearance=args.appearance, workers=args.threads,
                   catalogue=str(args.catalogue_file) if args.catalogue_file else args.catalogue,
                   near_track_km=args.near_track, chunk=args.chunk, executor="ray" if args.ray else args.executor,
-                  model_spec=args.model, ray_address=args.ray)
+                  model_spec=args.model, ray_address=args.ray, backend=args.backend)
     size = sum(f.stat().st_size for f in Path(args.out).iterdir() if f.is_file())
     print(f"map {args.out}: {len(m.ids)} craters ({m.info['catalogue']} catalogue) embedded by {m.info['model']} "
           f"({m.info['appearance']} appearance, {m.info['surface']}); {size / 2 ** 20:.1f} MiB on disk, built in "

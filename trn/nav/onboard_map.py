@@ -195,7 +195,7 @@ def near_track(lat: np.ndarray, lon: np.ndarray, positions_km: np.ndarray, km: f
 def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None = None, batch: int = 256,
               appearance: str = "catalogue", workers: int = 2, catalogue: str = "dataset",
               near_track_km: float | None = None, chunk: int = 4096, executor: str = "inline",
-              model_spec: str | None = None, ray_address: str | None = None) -> OnboardMap:
+              model_spec: str | None = None, ray_address: str | None = None, backend: str = "torch") -> OnboardMap:
     """Embed every crater of ``ds`` with ``emb`` and write the map to ``out``. ``appearance``:
     "catalogue" embeds the dataset's landmark renders as they are; "predicted" renders each
     crater from ``source`` under the illumination of the planned pass and cuts it to the rim
@@ -211,8 +211,9 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     embeds with ``emb`` in this process; "processes" (``workers`` local processes) and "ray" (Ray
     tasks on the cluster at ``ray_address``, or "local" for one started on this machine) run each
     chunk as one task (:func:`chunk_task`) that renders and embeds with the model ``model_spec``
-    on one thread, so both give the same bytes; ``emb`` must be that model (its output on a fixed
-    image is checked in every task)."""
+    on one thread, so both give the same bytes; ``emb`` must be that model run by ``backend``
+    (:data:`trn.sim.embedders.BACKENDS`: "tflite" is the int8 export a board runs; its output on a
+    fixed image is checked in every task)."""
     from trn.data.crops import preprocess
 
     if appearance not in APPEARANCES:
@@ -254,7 +255,7 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     if not ids:
         raise DataError("no crater to map (none of crater_images/ in metadata.json, or none near the track)", ds.root)
     job = ChunkJob(str(ds.root), None if source is None else str(source), appearance, catalogue, batch,
-                   model_spec or "", _probe(emb, threads=1 if executor != "inline" else None))
+                   model_spec or "", _probe(emb, threads=1 if executor != "inline" else None), backend)
 
     def sub(cids: list[int]) -> dict | None:
         return None if craters is None else {c: craters[c] for c in cids}
@@ -359,6 +360,7 @@ class ChunkJob:
     batch: int
     model: str
     probe: str
+    backend: str = "torch"  # how the task runs ``model`` (trn.sim.embedders.BACKENDS)
 
     def images(self, ds: Luna1Dataset, meta: Luna1Metadata, cids: list[int], craters: dict | None, workers: int):
         """(id, image) of the craters ``cids`` (:func:`build_map`)."""
@@ -373,8 +375,8 @@ _TASK: dict = {}  # per worker process: the dataset, metadata and embedder of th
 
 def chunk_task(job: ChunkJob, cids: list[int], craters: dict | None) -> tuple[list[int], np.ndarray]:
     """One chunk of a map build in a worker (a local process or a Ray task): render the craters in
-    this process and embed them with ``job.model`` on one torch thread. Refuses a model whose
-    output on the fixed image differs from the driver's."""
+    this process and embed them with ``job.model`` run by ``job.backend`` on one thread. Refuses a
+    model whose output on the fixed image differs from the driver's."""
     import torch
 
     from trn.data.crops import preprocess
@@ -382,11 +384,11 @@ def chunk_task(job: ChunkJob, cids: list[int], craters: dict | None) -> tuple[li
     from trn.sim.embedders import make_embedder
 
     torch.set_num_threads(1)
-    key = (job.dataset, job.model)
+    key = (job.dataset, job.model, job.backend)
     if _TASK.get("key") != key:
         ds = read_luna1(job.dataset)
         _TASK.update(key=key, ds=ds, meta=Luna1Metadata.read(ds.root / "metadata.json"),
-                     emb=make_embedder(job.model, None, 1))
+                     emb=make_embedder(job.model, None, 1, job.backend))
         if _probe(_TASK["emb"]) != job.probe:
             _TASK.clear()
             raise DataError(f"model {job.model!r} computes other numbers in this worker than in the driver (another "
