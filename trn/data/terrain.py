@@ -332,15 +332,20 @@ def _mix64(h: np.ndarray, seed: int, salt: int) -> np.ndarray:
     return h
 
 
-def _hash_u01(ix: np.ndarray, iy: np.ndarray, iz: np.ndarray, seed: int, salt: int) -> np.ndarray:
-    """Uniform [0, 1) float64 from lattice coordinates."""
-    return (_hash64(ix, iy, iz, seed, salt) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+def _u01(h: np.ndarray) -> np.ndarray:
+    """Uniform [0, 1) float64 from a 64-bit hash (its top 53 bits)."""
+    return (h >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+
+
+def _u16(h: np.ndarray, k: int) -> np.ndarray:
+    """Uniform [0, 1) float64 (16-bit resolution) from bits 16 k to 16 k + 15 of a 64-bit hash."""
+    return ((h >> np.uint64(16 * k)) & np.uint64(0xFFFF)).astype(np.float64) / 65536.0
 
 
 def _hash_u16x4(ix: np.ndarray, iy: np.ndarray, iz: np.ndarray, seed: int, salt: int) -> list[np.ndarray]:
     """Four independent uniform [0, 1) values (16-bit resolution) from one hash."""
     h = _hash64(ix, iy, iz, seed, salt)
-    return [((h >> np.uint64(16 * k)) & np.uint64(0xFFFF)).astype(np.float64) / 65536.0 for k in range(4)]
+    return [_u16(h, k) for k in range(4)]
 
 
 def _value_noise(p: np.ndarray, seed: int, salt: int) -> np.ndarray:
@@ -364,7 +369,7 @@ def _value_noise(p: np.ndarray, seed: int, salt: int) -> np.ndarray:
             hxy = hx[dx] ^ hy[dy]
             for dz in (0, 1):
                 wz = f[..., 2] if dz else 1 - f[..., 2]
-                v = (_mix64(hxy ^ hz[dz], seed, salt) >> np.uint64(11)).astype(np.float64) / float(1 << 53)
+                v = _u01(_mix64(hxy ^ hz[dz], seed, salt))
                 out += wx * wy * wz * (2 * v - 1)
     return out
 
@@ -426,10 +431,10 @@ class DetailSynth:
             h = _hash64(b[..., 0], b[..., 1], b[..., 2], self.cfg.seed, 101 + level)
             # a cell holds a crater with probability ``prob`` (the hash's top 16 bits); the rest of
             # its draws (as _hash_u16x4 gives them) are made for those cells' points only
-            held = ((h >> np.uint64(48)) & np.uint64(0xFFFF)).astype(np.float64) / 65536.0 < prob
+            held = _u16(h, 3) < prob
             if held.any():
                 bh, hh = b[held], h[held]
-                u = [((hh >> np.uint64(16 * j)) & np.uint64(0xFFFF)).astype(np.float64) / 65536.0 for j in range(3)]
+                u = [_u16(hh, j) for j in range(3)]
                 w = _hash_u16x4(bh[:, 0], bh[:, 1], bh[:, 2], self.cfg.seed, 211 + level)
                 c = (bh + 0.25 + 0.5 * np.stack(u, axis=-1)) * cell
                 dia = (d_lo ** -2 - w[0] * (d_lo ** -2 - d_hi ** -2)) ** -0.5

@@ -411,18 +411,13 @@ class SearchWindow:
         self.score = sims if callable(sims) else (lambda k, rows: sims[k, rows])
         self.edge_sigma, self.max_centre_sigma = edge_sigma, max_centre_sigma
         self.ids = np.asarray(map_ids)
-        if isinstance(map_positions, CellIndex):  # positions read from the map's metadata when needed
-            cells = map_positions
-            self.n_map, self.at = len(cells), cells.at
-            self.index = cells if spatial and len(cells) else None
-            self.lowest_km = cells.lowest_km if len(cells) else MOON_RADIUS_KM
-        else:
-            pos = np.asarray(map_positions, np.float64)
-            self.n_map, self.at = len(pos), pos.__getitem__
-            self.index = CraterIndex(pos) if spatial and len(pos) else None
-            self.lowest_km = float(np.linalg.norm(pos, axis=1).min()) if len(pos) else MOON_RADIUS_KM
-        if len(self.ids) != self.n_map:
-            raise DataError(f"{len(self.ids)} map crater ids for {self.n_map} positions")
+        # the craters' positions behind one interface: cells over the map's metadata, or a k-d tree
+        # over given positions (built only when the window searches it)
+        self.map = map_positions if isinstance(map_positions, CellIndex) else CraterIndex(map_positions, tree=spatial)
+        if len(self.ids) != len(self.map):
+            raise DataError(f"{len(self.ids)} map crater ids for {len(self.map)} positions")
+        self.index = self.map if spatial and len(self.map) else None
+        self.lowest_km = self.map.lowest_km if len(self.map) else MOON_RADIUS_KM
         self.cam, self.pixel_sigma = cam, pixel_sigma
         self.by_frame: dict[int, list[int]] = {}
         for k, d in enumerate(flat):
@@ -466,14 +461,11 @@ class SearchWindow:
         half = np.maximum(boxes[:, 1] - boxes[:, 0], boxes[:, 3] - boxes[:, 2]) / 2.0
         spread = float(np.max(np.hypot(*(centres - np.asarray(self.cam.principal_point)).T) + half))
         reach = self.reach_km(x, sig_km, rot, spread) if self.index is not None else math.inf
-        if not math.isfinite(reach):
-            rows = np.arange(self.n_map)
-            pos = self.at(rows)
-        elif isinstance(self.index, CellIndex):  # positions computed once, for the craters in reach
+        if math.isfinite(reach):
             rows, pos = self.index.within_at(x, reach)
         else:
-            rows = self.index.within(x, reach)
-            pos = self.at(rows)
+            rows = np.arange(len(self.map))
+            pos = self.map.at(rows)
         self.projected.append(len(rows))
         rel = pos - x
         q = rel @ rot  # camera frame (x right, y down, z along the boresight)

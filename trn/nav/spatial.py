@@ -25,17 +25,31 @@ from trn.geometry import latlon_to_xyz
 
 
 class CraterIndex:
-    """Spatial index of ``positions_km`` [M, 3] (body frame)."""
+    """Spatial index of ``positions_km`` [M, 3] (body frame). ``tree=False`` defers the k-d tree
+    to the first query (a caller that only reads positions never builds it)."""
 
-    def __init__(self, positions_km: np.ndarray):
+    def __init__(self, positions_km: np.ndarray, tree: bool = True):
         pos = np.asarray(positions_km, np.float64)
+        if pos.size == 0:  # an empty map, however it was shaped
+            pos = pos.reshape(0, 3)
         if pos.ndim != 2 or pos.shape[1] != 3 or not np.all(np.isfinite(pos)):
             raise DataError(f"crater positions must be finite [M, 3] km, got shape {pos.shape}")
         self.positions = pos
-        self._tree = cKDTree(pos)
+        self._kd = cKDTree(pos) if tree else None
+
+    @property
+    def _tree(self) -> cKDTree:
+        if self._kd is None:
+            self._kd = cKDTree(self.positions)
+        return self._kd
 
     def __len__(self) -> int:
         return len(self.positions)
+
+    @property
+    def lowest_km(self) -> float:
+        """The lowest crater's distance from the Moon's centre, km (0 for an empty map)."""
+        return float(np.linalg.norm(self.positions, axis=1).min()) if len(self.positions) else 0.0
 
     def nearest(self, points_km: np.ndarray, k: int, max_km: float) -> tuple[np.ndarray, np.ndarray]:
         """The ``k`` craters nearest each point [P, 3], within ``max_km``: (distances [P, k] km, rows
@@ -49,6 +63,11 @@ class CraterIndex:
     def within(self, point_km: np.ndarray, radius_km: float) -> np.ndarray:
         """Rows of the craters within ``radius_km`` of one point [3], sorted."""
         return np.sort(np.asarray(self._tree.query_ball_point(np.asarray(point_km, np.float64), radius_km), int))
+
+    def within_at(self, point_km: np.ndarray, radius_km: float) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`within` and the positions [n, 3] km of its rows."""
+        rows = self.within(point_km, radius_km)
+        return rows, self.positions[rows]
 
     def at(self, rows: np.ndarray) -> np.ndarray:
         """Positions [n, 3] km of the given rows."""
@@ -98,7 +117,7 @@ class CellIndex:
         del cells
         self.start = np.zeros(len(counts) + 1, np.int32)
         np.cumsum(counts, out=self.start[1:])
-        self.lowest_km = float(rad.min()) if len(rad) else 0.0
+        self.lowest_km = float(rad.min()) if len(rad) else 0.0  # the lowest crater's radius, km
         self.highest_km = float(rad.max()) if len(rad) else 0.0
 
     def __len__(self) -> int:
