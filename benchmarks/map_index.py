@@ -110,6 +110,15 @@ def queries(args, map_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.ascontiguousarray(q / np.linalg.norm(q, axis=1, keepdims=True)), np.asarray(truth, np.int64)
 
 
+def add_query_arguments(ap: argparse.ArgumentParser) -> None:
+    """The arguments :func:`queries` reads (shared by the benchmarks that query a map this way)."""
+    ap.add_argument("--catalogue", required=True, help="the map's catalogue CSV (ids: its rows)")
+    ap.add_argument("--labels", required=True, help="detector-data directory (detection_labels.json, nav_images)")
+    ap.add_argument("--split", default="val")
+    ap.add_argument("--source", required=True, help="terrain source whose union catalogue the labels number")
+    ap.add_argument("--model", default="flight_conv2d_se_union")
+
+
 def _decoded_error(index, q: np.ndarray, rows: np.ndarray, x: np.ndarray) -> tuple[float, float]:
     """p50 and p99 of |q.x - q.x'| over each query's 10 exact best craters, x' the direction of
     the index's decoded vector (what a windowed match scores, trn_board.mapindex.BoardMap.directions):
@@ -134,11 +143,7 @@ def main() -> int:
     src = ap.add_mutually_exclusive_group(required=True)
     src.add_argument("--map", help="a finished map directory")
     src.add_argument("--chunks", help="the .chunks directory of a map build (its finished chunks)")
-    ap.add_argument("--catalogue", required=True, help="the map's catalogue CSV (ids: its rows)")
-    ap.add_argument("--labels", required=True, help="detector-data directory (detection_labels.json, nav_images)")
-    ap.add_argument("--split", default="val")
-    ap.add_argument("--source", required=True, help="terrain source whose union catalogue the labels number")
-    ap.add_argument("--model", default="flight_conv2d_se_union")
+    add_query_arguments(ap)
     ap.add_argument("--candidates", default="Flat,SQ8,SQ4,PQ64,IVF-SQ8,IVF-PQ64,IVF-PQ64x10,IVF-PQ128,IVF-PQ32,"
                                             "OPQ64-IVF-PQ64,IVF-PQ128x4fs,HNSW32-Flat,HNSW32-PQ64")
     ap.add_argument("--visit", default="8,16,32,64", help="nprobe / efSearch values to try")
