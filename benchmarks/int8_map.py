@@ -23,7 +23,6 @@ those of ``benchmarks/map_index.py`` (same arguments); choices are made on ``--s
 from __future__ import annotations
 
 import argparse
-import functools
 import sys
 from pathlib import Path
 
@@ -32,7 +31,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _hw import hardware  # noqa: E402
-from map_index import add_query_arguments, map_vectors, queries  # noqa: E402
+from map_index import add_query_arguments, embed_queries, map_vectors, query_crops  # noqa: E402
 
 
 def _key(lat: float, lon: float, dia: float) -> tuple[float, float, float]:
@@ -40,8 +39,10 @@ def _key(lat: float, lon: float, dia: float) -> tuple[float, float, float]:
 
 
 def subset(args) -> int:
+    from trn.sim.embedders import make_embedder
+
     ids, _, omap = map_vectors(args)
-    _, truth = queries(args, ids)
+    _, truth = query_crops(args, ids, make_embedder(args.model, None, 1).input_size)  # their craters only
     true_rows = np.unique(truth[truth >= 0])
     others = np.setdiff1d(np.arange(len(ids)), true_rows)
     if args.others > len(others):
@@ -60,19 +61,13 @@ def subset(args) -> int:
 def compare(args) -> int:
     import faiss
 
-    import trn.sim.embedders as embedders
     from trn.nav.onboard_map import OnboardMap
+    from trn.sim.embedders import make_embedder
 
     ids, x, omap = map_vectors(args)
-    qf, truth = queries(args, ids)
-    make = embedders.make_embedder  # the same boxes through the board's int8 model
-    embedders.make_embedder = functools.partial(make, backend="tflite")
-    try:
-        qi, truth_i = queries(args, ids)
-    finally:
-        embedders.make_embedder = make
-    if not np.array_equal(truth, truth_i):
-        raise SystemExit("the int8 and float queries found different craters")
+    float_emb, int8_emb = (make_embedder(args.model, None, 1, b) for b in ("torch", "tflite"))
+    crops, truth = query_crops(args, ids, float_emb.input_size)  # the same boxes through both models
+    qf, qi = embed_queries(crops, float_emb), embed_queries(crops, int8_emb)
     sub = OnboardMap.load(args.int8_map)
     row_of = {_key(a, o, d): r for r, (a, o, d) in enumerate(zip(omap.lat, omap.lon, omap.diameter_km))}
     try:

@@ -69,7 +69,18 @@ def map_vectors(args):
 
 
 def queries(args, map_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(query vectors [q, d], the row of each query's crater in the map, -1 when absent)."""
+    """(query vectors [q, d] of ``args.model``, the row of each query's crater in the map, -1 when
+    absent)."""
+    from trn.sim.embedders import make_embedder
+
+    emb = make_embedder(args.model, None, 1)
+    x, truth = query_crops(args, map_ids, emb.input_size)
+    return embed_queries(x, emb), truth
+
+
+def query_crops(args, map_ids: np.ndarray, input_size: int) -> tuple[np.ndarray, np.ndarray]:
+    """(the uncut boxes of ``args.split`` cut as the navigator cuts them [q, ...], the row of each
+    box's crater in the map, -1 when absent)."""
     import torch
 
     from trn.data.crops import preprocess, square_crop
@@ -78,7 +89,6 @@ def queries(args, map_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     from trn.data.sources import UnionRule, read_catalogue
     from trn.geometry import latlon_to_xyz
     from trn.nav.spatial import CraterIndex
-    from trn.sim.embedders import make_embedder
 
     torch.set_num_threads(1)
     root = Path(args.labels)
@@ -88,7 +98,6 @@ def queries(args, map_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     cat = read_catalogue(args.catalogue)
     row_of = {int(c): r for r, c in enumerate(map_ids)}
     tree = CraterIndex(latlon_to_xyz(cat.lat, cat.lon, 1737.4).reshape(-1, 3))
-    emb = make_embedder(args.model, None, 1)
     crops, truth = [], []
     for fr in doc["frames"]:
         if fr["split"] != args.split or not fr["boxes"]:
@@ -98,16 +107,20 @@ def queries(args, map_ids: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
             if b.get("clipped"):
                 continue
             l, r, t, bt = b["box"]
-            crops.append(preprocess(square_crop(img, (l, r, t, bt)), emb.input_size))
+            crops.append(preprocess(square_crop(img, (l, r, t, bt)), input_size))
             a, o, d = where[int(b["id"])]
             near = tree.within(latlon_to_xyz(a, o, 1737.4).reshape(3), 0.3)
             hit = [int(cat.ids[j]) for j in near if abs(cat.diameter_km[j] - d) <= 0.01 * d]
             truth.append(row_of.get(hit[0], -1) if hit else -1)
     if not crops:
         raise SystemExit(f"no unclipped box of split {args.split!r} in {root}")
-    x = np.stack(crops).astype(np.float32)
+    return np.stack(crops).astype(np.float32), np.asarray(truth, np.int64)
+
+
+def embed_queries(x: np.ndarray, emb) -> np.ndarray:
+    """Unit descriptors [q, d] of the crops ``x`` by the embedder ``emb``, 256 at a time."""
     q = np.concatenate([np.asarray(emb(x[i:i + 256]).global_, np.float32) for i in range(0, len(x), 256)])
-    return np.ascontiguousarray(q / np.linalg.norm(q, axis=1, keepdims=True)), np.asarray(truth, np.int64)
+    return np.ascontiguousarray(q / np.linalg.norm(q, axis=1, keepdims=True))
 
 
 def add_query_arguments(ap: argparse.ArgumentParser) -> None:
