@@ -1,6 +1,7 @@
 """The argparse types every command line uses for numbers: ranges, NaN and infinities refused."""
 
 import argparse
+from pathlib import Path
 
 import pytest
 
@@ -77,3 +78,49 @@ def test_every_command_line_without_a_command_lists_its_commands(cli, commands, 
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert f"the following arguments are required: {commands}" in err and "required: cmd" not in err
+
+
+@pytest.mark.parametrize("cli, argv, named", [
+    ("data", ["check", ""], "argument dir"),
+    ("data", ["stats", "", "--nms", "release"], "argument dirs"),
+    ("data", ["build", "luna1-synth", "--out", "x", "--annotate-validation-of", ""], "--annotate-validation-of"),
+    ("sim", ["run", "luna1", "--boxes", ""], "--boxes"),
+    ("sim", ["run", "luna1", "--data", " "], "--data"),
+    ("sim", ["report", ""], "argument dir"),
+    ("train", ["--config", "", "--out", "run"], "--config"),
+    ("train", ["--config", "c.yaml", "--out", "run", ""], "argument overrides"),
+    ("db", ["check", ""], "argument path"),
+    ("db", ["repair", ""], "argument path"),
+    ("export", ["keygen", "--out", ""], "--out"),
+    ("export", ["verify", "b", "--pub", ""], "--pub"),
+    ("hw", ["status", "--to", ""], "--to"),
+    ("hw", ["flash", "", "--to", "board"], "argument bundle"),
+    ("detect", ["run", "m", "", "--out", "o"], "argument inputs"),
+])
+def test_an_empty_argument_is_refused_never_read_as_the_working_directory_or_the_default(
+        cli, argv, named, tmp_path, monkeypatch, capsys):
+    """`trn-export keygen --out ""` wrote the key pair into the working directory, `trn-sim run
+    luna1 --boxes ''` ran on the default boxes, `trn-data check ''` checked the working directory
+    and `trn-db check ""` ended in a traceback: every empty or blank value is refused by name,
+    before anything is read or written."""
+    import importlib
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as e:
+        importlib.import_module(f"trn.cli.{cli}").main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert f"{named}: " in err and "is empty" in err and "Traceback" not in err
+    assert list(tmp_path.iterdir()) == []  # nothing written where the command ran
+
+
+def test_the_empty_value_check_keeps_types_choices_and_groups():
+    ap = Parser(prog="tool")
+    ap.add_argument("--n", type=int_at_least(1), default=3)
+    ap.add_argument("--kind", choices=("a", "b"), default="a")
+    group = ap.add_mutually_exclusive_group()
+    group.add_argument("--p", type=Path)
+    assert ap.parse_args(["--n", "5", "--kind", "b", "--p", "x"]) == argparse.Namespace(n=5, kind="b", p=Path("x"))
+    assert ap.parse_args([]) == argparse.Namespace(n=3, kind="a", p=None)
+    with pytest.raises(SystemExit):
+        ap.parse_args(["--p", ""])

@@ -7,6 +7,7 @@ import logging
 import math
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 from trn.errors import TrnError
 
@@ -49,13 +50,46 @@ class _Commands(argparse._SubParsersAction):
         self._metavar = value
 
 
+def _refusing_empty(convert: Callable[[str], object] | None, action: argparse.Action) -> Callable[[str], object]:
+    """``convert`` (str when None), after refusing a value that is empty or only blanks: ``Path("")``
+    is the working directory and an empty option value would quietly mean its default, so an empty
+    argument is always a mistake (a variable that expanded to nothing)."""
+    convert = convert or str
+    metavar = action.metavar if isinstance(action.metavar, str) else None
+    is_path = convert is Path
+    if action.option_strings:
+        name = max(action.option_strings, key=len)
+        fix = f"give {metavar or action.dest.upper()}" + ("" if action.required else f", or leave {name} out")
+    else:
+        fix = f"give the {'path' if is_path else 'value'} of {metavar or action.dest}"
+    if is_path:
+        fix = f"an empty path would mean the working directory: {fix}"
+
+    def parse(text: str) -> object:
+        if isinstance(text, str) and not text.strip():
+            raise argparse.ArgumentTypeError(f"{text!r} is empty (an unset shell variable?); {fix}")
+        return convert(text)
+
+    parse.__name__ = getattr(convert, "__name__", "value")
+    parse.refuses_empty = True  # type: ignore[attr-defined]
+    return parse
+
+
 class Parser(argparse.ArgumentParser):
     """argparse with one-line errors: ``error: <what> (see <prog> --help)``, exit status 2; a
-    missing subcommand is named by the list of commands."""
+    missing subcommand is named by the list of commands; an empty or blank value of any argument
+    is refused, naming the argument (:func:`_refusing_empty`)."""
 
     def add_subparsers(self, **kwargs):  # type: ignore[override]
         kwargs.setdefault("action", _Commands)
         return super().add_subparsers(**kwargs)
+
+    def parse_known_args(self, args=None, namespace=None):  # type: ignore[override]
+        for action in self._actions:  # groups' arguments included; subcommands are Parsers too
+            takes_values = action.nargs not in (0, argparse.PARSER, argparse.REMAINDER)  # not flags, not commands
+            if takes_values and not getattr(action.type, "refuses_empty", False):
+                action.type = _refusing_empty(action.type, action)
+        return super().parse_known_args(args, namespace)
 
     def error(self, message: str):  # type: ignore[override]
         print(f"error: {self.prog}: {message} (see {self.prog} --help)", file=sys.stderr)

@@ -506,7 +506,7 @@ def _embedders(args) -> list:
 def _box_kinds(args) -> list[str]:
     from trn.sim.boxes import BOX_SOURCES
 
-    kinds = list(dict.fromkeys(k.strip() for k in (args.boxes or "annotations").split(",") if k.strip()))
+    kinds = list(dict.fromkeys(k.strip() for k in ("annotations" if args.boxes is None else args.boxes).split(",") if k.strip()))
     bad = [k for k in kinds if k not in BOX_SOURCES]
     if bad or not kinds:
         raise ConfigError(f"--boxes {args.boxes!r}: choose from {', '.join(BOX_SOURCES)} (comma-separated)")
