@@ -208,10 +208,26 @@ def map_spec(map_dir: str | Path, model_name: str, embedding_dim: int) -> dict:
             "search": "trn_board.mapindex.BoardMap: search (k best, cosines), score (given rows, decoded directions)"}
 
 
+def _preprocess(input_size: int, input_norm: str, crop_margin: float) -> dict:
+    """How a board prepares a crop for the bundle's model (the manifest's ``input.preprocess``)."""
+    out = {"crop": "the detector's box" if crop_margin == 1.0 else
+           f"the square of {crop_margin:g} times the detector's box's longer side, centred on the box, the frame "
+           "mirrored at its edges (trn.data.crops.square_crop)",
+           "grey": "single channel", "normalise": "min-max of the crop to [0, 1]",
+           "resize": f"to {input_size} x {input_size}: area averaging when shrinking, "
+                     "bilinear when enlarging (OpenCV INTER_AREA / INTER_LINEAR)"}
+    if input_norm == "disk":
+        out["standardise"] = ("(x - mean) / std over the inscribed disk, zero outside it "
+                              "(trn_board.preprocess.standardize_disk): inside the ONNX graphs; on the host before "
+                              "the int8 TFLite backbone (head.npz input_norm)")
+    return out
+
+
 def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, model_name: str,
                 input_size: int, embedding_dim: int, threshold: float, card: Path | None = None,
                 quantisation: dict | None = None, *, version: int | None = None, source: dict | None = None,
-                detector: str | Path | None = None, map_dir: str | Path | None = None) -> Bundle:
+                detector: str | Path | None = None, map_dir: str | Path | None = None,
+                input_norm: str = "minmax", crop_margin: float = 1.0) -> Bundle:
     """Write the bundle directory ``out`` (refused when it exists) and ``out``.tar, signed.
 
     ``card``: the model card (bundled as MODEL_CARD.md and bound by its sha256; else the export
@@ -221,7 +237,9 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     directory whose int8 TFLite crater detector the bundle also carries (``detector`` in the
     manifest). ``map_dir``: an onboard map with a compressed index (``trn-sim map index``) whose
     index and crater metadata the bundle also carries (``map`` in the manifest); refused when the
-    map was embedded by another model or at another size. Signs what it is given: use
+    map was embedded by another model or at another size. ``input_norm`` / ``crop_margin``: how
+    the model's crops are cut and prepared (:class:`trn.models.descriptor.DescriptorConfig`),
+    written into the manifest's ``input.preprocess``. Signs what it is given: use
     :func:`bundle_model` for a bundle of a trained model."""
     serialization, _ = _crypto()
     version = derived_version() if version is None else version
@@ -266,10 +284,7 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
         "created_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "files": dict(sorted(entries.items())),
         "input": {"name": "image", "shape": [1, 1, input_size, input_size], "dtype": "float32",
-                  "preprocess": {"crop": "the detector's box", "grey": "single channel",
-                                 "normalise": "min-max of the crop to [0, 1]",
-                                 "resize": f"to {input_size} x {input_size}: area averaging when shrinking, "
-                                           "bilinear when enlarging (OpenCV INTER_AREA / INTER_LINEAR)"}},
+                  "preprocess": _preprocess(input_size, input_norm, crop_margin)},
         "outputs": {"embedding": [1, embedding_dim], "token_map": "[1, D, h, w]", "saliency": "[1, h, w]"},
         "embedding_dim": embedding_dim, "match_threshold": threshold,
         "quantisation": quantisation or {}, "versions": _versions(), "public_key": pub,
@@ -403,10 +418,10 @@ def check_export(export_dir: str | Path, weights: str | Path, model_name: str, m
         ref, got = head_of(ExportGraph(model.eval())), Head.load(export_dir / "head.npz")
         same = all(a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-6)
                    for a, b in ((ref.weight, got.weight), (ref.bias, got.bias), (ref.prelu, got.prelu))) \
-            and (ref.p, ref.eps) == (got.p, got.eps)
+            and (ref.p, ref.eps, ref.input_norm, ref.crop_margin) == (got.p, got.eps, got.input_norm, got.crop_margin)
         if not same:
-            raise DataError(f"head.npz is not {model_name}'s head (GeM, Linear, PReLU of its weights): this export "
-                            "directory is another model's", export_dir / "head.npz")
+            raise DataError(f"head.npz is not {model_name}'s head (its input preparation, GeM, Linear, PReLU of its "
+                            "weights): this export directory is another model's", export_dir / "head.npz")
         checked["head.npz"] = "equals the model's head"
     return {"weights_sha256": want, "checked": checked}
 
@@ -439,7 +454,8 @@ def bundle_model(model: str, export_dir: str | Path, out: str | Path, key_path: 
                                      "agreement_with_fp32": doc.get("agreement_with_fp32")}}
     thr = model_threshold(weights.parent) if threshold is None else threshold
     return make_bundle(export_dir, out, key_path, name, desc.cfg.input_size, desc.cfg.embed_dim, thr, card, quant,
-                       version=version, source=source, detector=detector, map_dir=map_dir)
+                       version=version, source=source, detector=detector, map_dir=map_dir,
+                       input_norm=desc.cfg.input_norm, crop_margin=desc.cfg.crop_margin)
 
 
 def verify_bundle(directory: str | Path, public_key: bytes) -> dict:

@@ -83,11 +83,17 @@ def fold_batchnorm(model: Descriptor) -> Descriptor:
 
 
 class ExportGraph(nn.Module):
-    """What the board runs: image [N, 1, S, S] -> (embedding, token_map, saliency)."""
+    """What the board runs: image [N, 1, S, S] -> (embedding, token_map, saliency). A model that
+    standardises its input over the disk (``input_norm`` "disk") keeps that step at the graph's
+    start (``standardize``); the TFLite lowering starts after it, at ``backbone``, and its host
+    standardises instead (:class:`trn.export.tflite.Head`)."""
 
     def __init__(self, model: Descriptor):
         super().__init__()
         folded = fold_batchnorm(model)
+        self.standardize = folded.standardize
+        self.input_norm = model.cfg.input_norm
+        self.crop_margin = float(model.cfg.crop_margin)
         self.backbone = folded.backbone
         self.input_size = model.cfg.input_size
         self.eps = float(folded.pool.eps)
@@ -103,6 +109,8 @@ class ExportGraph(nn.Module):
             self.backbone(torch.zeros(1, 1, self.input_size, self.input_size))
 
     def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        if self.standardize is not None:
+            image = self.standardize(image)
         feat = self.backbone(image).clamp(min=self.eps)
         powered = feat * feat * feat if self.p == 3.0 else feat.pow(self.p)
         pooled = powered.mean(dim=(2, 3)).pow(1.0 / self.p)

@@ -31,31 +31,49 @@ INT8_FILE, FLOAT_FILE, HEAD_FILE = "model_int8.tflite", "model_float.tflite", "h
 
 @dataclass(frozen=True)
 class Head:
-    """GeM + Linear (BatchNorm folded) + PReLU + L2, as numpy arrays."""
+    """The descriptor's host part, as numpy arrays: GeM + Linear (BatchNorm folded) + PReLU + L2
+    after the backbone, and before it how the input is prepared: ``input_norm`` "disk" means the
+    host standardises each crop over its inscribed disk
+    (:func:`trn_board.preprocess.standardize_disk`) before quantising it; ``crop_margin`` is how
+    the crops are cut (1.0: the detector's box)."""
 
     weight: np.ndarray  # [D, C]
     bias: np.ndarray  # [D]
     prelu: np.ndarray  # [1] or [D]
     p: float
     eps: float
+    input_norm: str = "minmax"
+    crop_margin: float = 1.0
 
     def save(self, path: Path) -> Path:
         tmp = path.with_name(f".{path.name}.tmp.npz")
         np.savez(tmp, weight=self.weight, bias=self.bias, prelu=self.prelu, p=np.float64(self.p),
-                 eps=np.float64(self.eps))
+                 eps=np.float64(self.eps), input_norm=np.array(self.input_norm), crop_margin=np.float64(self.crop_margin))
         tmp.replace(path)
         return path
+
+    def prepare(self, images: np.ndarray) -> np.ndarray:
+        """The backbone's input from crops [N, S, S]: themselves, or standardised over the disk."""
+        from trn_board.preprocess import standardize_disk
+
+        return standardize_disk(images) if self.input_norm == "disk" else np.asarray(images, np.float32)
 
     @classmethod
     def load(cls, path: Path) -> "Head":
         try:
             with np.load(path, allow_pickle=False) as z:
+                # heads exported before the input standardisation existed carry neither field
+                norm = str(z["input_norm"]) if "input_norm" in z.files else "minmax"
+                margin = float(z["crop_margin"]) if "crop_margin" in z.files else 1.0
                 h = cls(z["weight"].astype(np.float32), z["bias"].astype(np.float32), z["prelu"].astype(np.float32),
-                        float(z["p"]), float(z["eps"]))
+                        float(z["p"]), float(z["eps"]), norm, margin)
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"cannot read the descriptor head ({exc}); re-export with trn-export tflite", path) from None
         if h.weight.ndim != 2 or h.bias.shape != (h.weight.shape[0],) or not np.isfinite(h.weight).all():
             raise DataError("the descriptor head has inconsistent or non-finite arrays; re-export it", path)
+        if h.input_norm not in ("minmax", "disk") or not 1.0 <= h.crop_margin <= 3.0:
+            raise DataError(f"the descriptor head names input_norm={h.input_norm!r}, crop_margin={h.crop_margin}; "
+                            "expected minmax or disk and a margin of 1 to 3: re-export it", path)
         return h
 
     def _act(self, y: np.ndarray) -> np.ndarray:
@@ -77,7 +95,8 @@ def head_of(graph) -> Head:
     """The host head of an :class:`~trn.export.graph.ExportGraph`."""
     w = graph.head.weight.detach().double().numpy()
     return Head(w.reshape(w.shape[0], -1).astype(np.float32), graph.head.bias.detach().numpy().astype(np.float32),
-                graph.act.weight.detach().numpy().astype(np.float32).ravel(), float(graph.p), float(graph.eps))
+                graph.act.weight.detach().numpy().astype(np.float32).ravel(), float(graph.p), float(graph.eps),
+                graph.input_norm, graph.crop_margin)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -99,8 +118,9 @@ def load_interpreter(path: str | Path, threads: int = 1, edgetpu: bool = False):
 
 
 class TfliteRunner:
-    """One .tflite backbone (float or int8) plus the host head: images [N, S, S] in [0, 1] ->
-    (embedding, token_map, saliency), like the ONNX graph."""
+    """One .tflite backbone (float or int8) plus the host part: images [N, S, S] in [0, 1] ->
+    (embedding, token_map, saliency), like the ONNX graph (the host standardises the input first
+    when the head says so)."""
 
     def __init__(self, path: str | Path, head: Head | str | Path | None = None, threads: int = 1):
         path = Path(path)
@@ -129,6 +149,7 @@ class TfliteRunner:
             raise DataError(f"images have shape {x.shape}; this model takes [N, {self.input_size}, {self.input_size}]")
         if not np.isfinite(x).all():
             raise DataError("images contain NaN or infinite values")
+        x = self.head.prepare(x) if len(x) else x
         it = self.interpreter
         outs = []
         for im in x:
@@ -194,11 +215,12 @@ def export_tflite(model, out_dir: str | Path, calib: np.ndarray, calib_source: s
     g = lower_backbone(graph)
     head = head_of(graph)
     head.save(out_dir / HEAD_FILE)
+    calib = head.prepare(calib)  # the backbone's input: standardised on the host for a "disk" model
     made = []
     if float_model:
         p = write_tflite(g, out_dir / FLOAT_FILE, quantized=False, description="trn descriptor backbone, float32")
         made.append(TfliteExport(p, "float", s, _ops(g), p.stat().st_size, file_sha256(p), g.param_bytes(False)))
-    quantize(g, calibrate(g, calib[..., None].astype(np.float32)))
+    quantize(g, calibrate(g, calib[..., None].astype(np.float32)), signed_input=head.input_norm == "disk")
     p = write_tflite(g, out_dir / INT8_FILE, quantized=True,
                      description="trn descriptor backbone, full-integer int8 (input [0, hi] at zero point -128)")
     made.append(TfliteExport(p, "int8", s, _ops(g), p.stat().st_size, file_sha256(p), g.param_bytes(True),

@@ -14,10 +14,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from trn.errors import ConfigError
-from trn.models.layers import GeM, CoordinateAttention, RICConv2d, SqueezeExcitation
+from trn.models.layers import DiskStandardize, GeM, CoordinateAttention, RICConv2d, SqueezeExcitation
 
 CONVS = ("conv2d", "ric")
 ATTENTIONS = ("se", "ca")
+INPUT_NORMS = ("minmax", "disk")
+INPUT_FIELDS = ("input_norm", "crop_margin")
+MAX_CROP_MARGIN = 3.0
 
 
 @dataclass(frozen=True)
@@ -35,6 +38,14 @@ class DescriptorConfig:
     input_size: square input side in pixels (single-channel, min-max normalised).
     embed_dim: embedding size; gem_p: initial GeM exponent.
     exportable: Edge-TPU-friendly variants of the modules (equal in eval mode).
+    input_norm: "minmax": the crop is used as given (min-max normalised to [0, 1]); "disk": the
+        model first standardises it over its inscribed disk and zeroes the rest
+        (:class:`~trn.models.layers.DiskStandardize`), so brightness and contrast cancel exactly
+        and a rotation's fill is never read.
+    crop_margin: how a navigation crop is cut for this model: 1.0 is the detector's box itself
+        (resized to the square input); m > 1 is the square of m times the box's longer side
+        centred on the box (:func:`trn.data.crops.square_crop`), context around the rim that
+        survives the detector's box noise. Landmark renders carry their own margin.
     """
 
     name: str = "custom"
@@ -51,8 +62,14 @@ class DescriptorConfig:
     embed_dim: int = 512
     gem_p: float = 3.0
     exportable: bool = False
+    input_norm: str = "minmax"
+    crop_margin: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.input_norm not in INPUT_NORMS:
+            raise ConfigError(f"model input_norm={self.input_norm!r}: expected one of {INPUT_NORMS}")
+        if not 1.0 <= float(self.crop_margin) <= MAX_CROP_MARGIN:
+            raise ConfigError(f"model crop_margin={self.crop_margin}: expected 1.0 (the box) to {MAX_CROP_MARGIN}")
         if self.conv not in CONVS:
             raise ConfigError(f"model conv={self.conv!r}: expected one of {CONVS}")
         if self.attention not in ATTENTIONS:
@@ -85,6 +102,15 @@ class DescriptorConfig:
     def to_dict(self) -> dict:
         d = asdict(self)
         d["layers"], d["planes"] = list(self.layers), list(self.planes)
+        return d
+
+    def weights_layout(self) -> dict:
+        """What decides the shapes of the weights: everything but how the input is prepared
+        (``input_norm``, ``crop_margin``), so that a model trained on min-max crops can start a
+        run that standardises its input or cuts a margin."""
+        d = self.to_dict()
+        for k in INPUT_FIELDS:
+            d.pop(k)
         return d
 
     @classmethod
@@ -176,7 +202,9 @@ class Descriptor(nn.Module):
     """Backbone + head g: GeM -> Linear(C, embed_dim) -> BatchNorm1d -> PReLU -> L2 normalisation.
 
     forward: images float32 [N, 1, S, S] (min-max normalised to [0, 1]) -> float32 [N, embed_dim],
-    L2-normalised.
+    L2-normalised. With ``cfg.input_norm == "disk"`` the images are standardised over their
+    inscribed disk first (``standardize``); the exported graphs start after it and their hosts
+    standardise with :func:`trn_board.preprocess.standardize_disk`.
     """
 
     def __init__(self, cfg: DescriptorConfig):
@@ -187,6 +215,11 @@ class Descriptor(nn.Module):
         self.fc = nn.Linear(self.backbone.out_channels, cfg.embed_dim)
         self.bn = nn.BatchNorm1d(cfg.embed_dim)
         self.act = nn.PReLU()
+        self.standardize: nn.Module | None = DiskStandardize() if cfg.input_norm == "disk" else None
+
+    def prepare(self, x: torch.Tensor) -> torch.Tensor:
+        """The backbone's input: ``x`` itself, or standardised over the disk."""
+        return x if self.standardize is None else self.standardize(x)
 
     def embed_features(self, feat: torch.Tensor) -> torch.Tensor:
         return F.normalize(self.act(self.bn(self.fc(self.pool(feat)))), dim=1)
@@ -194,11 +227,11 @@ class Descriptor(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.ndim != 4 or x.shape[1] != 1:
             raise ValueError(f"descriptor input has shape {tuple(x.shape)}; expected [N, 1, H, W]")
-        return self.embed_features(self.backbone(x))
+        return self.embed_features(self.backbone(self.prepare(x)))
 
     def forward_with_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(embeddings [N, D], last feature map [N, C, h, w]) — the feature map feeds instance tokens."""
-        feat = self.backbone(x)
+        feat = self.backbone(self.prepare(x))
         return self.embed_features(feat), feat
 
 

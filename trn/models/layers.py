@@ -7,6 +7,8 @@
 * :class:`SqueezeExcitation`, :class:`CoordinateAttention`: attention modules that keep their last
   attention map (``.attention``) for the MARs regulariser.
 * :class:`GeM`: generalised-mean pooling with a learnable exponent.
+* :class:`DiskStandardize`: the input standardised over the crop's inscribed disk, zero outside it
+  (:mod:`trn_board.preprocess` holds the disk and the board's numpy copy).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from trn_board.preprocess import MIN_STD, disk_mask
 
 # The eight non-centre taps of a 3x3 kernel in row-major order; tap m samples at angle theta + m pi/4.
 RIC_TAPS = ((-1, -1), (-1, 0), (-1, 1), (0, -1), (0, 1), (1, -1), (1, 0), (1, 1))
@@ -219,3 +223,31 @@ class GeM(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return x.clamp(min=self.eps).pow(self.p).mean(dim=(2, 3)).pow(1.0 / self.p)
+
+
+class DiskStandardize(nn.Module):
+    """x [N, 1, S, S] -> (x - mean) / std over each image's inscribed disk, zero outside the disk.
+
+    Brightness and contrast changes (any a * x + b with a > 0) cancel exactly, and the zero fill
+    a rotation about the centre leaves in the corners is never read. The same function as
+    :func:`trn_board.preprocess.standardize_disk`, which boards and exported graphs' hosts run."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._masks: dict[int, torch.Tensor] = {}
+
+    def mask(self, size: int, like: torch.Tensor) -> torch.Tensor:
+        m = self._masks.get(size)
+        if m is None:
+            m = self._masks[size] = torch.from_numpy(disk_mask(size))
+        return m.to(device=like.device, dtype=like.dtype)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[-1] != x.shape[-2]:
+            raise ValueError(f"disk standardisation needs square images; got {tuple(x.shape)}")
+        m = self.mask(int(x.shape[-1]), x)
+        n = m.sum()
+        mean = (x * m).sum(dim=(2, 3), keepdim=True) / n
+        d = (x - mean) * m
+        std = torch.sqrt((d * d).sum(dim=(2, 3), keepdim=True) / n)
+        return torch.where(std > MIN_STD, d / std.clamp(min=MIN_STD), torch.zeros_like(d))

@@ -55,6 +55,7 @@ from trn_board import protocol as P  # noqa: E402
 from trn_board import trust  # noqa: E402
 from trn_board.detect import decode_input  # noqa: E402
 from trn_board.mapindex import BoardMap, MapError  # noqa: E402
+from trn_board.preprocess import standardize_disk  # noqa: E402
 from trn_board.options import ranged_int, seconds  # noqa: E402
 from trn_board.bundle import BundleError, manifest_sha256, verify_bundle  # noqa: E402
 
@@ -233,6 +234,12 @@ class BoardModel:
                 self.w, self.b = z["weight"].astype(np.float32), z["bias"].astype(np.float32)
                 self.prelu = z["prelu"].astype(np.float32)
                 self.p, self.eps = float(z["p"]), float(z["eps"])
+                # "disk": the backbone takes crops standardised over their inscribed disk (the ONNX
+                # graphs hold that step themselves); heads exported before it carry no field
+                self.input_norm = str(z["input_norm"]) if "input_norm" in z.files else "minmax"
+            if self.input_norm not in ("minmax", "disk"):
+                raise ModelError(f"{self.dir / 'head.npz'}: unknown input preparation {self.input_norm!r}; "
+                                 "re-export the model")
             self.input_size = int(self.inp["shape"][1])
         else:
             try:
@@ -294,6 +301,8 @@ class BoardModel:
         feats = []
         s, z = self.inp["quantization"]
         so, zo = self.out["quantization"]
+        if self.input_norm == "disk":
+            crops = standardize_disk(crops)
         for im in crops:
             q = np.clip(np.round(im[None, :, :, None] / s) + z, -128, 127).astype(self.inp["dtype"])
             self.it.set_tensor(self.inp["index"], q)
