@@ -63,15 +63,18 @@ def box_crop(frame: np.ndarray, box: PixelBox) -> np.ndarray:
     return frame[t:b, l:r]
 
 
-def square_crop(frame: np.ndarray, box: PixelBox) -> np.ndarray:
-    """The square centred on a detection box (l, r, t, b; pixel bounds) with the box's longer side,
-    the frame mirrored at its edges where the square leaves it."""
+def square_crop(frame: np.ndarray, box: PixelBox, margin: float = 1.0) -> np.ndarray:
+    """The square centred on a detection box (l, r, t, b; pixel bounds) whose side is ``margin``
+    times the box's longer side (at least 1 px), the frame mirrored at its edges where the square
+    leaves it (repeated at the edge when the square reaches further than the frame is wide)."""
     l, r, t, b = (int(v) for v in box)
     if r - l < 1 or b - t < 1:
         raise DataError(f"empty detection box {box}")
     if frame.ndim != 2 or not frame.size:
         raise DataError(f"frame has shape {frame.shape}; expected a grey image")
-    side = max(r - l, b - t)
+    if not (np.isfinite(margin) and 1.0 <= margin <= 3.0):
+        raise ConfigError(f"crop margin {margin}: expected 1.0 (the box) to 3.0")
+    side = max(1, int(round(margin * max(r - l, b - t))))
     x0 = (l + r - side) // 2
     y0 = (t + b - side) // 2
     h, w = frame.shape
@@ -80,6 +83,22 @@ def square_crop(frame: np.ndarray, box: PixelBox) -> np.ndarray:
         frame = np.pad(frame, pad, mode="reflect" if pad < min(h, w) else "edge")
         x0, y0 = x0 + pad, y0 + pad
     return frame[y0:y0 + side, x0:x0 + side]
+
+
+def navigation_crop(frame: np.ndarray, box: PixelBox, margin: float | None = None) -> np.ndarray:
+    """The crop a descriptor sees of a detection: the box itself for ``margin`` None (the
+    protocol's crop, resized to a square later), else :func:`square_crop` with that margin."""
+    return box_crop(frame, box) if margin is None else square_crop(frame, box, margin)
+
+
+def jittered_crop(frame: np.ndarray, box: PixelBox, size: int, margin: float | None = None,
+                  brightness: float = 1.0, contrast: float = 1.0) -> np.ndarray:
+    """The scenarios' crop of a detection before its rotation: :func:`navigation_crop`,
+    :func:`preprocess` to ``size``, then the photometric jitter (contrast about the crop's mean,
+    then brightness, clipped at 0). Training cuts its navigation views with the same function."""
+    x = preprocess(navigation_crop(frame, box, margin), size)
+    m = float(x.mean())
+    return np.clip(((x - m) * contrast + m) * brightness, 0.0, None)
 
 
 @dataclass(frozen=True)

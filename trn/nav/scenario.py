@@ -323,12 +323,12 @@ def frame_detections(ds: Luna1Dataset, s) -> list:
 
 def detection_descriptors(ds: Luna1Dataset, emb, flat: list) -> np.ndarray:
     """The descriptors [detections, dim] of ``flat``, each cut as the square centred on its box
-    (not stretched to the network's input)."""
+    (not stretched to the network's input) with the model's margin of context, if it has one."""
     from trn.sim import scenarios as sc
 
     out = np.zeros((len(flat), emb.dim), np.float32)
     for i in range(0, len(flat), 512):
-        out[i:i + 512] = emb(sc.crop_images(ds, flat[i:i + 512], emb.input_size, square=True)).global_
+        out[i:i + 512] = emb(sc.crop_images(ds, flat[i:i + 512], emb.input_size, sc.crop_margin(emb) or 1.0)).global_
     return out
 
 

@@ -36,6 +36,9 @@ class Embeddings:
 
 
 class Embedder(Protocol):
+    """What the scenarios call. ``crop_margin`` (optional, default 1.0): how navigation crops are
+    cut for it (:func:`trn.sim.scenarios.crop_margin`)."""
+
     name: str
     input_size: int
     dim: int
@@ -63,6 +66,7 @@ class TorchEmbedder:
         self.model = model.eval()
         self.name = name
         self.input_size = model.cfg.input_size
+        self.crop_margin = float(model.cfg.crop_margin)
         self.dim = model.cfg.embed_dim
         self.token_cfg = token_cfg
         self.batch = batch

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from trn.data.augment import AugmentConfig, Draw, apply, sample
-from trn.data.crops import box_crop, crop_information, jitter_box, preprocess, square_crop
+from trn.data.crops import box_crop, crop_information, jitter_box, jittered_crop, preprocess
 from trn.data.landmarks import LandmarkSet
 from trn.data.luna1 import Box, Luna1Dataset, read_gray
 from trn.db.database import DBConfig, Decision, LandmarkDB
@@ -221,10 +221,11 @@ def declined_summary(declined: list[dict], examples: int = 12) -> dict:
     return {"count": len(declined), "by_reason": reasons, "examples": declined[:examples]}
 
 
-def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, square: bool = False) -> np.ndarray:
+def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, margin: float | None = None) -> np.ndarray:
     """Preprocessed, augmented crops float32 [N, size, size] in detection order: the boxes (the
-    protocol's crops), or with ``square`` the squares centred on them with their longer side
-    (:func:`trn.data.crops.square_crop`; the map queries)."""
+    protocol's crops), or with ``margin`` the squares of ``margin`` times the box's longer side
+    centred on them (:func:`trn.data.crops.square_crop`; the map queries use 1.0, and a model
+    trained with context around its boxes names its own: :func:`crop_margin`)."""
     crops, cache = [], {}
     for d in dets:
         if d.frame not in cache:
@@ -235,15 +236,20 @@ def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, square: bool
         if r > img.shape[1] or b > img.shape[0]:
             raise DataError(f"box {d.box} of crater {d.label} lies outside the {img.shape[1]}x{img.shape[0]} frame",
                             ds.frame_path(d.frame))
-        x = preprocess(square_crop(img, d.box) if square else box_crop(img, d.box), size)
-        m = float(x.mean())
-        crops.append(np.clip(((x - m) * d.contrast + m) * d.brightness, 0.0, None))
+        crops.append(jittered_crop(img, d.box, size, margin, d.brightness, d.contrast))
     if not crops:
         return np.zeros((0, size, size), np.float32)
     x = torch.from_numpy(np.stack(crops)[:, None])
     n = len(dets)
     draw = Draw(torch.ones(n), torch.tensor([d.angle for d in dets], dtype=torch.float32), torch.zeros(n, 2))
     return apply(x, draw)[:, 0].numpy()
+
+
+def crop_margin(emb) -> float | None:
+    """How the protocol's crops are cut for ``emb``: None, the detector's box itself (every model
+    trained on boxes), or the margin of a model trained with context around its boxes."""
+    m = float(getattr(emb, "crop_margin", 1.0))
+    return None if m == 1.0 else m
 
 
 def frame_shape(ds: Luna1Dataset) -> tuple[int, int]:
@@ -509,7 +515,7 @@ def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
         counts = [len(dets[fr]) for fr in frames]
         before = [0] + size_curve[:-1]  # the database as each frame arrives
         extra["timing"], series["latency_ms"] = timing.frames(
-            emb, counts, before, lambda i: crop_images(ds, dets[frames[i]], emb.input_size),
+            emb, counts, before, lambda i: crop_images(ds, dets[frames[i]], emb.input_size, crop_margin(emb)),
             images=lambda i: ds.load_frame(frames[i]))
     return ScenarioResult("moon_navigation", emb.name, c.ra, c.correct, c.incorrect, c.missed, len(flat), s.seed,
                           s.to_dict(), extra=extra, series=series,
@@ -524,7 +530,7 @@ def _embed_crops(ds: Luna1Dataset, dets: list[Detection], emb: Embedder, thumbs:
     if thumbs is not None and not dets:
         thumbs.append(thumbnails(np.zeros((0, 1, 1), np.float32)))
     for i in range(0, len(dets), chunk):
-        x = crop_images(ds, dets[i:i + chunk], emb.input_size)
+        x = crop_images(ds, dets[i:i + chunk], emb.input_size, crop_margin(emb))
         if thumbs is not None:
             thumbs.append(thumbnails(x))
         e = emb(x)
