@@ -224,6 +224,30 @@ def test_validation_orbit_boxes_validation_craters_only(boxed_world, tmp_path):
     assert rendered == {f.frame for f in ds.frames if f.boxes}
 
 
+def test_training_orbit_boxes_training_craters_only(boxed_world, tmp_path):
+    from trn.data.build import split_craters, validation_segments
+    from trn.data.luna1 import read_luna1
+
+    base = dict(source=boxed_world, limit_frames=None, limit_craters=None, workers=1, render_frames=False, parts="scenarios",
+                render=RenderConfig(nav_size=64, crater_size=32), annotate=AnnotateConfig(min_box_px=4))
+    build_luna1(BuildConfig(out=tmp_path / "main", **base))
+    train, val = split_craters(tmp_path / "main", "training"), split_craters(tmp_path / "main", "validation")
+    assert train and not train & val
+    segments = validation_segments(12, 3.75, 1.9)
+    assert segments[0] == (3.75, round(1.9 * 86400, 3))
+    build_luna1(BuildConfig(out=tmp_path / "train", segments=segments, annotate_training_of=tmp_path / "main",
+                            **base))
+    ds = read_luna1(tmp_path / "train")
+    ids = {int(b.id) for f in ds.frames for b in f.boxes}
+    assert ids and ids <= train
+    assert ds.metadata.source["annotated"] == "training half of main only"
+    with pytest.raises(ConfigError, match="exclude each other"):
+        BuildConfig(out=tmp_path / "x", annotate_training_of=tmp_path / "main", annotate_validation_of=tmp_path / "main",
+                    **base)
+    with pytest.raises(ConfigError, match="split half"):
+        split_craters(tmp_path / "main", "test")
+
+
 def test_pass_sun_gives_one_sun_per_crater_and_other_geometry_per_view(world):
     surface, cat, big = world
     height = height_of(surface)

@@ -75,9 +75,18 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--segments", type=int_between(1, 200), default=None, metavar="N",
                    help="fly the trajectory N times, on N ground tracks spread in longitude and each 1.7 days "
                         "after the last (other Suns): with --annotate-validation-of, the validation orbit")
-    p.add_argument("--annotate-validation-of", type=Path, default=None, metavar="BUILD",
-                   help="box only the validation half of BUILD's split (no test-half crater), for choosing "
-                        "recipes and thresholds on a navigation sequence")
+    who = p.add_mutually_exclusive_group()
+    who.add_argument("--annotate-validation-of", type=Path, default=None, metavar="BUILD",
+                     help="box only the validation half of BUILD's split (no test-half crater), for choosing "
+                          "recipes and thresholds on a navigation sequence")
+    who.add_argument("--annotate-training-of", type=Path, default=None, metavar="BUILD",
+                     help="box only the training half of BUILD's split: a training orbit, navigation frames "
+                          "whose boxes name training craters only (trn-train data.orbits)")
+    p.add_argument("--first-rotation", type=float_between(0.0, 360.0), default=7.5, metavar="DEG",
+                   help="with --segments: the first ground track's turn east of the source's (default 7.5, the "
+                        "validation orbit's; a training orbit takes another, e.g. 3.75)")
+    p.add_argument("--day-step", type=float_between(0.1, 100.0), default=1.7, metavar="DAYS",
+                   help="with --segments: days between segments (default 1.7, the validation orbit's)")
     p.add_argument("-v", "--verbose", action="store_true")
 
 
@@ -91,10 +100,11 @@ def _check_build_paths(a: argparse.Namespace) -> None:
     src = getattr(a, "source", None)
     if src is not None and src.exists() and not src.is_dir():
         raise ConfigError(f"--source {src} is a file; it must be a directory laid out like ../shared/data/moon")
-    v = a.annotate_validation_of
-    if v is not None and not v.is_dir():
-        raise ConfigError(f"--annotate-validation-of {v} {'is a file' if v.exists() else 'does not exist'}; it must be "
-                          "the directory of a finished trn-data build")
+    for flag, v in (("--annotate-validation-of", a.annotate_validation_of),
+                    ("--annotate-training-of", a.annotate_training_of)):
+        if v is not None and not v.is_dir():
+            raise ConfigError(f"{flag} {v} {'is a file' if v.exists() else 'does not exist'}; it must be "
+                              "the directory of a finished trn-data build")
 
 
 def _render_config(a: argparse.Namespace) -> RenderConfig:
@@ -193,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
         render = _render_config(args)
         from trn.data.build import validation_segments
 
-        segments = validation_segments(args.segments) if args.segments else ()
+        segments = validation_segments(args.segments, args.first_rotation, args.day_step) if args.segments else ()
         annotate = AnnotateConfig(min_box_px=args.min_box, min_sun_elevation_deg=args.min_sun_elevation)
         if args.what == "luna1":
             cfg = BuildConfig(source=args.source, out=args.out, catalogue=args.catalogue, limit_frames=args.limit_frames,
@@ -202,7 +212,8 @@ def main(argv: list[str] | None = None) -> int:
                               render_frames=not args.no_frames, views=args.views, parts=args.parts,
                               frame_views=args.frame_views, segments=segments,
                               frame_view_ranges=_frame_view_ranges(args),
-                              annotate_validation_of=args.annotate_validation_of)
+                              annotate_validation_of=args.annotate_validation_of,
+                              annotate_training_of=args.annotate_training_of)
             _print_summary(build_luna1(cfg))
             return 0
         from trn.data.synth import SynthConfig, build_synthetic_luna1
@@ -213,7 +224,8 @@ def main(argv: list[str] | None = None) -> int:
                                         annotate=annotate, parts=args.parts, render_frames=not args.no_frames,
                                         views=args.views, frame_views=args.frame_views, segments=segments,
                                         frame_view_ranges=_frame_view_ranges(args),
-                                        annotate_validation_of=args.annotate_validation_of)
+                                        annotate_validation_of=args.annotate_validation_of,
+                                        annotate_training_of=args.annotate_training_of)
         _print_summary(summary)
         return 0
 

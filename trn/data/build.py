@@ -75,6 +75,9 @@ class BuildConfig:
     annotate_validation_of: box only the craters of the validation half of that build's split
         (the split training and trn-sim draw), so that a sequence built this way holds no
         test-half crater: the validation orbit.
+    annotate_training_of: box only the craters of the training half of that build's split: a
+        training orbit, navigation frames whose boxes name training craters only (its pixels show
+        whatever lies there, as a validation orbit's do). Exclusive with annotate_validation_of.
     parts: "all", or "scenarios": render first only what the four scenarios read (the landmarks
         of the test half, drawn by the same split as training, and the annotated frames); the
         build stays marked incomplete and the same command with parts "all" renders the rest,
@@ -101,6 +104,7 @@ class BuildConfig:
     frame_view_ranges: FrameViewRanges = field(default_factory=FrameViewRanges)
     segments: tuple[tuple[float, float], ...] = ()
     annotate_validation_of: Path | None = None
+    annotate_training_of: Path | None = None
     render: RenderConfig = field(default_factory=RenderConfig)
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
 
@@ -123,6 +127,9 @@ class BuildConfig:
             raise ConfigError(f"parts={self.parts!r}: expected one of {BUILD_PARTS}")
         if self.view_ranges is None:
             object.__setattr__(self, "view_ranges", ViewRanges())
+        if self.annotate_validation_of is not None and self.annotate_training_of is not None:
+            raise ConfigError("annotate_validation_of and annotate_training_of exclude each other: a sequence names "
+                              "the craters of one half of the split")
         for seg in self.segments:
             if len(seg) != 2 or not all(np.isfinite(seg)):
                 raise ConfigError(f"segment {seg}: expected (rotation_deg, epoch_offset_s), both finite")
@@ -353,13 +360,14 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     cat_path = find_catalogue(source, cfg.catalogue)
     cat = registered(select_craters(read_catalogue(cat_path), cfg), *catalogue_registration(source))
     boxed = cat
-    if cfg.annotate_validation_of is not None:
-        allowed = validation_craters(cfg.annotate_validation_of)
+    half_of = cfg.annotate_validation_of or cfg.annotate_training_of
+    if half_of is not None:
+        half = "validation" if cfg.annotate_validation_of is not None else "training"
+        allowed = split_craters(half_of, half)
         unknown = allowed - {int(c) for c in cat.ids}
         if unknown:
-            raise DataError(f"{len(unknown)} validation craters of that build are not in this catalogue selection "
-                            f"(first: {sorted(unknown)[0]}); build with the same catalogue and filters",
-                            cfg.annotate_validation_of)
+            raise DataError(f"{len(unknown)} {half} craters of that build are not in this catalogue selection "
+                            f"(first: {sorted(unknown)[0]}); build with the same catalogue and filters", half_of)
         boxed = cat.subset(np.isin(cat.ids, sorted(allowed)))
     sun = sun_direction_body(traj.epochs[:n_frames]) if n_frames else np.zeros((0, 3))  # row = frame number
     surface = _load_surface(cfg)
@@ -503,16 +511,25 @@ def _frame_view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, ind
     return tasks
 
 
-def validation_craters(build: str | Path) -> set[int]:
-    """The validation half of a Luna-1 build's split, as training and trn-sim draw it (its
-    navigation craters forced into the test half first, the default fractions and seed)."""
+def split_craters(build: str | Path, half: str = "validation") -> set[int]:
+    """The ``half`` ("training" or "validation") of a Luna-1 build's split, as training and
+    trn-sim draw it (its navigation craters forced into the test half first, the default
+    fractions and seed)."""
     root = Path(build)
     meta_path, ann_path = root / luna1.METADATA, root / luna1.ANNOTATIONS
     if not meta_path.is_file() or not ann_path.is_file():
         raise DataError("needs a finished Luna-1 build (metadata.json and annotations) to draw its split from", root)
     ids = [str(c) for c in sorted(luna1.Luna1Metadata.read(meta_path).craters)]
     forced = {str(b.id) for f in luna1.read_annotations(ann_path) for b in f.boxes}
-    return {int(c) for c in split_ids(ids, forced, TEST_FRACTION, VAL_FRACTION, SPLIT_SEED).val}
+    split = split_ids(ids, forced, TEST_FRACTION, VAL_FRACTION, SPLIT_SEED)
+    if half not in ("training", "validation"):
+        raise ConfigError(f"split half {half!r}: expected 'training' or 'validation'")
+    return {int(c) for c in (split.val if half == "validation" else split.train)}
+
+
+def validation_craters(build: str | Path) -> set[int]:
+    """The validation half of a Luna-1 build's split (:func:`split_craters`)."""
+    return split_craters(build, "validation")
 
 
 def validation_segments(n: int, first_rotation_deg: float = 7.5, day_step: float = 1.7) -> tuple[tuple[float, float], ...]:
@@ -551,6 +568,8 @@ def _metadata(cfg: BuildConfig, cat: Catalogue, cat_path: Path, order: list[int]
                                "frames": one_pass} for j, (r, o) in enumerate(cfg.segments)]
     if cfg.annotate_validation_of is not None:
         source["annotated"] = f"validation half of {Path(cfg.annotate_validation_of).name} only"
+    if cfg.annotate_training_of is not None:
+        source["annotated"] = f"training half of {Path(cfg.annotate_training_of).name} only"
     cam = cfg.render.camera
     return luna1.Luna1Metadata(source=source, renderer={**asdict(cfg.render), "annotate": asdict(cfg.annotate)},
                                craters=craters, frames=frames,

@@ -540,11 +540,11 @@ def build_synthetic_luna1(cfg: SynthConfig, out: Path, world_dir: Path | None = 
                           limit_craters: int | None = None, workers: int = 2, render: RenderConfig | None = None,
                           annotate: AnnotateConfig | None = None, parts: str = "all", render_frames: bool = True,
                           views: int = 0, frame_views: int = 0, segments: tuple = (),
-                          annotate_validation_of: Path | None = None,
+                          annotate_validation_of: Path | None = None, annotate_training_of: Path | None = None,
                           frame_view_ranges: "FrameViewRanges | None" = None) -> BuildSummary:
     """Make (or reuse) the procedural world, then build its Luna-1 dataset with the common builder
-    (``parts``, ``render_frames``, ``views``, ``frame_views``, ``segments``, ``annotate_validation_of``:
-    see :class:`BuildConfig`)."""
+    (``parts``, ``render_frames``, ``views``, ``frame_views``, ``segments``, ``annotate_validation_of``,
+    ``annotate_training_of``: see :class:`BuildConfig`)."""
     out = Path(out)
     world_dir = Path(world_dir) if world_dir is not None else out / ".world"
     make_world(cfg, world_dir)
@@ -552,6 +552,6 @@ def build_synthetic_luna1(cfg: SynthConfig, out: Path, world_dir: Path | None = 
                        workers=workers, seed=cfg.seed, render=render or RenderConfig(),
                        annotate=annotate or AnnotateConfig(), parts=parts, render_frames=render_frames, views=views,
                        frame_views=frame_views, segments=tuple(segments),
-                       annotate_validation_of=annotate_validation_of,
+                       annotate_validation_of=annotate_validation_of, annotate_training_of=annotate_training_of,
                        frame_view_ranges=frame_view_ranges or FrameViewRanges())
     return build_luna1(bcfg)
