@@ -1,10 +1,21 @@
 """What separates two crops of one crater in Moon Navigation: one nuisance at a time.
 
     python benchmarks/nuisance.py --data data/luna1-val MODEL [MODEL ...]
+    python benchmarks/nuisance.py --data data/luna1-val --table-only [--margin 1.25] MODEL [MODEL ...]
 
-Takes the Moon Navigation crops of a Luna-1 directory exactly as the scenario cuts them (NMS,
-seeded detector noise, rotation, photometric jitter, uninformative crops declined) and prints,
-per model:
+First, the perturbation table (:mod:`trn.sim.pairs`): every crater box of the annotated frames
+after the scenario's NMS (uninformative crops declined), paired with the same crater's box in the
+next frame (same-crater pairs), with five boxes of other craters drawn from the whole sequence
+(impostors of the sequence) and with the other craters' boxes in the next frame (impostors of the
+next frame; few on a validation orbit, which boxes few craters a frame). Each crop is cut,
+perturbed with the scenario's own code and settings (detector box noise, brightness and contrast,
+rotation; each crop its own seeded draw) and embedded; a row per perturbation alone and combined
+gives the same-crater pairs' mean cosine and share >= 0.9, and the impostors' share >= 0.9. The
+crops are cut as the model asks (``crop_margin``) unless ``--margin`` sets it.
+
+Then (unless ``--table-only``) the Moon Navigation crops of a Luna-1 directory exactly as the
+scenario cuts them (NMS, seeded detector noise, rotation, photometric jitter, uninformative crops
+declined), per model:
 
 - the same detection cut again with one nuisance changed (rotation +97 degrees, the photometric
   jitter removed, the box shrunk by 8 px on each side): mean cosine and share >= 0.9, over the
@@ -57,6 +68,47 @@ class Canonical:
         return self.emb(canonical(np.asarray(images, np.float32)))
 
 
+class Margin:
+    """An embedder whose navigation crops are cut with another margin."""
+
+    def __init__(self, emb, margin: float):
+        self.emb, self.crop_margin = emb, float(margin)
+        self.name = f"{emb.name} (margin {margin:g})"
+        self.input_size, self.dim, self.tokens, self.token_dim = emb.input_size, emb.dim, emb.tokens, emb.token_dim
+
+    def __call__(self, images: np.ndarray):
+        return self.emb(images)
+
+
+# the table's rows: which of the protocol's perturbations each crop gets
+PERTURBATIONS = (("clean box crops, no perturbation", ()),
+                 ("rotation only", ("rotation",)),
+                 ("detector box noise only", ("noise",)),
+                 ("brightness and contrast only", ("photometric",)),
+                 ("box noise + rotation", ("noise", "rotation")),
+                 ("box noise + brightness and contrast", ("noise", "photometric")),
+                 ("the full protocol", ("noise", "photometric", "rotation")))
+
+
+def perturbation_table(ds, emb, s) -> list[str]:
+    """The table's lines for one embedder (see the module docstring)."""
+    from trn.sim.pairs import consecutive_pairs, navigation_boxes, pair_shares
+
+    clean = navigation_boxes(ds, s)
+    same, other = consecutive_pairs(clean)
+    lines = [f"{len(clean)} boxes of {len({d.label for d in clean})} craters; {len(same)} same-crater pairs in "
+             f"consecutive frames; impostor pairs: {len(other)} of the next frame, 5 a box of the sequence; crops cut "
+             f"with margin {getattr(emb, 'crop_margin', 1.0):g}",
+             "| crops | same-crater mean cosine | same-crater share >= 0.9 | impostors of the sequence: mean cosine | "
+             "share >= 0.9 | impostors of the next frame: share >= 0.9 |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for name, parts in PERTURBATIONS:
+        r = pair_shares(ds, emb, s, parts, boxes=clean, threshold=0.9)
+        lines.append(f"| {name} | {r.same.mean():.3f} | {100 * r.same_share:.1f} % | {r.impostor_any.mean():.3f} | "
+                     f"{100 * r.impostor_any_share:.1f} % | {100 * r.impostor_share:.1f} % |")
+    return lines
+
+
 def _row(name: str, c: np.ndarray) -> str:
     return f"| {name} | {len(c)} | {c.mean():.3f} | {(c >= 0.9).mean():.3f} |" if len(c) else f"| {name} | 0 | - | - |"
 
@@ -67,6 +119,9 @@ def main() -> int:
     ap.add_argument("--data", type=Path, required=True, help="Luna-1 directory with annotated frames (a validation orbit)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--n", type=int, default=300, help="detections for the one-nuisance rows")
+    ap.add_argument("--margin", type=float, default=None,
+                    help="cut every model's crops with this margin (default: each model's own crop_margin)")
+    ap.add_argument("--table-only", action="store_true", help="print the perturbation table only")
     args = ap.parse_args()
     import torch
 
@@ -79,6 +134,14 @@ def main() -> int:
     print("hardware:", hardware())
     ds = read_luna1(args.data)
     s = sc.ScenarioSettings()
+    embedders = {}
+    for spec in args.models:
+        emb = make_embedder(spec)
+        embedders[spec] = Margin(emb, args.margin) if args.margin is not None else emb
+        print(f"\n{spec}: perturbation table", flush=True)
+        print("\n".join(perturbation_table(ds, embedders[spec], s)), flush=True)
+    if args.table_only:
+        return 0
     flat, declined = sc.moon_navigation_crops(ds, s)  # exactly Moon Navigation's inputs
     h, w = sc.frame_shape(ds)
     lab = np.array([d.label for d in flat])
@@ -94,8 +157,7 @@ def main() -> int:
     same = (lab[:, None] == lab[None, :]) & ~np.eye(len(lab), dtype=bool)
     upper = np.triu(np.ones_like(same), 1)
     gap = np.abs(fr[:, None] - fr[None, :])
-    for spec in args.models:
-        emb = make_embedder(spec)
+    for spec, emb in embedders.items():
         e = sc._embed_crops(ds, flat, emb).global_
         sim = e @ e.T
         print(f"\n{spec}\n| pairs | n | mean cosine | share >= 0.9 |\n| --- | --- | --- | --- |")

@@ -78,3 +78,34 @@ def test_unknown_losses():
     with pytest.raises(ConfigError, match="unknown metric loss"):
         loss_spec("triplet-ish")
     assert loss_spec("proxy-anchor").has_parameters and not loss_spec("supcon").has_parameters
+
+
+def test_decision_loss_puts_pairs_above_the_threshold_and_impostors_below():
+    import math
+
+    from trn.train.losses import DecisionLoss
+
+    def unit(angle_deg):
+        a = math.radians(angle_deg)
+        return [math.cos(a), math.sin(a)]
+
+    loss = DecisionLoss(threshold=0.9, margin=0.05)
+    # two identities far apart, each pair at cos 0.99: nothing to do
+    e = torch.tensor([unit(0), unit(8), unit(90), unit(98)])
+    labels = torch.tensor([0, 0, 1, 1])
+    assert loss(e, labels).item() == 0.0
+    # a pair at cos 0.8 is pulled up by 0.95 - 0.8 on each of its two ordered pairs
+    e = torch.tensor([unit(0), unit(math.degrees(math.acos(0.8))), unit(120), unit(125)])
+    cos1 = float(e[2] @ e[3])
+    want = (2 * (0.95 - 0.8) + 2 * max(0.0, 0.95 - cos1)) / 4
+    assert loss(e, labels).item() == pytest.approx(want, abs=1e-6)
+    # an impostor above 0.85 is pushed down, averaged over the violating impostors only
+    e = torch.tensor([unit(0), unit(5), unit(20), unit(25)], requires_grad=True)
+    imp = [float(torch.tensor(unit(a)) @ torch.tensor(unit(b))) for a, b in ((0, 20), (0, 25), (5, 20), (5, 25))]
+    viol = [c - 0.85 for c in imp if c > 0.85]
+    got = loss(e, labels)
+    assert got.item() == pytest.approx(sum(viol) / len(viol), abs=1e-6)
+    got.backward()
+    assert e.grad is not None and e.grad.abs().sum() > 0
+    with pytest.raises(ConfigError):
+        DecisionLoss(threshold=0.98, margin=0.05)

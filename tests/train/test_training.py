@@ -253,3 +253,65 @@ def test_frame_views_of_test_craters_are_refused(tmp_path):
     root = tiny_luna1_with_frame_views(tmp_path / "l", n=12, k=2, test_too=True)
     with pytest.raises(DataError, match="test-half"):
         training_set(DataConfig(kind="luna1", path=str(root), test_fraction=0.25, val_fraction=0.25, frame_views=True))
+
+
+def _orbit_builds(boxed_world, tmp_path):
+    """A tiny Luna-1 build of the procedural world, a training orbit of its training half and a
+    validation orbit of its validation half."""
+    from trn.data.annotate import AnnotateConfig
+    from trn.data.build import BuildConfig, build_luna1, validation_segments
+    from trn.data.render import RenderConfig
+
+    base = dict(source=boxed_world, workers=1, render=RenderConfig(nav_size=64, crater_size=48),
+                annotate=AnnotateConfig(min_box_px=4))
+    build_luna1(BuildConfig(out=tmp_path / "main", render_frames=False, **base))
+    build_luna1(BuildConfig(out=tmp_path / "train_orbit", segments=validation_segments(6, 3.75, 1.9),
+                            annotate_training_of=tmp_path / "main", parts="scenarios", **base))
+    build_luna1(BuildConfig(out=tmp_path / "val_orbit", segments=validation_segments(12),
+                            annotate_validation_of=tmp_path / "main", parts="scenarios", **base))
+    return tmp_path / "main", tmp_path / "train_orbit", tmp_path / "val_orbit"
+
+
+def test_training_orbits_give_navigation_pairs_and_validate_on_the_validation_orbit(boxed_world, tmp_path):
+    from trn.sim.scenarios import ScenarioSettings
+    from trn.train.orbits import OrbitViews, numpy_rng, orbit_prefix
+
+    main, train_orbit, val_orbit = _orbit_builds(boxed_world, tmp_path)
+    doc = base_doc(main)
+    doc["data"] = {"kind": "luna1", "path": str(main), "orbits": [str(train_orbit)], "val_orbit": str(val_orbit)}
+    doc["model"] = dict(doc["model"], input_norm="disk", crop_margin=1.25)
+    doc.update(epochs=2, batch_size=8, select="orbit", orbit_share=0.5, decision={"weight": 1.0})
+    cfg = from_dict(doc)
+    # the orbit's craters are training identities of the main build, with no prefix
+    assert orbit_prefix(train_orbit, [str(main)]) == ""
+    with pytest.raises(ConfigError, match="annotate-training-of"):
+        orbit_prefix(val_orbit, [str(main)])
+    from trn.train.data import training_set
+
+    ls, split = training_set(cfg.data)
+    views = OrbitViews([(train_orbit, "")], split.train, 32, 1.25, ScenarioSettings(), max_gap=5)
+    i = next(k for k, b in enumerate(views.boxes) if b)
+    g = torch.Generator().manual_seed(0)
+    a, b = views.pair(i, numpy_rng(g))
+    assert a.segment == b.segment and abs(a.number - b.number) <= 5
+    x, angles = views.crops([a, b], numpy_rng(g))
+    assert x.shape == (2, 1, 32, 32) and ((angles >= 15) & (angles <= 345)).all()
+    # the same seed gives the same crops
+    g = torch.Generator().manual_seed(0)
+    numpy_rng(g)
+    assert torch.equal(views.crops([a, b], numpy_rng(g))[0], x)
+    # a box of a crater outside the run's training identities is refused, never trained on
+    from trn.errors import DataError
+
+    with pytest.raises(DataError, match="not a training identity"):
+        OrbitViews([(train_orbit, "")], split.val, 32, 1.25, ScenarioSettings())
+    state = train(cfg, tmp_path / "run")
+    rec = state.history[-1]
+    for key in ("val_orbit_same", "val_orbit_same_cosine", "decision_loss"):
+        assert key in rec and np.isfinite(rec[key])
+    assert 0.0 <= rec["val_orbit_same"] <= 1.0
+    assert "val_orbit_impostor" in rec  # NaN where no frame holds two craters, as in this tiny orbit
+    m = load_descriptor(tmp_path / "run" / "weights.pt")
+    assert m.cfg.input_norm == "disk" and m.cfg.crop_margin == 1.25
+    with pytest.raises(ConfigError, match="val_orbit"):
+        from_dict(dict(doc, data=dict(doc["data"], val_orbit="")))

@@ -35,7 +35,7 @@ DATA_KINDS = ("auto", "luna1", "hirise", "folder")
 OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 DEVICES = ("cpu", "cuda", "auto")
-SELECTIONS = ("render", "frame", "both")
+SELECTIONS = ("render", "frame", "both", "orbit")
 MAX_SEED = 2**32 - 1  # seeds are 32-bit everywhere in trn (the command lines refuse larger ones too)
 
 
@@ -53,7 +53,13 @@ class DataConfig:
     also: further datasets (for instance the built-in world beside the real build) whose
     training and validation halves join this one's. Each is split on its own, exactly as trn-sim
     splits it, so the union is identity-disjoint from every test half; their identities are
-    prefixed ``<k>:`` (k = 1, 2, ...) to stay distinct."""
+    prefixed ``<k>:`` (k = 1, 2, ...) to stay distinct.
+    orbits: training orbits (``trn-data build --segments N --annotate-training-of D`` with D this
+    path or one of ``also``): their boxes, cut and perturbed as the scenarios cut detections,
+    become navigation views of their training craters (``orbit_share``).
+    val_orbit: a validation orbit (``--annotate-validation-of``) on which every epoch measures the
+    consecutive-frame pairs of :mod:`trn.sim.pairs` under the full protocol: the share of
+    same-crater pairs and of impostor pairs at ``select_threshold`` (``select: orbit``)."""
 
     kind: str = "auto"
     path: str = ""
@@ -63,8 +69,14 @@ class DataConfig:
     extra_views: bool = False
     frame_views: bool = False
     also: tuple[str, ...] = ()
+    orbits: tuple[str, ...] = ()
+    val_orbit: str = ""
 
     def __post_init__(self) -> None:
+        if any(not p for p in self.orbits) or len(set(self.orbits)) != len(self.orbits):
+            raise ConfigError(f"data.orbits={list(self.orbits)}: expected distinct non-empty training-orbit paths")
+        if self.val_orbit and self.val_orbit in self.orbits:
+            raise ConfigError(f"data.val_orbit={self.val_orbit} is also a training orbit; validate on another sequence")
         if any(not p for p in self.also) or len(set(self.also)) != len(self.also) or self.path in self.also:
             raise ConfigError(f"data.also={list(self.also)}: expected distinct non-empty dataset paths other than data.path")
         if self.kind not in DATA_KINDS:
@@ -93,6 +105,24 @@ class MarsSection:
 
 
 @dataclass(frozen=True)
+class DecisionSection:
+    """The decision term (:class:`trn.train.losses.DecisionLoss`) added to the metric loss with
+    ``weight`` (0: off): pairs of one crater above ``threshold + margin``, impostors below
+    ``threshold - margin``."""
+
+    weight: float = 0.0
+    threshold: float = 0.9
+    margin: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.weight <= 100:
+            raise ConfigError(f"decision.weight={self.weight}: expected 0 (off) to 100")
+        if not (0 <= self.margin < 0.5 and -1 < self.threshold - self.margin and self.threshold + self.margin < 1):
+            raise ConfigError(f"decision threshold={self.threshold}, margin={self.margin}: need 0 <= margin < 0.5 "
+                              "and -1 < threshold - margin, threshold + margin < 1")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run depends on; saved, resolved, beside its checkpoint.
 
@@ -116,6 +146,12 @@ class TrainConfig:
     with distractors), "frame" (match-or-insert accuracy on the validation craters' frame views
     at ``select_threshold``) or "both" (their mean).
     select_threshold: the match threshold of that accuracy (the scenarios' 0.9).
+    "orbit" (needs ``data.val_orbit``): the mean of the render figure and of the validation
+    orbit's same-crater share minus its impostor share at ``select_threshold``.
+    orbit_share / orbit_max_gap: with ``data.orbits``, the probability that an identity with
+    training-orbit boxes takes a pair of its navigation crops in a batch, and the most frames
+    apart the two boxes may lie in one pass.
+    decision: the decision term (:class:`DecisionSection`).
     """
 
     data: DataConfig
@@ -143,6 +179,9 @@ class TrainConfig:
     init: str = ""
     select: str = "render"
     select_threshold: float = 0.9
+    orbit_share: float = 0.5
+    orbit_max_gap: int = 30
+    decision: DecisionSection = field(default_factory=DecisionSection)
 
     def __post_init__(self) -> None:
         spec = loss_spec(self.loss)
@@ -151,8 +190,16 @@ class TrainConfig:
                               "[render-render, render-frame, frame-frame] with a positive sum")
         if self.select not in SELECTIONS:
             raise ConfigError(f"select={self.select!r}: expected one of {SELECTIONS}")
-        if self.select != "render" and not self.data.frame_views:
+        if self.select in ("frame", "both") and not self.data.frame_views:
             raise ConfigError(f"select={self.select!r} needs frame views to validate on: set data.frame_views: true")
+        if self.select == "orbit" and not self.data.val_orbit:
+            raise ConfigError("select='orbit' needs a validation orbit to validate on: set data.val_orbit")
+        if not 0 <= self.orbit_share <= 1:
+            raise ConfigError(f"orbit_share={self.orbit_share}: expected 0 to 1")
+        if not 1 <= self.orbit_max_gap <= 100000:
+            raise ConfigError(f"orbit_max_gap={self.orbit_max_gap}: expected 1 or more frames")
+        if self.data.orbits and self.views_per_identity != 2:
+            raise ConfigError("data.orbits trains pairs of navigation crops: set views_per_identity: 2")
         if not -1.0 <= self.select_threshold <= 1.0:
             raise ConfigError(f"select_threshold={self.select_threshold}: need a cosine in [-1, 1]")
         if self.epochs < 1 or self.epochs > 10000:
@@ -211,12 +258,13 @@ def from_dict(doc: dict) -> TrainConfig:
     m = _strict(DescriptorConfig, "model", m)
     model = DescriptorConfig.from_dict(m) if preset is None else model_config(preset, **m)
     mars = MarsSection(**_strict(MarsSection, "mars", doc.pop("mars", {})))
+    decision = DecisionSection(**_strict(DecisionSection, "decision", doc.pop("decision", {})))
     aug = dict(_strict(AugmentConfig, "augment", doc.pop("augment", {})))
     for k in [f.name for f in dataclasses.fields(AugmentConfig) if f.default.__class__ is tuple]:
         if k in aug and len(aug[k]) != 2:
             raise ConfigError(f"augment.{k}: expected [low, high], got {list(aug[k])}")
     try:
-        return TrainConfig(data=data, model=model, mars=mars, augment=AugmentConfig(**aug), **doc)
+        return TrainConfig(data=data, model=model, mars=mars, augment=AugmentConfig(**aug), decision=decision, **doc)
     except TypeError as exc:
         raise ConfigError(f"bad config value: {exc}") from None
 
@@ -266,7 +314,7 @@ def check_before_training(cfg: TrainConfig, train_identities: int) -> None:
         from trn.models.checkpoint import load_descriptor
 
         start = load_descriptor(cfg.init)
-        if start.cfg.to_dict() != cfg.model.to_dict():
+        if start.cfg.weights_layout() != cfg.model.weights_layout():
             raise ConfigError(f"init={cfg.init}: that descriptor's architecture differs from model: in the config")
 
 

@@ -145,14 +145,17 @@ def pair_rows(bank: ImageBank, ids: list[int], pair_mix: tuple[float, float, flo
 
 def make_views(bank: ImageBank, ids: torch.Tensor, views: int, aug: AugmentConfig,
                generator: torch.Generator, size: int | None = None,
-               detector: bool = False, pair_mix: tuple[float, float, float] | None = None
-               ) -> tuple[torch.Tensor, torch.Tensor, Draw]:
+               detector: bool = False, pair_mix: tuple[float, float, float] | None = None,
+               orbit=None, orbit_share: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, Draw]:
     """Batch of ``views`` augmented views per identity, view-major: images [views * B, 1, S, S],
     labels [views * B] (bank identity index), and the draws from T. ``size``: the output size S
     (default: the bank's); a bank stored larger is resampled. ``detector``: each view first goes
     through the detector stage D of ``aug`` (training only; validation keeps the test protocol).
     ``pair_mix``: with two views and a bank holding frame views, the kind of each identity's pair
-    (see :func:`pair_rows`)."""
+    (see :func:`pair_rows`). ``orbit`` (:class:`trn.train.orbits.OrbitViews`, two views): each
+    identity with boxes in the training orbits takes, with probability ``orbit_share``, a pair of
+    its navigation crops instead (two boxes of one pass, each cut and perturbed as the scenarios
+    cut a detection; their draws carry the protocol's rotation)."""
     imgs, labels = [], []
     if pair_mix is not None and views == 2 and any(bank.frames):
         first, second = pair_rows(bank, ids.tolist(), pair_mix, generator)
@@ -179,4 +182,29 @@ def make_views(bank: ImageBank, ids: torch.Tensor, views: int, aug: AugmentConfi
     if detector:
         x = contrast(x, aug, generator)
     d = sample(x.shape[0], x.shape[-1], aug, generator)
-    return apply(x, d), torch.tensor(labels), d
+    x = apply(x, d)
+    if orbit is not None and views == 2 and orbit_share > 0:
+        x, d = _orbit_pairs(x, d, ids, orbit, orbit_share, generator)
+    return x, torch.tensor(labels), d
+
+
+def _orbit_pairs(x: torch.Tensor, d: Draw, ids: torch.Tensor, orbit, share: float,
+                 generator: torch.Generator) -> tuple[torch.Tensor, Draw]:
+    """``x`` and its draws with the pairs of some identities replaced by training-orbit crops."""
+    from trn.train.orbits import numpy_rng
+
+    coin = torch.rand(len(ids), generator=generator) < share
+    rows = [j for j, i in enumerate(ids.tolist()) if coin[j] and orbit.boxes[i]]
+    if not rows:
+        return x, d
+    rng = numpy_rng(generator)
+    pairs = [orbit.pair(int(ids[j]), rng) for j in rows]
+    crops, angles = orbit.crops([a for a, _ in pairs] + [b for _, b in pairs], rng)
+    if crops.shape[-1] != x.shape[-1]:
+        raise DataError(f"training-orbit crops are {crops.shape[-1]} px, the batch {x.shape[-1]} px")
+    n = len(ids)
+    at = torch.tensor(rows + [n + j for j in rows])
+    x, b, a, t = x.clone(), d.brightness.clone(), d.angle_deg.clone(), d.shift.clone()
+    x[at] = crops.to(x)
+    b[at], a[at], t[at] = 1.0, angles, 0.0
+    return x, Draw(b, a, t)

@@ -36,7 +36,7 @@ from trn.models.descriptor import Descriptor
 from trn.sim.metrics import match_or_insert, separation
 from trn.train.config import TrainConfig, resolve_kind
 from trn.train.data import ImageBank, make_views, pair_batches, training_set
-from trn.train.losses import MetricLoss
+from trn.train.losses import DecisionLoss, MetricLoss
 from trn.train.mars import Mars, positive_pairs
 
 log = logging.getLogger(__name__)
@@ -158,6 +158,50 @@ def frame_validation(model: Descriptor, frames: ImageBank, renders: ImageBank, t
     return out
 
 
+@torch.no_grad()
+def orbit_validation(model: Descriptor, orbit, threshold: float, seed: int = 12345) -> dict:
+    """The validation orbit's pairs under the full protocol (:func:`trn.sim.pairs.pair_shares`):
+    the shares of same-crater pairs in consecutive frames and of impostor pairs of the sequence
+    (and of the next frame) at ``threshold``, and their mean cosines."""
+    from trn.sim.embedders import TorchEmbedder
+    from trn.sim.pairs import pair_shares
+    from trn.sim.scenarios import ScenarioSettings
+
+    ds, boxes = orbit
+    r = pair_shares(ds, TorchEmbedder(model, "training"), ScenarioSettings(threshold=threshold), seed=seed, boxes=boxes)
+    return {"val_orbit_same": r.same_share, "val_orbit_impostor": r.impostor_any_share,
+            "val_orbit_impostor_next_frame": r.impostor_share, "val_orbit_same_cosine": float(r.same.mean()),
+            "val_orbit_impostor_cosine": float(r.impostor_any.mean())}
+
+
+def _orbits(cfg: TrainConfig, names: list[str]):
+    """The training orbits' views of the training identities ``names``, or None."""
+    if not cfg.data.orbits:
+        return None
+    from trn.sim.scenarios import ScenarioSettings
+    from trn.train.orbits import OrbitViews, orbit_prefix
+
+    datasets = [cfg.data.path, *cfg.data.also]
+    orbits = [(Path(p), orbit_prefix(Path(p), datasets)) for p in cfg.data.orbits]
+    margin = None if cfg.model.crop_margin == 1.0 else cfg.model.crop_margin
+    return OrbitViews(orbits, names, cfg.model.input_size, margin, ScenarioSettings(), cfg.orbit_max_gap)
+
+
+def _val_orbit(cfg: TrainConfig):
+    """(dataset, boxes) of the validation orbit, or None."""
+    if not cfg.data.val_orbit:
+        return None
+    from trn.data.luna1 import read_luna1
+    from trn.sim.pairs import navigation_boxes
+    from trn.sim.scenarios import ScenarioSettings
+
+    ds = read_luna1(cfg.data.val_orbit)
+    boxes = navigation_boxes(ds, ScenarioSettings())
+    if not boxes:
+        raise DataError("the validation orbit has no annotated box to validate on", cfg.data.val_orbit)
+    return ds, boxes
+
+
 @dataclass
 class RunState:
     epoch: int
@@ -178,9 +222,14 @@ def _checkpoint(model: Descriptor, loss: MetricLoss, mars: Mars | None, opt: tor
 def _selection_score(rec: dict, select: str = "render") -> float:
     """One number ordering epochs. "render": validation Recall@1 with distractors, then without
     (both in [0, 1]; the second breaks ties); "frame": match-or-insert RA on the validation
-    craters' frame views (in [0, 1]); "both": the mean of the two."""
+    craters' frame views (in [0, 1]); "both": the mean of the two; "orbit": the mean of the render
+    figure and of the validation orbit's same-crater share minus its impostor share."""
     hard = rec.get("val_recall_at_1_distractors", rec["val_recall_at_1"])
     render = float(hard + 1e-3 * rec["val_recall_at_1"])
+    if select == "orbit" and "val_orbit_same" in rec:
+        # an orbit without impostor pairs (one crater a frame) has none above the threshold
+        same, impostor = (float(np.nan_to_num(rec[k])) for k in ("val_orbit_same", "val_orbit_impostor"))
+        return 0.5 * (render + same - impostor)
     if select == "render" or "val_frame_ra" not in rec:
         return render
     frame = float(rec["val_frame_ra"]) / 100.0
@@ -279,10 +328,13 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
     model = Descriptor(cfg.model)
     if cfg.init:
         start = load_descriptor(cfg.init)
-        if start.cfg.to_dict() != cfg.model.to_dict():
+        if start.cfg.weights_layout() != cfg.model.weights_layout():
             raise ConfigError(f"init={cfg.init}: that descriptor's architecture differs from model: in the config")
         model.load_state_dict(start.state_dict())
+    orbit = _orbits(cfg, split.train)
+    val_orbit = _val_orbit(cfg)
     loss = MetricLoss(cfg.loss, num_classes=len(train_bank), embedding_size=cfg.model.embed_dim)
+    decision = DecisionLoss(cfg.decision.threshold, cfg.decision.margin) if cfg.decision.weight > 0 else None
     mars = Mars(cfg.model.stage_channels, cfg.mars.build()) if cfg.mars.enabled else None
     model.to(device)
     loss.to(device)
@@ -334,7 +386,8 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
         bar = tqdm(batches, desc=f"epoch {epoch}/{cfg.epochs}", unit="batch", disable=None, leave=False)
         for ids in bar:
             x, labels, draws = make_views(train_bank, ids, cfg.views_per_identity, cfg.augment, gen, size,
-                                          detector=True, pair_mix=cfg.pair_mix if cfg.data.frame_views else None)
+                                          detector=True, pair_mix=cfg.pair_mix if cfg.data.frame_views else None,
+                                          orbit=orbit, orbit_share=cfg.orbit_share)
             x, labels = x.to(device), labels.to(device)
             if cfg.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
@@ -344,6 +397,8 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
             step += 1
             emb = forward(x)
             terms = {"metric_loss": loss(emb, labels)}
+            if decision is not None:
+                terms["decision_loss"] = cfg.decision.weight * decision(emb, labels)
             if mars is not None:
                 stage_losses = mars(model.backbone.stage_attention(), draws, positive_pairs(labels))
                 terms.update({f"mars_{k}": v for k, v in stage_losses.items()})
@@ -367,6 +422,8 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
         if val_frames is not None:
             rec.update(frame_validation(model, val_frames, val_frame_renders, cfg.select_threshold))
             rec["val_frame_identities"] = len(val_frames)
+        if val_orbit is not None:
+            rec.update(orbit_validation(model, val_orbit, cfg.select_threshold))
         rec["seconds"] = time.perf_counter() - t0
         state.history.append(rec)
         state.epoch = epoch

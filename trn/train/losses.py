@@ -173,3 +173,31 @@ class MetricLoss(nn.Module):
         if indices is None:
             return self.loss(embeddings, labels)
         return self.loss(embeddings, labels, indices)
+
+
+class DecisionLoss(nn.Module):
+    """The match-or-insert decision as a loss: same-identity pairs above the operating threshold,
+    different identities below it, each by ``margin``.
+
+        L = mean over positive pairs of relu(t + m - cos)
+            + mean over the violating negative pairs of relu(cos - (t - m))
+
+    (the negatives averaged over those that violate, so that a batch of easy impostors does not
+    dilute the few a database would wrongly match). Embeddings are L2-normalised.
+    """
+
+    def __init__(self, threshold: float = 0.9, margin: float = 0.05):
+        super().__init__()
+        if not -1.0 < threshold - margin <= threshold + margin < 1.0 or margin < 0:
+            raise ConfigError(f"decision threshold={threshold}, margin={margin}: need -1 < t - m <= t + m < 1, m >= 0")
+        self.threshold, self.margin = threshold, margin
+
+    def forward(self, embeddings: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        sim = embeddings @ embeddings.T
+        eq = labels[:, None] == labels[None, :]
+        eye = torch.eye(len(labels), dtype=torch.bool, device=labels.device)
+        pos = F.relu(self.threshold + self.margin - sim[eq & ~eye])
+        neg = F.relu(sim[~eq] - (self.threshold - self.margin))
+        pos_term = pos.mean() if pos.numel() else sim.new_zeros(())
+        neg_term = neg.sum() / (neg > 0).sum().clamp(min=1)
+        return pos_term + neg_term
