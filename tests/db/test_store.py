@@ -1,10 +1,12 @@
 """Persistence: identical round trips, refused damage, and inserts that survive SIGKILL."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -83,6 +85,47 @@ def test_a_directory_is_named_as_one_with_the_path_expected(tmp_path, capsys):
     filled().save(d / "moon.trndb")  # one inside: named as the path to give
     with pytest.raises(DataError, match=rf"e\.g\. {d}/moon\.trndb .*\(it holds moon\.trndb\)"):
         LandmarkDB.open(d, read_only=True)
+
+
+@pytest.mark.parametrize("given", [".", "/"])
+def test_a_path_that_names_no_file_is_refused_by_trn_db_without_a_traceback(given, tmp_path, monkeypatch, capsys):
+    """`trn-db check` and `repair` of "." or "/" (what an empty argument became) ended in
+    `ValueError: PosixPath('.') has an empty name`."""
+    from trn.cli.db import main as trn_db
+
+    monkeypatch.chdir(tmp_path)
+    assert trn_db(["check", given]) == 1
+    assert "is a directory, not a landmark database" in capsys.readouterr().out
+    assert trn_db(["repair", given]) == 2
+    assert "is a directory, not a landmark database" in capsys.readouterr().err
+    with pytest.raises(DataError, match="names no file"):
+        journal_path(Path(given))
+    assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("kind", ["directory", "pipe"])
+def test_a_journal_path_that_is_not_a_file_is_named_by_every_open_and_by_trn_db(kind, tmp_path, capsys):
+    """A directory where the journal should be: the read-only open raised `IsADirectoryError`
+    naming file descriptor 4, and the writable one advised checking permissions. Each now names
+    the journal's path and what it is; a pipe there does not block the open."""
+    from trn.cli.db import main as trn_db
+
+    p = tmp_path / "a.trndb"
+    with LandmarkDB.open(p, DBConfig(dim=16)) as db:
+        db.add(np.eye(16, dtype=np.float32)[:2])
+    j = journal_path(p)
+    j.unlink()
+    j.mkdir() if kind == "directory" else os.mkfifo(j)
+    what = "a directory" if kind == "directory" else "not a regular file (a device, socket or pipe)"
+    for read_only in (True, False):
+        with pytest.raises(DataError, match=re.escape(f"is {what}, not a journal")) as e:
+            LandmarkDB.open(p, read_only=read_only)
+        assert e.value.path == str(j) and "Move this away" in e.value.message
+    assert trn_db(["check", str(p)]) == 2
+    assert f"error: {j}: is {what}, not a journal" in capsys.readouterr().err
+    assert trn_db(["repair", str(p)]) == 2
+    assert f"error: {j}: is {what}, not a journal" in capsys.readouterr().err
+    assert sorted(x.name for x in tmp_path.iterdir()) == ["a.trndb", "a.trndb.journal"]  # nothing changed
 
 
 def test_interrupted_save_keeps_the_previous_snapshot(tmp_path, monkeypatch):

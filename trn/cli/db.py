@@ -36,11 +36,11 @@ def _check(path: Path) -> int:
     from trn.db.store import journal_path, snapshot_kind_problem
     from trn.errors import DataError
 
-    j = journal_path(path)
     problem = snapshot_kind_problem(path)
     if problem is not None:
         print(f"{path}: {problem}")
         return 1
+    j = journal_path(path)
     if not path.exists() and j.exists():
         print(f"{path}: MISSING: {missing_snapshot_message(path)}")
         return 1
@@ -89,10 +89,10 @@ def _repair(path: Path) -> int:
     from trn.db.store import JournalFile, journal_path, repair_journal, snapshot_kind_problem
     from trn.errors import DataError
 
-    j = journal_path(path)
     problem = snapshot_kind_problem(path)
     if problem is not None:  # before any lock is taken beside it
         raise DataError(problem, path)
+    j = journal_path(path)
     if not path.exists():
         if j.exists():
             raise DataError(missing_snapshot_message(path) + "; `trn-db repair` cannot rebuild a snapshot", path)

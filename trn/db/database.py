@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import logging
 import os
+import stat
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
@@ -727,7 +728,7 @@ def journal_state(db: "LandmarkDB", path: Path, files: dict[Path, bytes | None] 
     the snapshot (:func:`_read_pair`); read from disk when not given."""
     jpath, npath = store.journal_path(path), store.next_journal_path(path)
     if files is None:
-        files = {f: f.read_bytes() if f.exists() else None for f in (jpath, npath)}
+        files = {f: store.read_journal_file(f) for f in (jpath, npath)}
     gen, key, prev, nid = db._generation, db._journal_key, db._prev_journal_key, db._next_id
     expect = db._journal_header()
     layout = (expect.dim, expect.k, expect.tdim)
@@ -821,9 +822,12 @@ def _read_pair(path: Path) -> dict[Path, bytes | None] | None:
     try:
         for p in paths:
             try:
-                fds[p] = os.open(p, os.O_RDONLY)
+                fds[p] = os.open(p, os.O_RDONLY | os.O_NONBLOCK)  # a pipe put there must not block the open
             except FileNotFoundError:
                 fds[p] = None
+            if fds[p] is not None and not stat.S_ISREG(os.fstat(fds[p]).st_mode):
+                problem = store.snapshot_kind_problem(p) if p == path else store.journal_kind_problem(p)
+                raise DataError(problem or "is not a regular file", p)
         for p, fd in fds.items():
             if store._path_identity(p) != (None if fd is None else store._identity(os.fstat(fd))):
                 return None

@@ -65,6 +65,7 @@ import fcntl
 import hashlib
 import json
 import os
+import stat
 import struct
 import zlib
 from dataclasses import dataclass
@@ -87,6 +88,9 @@ _NO_LABEL = 0xFFFF
 
 
 def journal_path(snapshot: Path) -> Path:
+    if not snapshot.name:  # "/", "." and the like name a directory, never a snapshot file
+        raise DataError("names no file, so it cannot be a landmark database: give the path of the database's "
+                        "snapshot file (<name>.trndb)", snapshot)
     return snapshot.with_name(snapshot.name + ".journal")
 
 
@@ -158,6 +162,29 @@ def snapshot_kind_problem(path: Path) -> str | None:
                 f"e.g. {example} (its journal is the <name>.trndb.journal beside it){held}")
     return ("is not a regular file (a device, socket or pipe), not a landmark database: give the path of the "
             "database's snapshot file (<name>.trndb)")
+
+
+def journal_kind_problem(path: Path) -> str | None:
+    """Why what is at a journal's path (``<name>.trndb.journal`` or its ``.next``) cannot be a
+    journal: a directory, or another file that is not a regular one; None for a regular file or
+    nothing there."""
+    if path.is_file() or not path.exists():
+        return None
+    what = "a directory" if path.is_dir() else "not a regular file (a device, socket or pipe)"
+    return (f"is {what}, not a journal: a landmark database's journal is the file <name>.trndb.journal beside its "
+            "snapshot. Move this away (nothing was changed); `trn-db check` on the snapshot then says what is left")
+
+
+def read_journal_file(path: Path) -> bytes | None:
+    """The bytes of the journal at ``path``, None when there is none; DataError naming the path when
+    something else is there (:func:`journal_kind_problem`)."""
+    problem = journal_kind_problem(path)
+    if problem is not None:
+        raise DataError(problem, path)
+    try:
+        return path.read_bytes()
+    except FileNotFoundError:
+        return None
 
 
 def read_snapshot(path: Path, data: bytes | None = None) -> tuple[dict, dict[str, np.ndarray]]:
@@ -469,9 +496,14 @@ class JournalFile:
                 fd = os.open(path, os.O_RDWR)
             except FileNotFoundError:
                 return None
+            except IsADirectoryError:
+                raise DataError(journal_kind_problem(path) or "is a directory, not a journal", path) from None
             except OSError as exc:
                 raise DataError(f"cannot open the journal for writing ({exc.strerror}); check its permissions",
                                 path) from None
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                raise DataError(journal_kind_problem(path) or "is not a regular file, not a journal", path)
             try:
                 try:
                     fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
