@@ -56,6 +56,19 @@ def test_syntax_errors_are_one_line_with_the_position(text, where):
     assert "\n" not in msg and msg.startswith(where), msg
 
 
+@pytest.mark.parametrize("text, where", [
+    ("[" * 5000 + "]" * 5000, "line 1, column 101"),  # PyYAML alone: RecursionError
+    ("a: " + "{b: " * 3000 + "1" + "}" * 3000, "line 1, column 397"),
+    ("".join(" " * i + "k:\n" for i in range(3000)), "line 100, column 100"),  # block mappings
+])
+def test_a_document_nested_too_deep_is_one_line_naming_where(text, where):
+    with pytest.raises(YamlError) as e:
+        load_yaml(text)
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith(where) and "nested more than 100 levels deep" in msg, msg
+    assert load_yaml("[" * 100 + "]" * 100) is not None  # the limit itself is fine
+
+
 def test_every_shipped_yaml_file_loads():
     files = sorted(REPO.glob("models/*.yaml")) + sorted((REPO / "hw" / "profiles").rglob("*.yaml"))
     assert files

@@ -16,6 +16,7 @@ import typing
 from typing import Any
 
 import yaml
+from yaml.composer import ComposerError
 from yaml.constructor import ConstructorError
 
 from trn.errors import ConfigError
@@ -30,9 +31,25 @@ class DuplicateKeyError(ConstructorError):
         self.key, self.line, self.first_line = key, line, first_line
 
 
+MAX_DEPTH = 100  # nesting of sequences and mappings; trn's configs are a few levels deep
+
+
 class Yaml12Loader(yaml.SafeLoader):
     """Safe YAML with YAML 1.2 numbers: ``1e-4`` is a float (PyYAML's 1.1 rules read it as a
-    string). Quoted values stay strings. A duplicated key raises :class:`DuplicateKeyError`."""
+    string). Quoted values stay strings. A duplicated key raises :class:`DuplicateKeyError`; a
+    document nested more than :data:`MAX_DEPTH` levels deep is refused where it crosses the limit
+    (PyYAML composes it by recursion and would end in a RecursionError)."""
+
+    def compose_node(self, parent, index):  # type: ignore[override]
+        depth = getattr(self, "_depth", 0)
+        if depth >= MAX_DEPTH:
+            raise ComposerError(None, None, f"nested more than {MAX_DEPTH} levels deep (a config is a few levels "
+                                "deep: a bracket or an indentation is likely repeated)", self.peek_event().start_mark)
+        self._depth = depth + 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth = depth
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
         if isinstance(node, yaml.MappingNode):

@@ -320,6 +320,20 @@ def test_train_check_verifies_every_image_and_the_split_inputs(tmp_path, capsys)
     _one_line_exit_2(train_cli.main(argv), capsys, "annotations.txt: annotations file is missing")
 
 
+def test_train_check_refuses_a_config_nested_too_deep_naming_the_file(tmp_path, capsys):
+    """`'[' * 5000 + ']' * 5000` as a config (or an override) ended in a RecursionError."""
+    from trn.cli import train as train_cli
+
+    cfg = tmp_path / "deep.yaml"
+    cfg.write_text("[" * 5000 + "]" * 5000)
+    argv = ["--config", str(cfg), "--out", str(tmp_path / "run"), "--check"]
+    _one_line_exit_2(train_cli.main(argv), capsys, f"config file {cfg} is not valid YAML: line 1, column 101: "
+                                                   "nested more than 100 levels deep")
+    cfg.write_text("epochs: 2\n")
+    _one_line_exit_2(train_cli.main(argv + ["epochs=" + "[" * 5000]), capsys, "nested more than 100 levels deep")
+    assert not (tmp_path / "run").exists()
+
+
 def test_train_refuses_a_bad_out_or_resume_before_any_work(tmp_path, capsys):
     from trn.cli import train as train_cli
 
