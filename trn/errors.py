@@ -28,3 +28,12 @@ class DataError(TrnError):
             where += ": "
         super().__init__(where + message)
         self.message = message
+
+
+def differing_digests(a: str, b: str, shown: int = 12) -> tuple[str, str]:
+    """Two hex digests as a message shows them: ``shown`` digits each, or, where they agree that
+    far, up to 4 digits past the first that differs, so that two different digests never read the
+    same; "..." ends a shortened one."""
+    first = next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    n = max(shown, first + 5)
+    return tuple(d if len(d) <= n else d[:n] + "..." for d in (a, b))  # type: ignore[return-value]

@@ -1,5 +1,7 @@
 """The console entry points, run as a user would (in-process for speed)."""
 
+from pathlib import Path
+
 import pytest
 
 from trn.cli import data as data_cli
@@ -398,3 +400,52 @@ def test_detector_build_refuses_malformed_rotations_in_one_line(tmp_path, capsys
                          (["--day-step", "-1"], "--day-step")):
         _one_line_exit_2(_run(detect_cli.main, base + extra), capsys, match)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_checksum_mismatch_after_the_twelfth_digit_shows_two_different_digests(tmp_path, capsys):
+    """A model file whose recorded SHA-256 differs from its own only after the 12th hex digit was
+    refused as "file b607220f2975..., expected b607220f2975...": the same text twice."""
+    import hashlib
+
+    from trn.cli import export as export_cli
+
+    w = tmp_path / "w.pt"
+    w.write_bytes(b"\x80" + bytes(range(256)) * 8)
+    real = hashlib.sha256(w.read_bytes()).hexdigest()
+    recorded = real[:20] + ("0" if real[20] != "0" else "1") + real[21:]
+    (tmp_path / "w.pt.sha256").write_text(f"{recorded}  w.pt\n")
+    rc = export_cli.main(["onnx", "--model", str(w), "--out", str(tmp_path / "ex"), "--no-parity"])
+    _one_line_exit_2(rc, capsys, f"SHA-256 mismatch (file {real[:25]}..., expected {recorded[:25]}...)")
+
+
+def test_detect_run_on_an_image_too_small_names_the_image(tmp_path, capsys):
+    """`trn-detect run` on a 1 x 1 image said `frame has shape (1, 1)` without naming the file."""
+    import cv2
+    import numpy as np
+
+    from trn.cli import detect as detect_cli
+
+    shipped = Path(__file__).resolve().parents[2] / "models" / "detector"
+    (tmp_path / "in").mkdir()
+    cv2.imwrite(str(tmp_path / "in" / "7.png"), np.zeros((1, 1), np.uint8))
+    rc = detect_cli.main(["run", str(shipped), str(tmp_path / "in"), "--out", str(tmp_path / "out")])
+    _one_line_exit_2(rc, capsys, f"{tmp_path / 'in' / '7.png'}: frame has shape (1, 1); the detector takes a grey "
+                                 "image of at least 8 x 8 pixels")
+
+
+def test_an_unknown_config_key_names_the_config_file_and_the_overrides(tmp_path, capsys):
+    """`trn-train --check` (and `trn-detect train`) named an unknown key but not the file it is in."""
+    from trn.cli import detect as detect_cli
+    from trn.cli import train as train_cli
+
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text(f"data: {{kind: luna1, path: {tmp_path}}}\nepoch: 2\n")
+    argv = ["--config", str(cfg), "--out", str(tmp_path / "run"), "--check"]
+    _one_line_exit_2(train_cli.main(argv), capsys, f"config file {cfg}: unknown key(s) ['epoch']")
+    cfg.write_text(f"data: {{kind: luna1, path: {tmp_path}}}\n")
+    _one_line_exit_2(train_cli.main(argv + ["epochz=3"]), capsys,
+                     f"config file {cfg} with the overrides epochz=3: unknown key(s) ['epochz']")
+    det = tmp_path / "det.yaml"
+    det.write_text("data: [x]\nwings: 3\n")
+    _one_line_exit_2(detect_cli.main(["train", "--config", str(det), "--out", str(tmp_path / "d")]), capsys,
+                     f"config file {det}: unknown key(s) ['wings']")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import math
 import sys
@@ -202,6 +203,21 @@ def _run(fn: Callable[[], int]) -> int:
     except KeyboardInterrupt:
         print("interrupted; a build can be resumed by running the same command again", file=sys.stderr)
         return 130
+
+
+@contextlib.contextmanager
+def naming_the_config(path: Path, overrides: list[str] | tuple[str, ...] = ()):
+    """A :class:`ConfigError` raised inside (an unknown key, a value out of range) names the config
+    file it is about, and the overrides given with it, when its message does not already."""
+    from trn.errors import ConfigError
+
+    try:
+        yield
+    except ConfigError as exc:
+        if str(path) in str(exc):
+            raise
+        given = f" with the overrides {' '.join(overrides)}" if overrides else ""
+        raise ConfigError(f"config file {path}{given}: {exc}") from None
 
 
 def parse_settings(cls, items: list[str], option: str) -> dict:

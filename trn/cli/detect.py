@@ -13,8 +13,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from trn.cli.common import Parser, float_between, int_at_least, int_between, run_main, setup_logging, seed_number
-from trn.errors import ConfigError
+from trn.cli.common import (Parser, float_between, int_at_least, int_between, naming_the_config, run_main,
+                            seed_number, setup_logging)
+from trn.errors import ConfigError, DataError
 
 
 def _build(args) -> int:
@@ -73,10 +74,15 @@ def _train(args) -> int:
     if not args.config.is_file():
         raise ConfigError(f"--config {args.config} does not exist")
     try:
-        doc = apply_overrides(load_yaml(args.config.read_text(encoding="utf-8")) or {}, args.overrides)
-    except YamlError as exc:
-        raise ConfigError(f"{args.config}: not valid YAML ({exc}); fix the file") from None
-    cfg = DetectTrainConfig.from_dict(doc)
+        text = args.config.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ConfigError(f"config file {args.config} is not UTF-8 text") from None
+    with naming_the_config(args.config, args.overrides):
+        try:
+            doc = apply_overrides(load_yaml(text) or {}, args.overrides)
+        except YamlError as exc:
+            raise ConfigError(f"{args.config}: not valid YAML ({exc}); fix the file") from None
+        cfg = DetectTrainConfig.from_dict(doc)
     if args.resume and not (args.out / "last.pt").is_file():
         raise ConfigError(f"--resume: {args.out / 'last.pt'} does not exist; run without --resume to start")
     history = train_detector(cfg, args.out, resume=args.resume, stop_after=args.stop_after)
@@ -179,7 +185,10 @@ def _run(args) -> int:
     records, frames = [], []
     for k, p in enumerate(paths):
         img = read_gray(p)
-        det = detect_frames(model, [img], threshold)[0]
+        try:
+            det = detect_frames(model, [img], threshold)[0]
+        except DataError as exc:  # about the image's content: name the file it came from
+            raise DataError(exc.message, p) from None
         if gate and args.altitude_km is not None:
             det = size_gate(det, args.altitude_km, gate, img.shape[1])
         boxes = [tuple(int(round(v)) for v in b) for b in det.boxes]

@@ -11,7 +11,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from trn.cli.common import Parser, int_at_least, run_main, setup_logging
+from trn.cli.common import Parser, int_at_least, naming_the_config, run_main, setup_logging
 from trn.errors import ConfigError
 
 
@@ -47,7 +47,8 @@ def main(argv: list[str] | None = None) -> int:
         from trn.train.config import load_config, resolve_kind
         from trn.train.loop import train
 
-        cfg = load_config(args.config, args.overrides)
+        with naming_the_config(args.config, args.overrides):
+            cfg = load_config(args.config, args.overrides)
         if args.out.exists() and not args.out.is_dir():
             raise ConfigError(f"--out {args.out} is a file; a run is a directory: give a new or existing directory")
         if args.resume and not args.check and not (args.out / "last.pt").is_file():

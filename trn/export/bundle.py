@@ -38,7 +38,7 @@ import tarfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from trn.errors import ConfigError, DataError
+from trn.errors import ConfigError, DataError, differing_digests
 
 from trn_board.bundle import BUNDLE_FORMAT, FORMAT_VERSION, MANIFEST, SIGNATURE  # noqa: F401  (re-exported)
 from trn_board.bundle import sha256_file as file_sha256
@@ -378,8 +378,9 @@ def check_export(export_dir: str | Path, weights: str | Path, model_name: str, m
             if not have:
                 raise DataError("export report names no model; re-export", rep)
             if have != want:
-                raise DataError(f"{name} was exported from {spec!r} (weights sha256 {have[:12]}), not from "
-                                f"{model_name} (weights sha256 {want[:12]}): this export directory is another "
+                shown_have, shown_want = differing_digests(have, want)
+                raise DataError(f"{name} was exported from {spec!r} (weights sha256 {shown_have}), not from "
+                                f"{model_name} (weights sha256 {shown_want}): this export directory is another "
                                 f"model's; pass --export the directory trn-export wrote for {model_name}", rep)
             if not sha or file_sha256(export_dir / name) != sha:
                 raise DataError(f"{name} changed since {rep.name} was written (its sha256 differs from the "

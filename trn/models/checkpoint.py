@@ -18,7 +18,7 @@ import torch
 
 from trn_board.bundle import sha256_file
 
-from trn.errors import ConfigError, DataError
+from trn.errors import ConfigError, DataError, differing_digests
 from trn.models.descriptor import Descriptor, DescriptorConfig
 
 CHECKPOINT_FORMAT = "trn-descriptor-checkpoint"
@@ -82,7 +82,8 @@ def verify(path: str | Path) -> None:
     except OSError as exc:
         raise DataError(f"model file cannot be read ({exc.strerror})", path) from None
     if actual != text[0].lower():
-        raise DataError(f"SHA-256 mismatch (file {actual[:12]}..., expected {text[0][:12]}...): the file is damaged "
+        got, want = differing_digests(actual, text[0].lower())
+        raise DataError(f"SHA-256 mismatch (file {got}, expected {want}): the file is damaged "
                         "or was changed; restore it from its bundle or retrain", path)
 
 

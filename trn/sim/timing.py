@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trn.errors import ConfigError
+from trn.errors import ConfigError, differing_digests
 
 CADENCE_S = 10.0
 # what a frame's figure covers, written beside every figure (report, console, docs)
@@ -143,9 +143,9 @@ class BoardTiming:
                               f"({self.info.get('detector_error') or 'none in its bundle'}); flash a bundle made "
                               f"with trn-export bundle --detector {Path(detector_tflite).parent}")
         if det.get("file_sha256") != want:
-            raise ConfigError(f"the board at {self.board} runs another detector graph (sha256 "
-                              f"{str(det.get('file_sha256'))[:12]}) than the one evaluated ({detector_tflite}, "
-                              f"{want[:12]}); flash a bundle made from it")
+            runs, evaluated = differing_digests(str(det.get("file_sha256")), want)
+            raise ConfigError(f"the board at {self.board} runs another detector graph (sha256 {runs}) than the one "
+                              f"evaluated ({detector_tflite}, {evaluated}); flash a bundle made from it")
         return BoardTiming(self.board, self.client, self.info, Path(detector_tflite))
 
     def frames(self, emb, counts: list[int], db_sizes: list[int], crops=None, images=None) -> tuple[dict, list[float]]:
