@@ -337,3 +337,70 @@ def test_the_threshold_travels_from_the_model_card_into_the_bundle(tmp_path):
     (tmp_path / "run" / "operating_point.json").write_text('{"match_threshold": 0.8, "chosen_on": " "}')
     with pytest.raises(DataError, match="chosen_on"):
         model_threshold(tmp_path / "run")
+
+
+def _resign(b, tmp, **fields):
+    """The bundle's manifest with ``fields`` changed, signed by the trusted key itself."""
+    from trn.export.bundle import load_private_key
+
+    m = dict(json.loads((b.directory / MANIFEST).read_text()), **fields)
+    data = (json.dumps(m, indent=1, sort_keys=True) + "\n").encode()
+    (b.directory / MANIFEST).write_bytes(data)
+    (b.directory / SIGNATURE).write_bytes(load_private_key(tmp / "keys" / "trn_signing_key.pem").sign(data))
+
+
+@pytest.mark.parametrize("fields, why", [
+    ({"model": "../../x"}, "not a plain name"),
+    ({"model": "/etc/passwd"}, "not a plain name"),
+    ({"model": ".hidden"}, "not a plain name"),
+    ({"model": "a/b"}, "not a plain name"),
+    ({"model": "x" * 129}, "not a plain name"),
+    ({"tflite": {"file": "../../model.onnx", "head": "model.onnx"}}, "tflite.file"),
+    ({"detector": {"file": "/dev/zero"}}, "detector.file"),
+    ({"map": {"index": "model.onnx", "craters_file": "../craters.npz"}}, "map.craters_file"),
+    ({"map": "model.onnx"}, "map"),
+])
+def test_names_in_a_signed_manifest_are_data_never_paths(signed, fields, why):
+    """A manifest signed by the trusted key itself naming its model `../../x` was accepted by
+    verify; so would a file name in its TFLite, detector or map section that the agent opens."""
+    b, pub, tmp = signed
+    _resign(b, tmp, **fields)
+    with pytest.raises(DataError, match=why):
+        verify_bundle(b.directory, pub)
+
+
+def test_a_model_name_that_is_a_path_is_refused_when_making_the_bundle(signed):
+    b, pub, tmp = signed
+    from trn.errors import ConfigError
+
+    for name in ("../../x", "a/b", ".m", "-m"):
+        with pytest.raises(ConfigError, match="not a plain name"):
+            make_bundle(tmp / "export", tmp / f"n{len(name)}", tmp / "keys" / "trn_signing_key.pem", name, 96, 512, 0.9,
+                        version=8)
+    ok = make_bundle(tmp / "export", tmp / "ok", tmp / "keys" / "trn_signing_key.pem", "flight_conv2d_se_union@tflite",
+                     96, 512, 0.9, version=8)
+    assert verify_bundle(ok.directory, pub)["model"] == "flight_conv2d_se_union@tflite"
+
+
+def test_a_version_above_2_53_minus_1_is_refused_when_making_and_when_verifying(signed, capsys):
+    """`--version 1180591620717411303424` was signed, and a board that accepted it refused every
+    ordinary bundle from then on. Versions run from 1 to 2**53 - 1, on the ground and on the board."""
+    b, pub, tmp = signed
+    from trn.cli.export import main as export_cli
+    from trn.errors import ConfigError
+    from trn_board.bundle import MAX_BUNDLE_VERSION
+
+    assert MAX_BUNDLE_VERSION == 2**53 - 1 == 9007199254740991
+    key = tmp / "keys" / "trn_signing_key.pem"
+    for v in (2**53, 1180591620717411303424):
+        with pytest.raises(ConfigError, match=r"above 9007199254740991 \(2\*\*53 - 1\), the largest a board accepts"):
+            make_bundle(tmp / "export", tmp / f"v{v}", key, "m", 96, 512, 0.9, version=v)
+        with pytest.raises(SystemExit) as e:
+            export_cli(["bundle", "--model", "m", "--export", str(tmp / "export"), "--key", str(key), "--out",
+                        str(tmp / "cli"), "--version", str(v)])
+        assert e.value.code == 2 and "argument --version: bundle_version" in capsys.readouterr().err
+        _resign(b, tmp, bundle_version=v)
+        with pytest.raises(DataError, match="above 9007199254740991"):
+            verify_bundle(b.directory, pub)
+    top = make_bundle(tmp / "export", tmp / "top", key, "m", 96, 512, 0.9, version=MAX_BUNDLE_VERSION)
+    assert verify_bundle(top.directory, pub)["bundle_version"] == MAX_BUNDLE_VERSION

@@ -172,3 +172,198 @@ def test_status_names_the_anchor_the_counter_and_verifies_both_bundles(board, tm
     (tmp_path / "afile").write_text("x")
     assert hw(["status", "--to", str(tmp_path / "afile")]) == 2
     assert "is a file, not a board root" in capsys.readouterr().err
+
+
+# -- anti-rollback against anyone who can write the board's directory but cannot sign
+
+
+def _three(board, tmp_path):
+    """Versions 10, 20 and 30 flashed in turn: 30 live, 20 what rollback may go back to."""
+    root, priv, pubf = board
+    bundles = {v: _bundle(tmp_path, f"v{v}", priv, v) for v in (10, 20, 30)}
+    dirs = {}
+    for v, b in bundles.items():
+        flash(b, root)
+        dirs[v] = live(root)
+    return root, bundles, dirs
+
+
+def _runs(root):
+    """The version the board agent would run from ROOT/current (its own checks, nothing loaded),
+    or None when it refuses."""
+    from trn_board.agent import open_verified
+    from trn_board.bundle import BundleError
+
+    try:
+        d, manifest, _, _ = open_verified(root / "current", None)
+    except (BundleError, OSError):
+        return None
+    assert d.parent == (root / "bundles").resolve()  # never outside the board root
+    return manifest["bundle_version"]
+
+
+def _relink(root, name, target):
+    tmp = root / f".{name}.x"
+    os.symlink(os.path.relpath(target, root) if str(target).startswith(str(root)) else target, tmp)
+    os.replace(tmp, root / name)
+
+
+def _try_rollback(root):
+    try:
+        return rollback(root).version
+    except DataError:
+        return None
+
+
+def test_rollback_takes_live_only_the_bundle_the_last_flash_replaced_whatever_previous_names(board, tmp_path, capsys):
+    """The audit's case: after 10, 20 and 30, pointing `previous` at version 10 made `trn-hw rollback`
+    take it live below the counter; pointing it outside the root made `current` point outside.
+    Rollback now goes to version 20, the bundle the flash of 30 replaced, as recorded in the
+    board's state; the link is not followed, and the operator is told."""
+    root, bundles, dirs = _three(board, tmp_path)
+    _relink(root, "previous", dirs[10])
+    assert hw(["rollback", "--to", str(root)]) == 0
+    captured = capsys.readouterr()
+    assert "(version 20," in captured.out and "previous link named" in captured.err and "not followed" in captured.err
+    assert live(root) == dirs[20] and live(root, PREVIOUS) == dirs[30] and _runs(root) == 20
+    outside = tmp_path / "outside"
+    shutil.copytree(dirs[10], outside)
+    _relink(root, "previous", outside)
+    assert rollback(root).version == 30  # back to 30: the bundle the rollback replaced
+    assert live(root) == dirs[30] and _runs(root) == 30
+    assert status(root)["highest_version"] == 30 and status(root)["rollback_to"]["bundle_version"] == 20
+
+
+@pytest.mark.parametrize("attack", [
+    "current -> version 10", "current -> a copy of 30 outside the root", "current -> a copy of 10 in bundles/",
+    "version 20 replaced by a copy of 10 under its name", "version 20 replaced by a link to 10",
+    "version 30 renamed away and 10 renamed to its name", "bundles/ replaced by a link to a copy elsewhere",
+    "state.json deleted and current -> version 10", "previous -> a copy of 10 renamed as a new version",
+])
+def test_no_write_without_the_key_puts_live_a_bundle_below_the_counter_or_outside_the_root(board, tmp_path, attack):
+    """Links, copies and renames in the board's directory: the agent runs only 30 or 20 (the live
+    bundle and the recorded rollback), from the board's bundles/, and rollback never goes to 10."""
+    root, bundles, dirs = _three(board, tmp_path)
+    b = root / "bundles"
+    if attack == "current -> version 10":
+        _relink(root, "current", dirs[10])
+    elif attack == "current -> a copy of 30 outside the root":
+        shutil.copytree(dirs[30], tmp_path / "out30")
+        _relink(root, "current", tmp_path / "out30")
+    elif attack == "current -> a copy of 10 in bundles/":
+        shutil.copytree(dirs[10], b / "m-v31-000000000000")
+        _relink(root, "current", b / "m-v31-000000000000")
+    elif attack == "version 20 replaced by a copy of 10 under its name":
+        shutil.rmtree(dirs[20])
+        shutil.copytree(dirs[10], dirs[20])
+    elif attack == "version 20 replaced by a link to 10":
+        shutil.rmtree(dirs[20])
+        os.symlink(dirs[10], dirs[20])
+    elif attack == "version 30 renamed away and 10 renamed to its name":
+        os.rename(dirs[30], b / "m-v30-old")
+        os.rename(dirs[10], dirs[30])
+    elif attack == "bundles/ replaced by a link to a copy elsewhere":
+        shutil.copytree(b, tmp_path / "elsewhere", symlinks=True)
+        shutil.rmtree(b)
+        os.symlink(tmp_path / "elsewhere", b)
+    elif attack == "state.json deleted and current -> version 10":
+        (root / "trust" / "state.json").unlink()
+        _relink(root, "current", dirs[10])
+    elif attack == "previous -> a copy of 10 renamed as a new version":
+        shutil.copytree(dirs[10], b / "m-v40-ffffffffffff")
+        _relink(root, "previous", b / "m-v40-ffffffffffff")
+    assert _runs(root) in (None, 20, 30)
+    assert _try_rollback(root) in (None, 20, 30)
+    assert _runs(root) in (None, 20, 30)
+    with pytest.raises(DataError):
+        flash(bundles[10], root)  # and the ground cannot put it back either
+
+
+def test_random_links_copies_and_renames_never_put_live_a_version_below_the_rollback(board, tmp_path):
+    """300 writes drawn at random (a link pointed at any directory inside or outside the root, a
+    bundle directory copied, renamed, replaced by a link or removed), with rollbacks and flashes of
+    the good bundles between them: after every step the agent runs 20 or 30, or refuses."""
+    import random
+
+    root, bundles, dirs = _three(board, tmp_path)
+    rng = random.Random(5)
+    spare = tmp_path / "spare"
+    spare.mkdir()
+    for v, d in dirs.items():
+        shutil.copytree(d, spare / d.name)
+    ran = set()
+    for step in range(300):
+        b = root / "bundles"
+        inside = [p for p in b.iterdir()] if b.is_dir() else []
+        places = inside + list(spare.iterdir())
+        op = rng.choice(["current", "previous", "copy", "rename", "link", "remove", "rollback", "flash"])
+        try:
+            if op in ("current", "previous") and places:
+                _relink(root, op, rng.choice(places))
+            elif op == "copy" and places and b.is_dir():
+                src = rng.choice(places)
+                name = rng.choice([d.name for d in dirs.values()] + [f"m-v{rng.randint(1, 99)}-{step:012x}"])
+                if not (b / name).exists() and src.is_dir():
+                    shutil.copytree(src, b / name, symlinks=True)
+            elif op == "rename" and len(inside) >= 2:
+                x, y = rng.sample(inside, 2)
+                if x.is_dir() and not x.is_symlink():
+                    shutil.rmtree(y) if y.is_dir() and not y.is_symlink() else y.unlink()
+                    os.rename(x, y)
+            elif op == "link" and inside:
+                x = rng.choice(inside)
+                shutil.rmtree(x) if x.is_dir() and not x.is_symlink() else x.unlink()
+                os.symlink(rng.choice(list(spare.iterdir())), x)
+            elif op == "remove" and inside:
+                x = rng.choice(inside)
+                shutil.rmtree(x) if x.is_dir() and not x.is_symlink() else x.unlink()
+            elif op == "rollback":
+                assert _try_rollback(root) in (None, 20, 30), f"step {step}: rollback below the recorded one"
+            elif op == "flash":
+                v = rng.choice([10, 20, 30])
+                try:
+                    assert flash(bundles[v], root).version in (20, 30), f"step {step}: flashed {v}"
+                except DataError:
+                    pass
+        except OSError:
+            pass  # a write that could not be done (a name taken meanwhile): the next step goes on
+        now = _runs(root)
+        assert now in (None, 20, 30), f"step {step} ({op}): the board would run version {now}"
+        ran.add(now)
+    assert {20, 30} <= ran  # the good bundles kept running between the attacks
+
+
+def test_a_status_of_a_directory_that_is_not_a_board_root_is_refused(tmp_path, capsys):
+    """`trn-hw status` on a directory that is not a board root exited 0."""
+    (tmp_path / "notaboard").mkdir()
+    assert hw(["status", "--to", str(tmp_path / "notaboard")]) == 2
+    err = capsys.readouterr().err
+    assert "is not a board root" in err and "trn-hw provision" in err
+    assert hw(["rollback", "--to", str(tmp_path / "notaboard")]) == 2
+    assert "is not a board root" in capsys.readouterr().err
+
+
+def test_a_board_refuses_a_version_above_2_53_minus_1_and_keeps_taking_ordinary_bundles(board, tmp_path):
+    """A bundle signed by the board's own key with version 1180591620717411303424 (made by hand:
+    trn-export refuses it) is refused by the board, whose counter does not move."""
+    root, priv, pubf = board
+    from trn.export.bundle import load_private_key
+
+    huge = _bundle(tmp_path, "huge", priv, 5)
+    m = dict(json.loads((huge / "manifest.json").read_text()), bundle_version=1180591620717411303424)
+    data = (json.dumps(m, indent=1, sort_keys=True) + "\n").encode()
+    (huge / "manifest.json").write_bytes(data)
+    (huge / "manifest.sig").write_bytes(load_private_key(priv).sign(data))
+    with pytest.raises(DataError, match="above 9007199254740991"):
+        flash(huge, root)
+    from trn_board.install import install
+
+    (root / "bundles").mkdir(exist_ok=True)
+    shutil.copytree(huge, root / "bundles" / ".incoming-huge")  # had it reached the board anyway
+    from trn_board.bundle import BundleError
+
+    with pytest.raises(BundleError, match="above 9007199254740991"):
+        install(root, root / "bundles" / ".incoming-huge")
+    shutil.copytree(huge, root / "bundles" / "m-v1180591620717411303424-000000000000")  # nor does its name count
+    assert status(root)["highest_version"] == 0
+    assert flash(_bundle(tmp_path, "v6", priv, 6), root).version == 6

@@ -37,6 +37,25 @@ from pathlib import Path
 from trn.cli.common import Parser, float_between, int_at_least, run_main, setup_logging
 
 
+def bundle_version(text: str) -> int:
+    """An argparse type: a bundle version, a whole number from 1 to 2**53 - 1 (what a board accepts,
+    :func:`trn_board.bundle.version_problem`)."""
+    import argparse
+
+    from trn_board.bundle import MAX_BUNDLE_VERSION, version_problem
+
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"{v} is out of range: expected 1 to {MAX_BUNDLE_VERSION} (2**53 - 1)")
+    problem = version_problem(v)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return v
+
+
 def build_parser() -> Parser:
     ap = Parser(prog="trn-export", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True, parser_class=Parser)
@@ -74,9 +93,9 @@ def build_parser() -> Parser:
     b.add_argument("--model", required=True, metavar="NAME|PATH", help="the model the export was made from (checked: "
                    "the export's reports must name its weights, head.npz must be its head)")
     b.add_argument("--export", required=True, type=Path, help="the trn-export output directory of that model")
-    b.add_argument("--version", type=int_at_least(1), default=None,
-                   help="bundle version, signed in the manifest; a board refuses one below the highest it accepted "
-                        "(default: the signing time in UTC as YYYYMMDDHHMMSS)")
+    b.add_argument("--version", type=bundle_version, default=None,
+                   help="bundle version, 1 to 2**53 - 1, signed in the manifest; a board refuses one below the highest "
+                        "it accepted (default: the signing time in UTC as YYYYMMDDHHMMSS)")
     b.add_argument("--key", required=True, type=Path, help="private key (trn-export keygen)")
     b.add_argument("--out", required=True, type=Path, help="bundle directory to create (a .tar is written beside it)")
     b.add_argument("--detector", type=Path, default=None,

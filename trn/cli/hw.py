@@ -163,11 +163,15 @@ def _run(args) -> int:
     elif args.cmd == "rollback":
         res = fl.rollback(target, read_public_key(args.pub) if args.pub else None)
         print(f"live: {res.live} (version {res.version}, verified with the board's anchor); previous: {res.previous}")
+        if res.note:
+            print(f"warning: {res.note}", file=sys.stderr)
     elif args.cmd == "status":
         st = fl.status(target)
         print(f"root: {st['root']}\ntrust anchor: {st['anchor'] or 'none (trn-hw provision)'}\n"
               f"highest version accepted: {st['highest_version']}\nlive: {_describe(st['live'])}\n"
               f"previous: {_describe(st['previous'])}")
+        back = st.get("rollback_to")
+        print("rollback goes to: " + (f"{back['bundle']} (version {back['bundle_version']})" if back else "nothing"))
         for e in st["log"]:
             print(f"  {e.get('utc')} {e.get('event')} " + " ".join(f"{k}={v}" for k, v in e.items()
                                                                    if k not in ("utc", "event") and v is not None))

@@ -41,6 +41,7 @@ from pathlib import Path
 from trn.errors import ConfigError, DataError, differing_digests
 
 from trn_board.bundle import BUNDLE_FORMAT, FORMAT_VERSION, MANIFEST, SIGNATURE  # noqa: F401  (re-exported)
+from trn_board.bundle import model_name_problem, version_problem
 from trn_board.bundle import sha256_file as file_sha256
 
 GRAPHS = ("model.onnx", "model_int8.onnx", "model_int8.tflite", "model_int8_edgetpu.tflite")
@@ -231,8 +232,9 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     """Write the bundle directory ``out`` (refused when it exists) and ``out``.tar, signed.
 
     ``card``: the model card (bundled as MODEL_CARD.md and bound by its sha256; else the export
-    directory's MODEL_CARD.md, if any). ``version``: the bundle version (>= 1; default
-    :func:`derived_version`). ``source``: what the bundle was checked against
+    directory's MODEL_CARD.md, if any). ``version``: the bundle version, 1 to
+    :data:`trn_board.bundle.MAX_BUNDLE_VERSION` (2**53 - 1; default :func:`derived_version`).
+    ``model_name``: a plain name (:func:`trn_board.bundle.model_name_problem`), never a path. ``source``: what the bundle was checked against
     (:func:`check_export`), recorded in the manifest. ``detector``: a ``trn-detect export``
     directory whose int8 TFLite crater detector the bundle also carries (``detector`` in the
     manifest). ``map_dir``: an onboard map with a compressed index (``trn-sim map index``) whose
@@ -243,10 +245,9 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     :func:`bundle_model` for a bundle of a trained model."""
     serialization, _ = _crypto()
     version = derived_version() if version is None else version
-    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ConfigError(f"bundle version {version!r}: expected a whole number >= 1")
-    if not model_name or not str(model_name).strip():
-        raise ConfigError("the bundle needs a model name")
+    problem = version_problem(version) or model_name_problem(model_name)  # what every board refuses
+    if problem is not None:
+        raise ConfigError(problem)
     key = load_private_key(key_path)
     export_dir, out = Path(export_dir), Path(out)
     if not export_dir.is_dir():

@@ -44,6 +44,7 @@ class FlashResult:
     previous: str | None
     reused: bool
     version: int | None = None
+    note: str | None = None  # what the operator should know (a previous link that was not followed)
 
 
 @dataclass(frozen=True)
@@ -142,7 +143,7 @@ def _board_json(t: SshTarget, agent: str, *args: str) -> dict:
 
 
 def _result(d: dict) -> FlashResult:
-    return FlashResult(d.get("live", "?"), d.get("previous"), bool(d.get("reused")), d.get("version"))
+    return FlashResult(d.get("live", "?"), d.get("previous"), bool(d.get("reused")), d.get("version"), d.get("note"))
 
 
 def provision(target: str | Path | SshTarget, public_key: bytes, replace: bool = False) -> ProvisionResult:
@@ -244,7 +245,9 @@ def _flash_ssh(bundle: Path, t: SshTarget) -> FlashResult:
 
 
 def rollback(target: str | Path | SshTarget, public_key: bytes | None = None) -> FlashResult:
-    """Make the previous bundle live again, after the board verified it with its anchor."""
+    """Make the previous bundle live again (the one the board's state records as replaced by the
+    last switch, never whatever the ``previous`` link names), after the board verified it with its
+    anchor."""
     tgt = _target(target)
     if isinstance(tgt, SshTarget):
         agent = _ensure_package(tgt)
@@ -254,7 +257,7 @@ def rollback(target: str | Path | SshTarget, public_key: bytes | None = None) ->
         sw = board.rollback(tgt, public_key)
     except BundleError as exc:
         raise _data_error(exc) from None
-    return FlashResult(sw.live, sw.previous, sw.reused, sw.version)
+    return FlashResult(sw.live, sw.previous, sw.reused, sw.version, sw.note)
 
 
 def status(target: str | Path | SshTarget) -> dict:

@@ -53,6 +53,7 @@ import numpy as np  # noqa: E402
 
 from trn_board import protocol as P  # noqa: E402
 from trn_board import trust  # noqa: E402
+from trn_board.install import check_runnable  # noqa: E402
 from trn_board.detect import decode_input  # noqa: E402
 from trn_board.mapindex import BoardMap, MapError  # noqa: E402
 from trn_board.preprocess import standardize_disk  # noqa: E402
@@ -149,9 +150,10 @@ def usable_backends(files: dict) -> list[str]:
     return [b for b in ("edgetpu", "tflite", "onnx") if all(f in files for f in _needs(b, files))]
 
 
-def resolve_trust(bundle: str | Path, public_key: bytes | None) -> tuple[bytes, str]:
-    """The key to verify ``bundle`` with, and where it came from: the anchor of the board root that
-    holds the bundle (a ``public_key`` given too must be that anchor), else ``public_key``."""
+def resolve_trust(bundle: str | Path, public_key: bytes | None) -> tuple[bytes, str, Path | None]:
+    """The key to verify ``bundle`` with, where it came from, and the board root that holds the
+    bundle: that root's anchor (a ``public_key`` given too must be that anchor), else
+    ``public_key`` and no root."""
     found = trust.find_anchor(bundle)
     if found is not None:
         root, anchor = found
@@ -159,12 +161,26 @@ def resolve_trust(bundle: str | Path, public_key: bytes | None) -> tuple[bytes, 
             raise trust.TrustError(f"--pub ({trust.fingerprint(public_key)}) is not the anchor of the board root "
                                    f"{root} ({trust.fingerprint(anchor)}); leave --pub out on a board",
                                    trust.anchor_path(root))
-        return anchor, f"board anchor {trust.fingerprint(anchor)} ({trust.anchor_path(root)})"
+        return anchor, f"board anchor {trust.fingerprint(anchor)} ({trust.anchor_path(root)})", root
     if public_key is None:
         raise trust.TrustError("no trust anchor for this bundle: it lies in no provisioned board root "
                                "(ROOT/trust/anchor.pub, written by trn-hw provision); pass --pub KEY for a bundle on "
                                "the ground", Path(bundle))
-    return public_key, f"key {trust.fingerprint(public_key)} given on the command line"
+    return public_key, f"key {trust.fingerprint(public_key)} given on the command line", None
+
+
+def open_verified(bundle: str | Path, public_key: bytes | None) -> tuple[Path, dict, str, str]:
+    """What the agent checks before it loads anything of ``bundle``: (its resolved directory, its
+    verified manifest, the manifest's sha256, where the key came from). In a board root it is
+    verified with the root's anchor and must be a bundle the board's state lets run
+    (:func:`trn_board.install.check_runnable`: anti-rollback, never outside the root)."""
+    key, where, board = resolve_trust(bundle, public_key)
+    d = Path(bundle).resolve()
+    manifest = verify_bundle(d, key)
+    digest = manifest_sha256(d)
+    if board is not None:
+        check_runnable(board, d, manifest, digest)
+    return d, manifest, digest, where
 
 
 class BoardModel:
@@ -177,10 +193,7 @@ class BoardModel:
             raise ModelError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
         if not 1 <= int(threads) <= MAX_THREADS:
             raise ModelError(f"threads = {threads}; expected 1 to {MAX_THREADS}")
-        key, self.trust = resolve_trust(bundle, public_key)
-        self.dir = Path(bundle).resolve()
-        self.manifest = verify_bundle(self.dir, key)  # before anything is loaded
-        self.manifest_sha256 = manifest_sha256(self.dir)
+        self.dir, self.manifest, self.manifest_sha256, self.trust = open_verified(bundle, public_key)
         self.threads = int(threads)
         files = self.manifest["files"]
         self.input_size = int(self.manifest["input"]["shape"][-1])

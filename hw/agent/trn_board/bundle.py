@@ -5,15 +5,20 @@ name, the bundle's version, the model card's hash), ``manifest.sig`` (the Ed2551
 manifest's exact bytes) and the files, nothing else. Refused: a path that is not a directory; any
 entry that is not a plain file (a subdirectory, a symbolic link, a device); no manifest, no
 signature, a signature that the trusted key did not make over these exact bytes; a manifest that
-is not a trn bundle of this format (no ``bundle_version``, no ``model``); a listed file missing, or
-whose size or sha256 differs; a file not listed; a model card whose hash is not the one the
-manifest binds.
+is not a trn bundle of this format (no ``bundle_version``, no ``model``); a ``bundle_version`` that
+is not a whole number from 1 to :data:`MAX_BUNDLE_VERSION`; a model name that is not a plain name
+(:func:`model_name_problem`); a file name anywhere in the manifest (``files``, the model card, the
+TFLite backbone and head, the detector, the map) that is not one of the listed plain files; a
+listed file missing, or whose size or sha256 differs; a file not listed; a model card whose hash is
+not the one the manifest binds. Names from a manifest are data, never paths: a signed manifest
+cannot make the board read or write outside the bundle.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 from trn_board.ed25519 import verify
@@ -22,6 +27,13 @@ MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
 BUNDLE_FORMAT = "trn-bundle"
 FORMAT_VERSION = 2
+# The largest bundle version: 2**53 - 1, the largest whole number every JSON reader holds exactly
+# (a double's 53-bit significand; it also fits a signed 64-bit counter). The default version, the
+# signing time as YYYYMMDDHHMMSS, stays below 10**14, so a bound this far above it leaves room for
+# any version chosen by hand while refusing the typo that would lock a board's counter beyond reach.
+MAX_BUNDLE_VERSION = 2**53 - 1
+MAX_MODEL_NAME = 128
+_MODEL_NAME = re.compile(r"[A-Za-z0-9_][A-Za-z0-9._+@-]*")
 
 
 class BundleError(Exception):
@@ -49,6 +61,48 @@ def _kind(p: Path) -> str:
     return "symbolic link" if p.is_symlink() else "directory" if p.is_dir() else "special file"
 
 
+def version_problem(v: object) -> str | None:
+    """Why ``v`` cannot be a bundle version (a whole number from 1 to :data:`MAX_BUNDLE_VERSION`),
+    or None."""
+    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+        return f"bundle_version is {v!r}; expected a whole number from 1 to {MAX_BUNDLE_VERSION} (2**53 - 1)"
+    if v > MAX_BUNDLE_VERSION:
+        return (f"bundle_version {v} is above {MAX_BUNDLE_VERSION} (2**53 - 1), the largest a board accepts (every "
+                "JSON reader holds it exactly); a board's counter set that high would refuse every ordinary bundle. "
+                "Use a smaller version: the default, the signing time as YYYYMMDDHHMMSS, is below 10**14")
+    return None
+
+
+def model_name_problem(name: object) -> str | None:
+    """Why ``name`` cannot be a bundle's model name, or None. A name is data that ends up in a
+    directory name on the board: 1 to 128 letters, digits and ``. _ + @ -``, not starting with ``.``,
+    ``+``, ``@`` or ``-`` and holding no ``..``, so never a path nor a hidden or option-like name."""
+    if not isinstance(name, str) or not name.strip():
+        return "manifest names no model"
+    if len(name) > MAX_MODEL_NAME or not _MODEL_NAME.fullmatch(name) or ".." in name:
+        return (f"the model name {name[:80]!r} is not a plain name: 1 to {MAX_MODEL_NAME} letters, digits and . _ + @ "
+                "- not starting with . + @ or -, no '..' (a name is never a path); name the model so and bundle it "
+                "again")
+    return None
+
+
+FILE_FIELDS = {"tflite": ("file", "head"), "detector": ("file",), "map": ("index", "craters_file")}
+
+
+def _named_files(manifest: dict, where: Path) -> list[tuple[str, object]]:
+    """(field, file name) of every file the manifest names outside ``files`` (the model card's is
+    checked with its hash); BundleError for such a section that is not a mapping."""
+    out = []
+    for section, keys in FILE_FIELDS.items():
+        sec = manifest.get(section)
+        if sec is None:
+            continue
+        if not isinstance(sec, dict):
+            raise BundleError(f"manifest field {section} is {str(sec)[:80]!r}, not a mapping", where)
+        out += [(f"{section}.{k}", sec.get(k)) for k in keys]
+    return out
+
+
 def check_manifest(manifest: object, where: Path) -> dict:
     """The fields a board relies on, typed; BundleError naming the field otherwise."""
     if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
@@ -57,11 +111,9 @@ def check_manifest(manifest: object, where: Path) -> dict:
     if fv != FORMAT_VERSION:
         raise BundleError(f"manifest format_version is {fv!r}; this board reads {FORMAT_VERSION} (a bundle version, "
                           "the model card's hash): re-make the bundle with trn-export bundle", where)
-    v = manifest.get("bundle_version")
-    if not isinstance(v, int) or isinstance(v, bool) or v < 1:
-        raise BundleError(f"bundle_version is {v!r}; expected a whole number >= 1", where)
-    if not isinstance(manifest.get("model"), str) or not manifest["model"].strip():
-        raise BundleError("manifest names no model", where)
+    problem = version_problem(manifest.get("bundle_version")) or model_name_problem(manifest.get("model"))
+    if problem is not None:
+        raise BundleError(problem, where)
     listed = manifest.get("files")
     if not isinstance(listed, dict) or not listed:
         raise BundleError("manifest lists no files", where)
@@ -72,6 +124,10 @@ def check_manifest(manifest: object, where: Path) -> dict:
         if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int) \
                 or not isinstance(meta.get("sha256"), str):
             raise BundleError(f"manifest entry of {name!r} has no bytes and sha256", where)
+    for field, name in _named_files(manifest, where):
+        if not isinstance(name, str) or name not in listed:
+            raise BundleError(f"manifest field {field} is {str(name)[:80]!r}, which is not one of the bundle's listed "
+                              "files (a name in a manifest is data, never a path)", where)
     card = manifest.get("model_card")
     if card is not None:
         if not isinstance(card, dict) or card.get("file") not in listed or \

@@ -4,13 +4,21 @@ anti-rollback state (the highest bundle version it has accepted, and a log of wh
 Layout under the board's root directory::
 
     trust/anchor.pub    64 hex digits: provisioned once (``trn-hw provision``), never sent again
-    trust/state.json    {"highest_version", "highest_manifest_sha256", "log": [...]}
+    trust/state.json    {"highest_version", "highest_manifest_sha256", "live", "rollback_to", "log": [...]}
 
 As in python-tuf, a version only goes up: :mod:`trn_board.install` refuses a bundle whose signed
-``bundle_version`` is below the highest accepted (or equal to it with other content); the only way
-below is ``rollback`` to the bundle ``previous`` names, verified against the anchor first and
-recorded in the log. The counter is the larger of the state file's and the versions of the bundle
-directories on the board, so deleting the state file alone does not reopen old versions.
+``bundle_version`` is below the highest accepted (or equal to it with other content). ``live`` and
+``rollback_to`` record the two bundles the board may run (name, version, manifest sha256): the one
+the last install or rollback made live, and the one it replaced, which is the only way below the
+counter (``rollback``, verified against the anchor first and recorded in the log). The links
+``current`` and ``previous`` point at them, but a bundle runs only when its verified manifest is
+one of those two: no link, copy or rename in the board's directory makes another one live. The
+counter is the larger of the state file's and the signed versions of the bundle directories on
+the board, so deleting the state file alone does not reopen old versions.
+
+What this cannot protect: ``trust/`` itself. Whoever can replace ``anchor.pub`` can make the board
+trust their own key, and whoever can rewrite ``state.json`` *and* remove the newer bundles can
+lower the counter; keep ``trust/`` writable only by the account that runs ``trn_board.install``.
 
 Every write goes to a temporary file that is fsynced and renamed over the old one.
 """
@@ -142,9 +150,15 @@ def read_state(root: str | Path) -> dict:
         raise TrustError(f"the board's anti-rollback state cannot be read ({exc}); nothing is installed until it is "
                          "restored", p) from None
     if not isinstance(st, dict) or st.get("format") != STATE_FORMAT or not isinstance(st.get("highest_version"), int) \
-            or not isinstance(st.get("log"), list):
+            or not isinstance(st.get("log"), list) or not all(_is_entry(st.get(k)) for k in ("live", "rollback_to")):
         raise TrustError(f"not a {STATE_FORMAT!r} file; nothing is installed until it is restored", p)
     return st
+
+
+def _is_entry(e: object) -> bool:
+    """A ``live`` or ``rollback_to`` record: None, or a bundle's directory name, version and manifest sha256."""
+    return e is None or (isinstance(e, dict) and isinstance(e.get("bundle"), str)
+                         and isinstance(e.get("bundle_version"), int) and isinstance(e.get("manifest_sha256"), str))
 
 
 def write_state(root: str | Path, state: dict) -> None:
@@ -154,13 +168,18 @@ def write_state(root: str | Path, state: dict) -> None:
     _write_atomic(d / STATE, (json.dumps(state, indent=1, sort_keys=True) + "\n").encode("utf-8"))
 
 
-def record(root: str | Path, event: dict, highest: tuple[int, str] | None = None) -> dict:
+def record(root: str | Path, event: dict, highest: tuple[int, str] | None = None,
+           switch: tuple[dict, dict | None] | None = None) -> dict:
     """Append ``event`` (with the time) to the log and, when given, raise the counter to
-    ``highest`` = (version, manifest sha256); written before any link changes."""
+    ``highest`` = (version, manifest sha256) and record ``switch`` = (the bundle made live, the
+    one rollback may go back to), each ``{"bundle", "bundle_version", "manifest_sha256"}``; written
+    before any link changes."""
     st = read_state(root)
     st["log"].append({"utc": utc_now(), **event})
     if highest is not None and highest[0] >= st["highest_version"]:
         st["highest_version"], st["highest_manifest_sha256"] = highest
+    if switch is not None:
+        st["live"], st["rollback_to"] = switch
     write_state(root, st)
     return st
 
