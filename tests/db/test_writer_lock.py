@@ -4,6 +4,7 @@ open no window, and a writer whose journal is deleted or replaced from outside a
 nothing more."""
 
 import os
+import shutil
 import subprocess
 import sys
 import textwrap
@@ -12,7 +13,7 @@ import numpy as np
 import pytest
 
 from trn.db import DBConfig, LandmarkDB
-from trn.db.store import journal_path
+from trn.db.store import journal_path, next_journal_path, scan_journal
 from trn.errors import DataError
 
 DIM = 16
@@ -214,6 +215,79 @@ def test_a_writer_whose_journal_is_replaced_acknowledges_nothing_more(tmp_path, 
     a.stop()
     assert_all_acknowledged(p, a, b)
     assert not set(a.acked) & set(b.acked)
+
+
+def _on_disk(path):
+    """{id: label} of the records of the journal file at ``path``."""
+    return {r.id: r.label for r in scan_journal(path).records}
+
+
+def test_a_journal_copied_then_renamed_over_a_writer_loses_no_acknowledged_insert(tmp_path, writers):
+    """The audit's case: the journal copied while the first writer runs, the writer acknowledging
+    more inserts, then the copy renamed over the journal. A second writer opens the copy; the
+    inserts the first acknowledged in between were only in its own file, and were lost. The first
+    writer now refuses at its next insert and keeps the file it wrote aside, naming it."""
+    p = tmp_path / "c.trndb"
+    j = journal_path(p)
+    a = writers(p)
+    assert a.add(1, 5) == "acked 0 1 2 3 4"
+    shutil.copyfile(j, tmp_path / "copy")  # from outside, while the writer holds the journal
+    assert a.add(2, 3) == "acked 5 6 7"  # acknowledged between the copy and the rename
+    os.replace(tmp_path / "copy", j)
+    b = writers(p)
+    assert b.first == "open" and b.add(3, 2) == "acked 5 6"  # a second writer, on the copy
+    reply = a.add(4, 1)
+    aside = j.with_name(j.name + ".replaced-0")
+    assert reply.startswith("refused the journal was deleted or replaced from outside"), reply
+    assert f"is kept as {aside}" in reply and "8 records" in reply
+    assert a.ask("checkpoint").startswith("refused") and a.add(5, 1).startswith("refused")
+    b.stop()
+    a.stop()
+    kept = _on_disk(aside)
+    for rid, label in a.acked.items():  # every insert the first writer acknowledged is on disk
+        assert kept.get(rid) == label, f"acknowledged insert {rid} ({label}) lost"
+    assert_all_acknowledged(p, b)
+
+
+def test_a_writer_that_closes_after_its_journal_was_replaced_keeps_its_file_aside(tmp_path, writers):
+    p = tmp_path / "q.trndb"
+    j = journal_path(p)
+    a = writers(p)
+    assert a.add(1, 4).startswith("acked")
+    shutil.copyfile(j, tmp_path / "copy")
+    assert a.add(2, 2) == "acked 4 5"
+    os.replace(tmp_path / "copy", j)
+    a.stop()  # no insert after the replacement: the close notices it
+    kept = _on_disk(j.with_name(j.name + ".replaced-0"))
+    assert all(kept.get(rid) == label for rid, label in a.acked.items())
+
+
+def test_a_checkpoint_never_renames_its_new_journal_over_a_journal_put_there_from_outside(tmp_path):
+    """The replacement happens while a checkpoint writes its snapshot (a hook at that very point):
+    the check before the rename refuses and removes the new journal the snapshot names, so that
+    no open completes the checkpoint by renaming it over the file put there; that file is left as
+    it is, and the writer's own file, kept aside, holds every insert it acknowledged."""
+    p = tmp_path / "k.trndb"
+    j = journal_path(p)
+    a = LandmarkDB.open(p, DBConfig(dim=DIM))
+    a.add(np.eye(DIM, dtype=np.float32)[:3], labels=["a0", "a1", "a2"])
+    shutil.copyfile(j, tmp_path / "copy")
+    a.add(np.eye(DIM, dtype=np.float32)[3:4], labels=["a3"])
+    save = a.save
+
+    def save_then_replace(path):
+        save(path)
+        os.replace(tmp_path / "copy", j)
+
+    a.save = save_then_replace
+    with pytest.raises(DataError, match="deleted or replaced from outside.*kept as"):
+        a.checkpoint()
+    assert not next_journal_path(p).exists()
+    assert _on_disk(j) == {0: "a0", 1: "a1", 2: "a2"}  # the file put there, untouched
+    assert _on_disk(j.with_name(j.name + ".replaced-0")) == {0: "a0", 1: "a1", 2: "a2", 3: "a3"}
+    a.close()
+    with pytest.raises(DataError, match="stale"):
+        LandmarkDB.open(p)  # refused, never completed over the file put there
 
 
 def test_a_writer_whose_journal_is_deleted_acknowledges_nothing_more(tmp_path, writers):

@@ -627,18 +627,27 @@ class LandmarkDB:
             self._generation, self._journal_key, self._prev_journal_key = old
             raise
         try:
+            self._journal.check()  # replaced while the new journal was written: no snapshot names it yet
             self.save(self._path)
         except BaseException:
             nj.close()
             self._generation, self._journal_key, self._prev_journal_key = old
             raise
         try:
+            self._journal.check()  # the journal at the path is still the one this writer holds: replace it
             os.replace(npath, jpath)
             store._fsync_dir(jpath.parent)
         except BaseException:
-            # the snapshot names the new journal: the next open completes this checkpoint
             nj.close()
-            self._journal.failed = "a checkpoint could not finish; close this database and open it again"
+            if self._journal.replaced():
+                # another file is at the path (perhaps another writer's journal): the next open must not
+                # complete this checkpoint by renaming the new journal over it; it refuses instead
+                try:
+                    npath.unlink()
+                except OSError:
+                    pass
+            else:  # the snapshot names the new journal: the next open completes this checkpoint
+                self._journal.failed = "a checkpoint could not finish; close this database and open it again"
             raise
         nj.moved_to(jpath)
         self._journal.close()

@@ -41,9 +41,11 @@ Integrity, and what it detects:
 - **One writer, locked on the journal itself.** The writer lock is an exclusive ``flock`` on the
   journal file (:class:`JournalFile`), taken on a new journal before it appears at its path and
   checked after it is taken to be on the file still at that path. There is no separate lock file
-  whose deletion could admit a second writer; and a writer checks after every fsync that the file
-  at the path is still the one it writes, so it never acknowledges an insert into a journal that
-  was deleted or replaced under it.
+  whose deletion could admit a second writer; and a writer checks before every write, after every
+  fsync, before and during a checkpoint and at close that the file at the path is still the one it
+  locked (device and inode against the locked descriptor's), so it never acknowledges an insert
+  into a journal that was deleted or replaced under it. When it finds it replaced, it copies the
+  file it wrote (every insert it acknowledged) to ``<journal>.replaced-<n>`` before refusing.
 - **Torn tail or corruption.** An insert is acknowledged once its record is written and fsynced.
   The one record a crash can cut is the last, and only short: fewer bytes than its length field
   says, where that length agrees with the record's own label length and the layout. Only that
@@ -54,9 +56,12 @@ Integrity, and what it detects:
 
 Residual risks: while a writer is running (or after it was killed), a truncation from outside
 that removes exactly the records of its last write, no more, leaves a valid shorter chain that the
-committed count, lagging by that write, cannot expose; and an earlier copy of the *current*
+committed count, lagging by that write, cannot expose; an earlier copy of the *current*
 generation's journal put back from outside is a consistent shorter journal, indistinguishable from
-restoring a backup. ``docs/reliability.md`` states the guarantees.
+restoring a backup; and a journal copied, then renamed over the one a writer holds, admits a second
+writer on the copy, while the inserts the first acknowledged between the copy and the rename are
+only in its own file (kept aside when it notices, lost if it is killed first).
+``docs/reliability.md`` states the guarantees.
 """
 
 from __future__ import annotations
@@ -64,6 +69,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import logging
 import os
 import stat
 import struct
@@ -74,6 +80,8 @@ from pathlib import Path
 import numpy as np
 
 from trn.errors import DataError
+
+log = logging.getLogger(__name__)
 
 SNAPSHOT_MAGIC = b"TRNLMDB1"
 SNAPSHOT_VERSION = 1
@@ -553,19 +561,46 @@ class JournalFile:
             raise
         return cls(fd, path)
 
+    def replaced(self) -> bool:
+        """Whether the file at the path is no longer the one this writer locked (its device and
+        inode against the locked descriptor's)."""
+        return _path_identity(self.path) != self.identity
+
     def check(self) -> None:
-        """Raise DataError (and refuse every later write) unless the file at the path is this one."""
-        if self.failed is None and _path_identity(self.path) != self.identity:
+        """Raise DataError (and refuse every later write) unless the file at the path is this one;
+        the first time, the file this writer wrote is kept aside first (:meth:`_keep_aside`)."""
+        if self.failed is None and self.replaced():
             self.failed = ("the journal was deleted or replaced from outside while this database was open for "
-                           "writing; this insert is not acknowledged and this database accepts no more writes: "
-                           "close it, then run `trn-db check` on it")
+                           "writing (the file at this path is no longer the one this writer locked, so another "
+                           "writer may have opened it); this insert is not acknowledged and this database accepts no "
+                           f"more writes. {self._keep_aside()} Close every writer of this database, then run "
+                           "`trn-db check` on it")
         if self.failed is not None:
             raise DataError(self.failed, self.path)
 
+    def _keep_aside(self) -> str:
+        """Copy the file this writer wrote (its descriptor still reads it, even unlinked) to the first
+        free ``<journal>.replaced-<n>``: every insert it acknowledged, some of which the file now at
+        the path may lack. Returns the sentence that says where, or why not."""
+        try:
+            size = os.fstat(self.fd).st_size
+            data = os.pread(self.fd, size, 0)
+            aside = aside_name(self.path, "replaced")
+            atomic_write_bytes(aside, [data])
+        except OSError as exc:
+            return f"The file this writer wrote could not be kept ({exc.strerror}): inserts it acknowledged may be lost."
+        try:
+            n = len(scan_journal(aside, data).records)
+        except DataError:
+            n = None
+        held = f"{n} records" if n is not None else f"{size} bytes"
+        return (f"The file this writer wrote ({held}: every insert it acknowledged) is kept as {aside}; the journal "
+                "now at the path may lack the last of them.")
+
     def append(self, data: bytes) -> None:
-        """Write at the end and fsync; the records are acknowledged when this returns."""
-        if self.failed is not None:
-            raise DataError(self.failed, self.path)
+        """Write at the end and fsync; the records are acknowledged when this returns. Refused,
+        before anything is written, once the journal at the path is not this file."""
+        self.check()
         view = memoryview(data)
         while view:
             n = os.pwrite(self.fd, view, self.end)
@@ -589,9 +624,15 @@ class JournalFile:
         self.path = Path(os.path.abspath(path))
 
     def close(self) -> None:
-        """Flush and release the lock."""
+        """Flush and release the lock; a journal found replaced from outside is kept aside first
+        (and logged as an error), since nothing else would keep what this writer acknowledged."""
         if self.fd >= 0:
             try:
+                if self.failed is None and self.replaced():
+                    try:
+                        self.check()
+                    except DataError as exc:
+                        log.error("%s", exc)
                 os.fsync(self.fd)
             finally:
                 os.close(self.fd)  # closing the descriptor releases the flock
