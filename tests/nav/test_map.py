@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -277,48 +278,89 @@ def test_a_killed_driver_loses_only_its_unfinished_chunks_and_a_rerun_finishes_t
     _complete_and_same(out, whole)
 
 
-def _pids_named(fragment: str, parent: int | None = None) -> list[int]:
-    """Processes whose command line holds ``fragment`` (children of ``parent`` only, if given)."""
+def _holders(fifo: Path) -> list[int]:
+    """The processes other than this one that have the named pipe ``fifo`` open."""
     out = []
     for p in Path("/proc").iterdir():
         if not p.name.isdigit() or int(p.name) == os.getpid():
             continue
         try:
-            cmd = (p / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            ppid = int((p / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
+            if any(os.readlink(fd) == str(fifo) for fd in (p / "fd").iterdir()):
+                out.append(int(p.name))
+        except OSError:
             continue
-        if fragment in cmd and (parent is None or ppid == parent):
-            out.append(int(p.name))
     return out
+
+
+def _wait_for_holder(fifo: Path, timeout: float = 60.0) -> int:
+    t0 = time.monotonic()
+    while not (held := _holders(fifo)):
+        if time.monotonic() - t0 > timeout:
+            raise AssertionError(f"nothing opened {fifo}")
+        time.sleep(0.005)
+    return held[0]
+
+
+def _serve_and_kill_the_first_worker(fifo: Path, data: bytes, driver: int, stop: threading.Event, killed: list) -> None:
+    """Stand behind the named pipe ``fifo`` (a crater image): the driver's own reads (its check of
+    the dataset) get ``data``; the first worker that opens it is SIGKILLed there, in the middle of
+    its chunk, at a known point; every later reader (the chunk's retry) gets ``data``."""
+    while not stop.is_set():
+        try:
+            fd = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)  # succeeds once a reader waits in open()
+        except OSError:
+            time.sleep(0.005)
+            continue
+        try:
+            reader = _wait_for_holder(fifo)
+            if not killed and reader != driver:
+                os.kill(reader, signal.SIGKILL)
+                killed.append(reader)
+            else:
+                os.set_blocking(fd, True)
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view):]
+        finally:
+            os.close(fd)
+        _wait_for(lambda: reader not in _holders(fifo), "the reader to close the pipe", 60.0)
 
 
 @pytest.mark.parametrize("executor", ["processes", "ray"])
 def test_a_killed_worker_loses_only_its_chunk_and_the_build_finishes(tmp_path, many, executor):
-    """A worker SIGKILLed while chunks run: a local process pool is started again with the
+    """A worker SIGKILLed in the middle of a chunk: a local process pool is started again with the
     unfinished chunks, a Ray task is retried on another worker; either way the same run ends in a
-    complete map, byte-identical to a build in one go."""
+    complete map, byte-identical to a build in one go. The kill happens at a known point, whatever
+    the machine's load: one crater image is a named pipe, and the worker whose chunk reads it
+    waits there until the test kills it (the retry is then given the image)."""
     if executor == "ray":
         pytest.importorskip("ray")
     ds, whole = many
     out = tmp_path / "map"
+    image = ds.root / "crater_images" / f"{3 * KILL_CHUNK + 7}.png"  # in the fourth chunk
+    data = image.read_bytes()
     extra = ["--executor", "processes"] if executor == "processes" else ["--ray", "local"]
-    proc = subprocess.Popen(_build_command(ds, out, *extra), start_new_session=True, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    stop, killed = threading.Event(), []
+    image.unlink()
+    os.mkfifo(image)
     try:
-        if executor == "processes":
-            workers = lambda: _pids_named("spawn_main", parent=proc.pid)  # noqa: E731 - spawned pool workers
-        else:
-            workers = lambda: _pids_named("ray::chunk_task")  # noqa: E731 - a Ray worker running a chunk
-        _wait_for(lambda: (_chunks_done(out) >= 2 and workers()) or proc.poll() is not None, "a running worker")
-        victims = workers()
-        assert victims and proc.poll() is None, "the build ended before a worker could be killed"
-        os.kill(victims[0], signal.SIGKILL)
-        _, err = proc.communicate(timeout=600)
+        proc = subprocess.Popen(_build_command(ds, out, *extra), start_new_session=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE, text=True)
+        server = threading.Thread(target=_serve_and_kill_the_first_worker, args=(image, data, proc.pid, stop, killed),
+                                  daemon=True)
+        server.start()
+        try:
+            _, err = proc.communicate(timeout=600)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(30)
+            stop.set()
+            server.join(120)
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(30)
+        image.unlink()
+        image.write_bytes(data)
+    assert killed and killed[0] != proc.pid, "no worker was killed in the middle of its chunk"
     assert proc.returncode == 0, err[-2000:]
     if executor == "processes":
         assert "a worker process died" in err
