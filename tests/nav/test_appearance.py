@@ -94,6 +94,15 @@ def test_a_predicted_appearance_map_renders_under_the_pass_sun(boxed_world, tmp_
         else:
             want = ds.load_crater(c)
         np.testing.assert_array_equal(got[c], rim_window(want, d, crater_window_km(d, rc)))
+    # a model that cuts its crops with a margin gets the rim's square times that margin, within the render
+    wide = dict(predicted_renders(ds, meta, ids, boxed_world, workers=1, margin=1.25))
+    for i, c in enumerate(ids):
+        d, full = meta.craters[c]["diameter_km"], crater_window_km(meta.craters[c]["diameter_km"], rc)
+        want = render_crater(surface, lat[i], lon[i], d, rc, CraterView(light_azimuth_deg=az[i],
+                                                                        light_elevation_deg=min(el[i], 90.0))) \
+            if el[i] >= 1.0 else ds.load_crater(c)
+        np.testing.assert_array_equal(wide[c], rim_window(want, min(1.25 * d, full), full))
+        assert wide[c].shape[0] >= got[c].shape[0]
     emb = TorchEmbedder(create_model("flight", input_size=48).eval(), "tiny")
     m = build_map(ds, emb, tmp_path / "map", boxed_world, appearance="predicted", workers=1)
     assert m.info["appearance"] == "predicted" and sorted(m.ids) == sorted(ids)

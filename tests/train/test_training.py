@@ -280,7 +280,7 @@ def test_training_orbits_give_navigation_pairs_and_validate_on_the_validation_or
     doc = base_doc(main)
     doc["data"] = {"kind": "luna1", "path": str(main), "orbits": [str(train_orbit)], "val_orbit": str(val_orbit)}
     doc["model"] = dict(doc["model"], input_norm="disk", crop_margin=1.25)
-    doc.update(epochs=2, batch_size=8, select="orbit", orbit_share=0.5, decision={"weight": 1.0})
+    doc.update(epochs=2, batch_size=8, select="orbit", orbit_per_batch=3, decision={"weight": 1.0})
     cfg = from_dict(doc)
     # the orbit's craters are training identities of the main build, with no prefix
     assert orbit_prefix(train_orbit, [str(main)]) == ""
@@ -315,3 +315,41 @@ def test_training_orbits_give_navigation_pairs_and_validate_on_the_validation_or
     assert m.cfg.input_norm == "disk" and m.cfg.crop_margin == 1.25
     with pytest.raises(ConfigError, match="val_orbit"):
         from_dict(dict(doc, data=dict(doc["data"], val_orbit="")))
+
+
+def test_orbit_batches_add_the_orbit_identities_in_shuffled_passes():
+    from trn.train.data import orbit_batches
+
+    g = torch.Generator().manual_seed(0)
+    batches = [torch.arange(k * 4, k * 4 + 4) for k in range(5)]
+    out = orbit_batches(batches, [100, 101, 102], 2, g)
+    assert [len(b) for b in out] == [6] * 5
+    assert all(torch.equal(o[:4], b) for o, b in zip(out, batches))
+    extra = torch.cat([o[4:] for o in out]).tolist()
+    # ten slots over three identities: three full passes and one more, each pass a permutation
+    assert sorted(extra[:9]) == [100] * 3 + [101] * 3 + [102] * 3 and all(set(extra[i:i + 3]) == {100, 101, 102}
+                                                                         for i in (0, 3, 6))
+    assert orbit_batches(batches, [], 2, g) == batches
+
+
+def test_proxies_start_at_the_init_models_embeddings(tmp_path):
+    from trn.train.data import ImageBank, load_landmarks
+    from trn.train.losses import MetricLoss
+    from trn.train.loop import _proxies_from_model, embed
+
+    root = tiny_folder(tmp_path / "f", n=10)
+    cfg = from_dict(base_doc(root))
+    ls = load_landmarks(cfg.data)
+    bank = ImageBank(ls, ls.instances, 32)
+    torch.manual_seed(0)
+    from trn.models.descriptor import Descriptor
+
+    model = Descriptor(cfg.model).eval()
+    loss = MetricLoss("proxy-anchor", num_classes=len(bank), embedding_size=cfg.model.embed_dim)
+    _proxies_from_model(model, bank, loss)
+    want = embed(model, bank.images[[bank.views[i][0] for i in range(len(bank))]])
+    torch.testing.assert_close(loss.loss.proxies.detach(), want)
+    with pytest.raises(ConfigError, match="init_proxies"):
+        from_dict(dict(base_doc(root), init_proxies=True))  # no init model to start from
+    with pytest.raises(ConfigError, match="init_proxies"):
+        from_dict(dict(base_doc(root), init_proxies=True, init="x.pt", loss="supcon"))

@@ -117,23 +117,28 @@ def _init_render(meta: Luna1Metadata, source: str) -> None:
     _RENDER["cfg"], _RENDER["surface"] = built_render_config(meta), built_surface(meta, source)
 
 
-def _render_predicted(task: tuple[int, float, float, float, float | None, float | None]) -> tuple[int, np.ndarray]:
+def _render_predicted(task: tuple[int, float, float, float, float | None, float | None, float]
+                      ) -> tuple[int, np.ndarray]:
     from trn.data.render import CraterView, crater_window_km, render_crater
     from trn.nav.appearance import rim_window_px
 
-    cid, lat, lon, dia, az, el = task
+    cid, lat, lon, dia, az, el, margin = task
     cfg = _RENDER["cfg"]
     view = CraterView() if az is None else CraterView(light_azimuth_deg=az, light_elevation_deg=el)
-    # only the rim's square is shaded: the pixels of the whole render cut to it (render_crater's window)
-    window = rim_window_px(cfg.crater_size, dia, crater_window_km(dia, cfg))
+    # only the rim's square (times the model's crop margin, within the render) is shaded: the pixels
+    # of the whole render cut to it (render_crater's window)
+    full = crater_window_km(dia, cfg)
+    window = rim_window_px(cfg.crater_size, min(dia * margin, full), full)
     return cid, render_crater(_RENDER["surface"], lat, lon, dia, cfg, view, window=window)
 
 
 def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], source: Path, workers: int = 2,
-                      craters: dict[int, tuple[float, float, float]] | None = None, lit_by_pass: bool = True):
+                      craters: dict[int, tuple[float, float, float]] | None = None, lit_by_pass: bool = True,
+                      margin: float = 1.0):
     """Yield (crater id, image) for every crater of ``ids``: rendered from ``source`` with the
     dataset's own renderer settings under the Sun of the planned trajectory's closest pass
-    (:func:`trn.nav.appearance.pass_illumination`), cut to the rim's window. A crater whose pass
+    (:func:`trn.nav.appearance.pass_illumination`), cut to the rim's window (``margin`` times the
+    diameter, at most the whole render: the model's crop margin). A crater whose pass
     is in the dark (Sun below 1 degree) is never seen lit on this trajectory; it keeps its
     catalogue render, cut the same way (rendered with the build's own landmark view when the
     dataset has none, as for a union-catalogue crater). ``craters``: {id: (lat, lon, diameter)},
@@ -160,15 +165,16 @@ def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], sou
         az, el = np.zeros(len(ids)), np.full(len(ids), -90.0)
     window = built_render_config(meta)
     rendered = set(ds.crater_ids)
-    lit = [(c, float(a), float(b), float(d), float(z), float(min(e, 90.0)))
+    lit = [(c, float(a), float(b), float(d), float(z), float(min(e, 90.0)), margin)
            for c, a, b, d, z, e in zip(ids, lat, lon, dia, az, el) if e >= 1.0]
     for c, a, b, d, e in zip(ids, lat, lon, dia, el):
         if e >= 1.0:
             continue
         if c in rendered:
-            yield c, rim_window(ds.load_crater(c), float(d), crater_window_km(float(d), window))
+            full = crater_window_km(float(d), window)
+            yield c, rim_window(ds.load_crater(c), min(float(d) * margin, full), full)
         else:
-            lit.append((c, float(a), float(b), float(d), None, None))
+            lit.append((c, float(a), float(b), float(d), None, None, margin))
     if workers <= 1:
         _init_render(meta, str(source))
         yield from map(_render_predicted, lit)
@@ -255,7 +261,8 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     if not ids:
         raise DataError("no crater to map (none of crater_images/ in metadata.json, or none near the track)", ds.root)
     job = ChunkJob(str(ds.root), None if source is None else str(source), appearance, catalogue, batch,
-                   model_spec or "", _probe(emb, threads=1 if executor != "inline" else None), backend)
+                   model_spec or "", _probe(emb, threads=1 if executor != "inline" else None), backend,
+                   float(getattr(emb, "crop_margin", 1.0)))
 
     def sub(cids: list[int]) -> dict | None:
         return None if craters is None else {c: craters[c] for c in cids}
@@ -361,12 +368,13 @@ class ChunkJob:
     model: str
     probe: str
     backend: str = "torch"  # how the task runs ``model`` (trn.sim.embedders.BACKENDS)
+    margin: float = 1.0  # the model's crop margin: predicted renders are cut to the rim times this
 
     def images(self, ds: Luna1Dataset, meta: Luna1Metadata, cids: list[int], craters: dict | None, workers: int):
         """(id, image) of the craters ``cids`` (:func:`build_map`)."""
         if self.appearance == "predicted" or self.catalogue != "dataset":
             return predicted_renders(ds, meta, cids, Path(self.source), workers, craters,
-                                     lit_by_pass=self.appearance == "predicted")
+                                     lit_by_pass=self.appearance == "predicted", margin=self.margin)
         return ((c, ds.load_crater(c)) for c in cids)
 
 

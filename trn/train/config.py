@@ -36,6 +36,7 @@ OPTIMIZERS = ("adam", "adamw")
 SCHEDULES = ("constant", "cosine")
 DEVICES = ("cpu", "cuda", "auto")
 SELECTIONS = ("render", "frame", "both", "orbit")
+INIT_PROXY_LOSSES = ("proxy-anchor", "proxynca++", "proxy-synthesis")  # one proxy per identity, named proxies
 MAX_SEED = 2**32 - 1  # seeds are 32-bit everywhere in trn (the command lines refuse larger ones too)
 
 
@@ -56,7 +57,7 @@ class DataConfig:
     prefixed ``<k>:`` (k = 1, 2, ...) to stay distinct.
     orbits: training orbits (``trn-data build --segments N --annotate-training-of D`` with D this
     path or one of ``also``): their boxes, cut and perturbed as the scenarios cut detections,
-    become navigation views of their training craters (``orbit_share``).
+    become navigation views of their training craters (``orbit_per_batch``).
     val_orbit: a validation orbit (``--annotate-validation-of``) on which every epoch measures the
     consecutive-frame pairs of :mod:`trn.sim.pairs` under the full protocol: the share of
     same-crater pairs and of impostor pairs at ``select_threshold`` (``select: orbit``)."""
@@ -148,10 +149,15 @@ class TrainConfig:
     select_threshold: the match threshold of that accuracy (the scenarios' 0.9).
     "orbit" (needs ``data.val_orbit``): the mean of the render figure and of the validation
     orbit's same-crater share minus its impostor share at ``select_threshold``.
-    orbit_share / orbit_max_gap: with ``data.orbits``, the probability that an identity with
-    training-orbit boxes takes a pair of its navigation crops in a batch, and the most frames
-    apart the two boxes may lie in one pass.
+    orbit_per_batch / orbit_max_gap: with ``data.orbits``, identities added to every batch, drawn
+    from those with training-orbit boxes (a shuffled pass over them, repeated as needed), each
+    taking a pair of its navigation crops; and the most frames apart the two boxes may lie in one
+    pass. (A training orbit boxes a few hundred craters; drawn only by chance they would be about
+    one pair in thirty.)
     decision: the decision term (:class:`DecisionSection`).
+    init_proxies: with ``init`` and a proxy loss, each training identity's proxy starts at that
+    identity's embedding by the ``init`` model (its first render), not at random: random proxies
+    pull a trained embedding apart in the first epochs of a fine-tuning run.
     """
 
     data: DataConfig
@@ -179,9 +185,10 @@ class TrainConfig:
     init: str = ""
     select: str = "render"
     select_threshold: float = 0.9
-    orbit_share: float = 0.5
+    orbit_per_batch: int = 8
     orbit_max_gap: int = 30
     decision: DecisionSection = field(default_factory=DecisionSection)
+    init_proxies: bool = False
 
     def __post_init__(self) -> None:
         spec = loss_spec(self.loss)
@@ -192,10 +199,13 @@ class TrainConfig:
             raise ConfigError(f"select={self.select!r}: expected one of {SELECTIONS}")
         if self.select in ("frame", "both") and not self.data.frame_views:
             raise ConfigError(f"select={self.select!r} needs frame views to validate on: set data.frame_views: true")
+        if self.init_proxies and not (self.init and self.loss in INIT_PROXY_LOSSES):
+            raise ConfigError("init_proxies starts the proxies at a trained model's embeddings: it needs init and a "
+                              f"loss with one proxy per identity (one of {INIT_PROXY_LOSSES})")
         if self.select == "orbit" and not self.data.val_orbit:
             raise ConfigError("select='orbit' needs a validation orbit to validate on: set data.val_orbit")
-        if not 0 <= self.orbit_share <= 1:
-            raise ConfigError(f"orbit_share={self.orbit_share}: expected 0 to 1")
+        if not 1 <= self.orbit_per_batch <= 1024:
+            raise ConfigError(f"orbit_per_batch={self.orbit_per_batch}: expected 1 to 1024 identities")
         if not 1 <= self.orbit_max_gap <= 100000:
             raise ConfigError(f"orbit_max_gap={self.orbit_max_gap}: expected 1 or more frames")
         if self.data.orbits and self.views_per_identity != 2:

@@ -146,16 +146,16 @@ def pair_rows(bank: ImageBank, ids: list[int], pair_mix: tuple[float, float, flo
 def make_views(bank: ImageBank, ids: torch.Tensor, views: int, aug: AugmentConfig,
                generator: torch.Generator, size: int | None = None,
                detector: bool = False, pair_mix: tuple[float, float, float] | None = None,
-               orbit=None, orbit_share: float = 0.0) -> tuple[torch.Tensor, torch.Tensor, Draw]:
+               orbit=None, orbit_rows: int = 0) -> tuple[torch.Tensor, torch.Tensor, Draw]:
     """Batch of ``views`` augmented views per identity, view-major: images [views * B, 1, S, S],
     labels [views * B] (bank identity index), and the draws from T. ``size``: the output size S
     (default: the bank's); a bank stored larger is resampled. ``detector``: each view first goes
     through the detector stage D of ``aug`` (training only; validation keeps the test protocol).
     ``pair_mix``: with two views and a bank holding frame views, the kind of each identity's pair
-    (see :func:`pair_rows`). ``orbit`` (:class:`trn.train.orbits.OrbitViews`, two views): each
-    identity with boxes in the training orbits takes, with probability ``orbit_share``, a pair of
-    its navigation crops instead (two boxes of one pass, each cut and perturbed as the scenarios
-    cut a detection; their draws carry the protocol's rotation)."""
+    (see :func:`pair_rows`). ``orbit`` (:class:`trn.train.orbits.OrbitViews`, two views): the last
+    ``orbit_rows`` identities of ``ids`` take a pair of their navigation crops instead (two boxes of
+    one pass, each cut and perturbed as the scenarios cut a detection; their draws carry the
+    protocol's rotation)."""
     imgs, labels = [], []
     if pair_mix is not None and views == 2 and any(bank.frames):
         first, second = pair_rows(bank, ids.tolist(), pair_mix, generator)
@@ -183,18 +183,31 @@ def make_views(bank: ImageBank, ids: torch.Tensor, views: int, aug: AugmentConfi
         x = contrast(x, aug, generator)
     d = sample(x.shape[0], x.shape[-1], aug, generator)
     x = apply(x, d)
-    if orbit is not None and views == 2 and orbit_share > 0:
-        x, d = _orbit_pairs(x, d, ids, orbit, orbit_share, generator)
+    if orbit is not None and views == 2 and orbit_rows > 0:
+        x, d = _orbit_pairs(x, d, ids, orbit, list(range(len(ids) - orbit_rows, len(ids))), generator)
     return x, torch.tensor(labels), d
 
 
-def _orbit_pairs(x: torch.Tensor, d: Draw, ids: torch.Tensor, orbit, share: float,
+def orbit_batches(batches: list[torch.Tensor], orbit_ids: list[int], per_batch: int,
+                  generator: torch.Generator) -> list[torch.Tensor]:
+    """Each batch followed by ``per_batch`` identities of ``orbit_ids`` (the identities with
+    training-orbit boxes), taken in order from shuffled passes over them."""
+    if not orbit_ids or per_batch < 1:
+        return batches
+    need = len(batches) * per_batch
+    passes = [torch.tensor(orbit_ids)[torch.randperm(len(orbit_ids), generator=generator)]
+              for _ in range(-(-need // len(orbit_ids)))]
+    pool = torch.cat(passes)
+    return [torch.cat([b, pool[k * per_batch:(k + 1) * per_batch]]) for k, b in enumerate(batches)]
+
+
+def _orbit_pairs(x: torch.Tensor, d: Draw, ids: torch.Tensor, orbit, rows: list[int],
                  generator: torch.Generator) -> tuple[torch.Tensor, Draw]:
-    """``x`` and its draws with the pairs of some identities replaced by training-orbit crops."""
+    """``x`` and its draws with the pairs of the identities at ``rows`` replaced by training-orbit
+    crops (identities without orbit boxes keep theirs)."""
     from trn.train.orbits import numpy_rng
 
-    coin = torch.rand(len(ids), generator=generator) < share
-    rows = [j for j, i in enumerate(ids.tolist()) if coin[j] and orbit.boxes[i]]
+    rows = [j for j in rows if orbit.boxes[int(ids[j])]]
     if not rows:
         return x, d
     rng = numpy_rng(generator)

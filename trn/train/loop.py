@@ -35,7 +35,7 @@ from trn.models.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_c
 from trn.models.descriptor import Descriptor
 from trn.sim.metrics import match_or_insert, separation
 from trn.train.config import TrainConfig, resolve_kind
-from trn.train.data import ImageBank, make_views, pair_batches, training_set
+from trn.train.data import ImageBank, make_views, orbit_batches, pair_batches, training_set
 from trn.train.losses import DecisionLoss, MetricLoss
 from trn.train.mars import Mars, positive_pairs
 
@@ -202,6 +202,19 @@ def _val_orbit(cfg: TrainConfig):
     return ds, boxes
 
 
+@torch.no_grad()
+def _proxies_from_model(model: Descriptor, bank: ImageBank, loss: MetricLoss) -> None:
+    """Each identity's proxy set to its first render's embedding by ``model`` (``init_proxies``)."""
+    proxies = getattr(loss.loss, "proxies", None)
+    if proxies is None or proxies.shape != (len(bank), model.cfg.embed_dim):
+        raise ConfigError(f"init_proxies: the {loss.spec.name} loss has no proxy per identity to start")
+    rows = [bank.renders(i)[0] if bank.renders(i) else bank.views[i][0] for i in range(len(bank))]
+    x = bank.images[rows]
+    if x.shape[-1] != model.cfg.input_size:
+        x = torch.nn.functional.interpolate(x, size=model.cfg.input_size, mode="area")
+    proxies.copy_(embed(model, x).to(proxies))
+
+
 @dataclass
 class RunState:
     epoch: int
@@ -336,6 +349,8 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
     loss = MetricLoss(cfg.loss, num_classes=len(train_bank), embedding_size=cfg.model.embed_dim)
     decision = DecisionLoss(cfg.decision.threshold, cfg.decision.margin) if cfg.decision.weight > 0 else None
     mars = Mars(cfg.model.stage_channels, cfg.mars.build()) if cfg.mars.enabled else None
+    if cfg.init_proxies and not resume:
+        _proxies_from_model(model, train_bank, loss)
     model.to(device)
     loss.to(device)
     if mars is not None:
@@ -383,11 +398,14 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
         t0 = time.perf_counter()
         sums: dict[str, float] = {}
         batches = pair_batches(len(train_bank), batch_ids, gen, cfg.max_batches)
+        per = cfg.orbit_per_batch if orbit is not None else 0
+        if per:
+            batches = orbit_batches(batches, [i for i, b in enumerate(orbit.boxes) if b], per, gen)
         bar = tqdm(batches, desc=f"epoch {epoch}/{cfg.epochs}", unit="batch", disable=None, leave=False)
         for ids in bar:
             x, labels, draws = make_views(train_bank, ids, cfg.views_per_identity, cfg.augment, gen, size,
                                           detector=True, pair_mix=cfg.pair_mix if cfg.data.frame_views else None,
-                                          orbit=orbit, orbit_share=cfg.orbit_share)
+                                          orbit=orbit, orbit_rows=per)
             x, labels = x.to(device), labels.to(device)
             if cfg.channels_last:
                 x = x.contiguous(memory_format=torch.channels_last)
