@@ -318,6 +318,7 @@ def test_one_writer_per_process_too_and_the_lock_goes_with_close(tmp_path):
     with LandmarkDB.open(p) as again:
         assert len(again) == 2
     assert not (tmp_path / f"{p.name}.lock").exists()
+    assert not list(tmp_path.glob("*.replaced-*"))  # a checkpoint's own rename is no replacement from outside
 
 
 def test_a_relative_path_keeps_working_after_a_change_of_directory(tmp_path, monkeypatch):

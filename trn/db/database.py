@@ -657,7 +657,7 @@ class LandmarkDB:
 
     def close(self) -> None:
         if self._journal is not None:
-            self._journal.close()
+            self._journal.close(keep_if_replaced=True)  # a journal replaced from outside: what it held is kept
             self._journal = None
 
     def __enter__(self) -> "LandmarkDB":

@@ -623,12 +623,14 @@ class JournalFile:
         """The file was renamed to ``path`` (by the lock holder)."""
         self.path = Path(os.path.abspath(path))
 
-    def close(self) -> None:
-        """Flush and release the lock; a journal found replaced from outside is kept aside first
-        (and logged as an error), since nothing else would keep what this writer acknowledged."""
+    def close(self, keep_if_replaced: bool = False) -> None:
+        """Flush and release the lock. ``keep_if_replaced`` (the database's own close, where no
+        checkpoint of this writer replaced the file): a journal found replaced from outside is kept
+        aside first and logged as an error, since nothing else would keep what this writer
+        acknowledged."""
         if self.fd >= 0:
             try:
-                if self.failed is None and self.replaced():
+                if keep_if_replaced and self.failed is None and self.replaced():
                     try:
                         self.check()
                     except DataError as exc:
