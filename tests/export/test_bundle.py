@@ -404,3 +404,16 @@ def test_a_version_above_2_53_minus_1_is_refused_when_making_and_when_verifying(
             verify_bundle(b.directory, pub)
     top = make_bundle(tmp / "export", tmp / "top", key, "m", 96, 512, 0.9, version=MAX_BUNDLE_VERSION)
     assert verify_bundle(top.directory, pub)["bundle_version"] == MAX_BUNDLE_VERSION
+
+
+def test_a_signed_manifest_nested_too_deep_is_refused(signed):
+    """Python's json reads nesting by recursion: a manifest of 100,000 nested brackets, signed by
+    the trusted key, ended in a RecursionError on the ground and on the board."""
+    b, pub, tmp = signed
+    from trn.export.bundle import load_private_key
+
+    data = ("[" * 100_000 + "]" * 100_000).encode()
+    (b.directory / MANIFEST).write_bytes(data)
+    (b.directory / SIGNATURE).write_bytes(load_private_key(tmp / "keys" / "trn_signing_key.pem").sign(data))
+    with pytest.raises(DataError, match="manifest is nested too deep to read"):
+        verify_bundle(b.directory, pub)

@@ -168,6 +168,9 @@ def verify_bundle(directory: str | Path, public_key: bytes) -> dict:
         manifest = json.loads(data.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BundleError(f"manifest is not JSON ({exc})", man) from None
+    except RecursionError:  # Python's json reads nesting by recursion
+        raise BundleError("manifest is nested too deep to read (a manifest is a few levels deep); this is no bundle "
+                          "trn-export made", man) from None
     check_manifest(manifest, man)
     listed = manifest["files"]
     present = {p.name for p in d.iterdir()} - {MANIFEST, SIGNATURE}

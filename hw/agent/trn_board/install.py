@@ -138,7 +138,7 @@ def _signed_version(d: Path, anchor: bytes) -> int | None:
         if not verify_signature(anchor, data, (d / SIGNATURE).read_bytes()):
             return None
         manifest = check_manifest(json.loads(data.decode("utf-8")), d / MANIFEST)
-    except (OSError, UnicodeDecodeError, ValueError, BundleError):
+    except (OSError, UnicodeDecodeError, ValueError, RecursionError, BundleError):
         return None
     if manifest["bundle_version"] != int(m.group(1)) or manifest_sha256(d)[:12] != m.group(2):
         return None
@@ -202,6 +202,11 @@ def _runnable(st: dict) -> list[dict]:
     return [e for e in (st.get("live"), st.get("rollback_to")) if e]
 
 
+def _other(st: dict, digest: str) -> dict | None:
+    """The bundle the state allows to run besides the one whose manifest sha256 is ``digest``."""
+    return next((e for e in _runnable(st) if e["manifest_sha256"] != digest), None)
+
+
 def _recorded(st: dict) -> bool:
     """Whether the state records what may run (written by this release; an older one's did not)."""
     return "live" in st
@@ -263,7 +268,7 @@ def install(root: str | Path, incoming: str | Path, public_key: bytes | None = N
             _remove(incoming)  # the live bundle again, whole: nothing to do
             if st.get("live") != was:  # a switch stopped between its record and its link: record what runs
                 trust.record(root, {"event": "live again", "bundle": was["bundle"], "bundle_version": version,
-                                    "manifest_sha256": digest}, None, (was, st.get("live")))
+                                    "manifest_sha256": digest}, None, (was, _other(st, digest)))
             prev = live(root, PREVIOUS)
             return Switch(str(root.resolve() / BUNDLES / was["bundle"]), str(prev) if prev else None, True, version)
         top, top_digest = highest_version(root, anchor)
@@ -290,7 +295,7 @@ def install(root: str | Path, incoming: str | Path, public_key: bytes | None = N
             _remove(incoming)
         raise
     now = _entry(final, manifest, digest)
-    back = was if was is not None and was["manifest_sha256"] != digest else st.get("rollback_to")
+    back = was if was is not None and was["manifest_sha256"] != digest else _other(st, digest)
     trust.record(root, {"event": "install", "model": manifest["model"], "bundle_version": version,
                         "manifest_sha256": digest, "from": was["bundle"] if was else None}, (version, digest),
                  (now, back))
@@ -316,7 +321,9 @@ def rollback(root: str | Path, public_key: bytes | None = None) -> Switch:
         raise BundleError("nothing to roll back to (no previous bundle: one bundle was ever installed here)", root)
     linked = _linked(root, anchor)
     now = linked if linked is not None and linked in pair else st["live"]
-    target = next(e for e in pair if e["manifest_sha256"] != now["manifest_sha256"])
+    target = _other(st, now["manifest_sha256"])
+    if target is None:
+        raise BundleError("nothing to roll back to (the bundle recorded as previous is the live one)", root)
     d = root / BUNDLES / target["bundle"]
     try:
         if d.is_symlink():
@@ -354,6 +361,8 @@ def _describe(root: Path, name: str, anchor: bytes | None) -> dict | None:
                 "manifest_sha256": manifest_sha256(d)}
     except (OSError, UnicodeDecodeError, json.JSONDecodeError, AttributeError) as exc:
         out["unreadable"] = str(exc)
+    except RecursionError:
+        out["unreadable"] = "manifest nested too deep to read"
     if anchor is None:
         out["verified"] = "no trust anchor"
     else:
@@ -383,7 +392,7 @@ def status(root: str | Path) -> dict:
     if _recorded(st) and len(_runnable(st)) == 2:
         linked = _linked(root, anchor) if anchor else None
         here = linked if linked is not None and linked in _runnable(st) else st["live"]
-        back = next(e for e in _runnable(st) if e["manifest_sha256"] != here["manifest_sha256"])
+        back = _other(st, here["manifest_sha256"])
     return {"root": str(root), "anchor": trust.fingerprint(anchor) if anchor else None, "highest_version": top,
             "live": now, "previous": _describe(root, PREVIOUS, anchor), "rollback_to": back, "log": st["log"][-5:]}
 

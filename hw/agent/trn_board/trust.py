@@ -149,6 +149,9 @@ def read_state(root: str | Path) -> dict:
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise TrustError(f"the board's anti-rollback state cannot be read ({exc}); nothing is installed until it is "
                          "restored", p) from None
+    except RecursionError:  # Python's json reads nesting by recursion
+        raise TrustError("the board's anti-rollback state cannot be read (nested too deep); nothing is installed "
+                         "until it is restored", p) from None
     if not isinstance(st, dict) or st.get("format") != STATE_FORMAT or not isinstance(st.get("highest_version"), int) \
             or not isinstance(st.get("log"), list) or not all(_is_entry(st.get(k)) for k in ("live", "rollback_to")):
         raise TrustError(f"not a {STATE_FORMAT!r} file; nothing is installed until it is restored", p)
