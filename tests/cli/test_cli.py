@@ -449,3 +449,31 @@ def test_an_unknown_config_key_names_the_config_file_and_the_overrides(tmp_path,
     det.write_text("data: [x]\nwings: 3\n")
     _one_line_exit_2(detect_cli.main(["train", "--config", str(det), "--out", str(tmp_path / "d")]), capsys,
                      f"config file {det}: unknown key(s) ['wings']")
+
+
+def test_json_nested_too_deep_is_refused_naming_the_file(tmp_path, capsys):
+    """Python's json reads nesting by recursion: a report.json or a dataset's metadata.json of
+    100,000 nested brackets ended in a RecursionError."""
+    from trn.cli import data as data_cli
+    from trn.cli import sim as sim_cli
+
+    deep = "[" * 100_000 + "]" * 100_000
+    (tmp_path / "rep").mkdir()
+    (tmp_path / "rep" / "report.json").write_text(deep)
+    _one_line_exit_2(sim_cli.main(["report", str(tmp_path / "rep")]), capsys,
+                     f"{tmp_path / 'rep' / 'report.json'}: report.json is nested too deep to read")
+    make_dataset(tmp_path / "d", n_frames=2, crater_ids=(1, 2, 3))
+    (tmp_path / "d" / "metadata.json").write_text(deep)
+    assert data_cli.main(["check", str(tmp_path / "d")]) == 1
+    out = capsys.readouterr().out
+    assert "metadata.json" in out and "nested too deep" in out and "Traceback" not in out
+
+
+def test_a_lis_set_value_nested_too_deep_is_one_short_line(tmp_path, capsys):
+    from trn.cli.common import parse_settings
+    from trn.errors import ConfigError
+    from trn.nav.lost import LostConfig
+
+    with pytest.raises(ConfigError) as e:
+        parse_settings(LostConfig, ["min_llr=" + "[" * 5000], "--lis-set")
+    assert "nested more than 100 levels deep" in str(e.value) and len(str(e.value)) < 400

@@ -124,3 +124,16 @@ def test_the_empty_value_check_keeps_types_choices_and_groups():
     assert ap.parse_args([]) == argparse.Namespace(n=3, kind="a", p=None)
     with pytest.raises(SystemExit):
         ap.parse_args(["--p", ""])
+
+
+def test_a_path_longer_than_the_system_takes_is_refused_by_name(capsys):
+    from trn.cli.common import NAME_MAX, PATH_MAX
+
+    ap = Parser(prog="tool")
+    ap.add_argument("--out", type=Path)
+    for text in ("/".join(["d"] * (PATH_MAX // 2 + 1)), "x" * (NAME_MAX + 1)):
+        with pytest.raises(SystemExit):
+            ap.parse_args(["--out", text])
+        err = capsys.readouterr().err
+        assert "argument --out: the path" in err and "is too long" in err and len(err) < 400
+    assert ap.parse_args(["--out", "x" * NAME_MAX]).out == Path("x" * NAME_MAX)

@@ -6,6 +6,7 @@ import argparse
 import contextlib
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -51,6 +52,28 @@ class _Commands(argparse._SubParsersAction):
         self._metavar = value
 
 
+def _limit(name: str, default: int) -> int:
+    try:
+        return int(os.pathconf("/", name))
+    except (OSError, ValueError, AttributeError):
+        return default
+
+
+PATH_MAX, NAME_MAX = _limit("PC_PATH_MAX", 4096), _limit("PC_NAME_MAX", 255)
+
+
+def path_length_problem(text: str) -> str | None:
+    """Why the operating system cannot take ``text`` as a path (longer than PATH_MAX bytes, or a name
+    in it longer than NAME_MAX), or None."""
+    size = len(text.encode("utf-8", "surrogateescape"))
+    longest = max((len(part.encode("utf-8", "surrogateescape")) for part in text.split(os.sep)), default=0)
+    if size < PATH_MAX and longest <= NAME_MAX:
+        return None
+    shown = text if len(text) <= 60 else f"{text[:40]}...{text[-12:]}"
+    return (f"the path {shown!r} is too long ({size} bytes, its longest name {longest}); this system takes paths "
+            f"under {PATH_MAX} bytes and names of at most {NAME_MAX}: give a shorter path")
+
+
 def _refusing_empty(convert: Callable[[str], object] | None, action: argparse.Action) -> Callable[[str], object]:
     """``convert`` (str when None), after refusing a value that is empty or only blanks: ``Path("")``
     is the working directory and an empty option value would quietly mean its default, so an empty
@@ -69,6 +92,10 @@ def _refusing_empty(convert: Callable[[str], object] | None, action: argparse.Ac
     def parse(text: str) -> object:
         if isinstance(text, str) and not text.strip():
             raise argparse.ArgumentTypeError(f"{text!r} is empty (an unset shell variable?); {fix}")
+        if is_path and isinstance(text, str):
+            problem = path_length_problem(text)
+            if problem is not None:
+                raise argparse.ArgumentTypeError(problem)
         return convert(text)
 
     parse.__name__ = getattr(convert, "__name__", "value")
@@ -216,7 +243,8 @@ def naming_the_config(path: Path, overrides: list[str] | tuple[str, ...] = ()):
     except ConfigError as exc:
         if str(path) in str(exc):
             raise
-        given = f" with the overrides {' '.join(overrides)}" if overrides else ""
+        shown = [o if len(o) <= 40 else f"{o[:30]}...{o[-6:]}" for o in overrides]
+        given = f" with the overrides {' '.join(shown)}" if overrides else ""
         raise ConfigError(f"config file {path}{given}: {exc}") from None
 
 
@@ -224,18 +252,17 @@ def parse_settings(cls, items: list[str], option: str) -> dict:
     """``KEY=VALUE`` strings -> checked keyword arguments of the dataclass ``cls``: each value read
     as YAML 1.2 (``1e-4`` is a number, ``[0.6, 1.4]`` a list), each key a field of ``cls`` of its
     type (:func:`trn.yamlio.strict_fields`); the dataclass checks the ranges."""
-    import yaml
-
     from trn.errors import ConfigError
-    from trn.yamlio import Yaml12Loader, strict_fields
+    from trn.yamlio import YamlError, load_yaml, strict_fields
 
     out = {}
     for item in items:
         key, sep, text = item.partition("=")
+        shown = item if len(item) <= 80 else f"{item[:60]}...{item[-8:]}"
         if not sep or not key.strip():
-            raise ConfigError(f"{option} {item!r}: expected KEY=VALUE")
+            raise ConfigError(f"{option} {shown!r}: expected KEY=VALUE")
         try:
-            out[key.strip()] = yaml.load(text, Loader=Yaml12Loader)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"{option} {item!r}: the value is not readable ({exc.__class__.__name__})") from None
+            out[key.strip()] = load_yaml(text)
+        except YamlError as exc:
+            raise ConfigError(f"{option} {shown!r}: the value is not readable YAML ({exc})") from None
     return strict_fields(cls, option, out)

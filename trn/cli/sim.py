@@ -199,6 +199,9 @@ def _rerender(d: Path) -> int:
                         path) from None
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError
         raise DataError(f"report.json is not valid JSON ({exc})", path) from None
+    except RecursionError:  # Python's json reads nesting by recursion
+        raise DataError("report.json is nested too deep to read (a report is a few levels deep); re-run trn-sim run "
+                        "to write it again", path) from None
     try:
         rep = Report.from_json(doc)
     except DataError as exc:
@@ -506,7 +509,8 @@ def _embedders(args) -> list:
 def _box_kinds(args) -> list[str]:
     from trn.sim.boxes import BOX_SOURCES
 
-    kinds = list(dict.fromkeys(k.strip() for k in ("annotations" if args.boxes is None else args.boxes).split(",") if k.strip()))
+    given = "annotations" if args.boxes is None else args.boxes
+    kinds = list(dict.fromkeys(k.strip() for k in given.split(",") if k.strip()))
     bad = [k for k in kinds if k not in BOX_SOURCES]
     if bad or not kinds:
         raise ConfigError(f"--boxes {args.boxes!r}: choose from {', '.join(BOX_SOURCES)} (comma-separated)")

@@ -150,6 +150,9 @@ def read_labels(root: str | Path) -> DetectionLabels:
         doc = json.loads(luna1.read_bytes(path, "detection labels").decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise DataError(f"detection labels are not readable JSON ({exc}); label the directory again", path) from None
+    except RecursionError:  # Python's json reads nesting by recursion
+        raise DataError("detection labels are nested too deep to read as JSON (they are a few levels deep); label "
+                        "the directory again", path) from None
     if not isinstance(doc, dict) or doc.get("format") != LABELS_FORMAT or doc.get("version") != LABELS_VERSION:
         raise DataError(f"not {LABELS_FORMAT} version {LABELS_VERSION}; label the directory again with this trn", path)
     frames = []

@@ -290,6 +290,9 @@ class Luna1Metadata:
             doc = json.loads(data.decode("utf-8"))
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise DataError(f"metadata is not readable JSON ({exc}); delete it or rebuild the dataset", path) from None
+        except RecursionError:  # Python's json reads nesting by recursion
+            raise DataError("metadata is nested too deep to read as JSON (it is a few levels deep); delete it or "
+                            "rebuild the dataset", path) from None
         if not isinstance(doc, dict) or doc.get("format") != METADATA_FORMAT:
             raise DataError(f"metadata format is {doc.get('format') if isinstance(doc, dict) else None!r}; "
                             f"expected {METADATA_FORMAT!r}", path)

@@ -369,6 +369,8 @@ def check_export(export_dir: str | Path, weights: str | Path, model_name: str, m
             doc = json.loads(rep.read_text(encoding="utf-8"))
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise DataError(f"export report unreadable ({exc}); re-export", rep) from None
+        except RecursionError:  # Python's json reads nesting by recursion
+            raise DataError("export report nested too deep to read; re-export", rep) from None
         if not isinstance(doc, dict) or not str(doc.get("format", "")).startswith("trn-export"):
             continue  # e.g. edgetpu_report.json: describes operators, not a graph's origin
         spec = doc.get("model")
