@@ -5,11 +5,16 @@
 Every case is a command a user could type with one thing wrong: an option out of range or of the
 wrong kind, a missing, empty, corrupt, truncated or permission-denied file, a malformed annotation
 line, NaN in a pose file or a config, a file of the wrong shape, a YAML config with a key given
-twice, an option the run would ignore. The fixtures are built in a temporary directory from
-scratch (a small Luna-1 dataset written with trn's own writers, configs, a landmark database, a
-key pair and, when the repository's models and exports are present, a signed bundle); nothing
-under data/ is read, and every command runs with the temporary directory as its working
-directory and as its TRN_CACHE, so no built-in world is used or built.
+twice, an option the run would ignore; every path and config argument of the seven given empty
+and nested deeper than anything can read (a path past the system's limit, a YAML value of 5,000
+brackets: :func:`path_and_config_arguments`); config, report, metadata, label, manifest and board
+state files nested too deep; bundles signed with a model name that is a path or a version above
+2**53 - 1; board roots changed by someone without the signing key. The fixtures are built in a
+temporary directory from scratch (a small Luna-1 dataset written with trn's own writers, configs,
+a landmark database, a key pair and, when the repository's models and exports are present, a
+signed bundle and board roots flashed with it); nothing under data/ is read, and every command
+runs with the temporary directory as its working directory and as its TRN_CACHE, so no built-in
+world is used or built.
 
 Each outcome is one of:
 
@@ -29,6 +34,7 @@ case that is not clear with its command and the last line it printed.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shlex
@@ -93,6 +99,7 @@ class Fixtures:
 
     root: Path
     missing: dict[str, str] = field(default_factory=dict)
+    near_digests: tuple[str, str] = ("", "")  # how a refusal should show models/near.pt's two digests
 
     def p(self, *parts: str) -> str:
         return str(self.root.joinpath(*parts))
@@ -386,6 +393,15 @@ def build_fixtures(root: Path, optional: bool = True) -> Fixtures:
     (root / "models" / "random.pt").write_bytes(np.random.default_rng(2).bytes(2048))
     (root / "models" / "run_without_weights").mkdir()
     (root / "models" / "model.onnx").write_bytes(b"not onnx")
+    # a model whose checksum file differs from its own digest only after the 12th hex digit
+    near = root / "models" / "near.pt"
+    near.write_bytes(np.random.default_rng(6).bytes(2048))
+    real = hashlib.sha256(near.read_bytes()).hexdigest()
+    recorded = real[:20] + ("0" if real[20] != "0" else "1") + real[21:]
+    (root / "models" / "near.pt.sha256").write_text(f"{recorded}  near.pt\n", encoding="utf-8")
+    fx.near_digests = (real[:25], recorded[:25])
+    (root / "tiny_image").mkdir()
+    cv2.imwrite(str(root / "tiny_image" / "1.png"), np.zeros((1, 1), np.uint8))
     # reports for trn-sim report
     rep = root / "reports"
     (rep / "no_json").mkdir(parents=True)
@@ -415,18 +431,44 @@ def build_fixtures(root: Path, optional: bool = True) -> Fixtures:
                                      '"diameter_km": 5, "sun_elevation_deg": 10, "clipped": false}]}]}')):
         (det / name).mkdir(parents=True)
         (det / name / "detection_labels.json").write_text(text, encoding="utf-8")
-    for name, body in (("unknown_key", "data: [x]\nepochs: 2\nwings: 3\n"), ("epochs_text", "data: [x]\nepochs: many\n"),
+    for name, body in (("ok", "data: [x]\nepochs: 2\n"),
+                       ("unknown_key", "data: [x]\nepochs: 2\nwings: 3\n"), ("epochs_text", "data: [x]\nepochs: many\n"),
                        ("no_data", "epochs: 2\n"), ("crop_too_big", "data: [x]\ncrop: 1024\n"),
                        ("lr_zero", "data: [x]\nlr: 0\n"), ("model_neck_float", "data: [x]\nmodel: {neck: 2.5}\n"),
                        ("not_yaml", "data: [x\n")):
         (root / "cfg" / f"det_{name}.yaml").write_text(body, encoding="utf-8")
+    _deep_fixtures(fx)
     if optional:
         _world_fixtures(fx)
         _db_fixtures(fx)
         _export_fixtures(fx)
+        _board_fixtures(fx)
     else:
-        fx.missing.update({k: "not built (optional fixtures off)" for k in ("world", "db", "keys", "bundle")})
+        fx.missing.update({k: "not built (optional fixtures off)" for k in ("world", "db", "keys", "bundle", "boards")})
     return fx
+
+
+# a path nested deeper than the system takes (4,199 bytes), and documents nested far deeper than any
+# config: PyYAML and Python's json read nesting by recursion
+DEEP_PATH = "/".join(["d"] * 2100)
+DEEP_YAML = "[" * 5000 + "]" * 5000
+DEEP_JSON = "[" * 100_000 + "]" * 100_000
+
+
+def _deep_fixtures(fx: Fixtures) -> None:
+    """Files whose content is nested too deep: YAML configs (flow and block), JSON documents a
+    command line reads (a report, a dataset's metadata, detection labels), each beside what else
+    its reader needs."""
+    d = fx.root / "deep"
+    d.mkdir()
+    (d / "config.yaml").write_text(DEEP_YAML, encoding="utf-8")
+    (d / "block.yaml").write_text("".join(" " * i + "k:\n" for i in range(3000)), encoding="utf-8")
+    (d / "report").mkdir()
+    (d / "report" / "report.json").write_text(DEEP_JSON, encoding="utf-8")
+    shutil.copytree(fx.root / "good", d / "dataset")
+    (d / "dataset" / "metadata.json").write_text(DEEP_JSON, encoding="utf-8")
+    (d / "labels").mkdir()
+    (d / "labels" / "detection_labels.json").write_text(DEEP_JSON, encoding="utf-8")
 
 
 def _world_fixtures(fx: Fixtures) -> None:
@@ -477,6 +519,9 @@ def _db_fixtures(fx: Fixtures) -> None:
         journal_path(d / "journal_garbage.trndb").write_bytes(np.random.default_rng(4).bytes(300))
         jt = journal_path(d / "journal_truncated.trndb")
         jt.write_bytes(jt.read_bytes()[:10])
+        (fx.root / "db_journal_dir").mkdir()
+        shutil.copy(good, fx.root / "db_journal_dir" / "x.trndb")
+        journal_path(fx.root / "db_journal_dir" / "x.trndb").mkdir()
         fx.missing.pop("db", None)
     except Exception as exc:  # noqa: BLE001 - a fixture we could not build: its cases are skipped
         fx.missing["db"] = f"{type(exc).__name__}: {exc}"
@@ -515,6 +560,64 @@ def _export_fixtures(fx: Fixtures) -> None:
     victim = next(p for p in sorted(tampered.rglob("*"))
                   if p.is_file() and p.name != "manifest.json" and p.stat().st_size > 64)
     _flip(victim)
+
+
+def _board_fixtures(fx: Fixtures) -> None:
+    """Board roots for the anti-rollback cases, each flashed with versions 10, 20 and 30 of the
+    signed bundle's export, then changed by someone without the key: ``current`` pointed below
+    the counter or outside the root, the bundle to roll back to replaced by an older one. Also a bundle whose manifest, signed by the fixture key itself, names its model
+    ``../../x``, one signed with a version above 2**53 - 1, one whose signed manifest is nested too
+    deep, and a board root whose state file is."""
+    if "bundle" in fx.missing:
+        fx.missing["boards"] = "no signed bundle"
+        return
+    try:
+        from trn.export.bundle import load_private_key, make_bundle, read_public_key
+        from trn.hw.flash import flash, live, provision
+
+        keys = fx.root / "keys"
+        key, pub = keys / "trn_signing_key.pem", read_public_key(keys / "trn_signing_key.pub")
+        exp = fx.root / "board_export"
+        exp.mkdir()
+        (exp / "model.onnx").write_bytes(np.random.default_rng(5).bytes(3000))
+        versions = {v: make_bundle(exp, fx.root / f"board_bundle_v{v}", key, "m", 96, 512, 0.9, version=v).directory
+                    for v in (10, 20, 30)}
+        roots = {}
+        for name in ("current_below", "current_outside", "rollback_replaced", "deep_state"):
+            root = fx.root / "boards" / name
+            provision(root, pub)
+            dirs = {}
+            for v, b in versions.items():
+                flash(b, root)
+                dirs[v] = live(root)
+            roots[name] = (root, dirs)
+
+        def relink(root: Path, link: str, target: Path) -> None:
+            (root / link).unlink()
+            os.symlink(target, root / link)
+
+        relink(roots["current_below"][0], "current", roots["current_below"][1][10])
+        shutil.copytree(roots["current_outside"][1][30], fx.root / "boards" / "outside_copy")
+        relink(roots["current_outside"][0], "current", fx.root / "boards" / "outside_copy")
+        root, dirs = roots["rollback_replaced"]
+        shutil.rmtree(dirs[20])
+        shutil.copytree(dirs[10], dirs[20])
+        (roots["deep_state"][0] / "trust" / "state.json").write_text(DEEP_JSON, encoding="utf-8")
+        signer = load_private_key(key)
+
+        def resigned(name: str, manifest: bytes) -> None:
+            out = fx.root / name
+            shutil.copytree(versions[10], out)
+            (out / "manifest.json").write_bytes(manifest)
+            (out / "manifest.sig").write_bytes(signer.sign(manifest))
+
+        doc = json.loads((versions[10] / "manifest.json").read_text(encoding="utf-8"))
+        for name, change in (("bundle_model_path", {"model": "../../x"}),
+                             ("bundle_version_huge", {"bundle_version": 1180591620717411303424})):
+            resigned(name, (json.dumps({**doc, **change}, indent=1, sort_keys=True) + "\n").encode())
+        resigned("bundle_deep_manifest", DEEP_JSON.encode())
+    except Exception as exc:  # noqa: BLE001 - a fixture we could not build: its cases are skipped
+        fx.missing["boards"] = f"{type(exc).__name__}: {exc}"
 
 
 # ---------------------------------------------------------------- cases
@@ -940,7 +1043,225 @@ def cases(fx: Fixtures) -> list[Case]:
         ["no_such_model"])
     add("trn-detect", "without a command", [], ["COMMAND|command|build"])
 
+    # ---- what an audit found, each in one command
+    tiny = p("tiny_image")
+    add("trn-db", "check a journal that is a directory", ["check", p("db_journal_dir", "x.trndb")],
+        ["x.trndb.journal", "is a directory, not a journal"], needs="db")
+    add("trn-db", "repair a journal that is a directory", ["repair", p("db_journal_dir", "x.trndb")],
+        ["x.trndb.journal", "is a directory, not a journal"], needs="db")
+    add("trn-export", "onnx --model whose checksum differs after the 12th digit",
+        ["onnx", "--model", p("models", "near.pt"), "--out", p("runs", "ex5"), "--no-parity"],
+        [f"file {fx.near_digests[0]}", f"expected {fx.near_digests[1]}"])
+    add("trn-detect", "run on a 1 x 1 image", ["run", str(REPO / "models" / "detector"), tiny, "--out", p("runs", "r1")],
+        ["1.png", "frame has shape (1, 1)"])
+    add("trn-hw", "status of a directory that is not a board root", ["status", "--to", p("empty_dir")],
+        ["empty_dir", "not a board root"])
+    add("trn-hw", "rollback of a directory that is not a board root", ["rollback", "--to", p("empty_dir")],
+        ["empty_dir", "not a board root"])
+    add("trn-train", "unknown key names the config file", ["--config", p("cfg", "t_unknown_top_level_key.yaml"), "--out",
+                                                           p("runs", "t4"), "--check"],
+        ["t_unknown_top_level_key.yaml", "epoch"])
+    add("trn-export", "bundle --version above 2**53 - 1",
+        ["bundle", "--model", "x", "--export", p("empty_dir"), "--key", p("no.pem"), "--out", p("runs", "bx8"),
+         "--version", "1180591620717411303424"], ["--version", "2**53 - 1"])
+    add("trn-export", "verify a signed manifest naming its model ../../x",
+        ["verify", p("bundle_model_path"), "--pub", pub], ["manifest.json", "../../x", "not a plain name"], needs="boards")
+    add("trn-export", "verify a signed manifest of version 1180591620717411303424",
+        ["verify", p("bundle_version_huge"), "--pub", pub], ["manifest.json", "2**53 - 1"], needs="boards")
+    add("trn-hw", "flash a signed manifest of version 1180591620717411303424",
+        ["flash", p("bundle_version_huge"), "--to", p("boards", "current_below")], ["2**53 - 1"], needs="boards")
+    add("trn-hw", "agent on current pointed below the counter", ["agent", "--bundle", p("boards", "current_below", "current"),
+                                                                 "--port", "0"], ["anti-rollback"], needs="boards",
+        timeout=30)
+    add("trn-hw", "agent on current pointed outside the root",
+        ["agent", "--bundle", p("boards", "current_outside", "current"), "--port", "0"], ["outside"], needs="boards",
+        timeout=30)
+    add("trn-hw", "rollback to a bundle replaced by an older one", ["rollback", "--to", p("boards", "rollback_replaced")],
+        ["previous bundle is refused", "version 20"], needs="boards")
+
+    # ---- every path and config argument given empty, and nested deeper than anything can read
+    for cli, label, argv, name, kind in path_and_config_arguments(fx):
+        shown = name if name.startswith("-") else f"argument {name}"
+        needs = next((fixture for fixture, part in (("boards", "board_bundle"), ("world", p("sources", "world")))
+                      if any(part in a for a in argv)), None)
+
+        def given(value: str) -> list[str]:
+            return [value if a == ARG else a.replace(ARG, value) for a in argv]
+
+        if kind == "config":  # KEY=VALUE: an empty value is YAML's null, refused for the key; a deep one too
+            add(cli, f"{label} empty", given(""), [name, "expected"], needs=needs)
+            add(cli, f"{label} nested too deep", given(DEEP_YAML), ["nested more than 100 levels"], needs=needs)
+            continue
+        add(cli, f"{label} empty", given(""), [shown, "is empty"], needs=needs)
+        if kind in ("path", "file"):
+            add(cli, f"{label} nested deeper than the system takes", given(DEEP_PATH), ["too long"], needs=needs)
+        if kind == "name":  # a file looked up by name: not found among those there
+            add(cli, f"{label} nested deeper than the system takes", given(DEEP_PATH), [name.lstrip("-"), "not found"],
+                needs=needs)
+    for cli, label, argv, expect in (
+            ("trn-train", "--config nested too deep", ["--config", p("deep", "config.yaml"), "--out", p("runs", "t5"),
+                                                       "--check"], ["config.yaml", "nested more than 100 levels"]),
+            ("trn-train", "--config nested too deep by indentation",
+             ["--config", p("deep", "block.yaml"), "--out", p("runs", "t6"), "--check"],
+             ["block.yaml", "nested more than 100 levels"]),
+            ("trn-detect", "train --config nested too deep", ["train", "--config", p("deep", "config.yaml"), "--out",
+                                                              p("runs", "t7")], ["config.yaml", "nested more than 100"]),
+            ("trn-sim", "report.json nested too deep", ["report", p("deep", "report")], ["report.json", "nested"]),
+            ("trn-data", "check: metadata.json nested too deep", ["check", p("deep", "dataset")],
+             ["metadata.json", "nested"]),
+            ("trn-data", "stats: metadata.json nested too deep", ["stats", p("deep", "dataset")],
+             ["metadata.json", "nested"]),
+            ("trn-sim", "run luna1: metadata.json nested too deep",
+             ["run", "luna1", "--data", p("deep", "dataset"), "--model", "ncc", "--no-progress", "--threads", "1",
+              "--out", p("runs", "sim_deep")], ["metadata.json", "nested"]),
+            ("trn-sim", "map build: metadata.json nested too deep",
+             ["map", "build", "--data", p("deep", "dataset"), "--out", p("runs", "m5"), "--model", "ncc", "--threads",
+              "1"], ["metadata.json", "nested"]),
+            ("trn-detect", "eval on labels nested too deep", ["eval", p("models", "empty.pt"), "--data", p("deep", "labels")],
+             ["empty.pt|detection_labels.json"]),
+            ("trn-detect", "sheet of labels nested too deep", ["sheet", p("deep", "labels"), "--out", p("runs", "s2.png")],
+             ["detection_labels.json", "nested"])):
+        add(cli, label, argv, expect)
+    add("trn-export", "verify a signed manifest nested too deep", ["verify", p("bundle_deep_manifest"), "--pub", pub],
+        ["manifest.json", "nested"], needs="boards")
+    add("trn-hw", "flash a signed manifest nested too deep", ["flash", p("bundle_deep_manifest"), "--to",
+                                                              p("boards", "current_below")], ["manifest.json", "nested"],
+        needs="boards")
+    add("trn-hw", "status of a board whose state is nested too deep", ["status", "--to", p("boards", "deep_state")],
+        ["state.json", "nested"], needs="boards")
     return out
+
+
+ARG = "<ARG>"  # where path_and_config_arguments puts the value under test
+
+
+def path_and_config_arguments(fx: Fixtures) -> list[tuple[str, str, list[str], str, str]]:
+    """Every path and config argument of the seven command lines: (command line, label, argv with
+    ``ARG`` where the value goes, the argument's name as argparse shows it (for "config", the key),
+    kind). Kinds: "path" (a file or directory), "file" (a config file: YAML), "name" (a file looked
+    up by name in a directory), "config" (a KEY=VALUE whose value is YAML), "value" (a name or list
+    that an empty string would silently replace by the default). The other arguments are valid,
+    so that the one under test is the cause."""
+    p, good, pem, pub = fx.p, fx.p("good"), fx.p("keys", "trn_signing_key.pem"), fx.p("keys", "trn_signing_key.pub")
+    out = p("runs", "arg")
+    model = str(REPO / "models" / "detector")
+    lm = ["run", "luna1", "--data", good, "--model", "ncc", "--no-progress", "--threads", "1", "--out", out]
+    rows = [
+        # trn-data
+        ("trn-data", "build luna1 --source", ["build", "luna1", "--source", ARG, "--out", out], "--source", "path"),
+        ("trn-data", "build luna1 --out", ["build", "luna1", "--source", p("sources", "no_dem"), "--out", ARG], "--out",
+         "path"),
+        ("trn-data", "build luna1 --catalogue", ["build", "luna1", "--source", p("sources", "world"), "--out", out,
+                                                 "--catalogue", ARG], "--catalogue", "name"),
+        ("trn-data", "build luna1 --annotate-validation-of", ["build", "luna1", "--source", p("sources", "no_dem"),
+                                                              "--out", out, "--annotate-validation-of", ARG],
+         "--annotate-validation-of", "path"),
+        ("trn-data", "build luna1-synth --out", ["build", "luna1-synth", "--out", ARG], "--out", "path"),
+        ("trn-data", "build luna1-synth --world-dir", ["build", "luna1-synth", "--out", out, "--world-dir", ARG],
+         "--world-dir", "path"),
+        ("trn-data", "check DIR", ["check", ARG], "dir", "path"),
+        ("trn-data", "stats DIRS", ["stats", good, ARG], "dirs", "path"),
+        ("trn-data", "sheet DIR", ["sheet", ARG, "--out", out], "dir", "path"),
+        ("trn-data", "sheet --out", ["sheet", good, "--out", ARG], "--out", "path"),
+        ("trn-data", "dense-catalogue --world", ["dense-catalogue", "--world", ARG], "--world", "path"),
+        ("trn-data", "dense-catalogue --out", ["dense-catalogue", "--world", p("empty_dir"), "--out", ARG], "--out",
+         "path"),
+        # trn-sim
+        ("trn-sim", "run luna1 --data", ["run", "luna1", "--data", ARG, "--model", "ncc"], "--data", "path"),
+        ("trn-sim", "run luna1 --out", [*lm[:-1], ARG], "--out", "path"),
+        ("trn-sim", "run luna1 --model", ["run", "luna1", "--data", good, "--model", ARG, "--out", out], "--model", "path"),
+        ("trn-sim", "run luna1 --map", [*lm, "--scenario", "map_navigation", "--map", ARG], "--map", "path"),
+        ("trn-sim", "run luna1 --map-source", [*lm, "--scenario", "map_navigation", "--map-source", ARG], "--map-source",
+         "path"),
+        ("trn-sim", "run luna1 --detector", [*lm, "--boxes", "detector", "--detector", ARG], "--detector", "path"),
+        ("trn-sim", "run luna1 --boxes", [*lm, "--boxes", ARG], "--boxes", "value"),
+        ("trn-sim", "run luna1 --profile", [*lm, "--scenario", "moon_navigation", "--profile", ARG], "--profile", "value"),
+        ("trn-sim", "run luna1 --lis-set", [*lm, "--scenario", "lost_in_space_fix", "--lis-set", f"min_llr={ARG}"],
+         "min_llr", "config"),
+        ("trn-sim", "run landmarks --data", ["run", "landmarks", "--model", "ncc", "--data", ARG], "--data", "path"),
+        ("trn-sim", "run landmarks --out", ["run", "landmarks", "--model", "ncc", "--data", good, "--out", ARG], "--out",
+         "path"),
+        ("trn-sim", "map build --data", ["map", "build", "--data", ARG, "--out", out, "--model", "ncc"], "--data", "path"),
+        ("trn-sim", "map build --out", ["map", "build", "--data", good, "--out", ARG, "--model", "ncc"], "--out", "path"),
+        ("trn-sim", "map build --model", ["map", "build", "--data", good, "--out", out, "--model", ARG], "--model", "path"),
+        ("trn-sim", "map build --source", ["map", "build", "--data", good, "--out", out, "--model", "ncc", "--source",
+                                           ARG], "--source", "path"),
+        ("trn-sim", "map build --catalogue-file", ["map", "build", "--data", good, "--out", out, "--model", "ncc",
+                                                   "--catalogue-file", ARG], "--catalogue-file", "path"),
+        ("trn-sim", "map index --map", ["map", "index", "--map", ARG], "--map", "path"),
+        ("trn-sim", "report DIR", ["report", ARG], "dir", "path"),
+        # trn-train
+        ("trn-train", "--config", ["--config", ARG, "--out", out, "--check"], "--config", "file"),
+        ("trn-train", "--out", ["--config", p("cfg", "good.yaml"), "--out", ARG, "--check"], "--out", "path"),
+        ("trn-train", "override", ["--config", p("cfg", "good.yaml"), "--out", out, "--check", f"epochs={ARG}"],
+         "epochs", "config"),
+        ("trn-train", "override given whole", ["--config", p("cfg", "good.yaml"), "--out", out, "--check", ARG],
+         "overrides", "value"),
+        # trn-db
+        ("trn-db", "check PATH", ["check", ARG], "path", "path"),
+        ("trn-db", "repair PATH", ["repair", ARG], "path", "path"),
+        # trn-export
+        *[("trn-export", f"{sub} {opt}", argv, opt, "path") for sub in ("onnx", "onnx-int8", "tflite")
+          for opt, argv in (("--model", [sub, "--model", ARG, "--out", out]),
+                            ("--out", [sub, "--model", "flight_conv2d_se", "--out", ARG]),
+                            ("--data", [sub, "--model", "flight_conv2d_se", "--out", out, "--data", ARG]))],
+        ("trn-export", "keygen --out", ["keygen", "--out", ARG], "--out", "path"),
+        ("trn-export", "bundle --model", ["bundle", "--model", ARG, "--export", p("empty_dir"), "--key", pem, "--out", out],
+         "--model", "path"),
+        ("trn-export", "bundle --export", ["bundle", "--model", "flight_conv2d_se_union", "--export", ARG, "--key", pem,
+                                           "--out", out], "--export", "path"),
+        ("trn-export", "bundle --key", ["bundle", "--model", "flight_conv2d_se_union", "--export", p("empty_dir"),
+                                        "--key", ARG, "--out", out], "--key", "path"),
+        ("trn-export", "bundle --out", ["bundle", "--model", "flight_conv2d_se_union", "--export", p("empty_dir"),
+                                        "--key", pem, "--out", ARG], "--out", "path"),
+        ("trn-export", "bundle --detector", ["bundle", "--model", "flight_conv2d_se_union", "--export", p("empty_dir"),
+                                             "--key", pem, "--out", out, "--detector", ARG], "--detector", "path"),
+        ("trn-export", "bundle --map", ["bundle", "--model", "flight_conv2d_se_union", "--export", p("empty_dir"),
+                                        "--key", pem, "--out", out, "--map", ARG], "--map", "path"),
+        ("trn-export", "verify BUNDLE", ["verify", ARG, "--pub", "00" * 32], "bundle", "path"),
+        ("trn-export", "verify --pub", ["verify", p("empty_dir"), "--pub", ARG], "--pub", "path"),
+        # trn-hw
+        ("trn-hw", "provision --to", ["provision", "--to", ARG, "--pub", "00" * 32], "--to", "path"),
+        ("trn-hw", "provision --pub", ["provision", "--to", p("runs", "board_p"), "--pub", ARG], "--pub", "path"),
+        ("trn-hw", "flash BUNDLE", ["flash", ARG, "--to", p("runs", "board_f")], "bundle", "path"),
+        ("trn-hw", "flash --to", ["flash", p("board_bundle_v10"), "--to", ARG], "--to", "path"),
+        ("trn-hw", "flash --pub", ["flash", p("board_bundle_v10"), "--to", p("runs", "board_f"), "--pub", ARG], "--pub",
+         "path"),
+        ("trn-hw", "rollback --to", ["rollback", "--to", ARG], "--to", "path"),
+        ("trn-hw", "rollback --pub", ["rollback", "--to", p("empty_dir"), "--pub", ARG], "--pub", "path"),
+        ("trn-hw", "status --to", ["status", "--to", ARG], "--to", "path"),
+        ("trn-hw", "agent --bundle", ["agent", "--bundle", ARG, "--port", "0"], "--bundle", "path"),
+        ("trn-hw", "agent --pub", ["agent", "--bundle", p("empty_dir"), "--pub", ARG, "--port", "0"], "--pub", "path"),
+        ("trn-hw", "agent --stop-token-file", ["agent", "--bundle", p("empty_dir"), "--pub", pub, "--port", "0",
+                                               "--stop-token-file", ARG], "--stop-token-file", "path"),
+        ("trn-hw", "bench --data", ["bench", "--board", "127.0.0.1:9", "--data", ARG, "--out", out], "--data", "path"),
+        ("trn-hw", "bench --out", ["bench", "--board", "127.0.0.1:9", "--data", good, "--out", ARG], "--out", "path"),
+        ("trn-hw", "stop --token-file", ["stop", "--board", "127.0.0.1:9", "--token-file", ARG], "--token-file", "path"),
+        # trn-detect
+        ("trn-detect", "build --source", ["build", "--source", ARG, "--out", out], "--source", "path"),
+        ("trn-detect", "build --out", ["build", "--source", good, "--out", ARG], "--out", "path"),
+        ("trn-detect", "label BUILD", ["label", ARG, "--source", good], "build", "path"),
+        ("trn-detect", "label --source", ["label", good, "--source", ARG], "--source", "path"),
+        ("trn-detect", "sheet DIR", ["sheet", ARG, "--out", p("runs", "s3.png")], "dir", "path"),
+        ("trn-detect", "sheet --out", ["sheet", p("detlabels", "not_json"), "--out", ARG], "--out", "path"),
+        ("trn-detect", "train --config", ["train", "--config", ARG, "--out", out], "--config", "file"),
+        ("trn-detect", "train --out", ["train", "--config", p("cfg", "det_no_data.yaml"), "--out", ARG], "--out", "path"),
+        ("trn-detect", "train override", ["train", "--config", p("cfg", "det_ok.yaml"), "--out", out,
+                                          f"epochs={ARG}"], "epochs", "config"),
+        ("trn-detect", "eval MODEL", ["eval", ARG, "--data", good], "model", "path"),
+        ("trn-detect", "eval --data", ["eval", model, "--data", ARG], "--data", "path"),
+        ("trn-detect", "eval --source", ["eval", model, "--data", good, "--source", ARG], "--source", "path"),
+        ("trn-detect", "eval --json", ["eval", model, "--data", good, "--json", ARG], "--json", "path"),
+        ("trn-detect", "run MODEL", ["run", ARG, p("empty_dir"), "--out", out], "model", "path"),
+        ("trn-detect", "run INPUTS", ["run", model, ARG, "--out", out], "inputs", "path"),
+        ("trn-detect", "run --out", ["run", model, p("tiny_image"), "--out", ARG], "--out", "path"),
+        ("trn-detect", "ship RUN", ["ship", ARG, "--out", out], "run", "path"),
+        ("trn-detect", "ship --out", ["ship", p("empty_dir"), "--out", ARG], "--out", "path"),
+        ("trn-detect", "export MODEL", ["export", ARG, "--out", out, "--data", good], "model", "path"),
+        ("trn-detect", "export --out", ["export", model, "--out", ARG, "--data", good], "--out", "path"),
+        ("trn-detect", "export --data", ["export", model, "--out", out, "--data", ARG], "--data", "path"),
+    ]
+    return rows
 
 
 # ---------------------------------------------------------------- running
@@ -1038,7 +1359,11 @@ def table(results: list[Outcome]) -> list[str]:
 
 
 def _shown(argv: tuple[str, ...], root: Path) -> str:
-    return " ".join(shlex.quote(a.replace(str(root), "$TMP")) for a in argv)
+    def one(a: str) -> str:
+        a = a.replace(str(root), "$TMP")
+        return a if len(a) <= 80 else f"{a[:40]}...({len(a)} characters)"
+
+    return " ".join(shlex.quote(one(a)) for a in argv)
 
 
 def report(results: list[Outcome], fx: Fixtures, seconds: float, jobs: int, timeout: float,
@@ -1049,6 +1374,7 @@ def report(results: list[Outcome], fx: Fixtures, seconds: float, jobs: int, time
              "",
              f"Command: `{command}` (each case a real subprocess; fixtures built in a temp directory, `$TMP` "
              "below; nothing under data/ read)",
+             f"Date: {time.strftime('%Y-%m-%d', time.gmtime())} (UTC)",
              f"Hardware: {hardware()}",
              f"Run: {len(ran)} invocations ({len(results) - len(ran)} skipped) in {seconds:.0f} s, {jobs} at a time, "
              f"timeout {timeout:.0f} s per case; as {who}",
@@ -1064,7 +1390,7 @@ def report(results: list[Outcome], fx: Fixtures, seconds: float, jobs: int, time
         lines += ["", f"## {owner}: {len(group)}"]
         for r in group:
             lines.append(f"- [{r.kind}] {r.case.cli}: {r.case.name}: `{r.case.cli} {_shown(r.case.argv, fx.root)}` "
-                         f"({r.note}); last line: {r.last_line.replace(str(fx.root), '$TMP')}")
+                         f"({r.note}); last line: {r.last_line.replace(str(fx.root), '$TMP')[:300]}")
     skipped = [r for r in results if r.kind == "skipped"]
     if skipped:
         lines += ["", f"Skipped: {len(skipped)}"]

@@ -1,6 +1,6 @@
-"""A representative subset (37 cases) of ``benchmarks/bad_inputs.py``, run here so that the suite holds its
+"""A representative subset (50 cases) of ``benchmarks/bad_inputs.py``, run here so that the suite holds its
 property: every bad invocation exits non-zero with a message naming the thing, never a traceback,
-never exit 0. Each case is a real subprocess of the console command. The full benchmark (all six
+never exit 0. Each case is a real subprocess of the console command. The full benchmark (all seven
 command lines, the procedural world, the database and bundle fixtures) is a script:
 ``python benchmarks/bad_inputs.py``."""
 
@@ -14,24 +14,25 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# the findings of issue 22 and their neighbours, across the command lines
+# findings of audits and their neighbours, across the command lines
 SUBSET = {
     "trn-data": ["sheet --craters -1", "sheet --frames 0", "sheet --seed -1", "build luna1-synth --orbits nan",
                  "build luna1-synth --out a file", "check: zero-width box", "check: empty crater_images/",
-                 "check: crater image unreadable", "check: crater image bit flip", "stats: zero-height box"],
+                 "check: crater image unreadable", "check: crater image bit flip", "stats: zero-height box",
+                 "check DIR empty", "check: metadata.json nested too deep"],
     "trn-sim": ["run luna1: zero-width box", "run luna1: empty crater_images/", "run luna1: crater image unreadable",
                 "run luna1: annotated frame truncated", "--map without the map scenario", "--shortlist without --tokens",
                 "--threshold nan", "--seed 1099511627776", "run landmarks: a corrupt image",
-                "report.json without results", "run luna1 --data a file"],
+                "report.json without results", "run luna1 --data a file", "run luna1 --boxes empty"],
     "trn-train": ["duplicated top-level key", "duplicated nested key", "lr NaN", "seed beyond 32 bits",
                   "--check: crater image bit flip", "--check: annotations missing", "config unreadable",
-                  "override with a duplicated key"],
+                  "override with a duplicated key", "--config nested too deep"],
     "trn-db": ["check a missing file", "check random bytes", "check a directory", "repair a directory",
-               "without a command"],
-    "trn-export": ["verify a missing bundle", "keygen --out a file"],
-    "trn-hw": ["bench --n 0"],
+               "without a command", "check PATH empty", "repair PATH nested deeper than the system takes"],
+    "trn-export": ["verify a missing bundle", "keygen --out a file", "keygen --out empty"],
+    "trn-hw": ["bench --n 0", "status of a directory that is not a board root"],
     "trn-detect": ["train config: not_yaml", "sheet of labels: empty_box", "eval --threshold nan",
-                   "build --segments 0"],
+                   "build --segments 0", "run on a 1 x 1 image"],
 }
 
 
