@@ -47,6 +47,9 @@ def base_doc(path: Path) -> dict:
     ({"model": {"preset": "nonesuch"}}, "unknown model preset"),
     ({"data": {"kind": "lidar", "path": "x"}}, "data.kind"),
     ({"batch_size": 7}, "batch_size=7"),
+    ({"metric_weight": 0}, "nothing to train"),
+    ({"orbit_per_batch": 0}, "orbit_per_batch"),
+    ({"decision": {"weight": 1, "threshold": 0.97}}, "decision threshold"),
 ])
 def test_bad_configs_fail_before_training(tmp_path, patch, match):
     doc = base_doc(tmp_path)

@@ -103,6 +103,15 @@ class PairShares:
     def impostor_any_share(self) -> float:
         return float((self.impostor_any >= self.threshold).mean()) if len(self.impostor_any) else float("nan")
 
+    def same_at_impostor_share(self, rate: float) -> tuple[float, float]:
+        """(share of same-crater pairs, threshold) at the threshold that lets ``rate`` of the
+        sequence's impostor pairs through: the separation whatever the cosines' scale (a model
+        whose similarities are all lower or higher has its operating point elsewhere)."""
+        if not len(self.impostor_any) or not len(self.same):
+            return float("nan"), float("nan")
+        t = float(np.quantile(self.impostor_any, 1.0 - rate))
+        return float((self.same >= t).mean()), t
+
 
 def pair_shares(ds: Luna1Dataset, emb, s: sc.ScenarioSettings, parts: tuple[str, ...] = PERTURBATIONS,
                 seed: int = 0, boxes: list[sc.Detection] | None = None, threshold: float | None = None,

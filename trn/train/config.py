@@ -148,13 +148,16 @@ class TrainConfig:
     at ``select_threshold``) or "both" (their mean).
     select_threshold: the match threshold of that accuracy (the scenarios' 0.9).
     "orbit" (needs ``data.val_orbit``): the mean of the render figure and of the validation
-    orbit's same-crater share minus its impostor share at ``select_threshold``.
+    orbit's share of same-crater pairs above the threshold that lets 1 % of its impostors through.
     orbit_per_batch / orbit_max_gap: with ``data.orbits``, identities added to every batch, drawn
     from those with training-orbit boxes (a shuffled pass over them, repeated as needed), each
     taking a pair of its navigation crops; and the most frames apart the two boxes may lie in one
     pass. (A training orbit boxes a few hundred craters; drawn only by chance they would be about
     one pair in thirty.)
     decision: the decision term (:class:`DecisionSection`).
+    metric_weight: the metric loss's weight (0: off, the decision term alone; a proxy loss wants the
+    identities spread to negative cosines, far below what the match threshold needs, and pulls a
+    fine-tuned embedding apart to get there).
     init_proxies: with ``init`` and a proxy loss, each training identity's proxy starts at that
     identity's embedding by the ``init`` model (its first render), not at random: random proxies
     pull a trained embedding apart in the first epochs of a fine-tuning run.
@@ -189,6 +192,7 @@ class TrainConfig:
     orbit_max_gap: int = 30
     decision: DecisionSection = field(default_factory=DecisionSection)
     init_proxies: bool = False
+    metric_weight: float = 1.0
 
     def __post_init__(self) -> None:
         spec = loss_spec(self.loss)
@@ -199,6 +203,10 @@ class TrainConfig:
             raise ConfigError(f"select={self.select!r}: expected one of {SELECTIONS}")
         if self.select in ("frame", "both") and not self.data.frame_views:
             raise ConfigError(f"select={self.select!r} needs frame views to validate on: set data.frame_views: true")
+        if not 0 <= self.metric_weight <= 100:
+            raise ConfigError(f"metric_weight={self.metric_weight}: expected 0 (off) to 100")
+        if self.metric_weight == 0 and self.decision.weight == 0:
+            raise ConfigError("metric_weight=0 and decision.weight=0 leave nothing to train: set one above 0")
         if self.init_proxies and not (self.init and self.loss in INIT_PROXY_LOSSES):
             raise ConfigError("init_proxies starts the proxies at a trained model's embeddings: it needs init and a "
                               f"loss with one proxy per identity (one of {INIT_PROXY_LOSSES})")

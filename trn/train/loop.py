@@ -170,6 +170,7 @@ def orbit_validation(model: Descriptor, orbit, threshold: float, seed: int = 123
     ds, boxes = orbit
     r = pair_shares(ds, TorchEmbedder(model, "training"), ScenarioSettings(threshold=threshold), seed=seed, boxes=boxes)
     return {"val_orbit_same": r.same_share, "val_orbit_impostor": r.impostor_any_share,
+            "val_orbit_same_at_1pct_impostors": r.same_at_impostor_share(0.01)[0],
             "val_orbit_impostor_next_frame": r.impostor_share, "val_orbit_same_cosine": float(r.same.mean()),
             "val_orbit_impostor_cosine": float(r.impostor_any.mean())}
 
@@ -236,13 +237,13 @@ def _selection_score(rec: dict, select: str = "render") -> float:
     """One number ordering epochs. "render": validation Recall@1 with distractors, then without
     (both in [0, 1]; the second breaks ties); "frame": match-or-insert RA on the validation
     craters' frame views (in [0, 1]); "both": the mean of the two; "orbit": the mean of the render
-    figure and of the validation orbit's same-crater share minus its impostor share."""
+    figure and of the validation orbit's share of same-crater pairs above the threshold that lets
+    1 % of its impostors through (the separation whatever the scale of the cosines: the operating
+    threshold is chosen afterwards, on validation, for the model as selected)."""
     hard = rec.get("val_recall_at_1_distractors", rec["val_recall_at_1"])
     render = float(hard + 1e-3 * rec["val_recall_at_1"])
-    if select == "orbit" and "val_orbit_same" in rec:
-        # an orbit without impostor pairs (one crater a frame) has none above the threshold
-        same, impostor = (float(np.nan_to_num(rec[k])) for k in ("val_orbit_same", "val_orbit_impostor"))
-        return 0.5 * (render + same - impostor)
+    if select == "orbit" and "val_orbit_same_at_1pct_impostors" in rec:
+        return 0.5 * (render + float(np.nan_to_num(rec["val_orbit_same_at_1pct_impostors"])))
     if select == "render" or "val_frame_ra" not in rec:
         return render
     frame = float(rec["val_frame_ra"]) / 100.0
@@ -276,7 +277,9 @@ def _plot(history: list[dict], path: Path) -> None:
 
     ep = [h["epoch"] for h in history]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
-    ax[0].plot(ep, [h["metric_loss"] for h in history], label="metric loss")
+    for key in ("metric_loss", "decision_loss"):
+        if key in history[0]:
+            ax[0].plot(ep, [h[key] for h in history], label=key.replace("_", " "))
     stages = sorted(k for k in history[0] if k.startswith("mars_stage"))
     for k in stages:
         ax[0].plot(ep, [h[k] for h in history], label=k.replace("_", " "))
@@ -414,7 +417,7 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
                 g["lr"] = g["base_lr"] * factor
             step += 1
             emb = forward(x)
-            terms = {"metric_loss": loss(emb, labels)}
+            terms = {"metric_loss": cfg.metric_weight * loss(emb, labels)} if cfg.metric_weight > 0 else {}
             if decision is not None:
                 terms["decision_loss"] = cfg.decision.weight * decision(emb, labels)
             if mars is not None:
