@@ -166,7 +166,8 @@ def _interp(path: Path, threads: int, head: bool):
 
 def _shipped(out: Path) -> list[Path]:
     """Timing-only int8 TFLite backbones of the shipped models (models/<name>/weights.pt)."""
-    from trn.sim.embedders import MODELS_DIR, TorchEmbedder
+    from trn.models.registry import MODELS_DIR
+    from trn.sim.embedders import TorchEmbedder
     from trn.sim.timing import write_timing_tflite
     from trn.models.checkpoint import load_descriptor
 

@@ -41,7 +41,7 @@ def main() -> int:
     import torch
 
     from trn.models.checkpoint import load_descriptor
-    from trn.sim.embedders import resolve_model
+    from trn.models.registry import resolve_model
     from trn.sim.metrics import match_or_insert
     from trn.train.config import load_config
     from trn.train.data import ImageBank, make_views, training_set

@@ -165,7 +165,7 @@ def _onnx(args) -> int:
 
     from trn.errors import DataError
     from trn.export.to_onnx import export_onnx, parity, real_crops, write_report
-    from trn.sim.embedders import resolve_model
+    from trn.models.registry import resolve_model
     from trn.models.checkpoint import load_descriptor
 
     torch.set_num_threads(args.threads)
@@ -204,7 +204,7 @@ def _int8(args, fp32: Path, data: Path | None, crops) -> int:
     from trn.errors import DataError
     from trn.export.bundle import file_sha256
     from trn.export.to_onnx import agreement, calibration_crops, quantize_int8
-    from trn.sim.embedders import resolve_model
+    from trn.models.registry import resolve_model
 
     if data is None:
         raise DataError("int8 calibration needs the training data: pass --data DIR (the dataset the model was trained on)")
@@ -233,7 +233,7 @@ def _tflite(args) -> int:
     from trn.export.edgetpu import edgetpu_report, write_report as write_edgetpu
     from trn.export.tflite import TfliteRunner, export_tflite, tflite_parity, write_report
     from trn.export.to_onnx import calibration_crops, real_crops
-    from trn.sim.embedders import resolve_model
+    from trn.models.registry import resolve_model
     from trn.models.checkpoint import load_descriptor
 
     torch.set_num_threads(args.threads)

@@ -21,8 +21,9 @@ from trn.cli.common import (Parser, float_between, int_at_least, int_between, pa
                             setup_logging)
 from trn.db.tokens import SEED_METHODS, TokenConfig
 from trn.errors import ConfigError
+from trn.models.registry import DEFAULT_MODEL, MODELS_DIR
 from trn.sim import scenarios as sc
-from trn.sim.embedders import BACKENDS, DEFAULT_MODEL, MODELS_DIR, make_embedder
+from trn.sim.embedders import BACKENDS, make_embedder
 from trn.sim.prepare import cache_root, prepare_luna1, summarize
 
 ABLATION = ["flight_conv2d_se_union", "flight_conv2d_se_frames", "flight_conv2d_se", "flight_ric_ca", "flight_ric_ca_mars", "ncc"]

@@ -188,9 +188,8 @@ def detector_spec(detector_export: str | Path) -> dict:
 
 def map_spec(map_dir: str | Path, model_name: str, embedding_dim: int) -> dict:
     """What a board needs to load a map's compressed index (:mod:`trn_board.mapindex`), from a map
-    directory whose index agrees with its metadata (:meth:`trn.nav.onboard_map.OnboardMap.load`)."""
-    from trn.nav.map_index import metric
-    from trn.nav.onboard_map import OnboardMap
+    directory whose index agrees with its metadata (:meth:`trn.db.map_format.OnboardMap.load`)."""
+    from trn.db.map_format import OnboardMap, metric
 
     omap = OnboardMap.load(map_dir)
     e = omap.info.get("index")
@@ -326,7 +325,7 @@ def _report_entries(doc: dict) -> list[tuple[str, str]]:
 
 def _weights_of(spec: str, report: Path) -> str:
     """The weights sha256 of the model an export report names."""
-    from trn.sim.embedders import resolve_model
+    from trn.models.registry import resolve_model
 
     try:
         return file_sha256(resolve_model(spec))
@@ -438,7 +437,7 @@ def bundle_model(model: str, export_dir: str | Path, out: str | Path, key_path: 
     export directory cross-checked against its weights (:func:`check_export`) before signing."""
     from trn.models.checkpoint import load_descriptor
     from trn.models.operating_point import model_threshold
-    from trn.sim.embedders import resolve_model
+    from trn.models.registry import resolve_model
 
     weights = resolve_model(model)
     name = weights.parent.name if weights.name == "weights.pt" else weights.stem

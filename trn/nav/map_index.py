@@ -1,4 +1,4 @@
-"""Compressed FAISS indexes over an onboard map's descriptors (issue 25, item 3).
+"""Compressed FAISS indexes over an onboard map's descriptors.
 
 A map of a million craters holds a million 512-d float32 vectors: 2 GiB, more than a
 SpaceCube-class board's memory. A compressed index keeps a code per crater (scalar quantisation,
@@ -17,6 +17,7 @@ import re
 
 import numpy as np
 
+from trn.db.map_format import L2_SUFFIX, SPECS, index_spec, metric  # noqa: F401  (re-exported)
 from trn.errors import ConfigError, DataError
 
 
@@ -29,60 +30,8 @@ def _nlist(n: int) -> int:
     return k
 
 
-# name -> FAISS factory string, with {nlist} filled in from the map's size
-# (each also as NAME-L2: the same codes ranked by Euclidean distance, :func:`metric`)
-SPECS: dict[str, str] = {
-    "Flat": "Flat",  # exact: the reference
-    "SQ8": "SQ8",
-    "SQ4": "SQ4",
-    "PQ64": "PQ64",
-    "IVF-SQ8": "IVF{nlist},SQ8",
-    "IVF-PQ64": "IVF{nlist},PQ64",
-    "IVF-PQ32": "IVF{nlist},PQ32",
-    "IVF-PQ64x10": "IVF{nlist},PQ64x10",  # 10-bit codes: 1,024 centroids per sub-quantiser, 80 bytes
-    "IVF-PQ128": "IVF{nlist},PQ128",
-    "OPQ64-IVF-PQ64": "OPQ64,IVF{nlist},PQ64",
-    "OPQ64-IVF-PQ64x10": "OPQ64,IVF{nlist},PQ64x10",  # a learnt rotation, then 10-bit codes
-    "IVF-PQ128x4fs": "IVF{nlist},PQ128x4fs",
-    # a second product code of what the first leaves, which re-ranks the first code's shortlist
-    # (FAISS's IndexIVFPQR: k_factor times the k asked, Jegou et al. 2011's re-ranking)
-    "OPQ64-IVF-PQ64+16": "OPQ64,IVF{nlist},PQ64+16",
-    "OPQ32-IVF-PQ32+32": "OPQ32,IVF{nlist},PQ32+32",
-    # the second code with fewer bits a sub-quantiser (FAISS's factory takes 8 only: built by
-    # _refined_index), behind fewer inverted lists, whose centroids (4 KiB each at 512-d) the
-    # finer second code spends
-    "OPQ64-IVF-PQ64+32": "OPQ64,IVF{nlist},PQ64+32",  # over the budget at a million: a bound on what bytes buy
-    "OPQ64-IVF1024-PQ64+16": "OPQ64,IVF1024,PQ64+16",
-    "OPQ64-IVF1024-PQ64+32x6": "OPQ64,IVF1024,PQ64+32x6",
-    "OPQ64-IVF2048-PQ64+32x6": "OPQ64,IVF2048,PQ64+32x6",
-    "HNSW32-Flat": "HNSW32,Flat",
-    "HNSW32-PQ64": "HNSW32_PQ64",
-}
-# Not candidates: FAISS's PCA transforms centre the vectors, and for these descriptors (whose mean
-# has length 0.73) centring changes the inner-product ranking by each crater's own term mean.x:
-# measured on 40,960 craters, recall at 10 against exact search 0.18-0.25 (docs/million_map.md).
-
-
-L2_SUFFIX = "-L2"  # any spec with this suffix: ranked by Euclidean distance instead of inner product
-
-
-def _spec(name: str) -> tuple[str, bool]:
-    """(the SPECS entry of ``name``, whether it ranks by L2 distance)."""
-    base = name[:-len(L2_SUFFIX)] if name.endswith(L2_SUFFIX) else name
-    if base not in SPECS:
-        raise ConfigError(f"map index {name!r}: expected one of {sorted(SPECS)}, optionally with {L2_SUFFIX!r}")
-    return SPECS[base], base != name
-
-
 def factory_string(name: str, n: int) -> str:
-    return _spec(name)[0].format(nlist=_nlist(n))
-
-
-def metric(name: str) -> str:
-    """``"ip"`` (inner product) or ``"l2"``. For unit vectors both rank exact vectors alike
-    (|q - x|^2 = 2 - 2 q.x), but not a quantiser's shorter reconstructions x': L2 adds |x'|^2,
-    about 1 - |x - x'|^2, to the ranking, much as scoring the decoded direction does."""
-    return "l2" if _spec(name)[1] else "ip"
+    return index_spec(name)[0].format(nlist=_nlist(n))
 
 
 def build_index(vectors: np.ndarray, name: str, train_size: int = 262_144, seed: int = 0):

@@ -1,11 +1,10 @@
 """The onboard landmark map: every catalogue crater of a Luna-1 directory, its landmark render
 embedded by the flight model, with its body-fixed position and diameter.
 
-On disk a map is a directory: ``landmarks.db`` (a snapshot in the landmark database's own
-crash-safe format, labels = crater ids) and ``map.json`` (format, model, input size, embedding
-size, the sha256 of ``landmarks.db``, and per crater: latitude, longitude, surface radius and
-diameter). Both are written atomically, ``map.json`` last, so an interrupted build leaves no map
-that loads. In flight the map is read-only (:meth:`OnboardMap.load`).
+On disk a map is a directory of ``landmarks.db`` and ``map.json``, written and read by
+:mod:`trn.db.map_format` (the format export packs for a board, so it lives below both). This
+module builds one: rendering or predicting each crater's appearance, embedding it in resumable
+chunks (inline, in processes or on Ray) and writing the map; and its compressed index.
 
 A crater's centre lies on the surface: at the elevation model's height when the build is given
 the source data (``--source``: the real GLD100 or the built-in world's elevation), otherwise on
@@ -19,87 +18,20 @@ import json
 import logging
 import shutil
 import time
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from trn.data.luna1 import Luna1Dataset, Luna1Metadata, atomic_write_text
-from trn.db.database import DBConfig, LandmarkDB
+from trn.db.map_format import (CRATERS_FILE, DB_FILE, INDEX_FILE, MAP_FILE, MAP_FORMAT, MAP_VERSION,  # noqa: F401
+                               OnboardMap, shared_descriptors, write_map)  # (re-exported for the map's callers)
 from trn.errors import DataError
 from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz
 from trn_board.bundle import sha256_file as _sha256
 
-MAP_FORMAT = "trn-map"
-MAP_VERSION = 1
-DB_FILE = "landmarks.db"
-MAP_FILE = "map.json"
-INDEX_FILE = "map_index.faiss"  # the compressed index a board searches (trn-sim map index)
-CRATERS_FILE = "map_craters.npz"  # the metadata beside it: ids, lat, lon, radius, diameter
 CHUNK_DIR = ".chunks"  # an unfinished build's finished chunks (resumable)
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class OnboardMap:
-    db: LandmarkDB
-    ids: list[int]
-    lat: np.ndarray
-    lon: np.ndarray
-    radius_km: np.ndarray
-    diameter_km: np.ndarray
-    info: dict
-    board: object = None  # the map's compressed index and metadata (trn_board.mapindex.BoardMap), when it has one
-
-    def positions(self, crater_ids: list[int]) -> np.ndarray:
-        """Body-fixed positions [n, 3] (km) of the given crater ids."""
-        idx = np.array([self._row[c] for c in crater_ids], int)
-        return latlon_to_xyz(self.lat[idx], self.lon[idx], self.radius_km[idx]).reshape(-1, 3)
-
-    def __post_init__(self) -> None:
-        self._row = {c: i for i, c in enumerate(self.ids)}
-
-    @classmethod
-    def load(cls, path: str | Path, index: bool = True) -> "OnboardMap":
-        """The map at ``path``, with its compressed index when it has one (``index=False``: without
-        it, e.g. to build it again)."""
-        path = Path(path)
-        try:
-            doc = json.loads((path / MAP_FILE).read_text(encoding="utf-8"))
-        except FileNotFoundError:
-            raise DataError(f"no {MAP_FILE}: not a map, or its build was interrupted; rebuild with "
-                            "trn-sim map build", path) from None
-        except (OSError, ValueError) as exc:
-            raise DataError(f"{MAP_FILE} is not readable JSON ({exc}); rebuild the map", path) from None
-        if not isinstance(doc, dict) or doc.get("format") != MAP_FORMAT or doc.get("version") != MAP_VERSION:
-            raise DataError(f"not a {MAP_FORMAT} v{MAP_VERSION} map; rebuild it with trn-sim map build", path)
-        db_path = path / DB_FILE
-        if not db_path.is_file() or _sha256(db_path) != doc.get("db_sha256"):
-            raise DataError(f"{DB_FILE} is missing or differs from the one {MAP_FILE} was written with; "
-                            "rebuild the map", path)
-        db = LandmarkDB.load(db_path, read_only=True)
-        try:
-            rows = doc["craters"]
-            ids = [int(k) for k in rows]
-            arr = np.array([rows[str(k)] for k in ids], np.float64).reshape(-1, 4)
-        except (KeyError, TypeError, ValueError) as exc:
-            raise DataError(f"{MAP_FILE} craters are malformed ({exc}); rebuild the map", path) from None
-        if [str(k) for k in ids] != [str(x) for x in db.labels]:
-            raise DataError(f"{MAP_FILE} and {DB_FILE} list different craters; rebuild the map", path)
-        out = cls(db, ids, arr[:, 0], arr[:, 1], arr[:, 2], arr[:, 3], {k: v for k, v in doc.items() if k != "craters"})
-        if index and doc.get("index") is not None:
-            out.board = _load_board_map(path, doc["index"], ids, int(doc.get("embedding_dim", db.cfg.dim)))
-        return out
-
-    def vectors(self, compressed: bool = False) -> np.ndarray:
-        """The craters' descriptors [n, dim] in the order of ``ids``: exact, or with ``compressed``
-        the directions the map's index decodes (what a board scores, :meth:`BoardMap.directions`)."""
-        if not compressed:
-            return self.db.embeddings
-        if self.board is None:
-            raise DataError("this map has no compressed index; build one with trn-sim map index")
-        return self.board.directions(np.arange(len(self.ids)))
 
 
 APPEARANCES = ("catalogue", "predicted")
@@ -300,41 +232,6 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
         shutil.copyfile(progress, out / "build_progress.jsonl")
     shutil.rmtree(out / CHUNK_DIR, ignore_errors=True)  # the map is complete: its work is no longer needed
     return OnboardMap.load(out)
-
-
-def write_map(out: str | Path, ids: list[int], vectors: np.ndarray, craters: np.ndarray, info: dict) -> None:
-    """Write a map directory: ``landmarks.db`` of ``vectors`` [n, dim] labelled by ``ids``, then
-    ``map.json`` with ``info`` (model, input_size, embedding_dim, ...) and per crater the row of
-    ``craters`` [n, 4] (latitude, longitude, surface radius, diameter); ``map.json`` last, so an
-    interrupted write leaves no map that loads."""
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    vectors = np.asarray(vectors, np.float32)
-    db = LandmarkDB(DBConfig(dim=vectors.shape[1], threshold=0.9))
-    if len(ids):
-        db.add(vectors, labels=[str(c) for c in ids])
-    (out / MAP_FILE).unlink(missing_ok=True)  # no map.json until both files are complete
-    db.save(out / DB_FILE)
-    shared = shared_descriptors(vectors)
-    if shared:
-        log.warning("map %s: %d of %d craters share their descriptor with another crater, byte for byte "
-                    "(featureless renders): a detection cannot tell them apart", out, shared, len(vectors))
-    doc = {"format": MAP_FORMAT, "version": MAP_VERSION, **info, "shared_descriptors": shared,
-           "db_sha256": _sha256(out / DB_FILE),
-           "columns": ["lat_deg", "lon_deg_east", "radius_km", "diameter_km"],
-           "craters": {str(c): [float(v) for v in row] for c, row in zip(ids, np.asarray(craters, np.float64))}}
-    atomic_write_text(out / MAP_FILE, json.dumps(doc) + "\n")
-
-
-def shared_descriptors(vectors: np.ndarray) -> int:
-    """Craters whose descriptor another crater of the map has too, byte for byte: renders with
-    nothing to tell them apart (a million-crater map of the built-in world holds 7,941 of one
-    featureless descriptor, docs/million_map.md), which no descriptor search can identify."""
-    x = np.ascontiguousarray(vectors, np.float32)
-    if len(x) < 2:
-        return 0
-    counts = Counter(hashlib.blake2b(row.tobytes(), digest_size=16).digest() for row in x)
-    return sum(c for c in counts.values() if c > 1)
 
 
 def _probe(emb, threads: int | None = None) -> str:
@@ -544,28 +441,6 @@ def _chunked_embeddings(work: Path, plan: dict, ids: list[int], chunk: int, run)
         order.extend(got_ids)
         vectors.append(got)
     return order, np.concatenate(vectors) if vectors else np.zeros((0, 1), np.float32)
-
-
-def _load_board_map(path: Path, entry: dict, ids: list[int], dim: int):
-    """The map's index and crater metadata, checked against ``map.json`` (files, hashes, crater
-    ids and count, embedding size): a map whose index and metadata disagree is refused."""
-    from trn_board.mapindex import BoardMap, MapError
-
-    try:
-        files = {k: path / entry[k] for k in ("file", "craters_file")}
-        for k, sha in (("file", "sha256"), ("craters_file", "craters_sha256")):
-            if not files[k].is_file() or _sha256(files[k]) != entry[sha]:
-                raise DataError(f"{files[k].name} is missing or differs from the one {MAP_FILE} was written with; "
-                                "rebuild it with trn-sim map index", path)
-        board = BoardMap(files["file"], files["craters_file"], dim=dim, craters=len(ids), visit=int(entry["visit"]))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DataError(f"{MAP_FILE}'s index entry is malformed ({exc}); rebuild it with trn-sim map index", path) from None
-    except MapError as exc:
-        raise DataError(exc.message, exc.path) from None
-    if board.ids.tolist() != [int(c) for c in ids]:
-        raise DataError(f"{CRATERS_FILE} lists other craters than {MAP_FILE}: the index and the map disagree; rebuild "
-                        "it with trn-sim map index", path)
-    return board
 
 
 def write_map_index(path: str | Path, name: str, visit: int, seed: int = 0) -> dict:

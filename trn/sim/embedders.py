@@ -22,9 +22,7 @@ import torch
 from trn.db.tokens import TokenConfig, instance_tokens
 from trn.errors import ConfigError, DataError
 from trn.models.descriptor import Descriptor
-
-MODELS_DIR = Path(__file__).resolve().parents[2] / "models"
-DEFAULT_MODEL = "flight_conv2d_se_union"  # first on the navigation scenarios of the real-data ablation, and trained on both worlds (README)
+from trn.models.registry import DEFAULT_MODEL, MODELS_DIR, resolve_model  # noqa: F401  (re-exported)
 
 
 @dataclass(frozen=True)
@@ -175,17 +173,6 @@ class NCCEmbedder:
             # a flat template correlates with nothing; give it a fixed direction instead of NaN
             out[i] = t / n if n > 1e-8 else np.full(self.dim, 1.0 / np.sqrt(self.dim), np.float32)
         return Embeddings(out, None)
-
-
-def resolve_model(spec: str) -> Path:
-    """A shipped model name (``models/NAME/weights.pt``), a run directory or a checkpoint file."""
-    p = Path(spec)
-    for cand in (p if p.suffix == ".pt" else None, p / "weights.pt", MODELS_DIR / spec / "weights.pt"):
-        if cand is not None and cand.is_file():
-            return cand
-    shipped = sorted(d.name for d in MODELS_DIR.glob("*/") if (d / "weights.pt").is_file()) if MODELS_DIR.is_dir() else []
-    raise DataError(f"model {spec!r} is neither a checkpoint, a run directory with weights.pt, nor a shipped "
-                    f"model; shipped models: {shipped + ['ncc']}")
 
 
 BACKENDS = ("torch", "onnx", "onnx-int8", "onnx-int8-kernels", "tflite", "tflite-float")
