@@ -1,9 +1,10 @@
 """The package layering, read from the source with ``ast`` (nothing is imported).
 
-trn.data holds what every layer shares (crops, the augmentation family T, the identity split) and
-imports none of the layers above it; the models, trn-sim and the onboard map never import
-training; trn-sim never imports the map (trn.nav.scenario imports trn.sim, that direction only).
-Imports inside functions count as much as those at the top of a module.
+The layer order is written once, in :data:`LAYERS` (lowest first), and docs/architecture.md shows
+the same order. A module may import its own layer and the layers below it; it must not import a
+layer above it, nor a peer listed beside it in the same layer. Imports inside functions count as
+much as those at the top of a module. The board-side package ``trn_board`` is the lowest layer:
+it runs on a board without ``trn`` and imports none of it.
 """
 
 from __future__ import annotations
@@ -13,20 +14,40 @@ from pathlib import Path
 
 import pytest
 
-TRN = Path(__file__).resolve().parents[1] / "trn"
+ROOT = Path(__file__).resolve().parents[1]
+TRN = ROOT / "trn"
+TRN_BOARD = ROOT / "hw" / "agent" / "trn_board"
 
-# (layer whose modules are checked, layers they must not import)
-RULES = [
-    ("trn.models", ("trn.train",)),
-    ("trn.sim", ("trn.train", "trn.nav")),
-    ("trn.nav", ("trn.train",)),
-    ("trn.export", ("trn.train",)),
-    ("trn.hw", ("trn.train",)),
-    ("trn.data", ("trn.train", "trn.sim", "trn.nav", "trn.models")),
-    ("trn.detect", ("trn.sim", "trn.nav")),
-    *[(f"trn.detect.{m}", ("trn.train",)) for m in ("boxes", "evaluate", "model", "run")],
+# Lowest first. A module belongs to the longest entry its dotted name starts with (so
+# trn.detect.train, the detector's training loop, sits above trn.train, whose schedule it
+# reuses, while the rest of trn.detect sits below export). Peers in one tuple import each other
+# neither way.
+LAYERS: list[tuple[str, ...]] = [
+    ("trn_board",),                # board-side: bundle checks, preprocessing, map index, agent
+    ("trn",),                      # the package root: its conventions and version
+    ("trn.errors",),
+    ("trn.geometry", "trn.yamlio"),
+    ("trn.data",),                 # worlds, catalogues, the Luna-1 dataset, crops, augmentations
+    ("trn.models", "trn.db"),      # descriptor and registry; landmark database and the map format
+    ("trn.detect",),               # crater detector: boxes, model, evaluation, running it
+    ("trn.export",),               # ONNX / TFLite export, signed bundles
+    ("trn.hw",),                   # board profiles, latency, flashing, the board client
+    ("trn.sim",),                  # embedders, scenarios, metrics, reports
+    ("trn.nav", "trn.train"),      # navigation from recognised craters; descriptor training
+    ("trn.detect.train",),         # detector training (uses trn.train's schedule)
+    ("trn.cli",),                  # the command lines
 ]
+LEVEL: dict[str, int] = {name: i for i, names in enumerate(LAYERS) for name in names}
 
+
+def layer_of(name: str) -> str | None:
+    """The entry of :data:`LAYERS` that the dotted ``name`` belongs to (the longest prefix), or
+    None for a module outside trn and trn_board. ``trn`` itself matches only ``trn``."""
+    best = None
+    for layer in LEVEL:
+        if (name == layer or (layer != "trn" and name.startswith(layer + "."))) and (best is None or len(layer) > len(best)):
+            best = layer
+    return best
 
 def module_name(path: Path, root: Path = TRN) -> str:
     parts = list(path.relative_to(root.parent).with_suffix("").parts)
@@ -61,30 +82,39 @@ def imported(source: str, module: str, is_package: bool = False) -> list[tuple[i
     return out
 
 
-def within(name: str, layer: str) -> bool:
-    return name == layer or name.startswith(layer + ".")
-
-
 def violations(source: str, module: str, is_package: bool = False) -> list[str]:
+    """One line per import of ``source`` (the module ``module``) that reaches a higher layer or a
+    peer: ``module:line imports name (layer must not import higher)``."""
+    own = layer_of(module)
+    if own is None:
+        return []
     found: dict[tuple[int, str], str] = {}
-    for layer, banned in RULES:
-        if not within(module, layer):
+    for line, name in imported(source, module, is_package):
+        other = layer_of(name)
+        if other is None or other == own or LEVEL[other] < LEVEL[own] or (line, other) in found:
             continue
-        for line, name in imported(source, module, is_package):
-            for b in banned:
-                if within(name, b) and (line, b) not in found:
-                    found[line, b] = f"{module}:{line} imports {name} ({layer} must not import {b})"
+        how = "a peer" if LEVEL[other] == LEVEL[own] else "a higher layer"
+        found[line, other] = f"{module}:{line} imports {name} ({own} must not import {other}, {how})"
     return [found[k] for k in sorted(found)]
 
 
 def modules() -> list[tuple[Path, str]]:
-    return [(p, module_name(p)) for p in sorted(TRN.rglob("*.py")) if "__pycache__" not in p.parts]
+    """(path, dotted name) of every module of trn and trn_board."""
+    return [(p, module_name(p, root)) for root in (TRN, TRN_BOARD) for p in sorted(root.rglob("*.py"))
+            if "__pycache__" not in p.parts]
 
 
 def test_every_layer_is_read():
     names = {m for _, m in modules()}
-    for layer, _ in RULES:
-        assert any(within(m, layer) for m in names), f"no module of {layer} found under {TRN}"
+    for layer in LEVEL:
+        assert any(m == layer or m.startswith(layer + ".") for m in names), f"no module of {layer} found"
+
+
+def test_every_module_has_a_layer():
+    """A new subpackage or top-level module is placed in LAYERS (and docs/architecture.md), not
+    left to the package root's layer."""
+    loose = [m for _, m in modules() if layer_of(m) == "trn" and m != "trn"]
+    assert not loose, f"modules in no layer of LAYERS: {loose}"
 
 
 def test_layering():
@@ -92,6 +122,14 @@ def test_layering():
     for path, mod in modules():
         found += violations(path.read_text(encoding="utf-8"), mod, path.name == "__init__.py")
     assert not found, "layering violations:\n" + "\n".join(found)
+
+
+def test_the_documented_order_is_this_order():
+    """docs/architecture.md lists the layers in the same order, lowest first."""
+    text = (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8")
+    cells = [line.split("|") for line in text.splitlines() if line.startswith("|")]
+    documented = [tuple(n.strip(" `") for n in c[2].split(",")) for c in cells if len(c) > 3 and c[1].strip().isdigit()]
+    assert documented == LAYERS
 
 
 @pytest.mark.parametrize("module, source", [
@@ -104,6 +142,13 @@ def test_layering():
     ("trn.data.x", "from . import augment\nfrom ..sim import scenarios\n"),
     ("trn.data.x", "import importlib\nm = importlib.import_module('trn.train.data')\n"),
     ("trn.export.x", "from trn.train.checkpoint import file_sha256\n"),
+    ("trn.export.bundle", "def f():\n    from trn.sim.embedders import resolve_model\n"),
+    ("trn.export.bundle", "def f():\n    from trn.nav.onboard_map import OnboardMap\n"),
+    ("trn.models.x", "from trn.db import LandmarkDB\n"),
+    ("trn.detect.run", "from trn.train.loop import lr_factor\n"),
+    ("trn.detect", "from .train import train_detector\n"),
+    ("trn_board.agent", "from trn.errors import DataError\n"),
+    ("trn.errors", "from trn_board.bundle import BundleError\nimport trn.geometry\n"),
 ])
 def test_a_violation_is_caught(module, source):
     assert violations(source, module)
@@ -114,6 +159,10 @@ def test_a_violation_is_caught(module, source):
     ("trn.train.loop", "from trn.models.checkpoint import load_descriptor\nfrom trn.sim.metrics import separation\n"),
     ("trn.data.x", "from trn.data.augment import apply\nfrom trn.errors import DataError\n"),
     ("trn.sim.x", "from trn.navigation import x\nfrom trn.trainer import y\n"),
+    ("trn.export.bundle", "from trn.models.registry import resolve_model\nfrom trn.db.map_format import OnboardMap\n"),
+    ("trn.detect.train", "from trn.train.loop import lr_factor\n"),
+    ("trn.cli.sim", "from trn.nav.onboard_map import build_map\nfrom trn.train.loop import train\n"),
+    ("trn.models.x", "import numpy\nfrom trn_board.preprocess import standardize_disk\n"),
 ])
 def test_an_allowed_import_passes(module, source):
     assert not violations(source, module)
