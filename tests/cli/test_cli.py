@@ -477,3 +477,16 @@ def test_a_lis_set_value_nested_too_deep_is_one_short_line(tmp_path, capsys):
     with pytest.raises(ConfigError) as e:
         parse_settings(LostConfig, ["min_llr=" + "[" * 5000], "--lis-set")
     assert "nested more than 100 levels deep" in str(e.value) and len(str(e.value)) < 400
+
+
+def test_quick_help_says_it_also_runs_its_own_small_world(capsys):
+    from trn.sim.prepare import QUICK_CRATERS
+
+    with pytest.raises(SystemExit):
+        sim_cli.main(["run", "luna1", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert f"cap the landmark scenarios at {sim_cli.QUICK_LANDMARKS} test landmarks" in text
+    assert "without --data also run on the small quick built-in world" in text and f"{QUICK_CRATERS} craters" in text
+    with pytest.raises(SystemExit):
+        sim_cli.main(["run", "landmarks", "--help"])  # --data is required there: no world of its own
+    assert "quick built-in world" not in " ".join(capsys.readouterr().out.split())

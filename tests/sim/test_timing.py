@@ -125,3 +125,11 @@ def test_with_the_detector_each_frame_adds_its_network(tmp_path, model):
     assert with_det.series["latency_ms"] == pytest.approx([m + det_ms for m in plain.series["latency_ms"]])
     t = with_det.extra["timing"]
     assert t["detector_ms_per_frame"] == pytest.approx(det_ms) and t["covers"] == COVERS_DETECTOR
+
+
+def test_what_a_timing_covers_names_both_box_sources():
+    from trn.sim.timing import COVERS, COVERS_DETECTOR
+
+    assert "no detector yet" not in COVERS
+    assert "annotations" in COVERS and "--boxes detector" in COVERS
+    assert COVERS_DETECTOR.startswith("the crater detector's network on the frame")

@@ -24,19 +24,30 @@ from trn.errors import ConfigError
 from trn.models.registry import DEFAULT_MODEL, MODELS_DIR
 from trn.sim import scenarios as sc
 from trn.sim.embedders import BACKENDS, make_embedder
-from trn.sim.prepare import cache_root, prepare_luna1, summarize
+from trn.sim.prepare import QUICK_CRATERS, QUICK_PPD, QUICK_STEP_S, cache_root, prepare_luna1, summarize
 
 ABLATION = ["flight_conv2d_se_union", "flight_conv2d_se_frames", "flight_conv2d_se", "flight_ric_ca", "flight_ric_ca_mars", "ncc"]
 QUICK_LANDMARKS = 300
 
 
-def _common(p: argparse.ArgumentParser, scenarios: tuple[str, ...]) -> None:
+def _quick_help(world: bool) -> str:
+    """--quick's help: the landmark cap, and for the built-in world (luna1 without --data) its own
+    small world too."""
+    cap = f"cap the landmark scenarios at {QUICK_LANDMARKS} test landmarks"
+    if not world:
+        return cap
+    return (f"{cap}; without --data also run on the small quick built-in world ({QUICK_PPD} px/deg, a frame every "
+            f"{QUICK_STEP_S:g} s, {QUICK_CRATERS} craters; about a minute to build once, cached apart) instead of "
+            "the full one, whatever the cache holds")
+
+
+def _common(p: argparse.ArgumentParser, scenarios: tuple[str, ...], world: bool = False) -> None:
     p.add_argument("--model", action="append", default=None, metavar="NAME|PATH",
                    help=f"shipped model name (in {MODELS_DIR}), run directory, checkpoint, or 'ncc' "
                         f"(template matching); repeat for several (default {DEFAULT_MODEL})")
     p.add_argument("--ablation", action="store_true", help=f"run {', '.join(ABLATION)}")
     p.add_argument("--scenario", action="append", choices=scenarios, default=None, help="repeat for several (default: all)")
-    p.add_argument("--quick", action="store_true", help=f"cap the landmark scenarios at {QUICK_LANDMARKS} test landmarks")
+    p.add_argument("--quick", action="store_true", help=_quick_help(world))
     p.add_argument("--out", type=Path, default=None, help="report directory (default runs/sim/<set>-<time>)")
     p.add_argument("--seed", type=seed_number, default=0,
                    help="scenario seed: views, orders, detector noise (0 to 2**32 - 1)")
@@ -70,7 +81,7 @@ def main(argv: list[str] | None = None) -> int:
     rsub = run.add_subparsers(dest="what", required=True, metavar="{luna1,landmarks}")
     l1 = rsub.add_parser("luna1", help="Recall@1, Incremental Recall@1, Moon Navigation, Lost-in-Space")
     l1.add_argument("--data", type=Path, default=None, help="Luna-1-format dataset (default: the built-in world)")
-    _common(l1, sc.SCENARIOS + MAP_SCENARIOS)
+    _common(l1, sc.SCENARIOS + MAP_SCENARIOS, world=True)
     l1.add_argument("--map", type=Path, default=None,
                     help="onboard map for --scenario map_navigation (trn-sim map build; default: built into the "
                          "report directory from the dataset's catalogue)")

@@ -29,8 +29,8 @@ from trn.errors import ConfigError, differing_digests
 CADENCE_S = 10.0
 # what a frame's figure covers, written beside every figure (report, console, docs)
 COVERS = ("descriptor inference of every detection's crop and one database search per detection; "
-          "not frame reading and decoding, cropping, resizing or detection "
-          "(no detector yet: boxes from the annotations)")
+          "not frame reading and decoding, cropping, resizing or detection (the boxes come from the "
+          "annotations; with --boxes detector the detector's network is timed too: COVERS_DETECTOR)")
 COVERS_SHORT = "inference + database search only; no frame I/O, cropping, resizing or detection"
 
 
