@@ -196,6 +196,42 @@ def test_plots_keep_every_title_inside_and_apart(tmp_path, monkeypatch):
     assert {"similarity_incremental_recall_at_1.png", "threshold_sweep.png", "moon_navigation.png"} <= set(checked)
 
 
+
+def test_every_plotted_series_is_in_a_legend_and_the_grey_bars_are_named(tmp_path, monkeypatch):
+    """The sweep's legend listed only the RA lines (not precision and recall) and the histograms'
+    titles spoke of correct and incorrect matches while grey bars stood beside them: every line
+    and histogram of every figure now has its legend entry, and each histogram figure's title says
+    what its grey bars are."""
+    from trn.sim import report as rp
+    from trn.sim.scenarios import ScenarioResult
+
+    rng = np.random.default_rng(0)
+    sims = {"correct": rng.uniform(0.8, 1, 40).tolist(), "incorrect": rng.uniform(0.5, 1, 20).tolist(),
+            "inserted": rng.uniform(0, 0.9, 30).tolist()}
+    sweep = [{"threshold": t, "ra": 50.0, "precision": 60.0, "recall": 40.0} for t in (0.5, 0.75, 1.0)]
+    seen = {}
+    real_save = rp._save
+
+    def save(fig, path):
+        for a in fig.axes:
+            shown = {t.get_text() for t in a.get_legend().get_texts()} if a.get_legend() else set()
+            # a histogram's label is on its bars (the first patch), not on its container
+            series = [ln.get_label() for ln in a.get_lines()] + [c.patches[0].get_label() for c in a.containers]
+            assert series and all(x in shown for x in series), (path.name, series, shown)
+        seen[path.name] = (fig._suptitle.get_text() if fig._suptitle else "").replace("\n", " ")
+        return real_save(fig, path)
+
+    monkeypatch.setattr(rp, "_save", save)
+    rep = rp.Report({"threshold": 0.9}, [
+        ScenarioResult(s, m, 50.0, 1, 1, 0, 2, 0, {}, extra={}, similarities=sims, sweep=sweep,
+                       series={"frame": [0, 1], "ra": [0.0, 50.0], "db_size": [1, 2]})
+        for s in ("incremental_recall_at_1", "moon_navigation", "lost_in_space") for m in ("a", "b")])
+    rp.plot_all(rep, tmp_path)
+    assert {"threshold_sweep.png", "moon_navigation.png", "similarity_lost_in_space.png"} <= set(seen)
+    assert "inserted as new landmarks (grey)" in seen["similarity_moon_navigation.png"]
+    assert "left unmatched (grey)" in seen["similarity_lost_in_space.png"]
+
+
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 
 

@@ -413,6 +413,12 @@ def _wrap(text: str, width: int) -> str:
     return "\n".join(textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False)) or text
 
 
+# the histograms' series, by kind of decision and whether the scenario's database is read-only
+HIST_NAMES = {("correct", False): "correct match", ("correct", True): "correct match",
+              ("incorrect", False): "wrong match", ("incorrect", True): "wrong match",
+              ("inserted", False): "inserted as new landmarks", ("inserted", True): "left unmatched"}
+
+
 def plot_all(rep: Report, out: Path) -> list[Path]:
     """moon_navigation.png, similarity_<scenario>.png and threshold_sweep.png. Every figure is laid
     out by matplotlib's constrained layout with titles wrapped to their panel, and saved with a
@@ -444,20 +450,23 @@ def plot_all(rep: Report, out: Path) -> list[Path]:
         if not rs:
             continue
         fig, axes = plt.subplots(1, len(rs), figsize=(3.6 * len(rs), 3.4), squeeze=False, layout="constrained")
+        # Lost-in-Space's database is read-only: a query below the threshold is left unmatched
+        read_only = scen == "lost_in_space"
         for a, r in zip(axes[0], rs):
             bins = np.linspace(-0.2, 1.0, 49)
             for key, col in (("correct", "tab:green"), ("incorrect", "tab:red"), ("inserted", "tab:gray")):
                 v = r.similarities.get(key, [])
-                # Lost-in-Space's database is read-only: a query below the threshold is left unmatched
-                name = "unmatched" if key == "inserted" and scen == "lost_in_space" else key
                 if len(v):
-                    a.hist(np.clip(v, -0.2, 1.0), bins=bins, alpha=0.6, color=col, label=f"{name} ({len(v)})")
-            a.axvline(per.get(r.method, rep.context.get("threshold", 0.9)), color="k", ls="--", lw=1)
+                    a.hist(np.clip(v, -0.2, 1.0), bins=bins, alpha=0.6, color=col,
+                           label=f"{HIST_NAMES[key, read_only]} ({len(v)})")
+            t = per.get(r.method, rep.context.get("threshold", 0.9))
+            a.axvline(t, color="k", ls="--", lw=1, label=f"threshold {t:g}")
             a.set_title(_wrap(r.method, 30), fontsize=9)
             a.set_xlabel("decision score")
             a.legend(fontsize=6)
-        fig.suptitle(_wrap(f"{TITLES[scen]}: scores of correct and incorrect matches", 14 * len(rs) + 20),
-                     fontsize=10)
+        grey = HIST_NAMES["inserted", read_only]
+        fig.suptitle(_wrap(f"{TITLES[scen]}: decision scores of correct matches (green), wrong matches (red) and "
+                           f"queries {grey} (grey)", 14 * len(rs) + 20), fontsize=10)
         written.append(_save(fig, out / f"similarity_{scen}.png"))
     sw = [r for r in rep.results if r.sweep]
     if sw:
@@ -467,8 +476,10 @@ def plot_all(rep: Report, out: Path) -> list[Path]:
             for r in (x for x in sw if x.scenario == s):
                 th = [x["threshold"] for x in r.sweep]
                 line, = a.plot(th, [x["ra"] for x in r.sweep], label=f"{r.method} RA")
-                a.plot(th, [x["precision"] for x in r.sweep], ls="--", color=line.get_color(), lw=1)
-                a.plot(th, [x["recall"] for x in r.sweep], ls=":", color=line.get_color(), lw=1)
+                a.plot(th, [x["precision"] for x in r.sweep], ls="--", color=line.get_color(), lw=1,
+                       label=f"{r.method} precision")
+                a.plot(th, [x["recall"] for x in r.sweep], ls=":", color=line.get_color(), lw=1,
+                       label=f"{r.method} recall")
             a.set_xlabel("threshold")
             a.set_ylabel("%")
             a.set_title(_wrap(f"{TITLES[s]}: RA (solid), precision (dashed), recall (dotted)", 48), fontsize=9)
