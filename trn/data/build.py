@@ -21,13 +21,13 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from tqdm import tqdm
 
 from trn.data import luna1
 from trn.data.annotate import AnnotateConfig, annotate_frame
 from trn.data.ephemeris import sun_direction_body
 from trn.data.frame_views import FrameViewRanges, render_frame_track, render_frame_view
 from trn.data.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION, split_ids
+from trn.data.progress import progress
 from trn.data.render import RENDERER_VERSION, CraterView, RenderConfig, Surface, render_crater, render_frame
 from trn.data.sources import (Catalogue, Trajectory, catalogue_registration, find_catalogue, read_catalogue, read_trajectory,
                               registered, segment_trajectory)
@@ -286,7 +286,7 @@ def _write_png(path: Path, img: np.ndarray) -> None:
 def _run_parallel(fn, tasks: list, workers: int, desc: str, init_args: tuple) -> None:
     if not tasks:
         return
-    bar = tqdm(total=len(tasks), desc=desc, unit="img", disable=None, mininterval=2.0)
+    bar = progress(total=len(tasks), desc=desc, unit="img")
     if workers <= 1 or len(tasks) == 1:
         for t in tasks:
             fn(t)
@@ -348,6 +348,7 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     (out / MANIFEST).write_text(json.dumps({"render_key": key, "complete": False}, indent=1) + "\n", encoding="utf-8")
 
     t = time.perf_counter()
+    log.info("build %s: reading the trajectory, the catalogue and the surface of %s", out, source)
     traj = read_trajectory(source)
     one_pass = len(traj)
     if cfg.segments:
@@ -375,6 +376,7 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     timings["load_s"] = time.perf_counter() - t
 
     t = time.perf_counter()
+    log.info("build %s: annotating %d frames against %d craters", out, len(frame_ids), len(boxed.ids))
     camera = cfg.render.camera
     coarse = 1.0  # km; the rim and centre heights need no sub-km detail
 
@@ -382,7 +384,7 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
         return elevation.height(la, lo, coarse)
 
     frames: list[luna1.FrameAnnotation] = []
-    for i in tqdm(frame_ids, desc="annotate", unit="frame", disable=None, mininterval=2.0):
+    for i in progress(frame_ids, desc="annotate", unit="frame"):
         k = traj.kitti[i]
         boxes = annotate_frame(boxed, k[:, :3], k[:, 3], camera, height, sun[i], cfg.annotate)
         frames.append(luna1.FrameAnnotation(i, f"nav_images/{i}.png", tuple(boxes)))
@@ -438,6 +440,8 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
 
     timings["total_s"] = time.perf_counter() - t_all
     n_boxes = sum(len(f.boxes) for f in frames)
+    log.info("build %s: done in %.0f s (%d landmark images and %d frames rendered, parts: %s)", out,
+             timings["total_s"], len(crater_tasks), len(frame_tasks), cfg.parts)
     summary = BuildSummary(out, len(order), len(frame_ids), n_boxes, timings, len(crater_tasks), len(frame_tasks))
     complete = cfg.render_frames and cfg.parts == "all"
     (out / MANIFEST).write_text(json.dumps({"render_key": key, "complete": complete, "parts": cfg.parts}, indent=1)

@@ -25,12 +25,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
-from tqdm import tqdm
 
 from trn.data import luna1
 from trn.data.annotate import AnnotateConfig, annotate_frame
 from trn.data.build import BuildConfig, built_render_config, render_frames, rule_height, surface_of
 from trn.data.ephemeris import sun_direction_body
+from trn.data.progress import progress
 from trn.data.render import RENDERER_VERSION, PinholeCamera, RenderConfig
 from trn.data.sources import (Catalogue, UnionRule, catalogue_registration, read_trajectory, segment_trajectory,
                               union_catalogue)
@@ -111,7 +111,7 @@ def label_frames(cat: Catalogue, kitti: np.ndarray, sun: np.ndarray, frames: lis
     index = cat.index_of()
     up = latlon_to_xyz(cat.lat, cat.lon, 1.0)
     out = {}
-    for i in tqdm(frames, desc=desc, unit="frame", disable=None, mininterval=2.0):
+    for i in progress(frames, desc=desc, unit="frame"):
         k = kitti[i]
         boxes = []
         for b in annotate_frame(cat, k[:, :3], k[:, 3], camera, height, sun[i], annotate):

@@ -30,13 +30,13 @@ from pathlib import Path
 
 import cv2
 import numpy as np
-from tqdm import tqdm
 
 from trn.data.annotate import AnnotateConfig
 from trn.data.build import BuildConfig, BuildSummary, build_luna1
 from trn.data.ephemeris import parse_utc, sun_direction_body
 from trn.data.frame_views import FrameViewRanges
 from trn.data.luna1 import write_poses_csv, write_poses_kitti
+from trn.data.progress import progress
 from trn.data.render import RenderConfig
 from trn.data.sources import write_catalogue
 from trn.data.terrain import KM_PER_DEG, TILE_DEG, TILE_TOPS, TILE_WESTS, _value_noise, tile_name, write_dem_tile
@@ -416,11 +416,13 @@ def make_world(cfg: SynthConfig, world_dir: Path) -> dict:
     seconds = secondaries(primaries, cfg, rng)
     old = sorted([c for c in primaries if c.age < FLOOD_AGE], key=lambda c: c.age)
     young = sorted([c for c in primaries if c.age >= FLOOD_AGE] + seconds, key=lambda c: c.age)
-    for c in tqdm(old, desc="world: old craters", disable=None, mininterval=2.0):
+    log.info("world %s: %d x %d px of terrain (%d px/deg), %d craters to stamp", world_dir, shape[0], shape[1], ppd,
+             len(old) + len(young))
+    for c in progress(old, desc="world: old craters", unit="crater"):
         _stamp(grid, ppd, c)
     mare_level = -1.5 + 0.2 * base
     grid = grid * (1.0 - mare) + mare_level * mare
-    for c in tqdm(young, desc="world: young craters", disable=None, mininterval=2.0):
+    for c in progress(young, desc="world: young craters", unit="crater"):
         _stamp(grid, ppd, c)
     # Catalogue: primaries >= 20 km that are still visible (not buried by maria).
     p_lat, p_lon, p_dia, p_age = _columns(primaries, "lat", "lon", "diameter_km", "age")
@@ -430,10 +432,12 @@ def make_world(cfg: SynthConfig, world_dir: Path) -> dict:
     k = 4  # columns wrapped around the 0/360 seam so that the blur has no seam
     wrapped = np.concatenate([grid[:, -k:], grid, grid[:, :k]], axis=1).astype(np.float32)
     grid = cv2.GaussianBlur(wrapped, (0, 0), 0.7, borderType=cv2.BORDER_REFLECT)[:, k:-k]
+    log.info("world %s: writing the elevation tiles and the albedo", world_dir)
     _write_tiles(world_dir, grid, ppd)
     _write_albedo(world_dir, cfg, mare, primaries + seconds, base)
     write_catalogue(world_dir / "catalogs" / "synth_craters.csv", np.array([c.lat for c in catalogue]),
                     np.array([c.lon for c in catalogue]), np.array([c.diameter_km for c in catalogue]))
+    log.info("world %s: writing the catalogue and the orbit", world_dir)
     traj = write_orbit(cfg, world_dir)
     doc = {"config": doc_cfg, "craters_stamped": len(primaries) + len(seconds), "catalogue": len(catalogue),
            "frames": traj}
