@@ -20,6 +20,39 @@ def test_check_ok_and_problems(tmp_path, capsys):
     assert "annotations.txt:1" in out and "expected id,l,r,t,b" in out
 
 
+
+def test_check_tells_a_partial_build_s_unrendered_frames_from_problems(tmp_path, capsys):
+    """A build with --parts scenarios (trn-sim's own cache) leaves the frames without boxes
+    unrendered on purpose: check says so and passes; without that mark they stay problems, and a
+    missing frame with boxes is a problem in any build."""
+    import json
+
+    from trn.data import luna1
+
+    root = tmp_path / "d"
+    make_dataset(root)  # frames 0 and 3 have no boxes
+    for i in (0, 3):
+        (root / luna1.NAV_IMAGES / f"{i}.png").unlink()
+    assert data_cli.main(["check", str(root)]) == 1  # no build manifest: not known to be partial
+    assert out_lines(capsys)[-1].endswith("2 problem(s)")
+    manifest = root / luna1.BUILD_MANIFEST
+    manifest.write_text(json.dumps({"render_key": "k", "complete": False}))  # an interrupted build
+    assert data_cli.main(["check", str(root)]) == 1
+    capsys.readouterr()
+    manifest.write_text(json.dumps({"render_key": "k", "complete": False, "parts": "scenarios"}))
+    assert data_cli.main(["check", str(root)]) == 0
+    lines = out_lines(capsys)
+    assert lines == [f"2 frame(s) without boxes {luna1.PARTIAL_NOTE} (nav_images/0.png, nav_images/3.png); "
+                     "not problems".replace("nav_images", luna1.NAV_IMAGES), f"{root}: OK"]
+    (root / luna1.NAV_IMAGES / "1.png").unlink()  # a frame with boxes: the scenarios need it
+    assert data_cli.main(["check", str(root)]) == 1
+    assert f"{luna1.NAV_IMAGES}/1.png: missing (listed in annotations.txt)" in out_lines(capsys)
+
+
+def out_lines(capsys) -> list[str]:
+    return capsys.readouterr().out.splitlines()
+
+
 def test_build_errors_exit_2_with_a_clear_message(tmp_path, capsys):
     rc = data_cli.main(["build", "luna1", "--source", str(tmp_path / "missing"), "--out", str(tmp_path / "o")])
     assert rc == 2

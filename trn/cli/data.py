@@ -18,7 +18,7 @@ from trn.cli.common import Parser, float_between, int_at_least, int_between, run
 from trn.data.annotate import AnnotateConfig
 from trn.data.build import BuildConfig, build_luna1
 from trn.data.frame_views import FrameViewRanges
-from trn.data.luna1 import check_luna1
+from trn.data.luna1 import PARTIAL_NOTE, scan_luna1
 from trn.data.render import RenderConfig
 from trn.errors import ConfigError
 
@@ -178,9 +178,13 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "build":
             _check_build_paths(args)
         if args.cmd == "check":
-            problems = check_luna1(args.dir, decode_images=not args.no_decode)
+            scan = scan_luna1(args.dir, decode_images=not args.no_decode)
+            problems = scan.problems
             for p in problems:
                 print(p)
+            if scan.not_rendered:
+                shown = ", ".join(scan.not_rendered[:3]) + (", ..." if len(scan.not_rendered) > 3 else "")
+                print(f"{len(scan.not_rendered)} frame(s) without boxes {PARTIAL_NOTE} ({shown}); not problems")
             print(f"{args.dir}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
             return 0 if not problems else 1
         if args.cmd == "stats":

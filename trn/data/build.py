@@ -36,7 +36,7 @@ from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, xyz_to_latlon
 
 log = logging.getLogger(__name__)
-MANIFEST = ".trn-build.json"
+MANIFEST = luna1.BUILD_MANIFEST
 BUILD_PARTS = ("all", "scenarios")
 BUILD_LOG = "build_log.json"
 

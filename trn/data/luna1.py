@@ -40,6 +40,7 @@ ANNOTATIONS = f"{NAV_DIR}/annotations.txt"
 POSES_CSV = f"{NAV_DIR}/poses/LROCWAC_22Sep06_000000_6H_10S_poses.csv"
 POSES_KITTI = f"{NAV_DIR}/poses/kitti_LROCWAC_22Sep06_000000_6H_10S_poses.txt"
 METADATA = "metadata.json"
+BUILD_MANIFEST = ".trn-build.json"  # ours: written by trn-data build (settings, whether complete, which parts)
 METADATA_FORMAT = "trn-luna1-metadata"
 METADATA_VERSION = 1
 
@@ -452,13 +453,29 @@ def _probe_image(path: Path, decode: bool) -> tuple[tuple[int, int] | None, str 
     return size, None if problem is None else f"image {problem}; replace or re-render it"
 
 
+PARTIAL_NOTE = "not rendered by this partial build (--parts scenarios); `trn-data build` without --parts renders it"
+
+
+def partial_build(root: Path) -> bool:
+    """Whether ``root`` is a finished build of the scenarios' parts only (``--parts scenarios``,
+    as ``trn-sim`` builds its built-in world): its manifest says so, and it left the frames
+    without boxes (and training's landmark images) unrendered on purpose."""
+    try:
+        doc = json.loads((Path(root) / BUILD_MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and doc.get("complete") is False and doc.get("parts") == "scenarios"
+
+
 @dataclass(frozen=True)
 class Luna1Scan:
     """What :func:`scan_luna1` read: the dataset as far as it could be read (``None`` when the
-    root is not a directory) and every problem found."""
+    root is not a directory), every problem found, and ``not_rendered``: the frames a partial
+    build (:func:`partial_build`) left out on purpose, which are not problems."""
 
     dataset: Luna1Dataset | None
     problems: list[Problem]
+    not_rendered: list[str] = field(default_factory=list)
 
     @property
     def blocking(self) -> list[Problem]:
@@ -480,10 +497,13 @@ def scan_luna1(root: str | Path, decode_images: bool = True) -> Luna1Scan:
     permission denied, a directory, ...) or damaged. Images are decoded with ``decode_images``;
     without it their PNG structure and every chunk's checksum are verified (which catches flipped
     bits and truncations; only a PNG with intact checksums around undecodable data needs the
-    decode). Not blocking: missing pose files and missing images of frames without boxes.
+    decode). Not blocking: missing pose files and missing images of frames without boxes. Not a
+    problem at all: the images of frames without boxes that a partial build (``--parts
+    scenarios``) left out on purpose (``not_rendered``).
     """
     root = Path(root)
     problems: list[Problem] = []
+    not_rendered: list[str] = []
 
     def add(rel: str, line: int | None, msg: str) -> None:
         problems.append(Problem(rel, line, msg))
@@ -531,11 +551,14 @@ def scan_luna1(root: str | Path, decode_images: bool = True) -> Luna1Scan:
         for e in errors:
             add(ANNOTATIONS, e.line, e.message)
         known = set(crater_ids)
+        partial = partial_build(root)
         for f in frames:
             ipath = root / NAV_IMAGES / f"{f.frame}.png"
             rel = f"{NAV_IMAGES}/{f.frame}.png"
             size = None
-            if not ipath.exists() and not f.boxes:
+            if not ipath.exists() and not f.boxes and partial:
+                not_rendered.append(rel)
+            elif not ipath.exists() and not f.boxes:
                 # no scenario reads a frame without boxes (a build with --parts scenarios
                 # leaves them for later): reported, not blocking
                 problems.append(Problem(rel, None, "missing (listed in annotations.txt, no boxes; `trn-data build` "
@@ -575,7 +598,7 @@ def scan_luna1(root: str | Path, decode_images: bool = True) -> Luna1Scan:
             meta = Luna1Metadata.read(root / METADATA)
         except DataError as e:
             add(METADATA, None, e.message)
-    return Luna1Scan(Luna1Dataset(root, crater_ids, frames, poses, kitti, meta), problems)
+    return Luna1Scan(Luna1Dataset(root, crater_ids, frames, poses, kitti, meta), problems, not_rendered)
 
 
 def check_luna1(root: str | Path, decode_images: bool = True) -> list[Problem]:
