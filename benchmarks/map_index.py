@@ -51,7 +51,7 @@ METADATA_BYTES = 20  # id (int32); lat, lon, radius, diameter (float32): trn.nav
 def map_vectors(args):
     """(crater ids [n], unit vectors [n, d], the loaded map or None) of the map or of the finished
     chunks; with ``--from-map`` the map is loaded with its written index, checked against
-    ``map.json`` as every reader of a map checks it (:meth:`trn.nav.onboard_map.OnboardMap.load`)."""
+    ``map.json`` as every reader of a map checks it (:meth:`trn.db.map_format.OnboardMap.load`)."""
     from trn.nav.onboard_map import OnboardMap
 
     if args.map:
