@@ -1,4 +1,4 @@
-"""The onboard map's resident memory (issue 25, item 3): what a board holds once it has loaded a
+"""The onboard map's resident memory: what a board holds once it has loaded a
 map's compressed index and crater metadata as the board agent does
 (:class:`trn_board.mapindex.BoardMap`), and what the windowed search adds: the k-d tree over the
 craters' positions (:class:`trn.nav.spatial.CraterIndex`), or the cells over the metadata the board

@@ -1,4 +1,4 @@
-"""A map in the board's arithmetic (issue 25): the true crater among a float map's and an int8
+"""A map in the board's arithmetic: the true crater among a float map's and an int8
 map's k best, for float (torch) queries and for the board's int8 (TFLite) queries, exact search.
 
 Two steps around a map build. ``subset`` writes a catalogue CSV of the queries' craters in a

@@ -1,9 +1,9 @@
-"""Compressed indexes for the onboard map (issue 25, item 3): for each candidate of
+"""Compressed indexes for the onboard map: for each candidate of
 :data:`trn.nav.map_index.SPECS`, its bytes per crater and total size with the map's metadata, its
 build time (on ``--build-threads`` threads), recall against exact search and of the true crater,
 and its search time per query on one thread, as a board holds it (without FAISS's precomputed
 distance table of an L2 inverted file: :func:`trn_board.mapindex.drop_precomputed_table`; the
-rows of ``docs/bench_map_index_*.txt`` written before 2026-11-25's eleventh session were timed
+rows of ``docs/bench_map_index_*.txt`` written before 2026-11-25 were timed
 with it).
 
 The map's vectors come from a finished map (``--map DIR``: ``landmarks.db``) or from the chunks of

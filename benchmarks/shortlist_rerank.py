@@ -1,4 +1,4 @@
-"""What ordering exact search's near-ties takes (issue 25): the map's written index searched as the
+"""What ordering exact search's near-ties takes: the map's written index searched as the
 board searches it, then its shortlist re-ranked by a finer copy of the map's vectors, int8 (FAISS
 ``SQ8``, 512 bytes a crater) and float (the map's own vectors: an oracle), each as the share of the
 queries whose true crater is among the 10 best, against exact search's, with the boxes lost and

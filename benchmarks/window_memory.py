@@ -1,4 +1,4 @@
-"""The windowed search's spatial index as a board holds it, without a built map (issue 25): the
+"""The windowed search's spatial index as a board holds it, without a built map: the
 resident memory of the k-d tree over float64 positions (:class:`trn.nav.spatial.CraterIndex`)
 against the cells over float32 latitude, longitude and radius (:class:`trn.nav.spatial.CellIndex`),
 for the craters a map would hold: a catalogue's craters within ``--near-track`` km of a dataset's

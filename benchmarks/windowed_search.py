@@ -1,4 +1,4 @@
-"""Windowed map search over a million craters, one thread (issue 25, item 4): the time of one
+"""Windowed map search over a million craters, one thread: the time of one
 frame's window (:class:`trn.nav.scenario.SearchWindow`) through the k-d tree over the craters'
 positions and through the cells of :class:`trn.nav.spatial.CellIndex` over their latitude,
 longitude and radius, against the scan of every map crater, p50 / p99, and the craters each

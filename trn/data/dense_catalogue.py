@@ -1,4 +1,4 @@
-"""A million-crater catalogue of the built-in world (issue 25).
+"""A million-crater catalogue of the built-in world.
 
 No catalogue complete to 1 km ships with the project (Robbins 2018 lists about 1.3 million lunar
 craters of 1-2 km and larger), so the built-in world's own population is extended down to

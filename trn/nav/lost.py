@@ -1,5 +1,5 @@
 """Lost-in-space position fixes: where the spacecraft is, from a frame's craters, the star tracker's
-attitude and the altimeter, with no position prior (issue 24).
+attitude and the altimeter, with no position prior.
 
 Crater-pattern identification (Christian et al. 2021; Hamel et al. 2025) matches the geometry of a
 frame's craters against a catalogue. With the attitude known, the pattern is searched by geometry

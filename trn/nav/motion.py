@@ -1,4 +1,4 @@
-"""Ground velocity from the terrain's motion between two consecutive frames (issue 24's cold start).
+"""Ground velocity from the terrain's motion between two consecutive frames (the cold start's velocity).
 
 A lost-in-space fix gives a position and no velocity. Waiting for a second fix far enough away in
 time to give the velocity leaves the navigator without an estimate wherever single frames hold too

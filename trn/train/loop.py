@@ -307,7 +307,7 @@ def _plot(history: list[dict], path: Path) -> None:
 def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: int | None = None) -> RunState:
     """Train ``cfg`` into directory ``out``. With ``resume``, continue from ``out/last.pt``.
     ``stop_after``: stop (resumably) once that epoch is done, e.g. to split a long run over
-    sessions; the learning-rate schedule still spans ``cfg.epochs``."""
+    parts; the learning-rate schedule still spans ``cfg.epochs``."""
     out = Path(out)
     cfg = resolve_kind(cfg)
     if not resume and (out / "log.jsonl").exists():
