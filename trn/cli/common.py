@@ -85,7 +85,9 @@ def _refusing_empty(convert: Callable[[str], object] | None, action: argparse.Ac
         name = max(action.option_strings, key=len)
         fix = f"give {metavar or action.dest.upper()}" + ("" if action.required else f", or leave {name} out")
     else:
-        fix = f"give the {'path' if is_path else 'value'} of {metavar or action.dest}"
+        what = metavar or action.dest
+        kind = "path" if is_path else "value"
+        fix = f"give a {kind}" if what == kind else f"give the {kind} of {what}"
     if is_path:
         fix = f"an empty path would mean the working directory: {fix}"
 
