@@ -171,8 +171,13 @@ def orbit_validation(model: Descriptor, orbit, threshold: float, seed: int = 123
     r = pair_shares(ds, TorchEmbedder(model, "training"), ScenarioSettings(threshold=threshold), seed=seed, boxes=boxes)
     return {"val_orbit_same": r.same_share, "val_orbit_impostor": r.impostor_any_share,
             "val_orbit_same_at_1pct_impostors": r.same_at_impostor_share(0.01)[0],
-            "val_orbit_impostor_next_frame": r.impostor_share, "val_orbit_same_cosine": float(r.same.mean()),
-            "val_orbit_impostor_cosine": float(r.impostor_any.mean())}
+            "val_orbit_impostor_next_frame": r.impostor_share, "val_orbit_same_cosine": _mean(r.same),
+            "val_orbit_impostor_cosine": _mean(r.impostor_any)}
+
+
+def _mean(x: np.ndarray) -> float:
+    """The mean, NaN for no values (an orbit whose frames hold one crater has no impostor pairs)."""
+    return float(x.mean()) if len(x) else float("nan")
 
 
 def _orbits(cfg: TrainConfig, names: list[str]):
