@@ -184,12 +184,19 @@ def detect(ds: Luna1Dataset, frames: list[int], s: ScenarioSettings, rng: np.ran
     for fr in frames:
         dets = []
         for b in nms(list(by_frame[fr].boxes), s.nms_threshold, s.nms):
-            box = jitter_box((b.l, b.r, b.t, b.b), rng, s.shrink_px, s.shift_px, (h, w))
-            bright, contrast = rng.uniform(1 - s.jitter, 1 + s.jitter, size=2)
-            angle = float(rng.integers(s.angle_deg[0], s.angle_deg[1] + 1))
-            dets.append(Detection(fr, str(b.id), box, float(bright), float(contrast), angle))
+            dets.append(draw_detection(fr, str(b.id), (b.l, b.r, b.t, b.b), s, rng, (h, w)))
         out[fr] = dets
     return out
+
+
+def draw_detection(frame: int, label: str, box: tuple[int, int, int, int], s: ScenarioSettings,
+                   rng: np.random.Generator, frame_shape: tuple[int, int]) -> Detection:
+    """A detector's detection of an annotated box: its box noise, photometric jitter and rotation
+    drawn from ``rng`` in that order (the scenarios' and the training orbits' one draw)."""
+    box = jitter_box(box, rng, s.shrink_px, s.shift_px, frame_shape)
+    bright, contrast = rng.uniform(1 - s.jitter, 1 + s.jitter, size=2)
+    angle = float(rng.integers(s.angle_deg[0], s.angle_deg[1] + 1))
+    return Detection(frame, label, box, float(bright), float(contrast), angle)
 
 
 def decline_uninformative(ds: Luna1Dataset, frames: list[int], dets: dict[int, list[Detection]]
@@ -226,16 +233,27 @@ def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, margin: floa
     protocol's crops), or with ``margin`` the squares of ``margin`` times the box's longer side
     centred on them (:func:`trn.data.crops.square_crop`; the map queries use 1.0, and a model
     trained with context around its boxes names its own: :func:`crop_margin`)."""
-    crops, cache = [], {}
-    for d in dets:
-        if d.frame not in cache:
+    cache: dict[int, np.ndarray] = {}
+
+    def frame(k: int) -> np.ndarray:
+        if k not in cache:
             cache.clear()
-            cache[d.frame] = ds.load_frame(d.frame)
-        img = cache[d.frame]
+            cache[k] = ds.load_frame(k)
+        return cache[k]
+
+    return detection_crops(frame, dets, size, margin, where=ds.frame_path)
+
+
+def detection_crops(frame, dets: list[Detection], size: int, margin: float | None = None, where=None) -> np.ndarray:
+    """:func:`crop_images` over frames from anywhere: ``frame(d.frame)`` gives a detection's grey
+    frame (``where(d.frame)``, when given, names it in errors)."""
+    crops = []
+    for d in dets:
+        img = frame(d.frame)
         l, r, t, b = d.box
         if r > img.shape[1] or b > img.shape[0]:
             raise DataError(f"box {d.box} of crater {d.label} lies outside the {img.shape[1]}x{img.shape[0]} frame",
-                            ds.frame_path(d.frame))
+                            where(d.frame) if where is not None else None)
         crops.append(jittered_crop(img, d.box, size, margin, d.brightness, d.contrast))
     if not crops:
         return np.zeros((0, size, size), np.float32)

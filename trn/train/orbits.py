@@ -20,11 +20,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trn.data.augment import Draw, apply
-from trn.data.crops import jitter_box, jittered_crop
 from trn.data.luna1 import read_luna1
 from trn.errors import ConfigError, DataError
 from trn.sim import scenarios as sc
+from trn.sim.pairs import navigation_boxes
 
 log = logging.getLogger(__name__)
 
@@ -68,7 +67,7 @@ class OrbitViews:
             ds = read_luna1(path)
             segments = (ds.metadata.source or {}).get("segments") if ds.metadata is not None else None
             starts = sorted(int(g["first_frame"]) for g in segments) if segments else [0]
-            for det in sc.moon_navigation_crops(ds, _clean(settings))[0]:
+            for det in navigation_boxes(ds, settings):
                 k = index.get(prefix + det.label)
                 if k is None:  # never train on a crater outside the training half
                     raise DataError(f"crater {det.label} of frame {det.frame} is not a training identity of this "
@@ -95,25 +94,10 @@ class OrbitViews:
 
     def crops(self, boxes: list[OrbitBox], rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Views [n, 1, S, S] of ``boxes`` with fresh draws of the protocol's perturbations, and
-        their rotation angles [n] (degrees)."""
-        s = self.s
-        out, angles = [], []
-        for b in boxes:
-            frame = self.frames[b.frame]
-            box = jitter_box(b.box, rng, s.shrink_px, s.shift_px, frame.shape)
-            bright, contrast = rng.uniform(1 - s.jitter, 1 + s.jitter, size=2)
-            angles.append(float(rng.integers(s.angle_deg[0], s.angle_deg[1] + 1)))
-            out.append(jittered_crop(frame, box, self.size, self.margin, float(bright), float(contrast)))
-        x = torch.from_numpy(np.stack(out)[:, None].astype(np.float32))
-        a = torch.tensor(angles, dtype=torch.float32)
-        return apply(x, Draw(torch.ones(len(boxes)), a, torch.zeros(len(boxes), 2))), a
-
-
-def _clean(s: sc.ScenarioSettings) -> sc.ScenarioSettings:
-    """Settings whose detection draws leave the boxes as annotated (the training draws its own)."""
-    from dataclasses import replace
-
-    return replace(s, shrink_px=0, shift_px=0, jitter=0.0, max_frames=None)
+        their rotation angles [n] (degrees): each drawn and cut by the scenarios' own code."""
+        dets = [sc.draw_detection(b.frame, "", b.box, self.s, rng, self.frames[b.frame].shape) for b in boxes]
+        x = sc.detection_crops(self.frames.__getitem__, dets, self.size, self.margin)
+        return torch.from_numpy(x[:, None]), torch.tensor([d.angle for d in dets], dtype=torch.float32)
 
 
 def numpy_rng(generator: torch.Generator) -> np.random.Generator:
