@@ -189,6 +189,17 @@ def _catalogue_columns(text: str) -> dict[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _check_scale_and_georef(img, args, catalogue: bool):
+    """The image's scale (:func:`trn.detect.raster.image_scale`), after refusing --catalogue on an
+    image without a map projection."""
+    from trn.detect.raster import image_scale
+
+    if catalogue and img.georef is None:
+        raise ConfigError(f"--catalogue needs latitude and longitude, and {img.path} has no map projection (CRS); "
+                          "give a georeferenced raster (GeoTIFF with its CRS) or leave out --catalogue")
+    return image_scale(img, args.gsd, args.crater_px, args.scale, args.altitude_km, args.fov_deg)
+
+
 def _run(args) -> int:
     import json
 
@@ -199,14 +210,21 @@ def _run(args) -> int:
     from trn.detect.catalogue import (compare, detection_rows, missed_rows, read_catalogue, write_csv,
                                       write_geojson)
     from trn.detect.model import STRIDE
-    from trn.detect.raster import image_scale, open_image, preview
+    from trn.detect.raster import is_picture, open_image, preview
     from trn.detect.run import overlay, size_gate
     from trn.detect.tiles import detect_tiled, torch_maps
 
-    model, chosen, _, gate = _load_model(args.model)
-    threshold = chosen if args.threshold is None else args.threshold
     paths = _images(args.inputs)
     cat = read_catalogue(args.catalogue, args.catalogue_columns) if args.catalogue is not None else None
+    for p in paths:  # rasters refused before the model loads: a header read each, no pixels
+        if not is_picture(p):
+            img = open_image(p)
+            try:
+                _check_scale_and_georef(img, args, cat is not None)
+            finally:
+                img.close()
+    model, chosen, _, gate = _load_model(args.model)
+    threshold = chosen if args.threshold is None else args.threshold
     (args.out / "overlays").mkdir(parents=True, exist_ok=True)
     maps = torch_maps(model)
     floor = min(threshold, 0.05) if cat is not None else threshold  # lower scores too, for the catalogue's AP
@@ -215,10 +233,7 @@ def _run(args) -> int:
     for k, p in enumerate(paths):
         img = open_image(p)
         try:
-            if cat is not None and img.georef is None:
-                raise ConfigError(f"--catalogue needs latitude and longitude, and {p} has no map projection (CRS); "
-                                  "give a georeferenced raster (GeoTIFF with its CRS) or leave out --catalogue")
-            scale = image_scale(img, args.gsd, args.crater_px, args.scale, args.altitude_km, args.fov_deg)
+            scale = _check_scale_and_georef(img, args, cat is not None)
             try:
                 res = detect_tiled(maps, img.source, scale, model.cfg.input_size, STRIDE, floor, overlap=args.overlap,
                                    batch=args.batch)

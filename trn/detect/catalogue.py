@@ -192,11 +192,13 @@ def detection_rows(image: Path, det: Detections, georef: Georef | None, threshol
 
 
 def write_csv(path: Path, rows: list[dict]) -> None:
-    """Rows (dicts with the same keys, or none) as CSV with a header."""
+    """Rows as CSV with a header of every key in order of first use (a row without a key, such as
+    an image without georeference among georeferenced ones, leaves that cell empty)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    keys = list(rows[0]) if rows else ["image", "id", "l", "r", "t", "b", "x", "y", "diameter_px", "score"]
+    keys = list(dict.fromkeys(k for r in rows for k in r)) or ["image", "id", "l", "r", "t", "b", "x", "y",
+                                                                 "diameter_px", "score"]
     with open(path, "w", newline="", encoding="utf-8") as fh:
-        w = csv.DictWriter(fh, fieldnames=keys)
+        w = csv.DictWriter(fh, fieldnames=keys, restval="")
         w.writeheader()
         w.writerows(rows)
 

@@ -148,14 +148,15 @@ class Georef:
         return lat[0], lon[0], (across + down) / 2.0
 
     def crater_boxes(self, lat: np.ndarray, lon: np.ndarray, diameter_km: np.ndarray) -> np.ndarray:
-        """float [N, 4] (l, r, t, b) px: the box around each crater's rim, from its rim points due
-        north, south, east and west of the centre (great circles of radius D / 2)."""
+        """float [N, 4] (l, r, t, b) px: the box around each crater's rim as the image shows it (a
+        circle of radius D / 2 on the ground, an ellipse in a stretched projection), from 72 rim
+        points 5 degrees of bearing apart."""
         lat = np.asarray(lat, np.float64).reshape(-1)
         lon = np.asarray(lon, np.float64).reshape(-1)
         ang = np.asarray(diameter_km, np.float64).reshape(-1) / 2.0 / self.radius_km
         east, north, up = east_north_up(lat, lon)
         pts = []
-        for bearing in (0.0, 90.0, 180.0, 270.0):
+        for bearing in np.arange(0.0, 360.0, 5.0):
             t = np.radians(bearing)
             d = np.cos(t)[..., None] * north + np.sin(t)[..., None] * east
             p = np.cos(ang)[:, None] * up + np.sin(ang)[:, None] * d
@@ -164,5 +165,5 @@ class Georef:
         plat = np.degrees(np.arcsin(np.clip(p[:, 2], -1.0, 1.0)))
         plon = np.degrees(np.arctan2(p[:, 1], p[:, 0]))
         cols, rows = self.to_pixel(wrap_lon(plon), plat)
-        cols, rows = cols.reshape(4, -1), rows.reshape(4, -1)
+        cols, rows = cols.reshape(-1, len(lat)), rows.reshape(-1, len(lat))
         return np.stack([cols.min(0), cols.max(0), rows.min(0), rows.max(0)], axis=1)
