@@ -58,14 +58,14 @@ def test_the_real_catalogues_are_moved_onto_their_elevation_and_a_world_is_not(t
 def test_registered_catalogue_centres_sit_on_the_elevation_bowls(shared_moon):
     """The registration, checked where the frames are rendered from: for craters with clear relief,
     the lowest 0.35-radius disk of the elevation lies within 0.25 km of the registered centre (the
-    published centres are 0.5-0.6 km north of it; benchmarks/dem_registration.py)."""
+    published centres are 0.5-0.6 km north of it; benchmarks/dataset/dem_registration.py)."""
     import sys
     from pathlib import Path
 
     from trn.data.detection import crater_relief
     from trn.data.terrain import load_elevation
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks" / "dataset"))
     from dem_registration import bowl_offset
 
     elev = load_elevation(shared_moon)

@@ -48,7 +48,7 @@ class RenderConfig:
         first, then exactly at every pixel whose cell corners disagree (a shadow edge or a
         penumbra); where all four corners are fully lit or fully dark the cell takes that value.
         1 marches every pixel. 2 costs about a third and differs only where a shadow or a lit
-        patch is narrower than k pixels (``benchmarks/render_throughput.py``).
+        patch is narrower than k pixels (``benchmarks/dataset/render_throughput.py``).
     albedo_strength: 0 = uniform albedo, 1 = the albedo map as is.
     detail: sub-pixel detail synthesis (see :class:`DetailConfig`).
     illumination: "physical" (landmark renders under the tethered light, frames under the real

@@ -235,7 +235,7 @@ def small_catalogue_path(source: str | Path) -> Path:
 # Registration of the real catalogues to the elevation model the frames are rendered from. The
 # GLD100 tiles of the real lunar data put the bowls of catalogued craters about 0.55 km south of
 # the Head et al. 2010 and Povilaitis et al. 2018 centres, in every region and at both resolutions
-# (benchmarks/dem_registration.py, docs/bench_dem_registration.txt: medians of -0.5 to -0.6 km
+# (benchmarks/dataset/dem_registration.py, docs/benchmarks/dataset/dem_registration.txt: medians of -0.5 to -0.6 km
 # north, 0.0 to +0.2 km east). The simulated Moon is that terrain, so its catalogue positions are
 # moved onto it: labels, maps and frames then agree, as they would for a map tied to the imagery
 # it is used with. A built-in world's catalogue is its terrain's own and is never moved.

@@ -86,7 +86,7 @@ class LostConfig:
         piecewise-linear log-likelihood ratio: a detection assigned to a map crater with descriptor
         similarity s adds ``interp(s, descriptor_similarity, descriptor_nats)`` nats (flat beyond
         the end knots): log p(s | its own crater) - log p(s | another crater of a fitting size),
-        measured on validation frames (``benchmarks/descriptor_evidence.py``). Needs the
+        measured on validation frames (``benchmarks/navigation/descriptor_evidence.py``). Needs the
         similarities of the frame's detections to the map's craters.
     size_ratio: a map crater fits a box when its diameter, seen from the hypothesised position, is
         within this factor of the box's apparent diameter (the loose prefilter uses its square).

@@ -467,8 +467,8 @@ def _growth(decisions: list[Decision]) -> list[int]:
 def moon_navigation_crops(ds: Luna1Dataset, s: ScenarioSettings) -> tuple[list[Detection], list[dict]]:
     """The detections Moon Navigation matches, in its order (every annotated frame's boxes through
     NMS and the seeded detector noise, uninformative crops declined when ``s.decline``), and the
-    declined ones: for tools that study the scenario's inputs (benchmarks/frame_crop_separation.py,
-    benchmarks/nuisance.py)."""
+    declined ones: for tools that study the scenario's inputs (benchmarks/descriptor/frame_crop_separation.py,
+    benchmarks/descriptor/nuisance.py)."""
     frames = navigation_frames(ds, s)
     dets = detect(ds, frames, s, np.random.default_rng([s.seed, 3]), frame_shape(ds))
     declined: list[dict] = []
