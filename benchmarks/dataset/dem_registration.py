@@ -1,7 +1,7 @@
 """Where the elevation model puts a catalogued crater's bowl, relative to the catalogue's centre.
 
 For a sample of union-catalogue craters with clear relief in the elevation model (depth / diameter
-above 0.06, ``trn.data.detection.crater_relief``), the offset (km east, km north) of the catalogue
+above 0.06, ``trn.data.datasets.detection.crater_relief``), the offset (km east, km north) of the catalogue
 centre at which the mean height over a disk of 0.35 radii is lowest is searched on a grid of
 +-2 km in 0.1 km steps: where the elevation model's bowl lies. The median over many craters of a
 region is a registration offset between the elevation data and the catalogues; each crater's own
@@ -10,7 +10,7 @@ asymmetry. A bootstrap gives the median's 95 % interval. This uses only the cata
 elevation model: no frame, and nothing of a test sequence.
 
 The catalogue is read as the project reads it, registered to the elevation model
-(``trn.data.sources.catalogue_registration``, whose value this benchmark measured): the table gives
+(``trn.data.catalogues.catalogue.catalogue_registration``, whose value this benchmark measured): the table gives
 the offset from the published centres (registered offset plus the registration) and what remains
 from the registered ones.
 
@@ -31,9 +31,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _hw import hardware  # noqa: E402
 
-from trn.data.detection import crater_relief, source_union_catalogue  # noqa: E402
-from trn.data.sources import UnionRule, catalogue_registration  # noqa: E402
-from trn.data.terrain import load_elevation  # noqa: E402
+from trn.data.catalogues.catalogue import UnionRule, catalogue_registration  # noqa: E402
+from trn.data.datasets.detection import crater_relief, source_union_catalogue  # noqa: E402
+from trn.data.worlds.terrain import load_elevation  # noqa: E402
 from trn.geometry import MOON_RADIUS_KM  # noqa: E402
 
 # (name, east longitude range, diameter range km)

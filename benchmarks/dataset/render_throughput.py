@@ -21,10 +21,11 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _hw import hardware  # noqa: E402
 
-from trn.data.build import BuildConfig, _load_surface, select_craters  # noqa: E402
-from trn.data.ephemeris import sun_direction_body  # noqa: E402
-from trn.data.render import RenderConfig, render_crater, render_frame  # noqa: E402
-from trn.data.sources import find_catalogue, read_catalogue, read_trajectory  # noqa: E402
+from trn.data.catalogues.catalogue import find_catalogue, read_catalogue  # noqa: E402
+from trn.data.datasets.build import BuildConfig, _load_surface, select_craters  # noqa: E402
+from trn.data.worlds.ephemeris import sun_direction_body  # noqa: E402
+from trn.data.worlds.render import RenderConfig, render_crater, render_frame  # noqa: E402
+from trn.data.worlds.trajectory import read_trajectory  # noqa: E402
 
 DEFAULT_SOURCE = Path(__file__).resolve().parents[3] / "shared" / "data" / "moon"
 

@@ -37,7 +37,7 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from trn.data.luna1 import read_luna1
+    from trn.data.datasets.luna1 import read_luna1
     from trn.sim import scenarios as sc
     from trn.sim.embedders import make_embedder
 

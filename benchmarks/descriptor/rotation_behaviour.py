@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
-from trn.data.luna1 import read_luna1
-from trn.models.rotation import rotation_similarity
+from trn.data.datasets.luna1 import read_luna1
 from trn.models.checkpoint import load_descriptor
+from trn.models.rotation import rotation_similarity
 
 ANGLES = [0, 15, 37, 90, 143, 180, 270]
 

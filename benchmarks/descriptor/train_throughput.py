@@ -20,8 +20,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _hw import hardware  # noqa: E402
 
+from trn.data.views.augment import AugmentConfig, apply, sample  # noqa: E402
 from trn.models.descriptor import Descriptor, model_config  # noqa: E402
-from trn.data.augment import AugmentConfig, apply, sample  # noqa: E402
 from trn.train.losses import MetricLoss  # noqa: E402
 from trn.train.mars import Mars, MarsConfig, positive_pairs  # noqa: E402
 

@@ -40,8 +40,8 @@ def main() -> int:
     args = ap.parse_args()
     import torch
 
-    from trn.data.crops import box_crop
-    from trn.data.luna1 import read_luna1
+    from trn.data.datasets.luna1 import read_luna1
+    from trn.data.views.crops import box_crop
     from trn.sim import scenarios as sc
     from trn.sim.embedders import Embeddings, make_embedder
 

@@ -83,10 +83,10 @@ def query_crops(args, map_ids: np.ndarray, input_size: int) -> tuple[np.ndarray,
     box's crater in the map, -1 when absent)."""
     import torch
 
-    from trn.data.crops import preprocess, square_crop
-    from trn.data.detection import source_union_catalogue
-    from trn.data.luna1 import read_image
-    from trn.data.sources import UnionRule, read_catalogue
+    from trn.data.catalogues.catalogue import UnionRule, read_catalogue
+    from trn.data.datasets.detection import source_union_catalogue
+    from trn.data.files import read_image
+    from trn.data.views.crops import preprocess, square_crop
     from trn.geometry import latlon_to_xyz
     from trn.nav.spatial import CraterIndex
 

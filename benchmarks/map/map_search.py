@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _hw import hardware  # noqa: E402
 
-from trn.data.luna1 import read_luna1  # noqa: E402
+from trn.data.datasets.luna1 import read_luna1  # noqa: E402
 from trn.nav.onboard_map import OnboardMap  # noqa: E402
 from trn.sim import scenarios as sc  # noqa: E402
 from trn.sim.embedders import make_embedder  # noqa: E402

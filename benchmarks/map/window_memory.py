@@ -69,8 +69,8 @@ def main() -> int:
         ap.error("give --catalogue CSV and --data DIR")
     from _hw import hardware
 
-    from trn.data.luna1 import read_luna1
-    from trn.data.sources import read_catalogue
+    from trn.data.catalogues.catalogue import read_catalogue
+    from trn.data.datasets.luna1 import read_luna1
     from trn.geometry import MOON_RADIUS_KM
     from trn.nav.onboard_map import near_track
 

@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from _hw import hardware  # noqa: E402
 
-from trn.data.sources import read_catalogue  # noqa: E402
+from trn.data.catalogues.catalogue import read_catalogue  # noqa: E402
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose  # noqa: E402
 from trn.nav.scenario import SearchWindow  # noqa: E402
 from trn.nav.spatial import CellIndex  # noqa: E402

@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _hw import hardware  # noqa: E402
 
-from trn.data.luna1 import read_luna1  # noqa: E402
+from trn.data.datasets.luna1 import read_luna1  # noqa: E402
 from trn.nav.onboard_map import OnboardMap  # noqa: E402
 from trn.nav.scenario import map_matches  # noqa: E402
 from trn.sim.boxes import with_boxes  # noqa: E402

@@ -25,7 +25,7 @@ import numpy as np  # noqa: E402
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _hw import hardware  # noqa: E402
 
-from trn.data.luna1 import read_luna1  # noqa: E402
+from trn.data.datasets.luna1 import read_luna1  # noqa: E402
 from trn.geometry import quat_to_matrix  # noqa: E402
 from trn.nav.motion import MotionConfig, image_velocity  # noqa: E402
 from trn.nav.scenario import dataset_camera, frame_times  # noqa: E402

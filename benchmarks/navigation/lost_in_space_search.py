@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _hw import hardware  # noqa: E402
 
 from trn.cli.common import parse_settings  # noqa: E402
-from trn.data.luna1 import read_luna1  # noqa: E402
+from trn.data.datasets.luna1 import read_luna1  # noqa: E402
 from trn.hw.profiles import load_profile  # noqa: E402
 from trn.nav.lost import LostConfig  # noqa: E402
 from trn.nav.onboard_map import catalogue_crater_map  # noqa: E402

@@ -115,8 +115,9 @@ ANNOTATED_FRAME = 2
 def write_luna1(root: Path, seed: int = 0) -> None:
     """A small valid Luna-1 dataset: 24 crater discs, 8 frames of 96x256 px with two 64-px boxes
     each (craters 0..7), poses of a circular orbit in both formats."""
-    from trn.data import luna1
-    from trn.data.luna1 import Box, FrameAnnotation
+    from trn.data.datasets import luna1
+    from trn.data.datasets.luna1 import Box, FrameAnnotation
+    from trn.data.worlds.trajectory import poses_to_kitti, write_poses_csv, write_poses_kitti
 
     rng = np.random.default_rng(seed)
     (root / luna1.CRATER_DIR).mkdir(parents=True)
@@ -143,8 +144,8 @@ def write_luna1(root: Path, seed: int = 0) -> None:
     a = np.linspace(0, 0.2, N_FRAMES)
     poses = np.stack([1837 * np.cos(a), 1837 * np.sin(a), np.zeros_like(a),
                       np.cos(a / 2), np.zeros_like(a), np.zeros_like(a), np.sin(a / 2)], axis=1)
-    luna1.write_poses_csv(root / luna1.POSES_CSV, poses)
-    luna1.write_poses_kitti(root / luna1.POSES_KITTI, luna1.poses_to_kitti(poses))
+    write_poses_csv(root / luna1.POSES_CSV, poses)
+    write_poses_kitti(root / luna1.POSES_KITTI, poses_to_kitti(poses))
 
 
 def _flip(path: Path, at: float = 0.5) -> None:
@@ -307,8 +308,8 @@ KITTI_TRAJECTORY = _world_file("trajectory/*_kitti_3x4_iau_moon.txt")
 ALBEDO = _world_file("albedo/*.png")
 
 # damages of a source directory (the tiny procedural world) for trn-data build luna1:
-# name -> (damage, fragments naming it, unreadable); the DEM and albedo readers are in trn/data/terrain.py
-TERRAIN = "trn/data/terrain.py"
+# name -> (damage, fragments naming it, unreadable); the DEM and albedo readers are in trn/data/worlds/terrain.py
+TERRAIN = "trn/data/worlds/terrain.py"
 def _in_world(file: Callable[[Path], Path], damage: Callable[[Path], None]) -> Callable[[Path], None]:
     return lambda w: damage(file(w))
 
@@ -475,7 +476,7 @@ def _world_fixtures(fx: Fixtures) -> None:
     """The tiny procedural world (4 px/deg, a short orbit; a few seconds) as a source directory,
     and one damaged copy per SOURCE_DAMAGES entry."""
     try:
-        from trn.data.synth import SynthConfig, make_world
+        from trn.data.worlds.synth import SynthConfig, make_world
 
         world = fx.root / "sources" / "world"
         make_world(SynthConfig(seed=3, ppd=4, min_crater_km=30.0, orbits=0.04, step_s=30.0, n20=3000), world)

@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from trn.data.annotate import rim_points
+from trn.data.datasets.annotate import rim_points
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, xyz_to_latlon
 from trn.nav.ekf import MU_KM3_S2

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import numpy as np
 
-from trn.data import luna1
-from trn.data.detection import LABELS, UNION_ANNOTATIONS, label_build, read_labels
+from trn.data.datasets import luna1
+from trn.data.datasets.detection import LABELS, UNION_ANNOTATIONS, label_build, read_labels
 from trn.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -53,8 +53,8 @@ def with_boxes(ds: luna1.Luna1Dataset, source: str, detector: Path | None = None
         frames = luna1.read_annotations(ds.root / UNION_ANNOTATIONS)
         return replace(ds, frames=frames), {"boxes": "union"}
     from trn.detect.evaluate import match_frame
-    from trn.detect.run import detect_frames, size_gate
     from trn.detect.model import chosen_threshold, load_detector
+    from trn.detect.run import detect_frames, size_gate
 
     if detector is None or not Path(detector).is_file():
         raise ConfigError(f"--detector {detector}: no detector checkpoint there; give models/detector/detector.pt or a "
