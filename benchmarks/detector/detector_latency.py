@@ -43,7 +43,7 @@ def main() -> int:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     import torch
 
-    from trn.data.datasets.detection import read_labels
+    from trn.data.datasets.labels import read_labels
     from trn.detect.model import chosen_threshold, load_detector
     from trn.detect.run import detect_frames
     from trn.export.detector import OnnxDetector, TfliteDetector

@@ -25,7 +25,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _hw import hardware  # noqa: E402
 
 from trn.data.catalogues.catalogue import SMALL_ID_OFFSET  # noqa: E402
-from trn.data.datasets.detection import read_labels  # noqa: E402
+from trn.data.datasets.labels import read_labels  # noqa: E402
 from trn.detect.model import chosen_threshold, load_detector  # noqa: E402
 from trn.detect.run import estimated_diameter_km, evaluate  # noqa: E402
 

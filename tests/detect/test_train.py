@@ -10,7 +10,8 @@ import torch
 from trn.cli.detect import main as detect_main
 from trn.data.datasets.annotate import AnnotateConfig
 from trn.data.datasets.build import BuildConfig, build_luna1
-from trn.data.datasets.detection import DetectionBuildConfig, build_detection_set, label_build, read_labels
+from trn.data.datasets.detection import DetectionBuildConfig, build_detection_set, label_build
+from trn.data.datasets.labels import read_labels
 from trn.data.worlds.render import RenderConfig
 from trn.detect.model import CraterDetector, DetectorConfig, load_detector
 from trn.detect.train import DetectTrainConfig, augment, focal_loss, train_detector

@@ -44,7 +44,8 @@ def _rotations(text: str) -> list[float]:
 
 
 def _label(args) -> int:
-    from trn.data.datasets.detection import UNION_ANNOTATIONS, label_build
+    from trn.data.datasets.detection import label_build
+    from trn.data.datasets.labels import UNION_ANNOTATIONS
 
     labels = label_build(args.build, args.source, all_frames=args.all_frames)
     boxes = [b for f in labels.frames for b in f.boxes]
@@ -117,7 +118,7 @@ def _load_model(spec: Path):
 def _eval(args) -> int:
     import json
 
-    from trn.data.datasets.detection import read_labels
+    from trn.data.datasets.labels import read_labels
     from trn.detect.run import evaluate, report
 
     model, chosen, path, gate = _load_model(args.model)
@@ -216,7 +217,7 @@ def _ship(args) -> int:
 
     if not (args.run / "best.pt").is_file():
         raise ConfigError(f"{args.run} holds no best.pt; give a detector run directory")
-    from trn.data.datasets.detection import read_labels
+    from trn.data.datasets.labels import read_labels
     from trn.detect.model import chosen_threshold, load_detector
     from trn.detect.run import centre_sigma_px, evaluate
 
@@ -235,7 +236,7 @@ def _ship(args) -> int:
 def _export(args) -> int:
     import numpy as np
 
-    from trn.data.datasets.detection import read_labels
+    from trn.data.datasets.labels import read_labels
     from trn.detect.boxes import preprocess_frame
     from trn.detect.run import detect_frames
     from trn.export.detector import (OnnxDetector, TfliteDetector, export_detector_onnx, export_detector_tflite, parity,

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from trn.data.catalogues.catalogue import UnionRule
-from trn.data.datasets.detection import DetectionLabels, LabelledFrame
+from trn.data.datasets.labels import DetectionLabels, LabelledFrame
 from trn.detect.boxes import Detections, decode, preprocess_frame
 from trn.detect.evaluate import FrameMatch, binned, label_hits, match_frame, summarise
 from trn.detect.model import STRIDE, CraterDetector

@@ -35,7 +35,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from trn.data.datasets.detection import LabelledFrame, catalogue_complete, read_labels
+from trn.data.datasets.labels import LabelledFrame, catalogue_complete, read_labels
 from trn.detect.boxes import resize_frame, standardise
 from trn.detect.evaluate import best_f1_threshold, match_frame, summarise
 from trn.detect.model import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, STRIDE, CraterDetector, DetectorConfig,

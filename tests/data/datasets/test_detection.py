@@ -8,7 +8,8 @@ import pytest
 
 from trn.data.catalogues.catalogue import SMALL_ID_OFFSET, Catalogue, UnionRule, union_catalogue, write_catalogue
 from trn.data.datasets.annotate import AnnotateConfig
-from trn.data.datasets.detection import LABELS, clear_of, detection_segments, label_frames, read_labels
+from trn.data.datasets.detection import clear_of, detection_segments, label_frames, union_labels
+from trn.data.datasets.labels import LABELS, read_labels
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose
 
@@ -196,3 +197,10 @@ def test_crater_relief_measures_depth_over_diameter_on_constructed_bowls():
     floor = -2.0 + 2.5 * 0.15 ** 2
     np.testing.assert_allclose(eq, [(rim - floor) / 10.0], rtol=1e-3)
     np.testing.assert_allclose(pole, eq, rtol=1e-3)
+
+
+def test_a_build_without_union_labels_or_a_world_is_refused_with_the_command_that_labels_it(tmp_path):
+    (tmp_path / ".world").mkdir()  # a world directory without its marker is not a built-in world
+    with pytest.raises(DataError, match=f"run: trn-detect label {tmp_path} --source") as e:
+        union_labels(tmp_path)
+    assert e.value.path == str(tmp_path)

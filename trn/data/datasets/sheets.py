@@ -96,7 +96,7 @@ def detection_sheet(root: Path, n: int = 12, cols: int = 4, seed: int = 0, size:
     with boxes), each with its union-catalogue boxes (large craters orange, 5-20 km cyan),
     its split, altitude and Sun elevation, resized to ``size`` px."""
     from trn.data.catalogues.catalogue import SMALL_ID_OFFSET
-    from trn.data.datasets.detection import read_labels
+    from trn.data.datasets.labels import read_labels
 
     _check_counts(n=n, cols=cols, seed=seed, size=size)
     labels = read_labels(root)
