@@ -7,6 +7,7 @@ import cv2
 import numpy as np
 import pytest
 
+from tests.data.worlds.test_trajectory import random_poses
 from trn.data.datasets import luna1
 from trn.data.datasets.luna1 import Box, FrameAnnotation
 from trn.data.files import read_gray
@@ -15,13 +16,6 @@ from trn.errors import DataError
 from trn.geometry import quat_to_matrix
 
 rng = np.random.default_rng(1)
-
-
-def _random_poses(n: int) -> np.ndarray:
-    q = rng.normal(size=(n, 4))
-    q /= np.linalg.norm(q, axis=1, keepdims=True)
-    q *= np.sign(q[:, :1])
-    return np.concatenate([rng.normal(scale=1800, size=(n, 3)), q], axis=1)
 
 
 def make_dataset(root: Path, n_frames: int = 4, crater_ids=(1, 5, 9)) -> list[FrameAnnotation]:
@@ -35,7 +29,7 @@ def make_dataset(root: Path, n_frames: int = 4, crater_ids=(1, 5, 9)) -> list[Fr
         boxes = tuple(Box(c, 2 + i, 30 + i, 4, 40) for c in crater_ids[: i % 3])
         frames.append(FrameAnnotation(i, f"nav_images/{i}.png", boxes))
     luna1.write_annotations(root / luna1.ANNOTATIONS, frames)
-    poses = _random_poses(n_frames)
+    poses = random_poses(n_frames)
     write_poses_csv(root / luna1.POSES_CSV, poses)
     write_poses_kitti(root / luna1.POSES_KITTI, poses_to_kitti(poses))
     return frames
@@ -143,7 +137,7 @@ def test_not_a_dataset(tmp_path):
 
 def test_pose_count_must_cover_frames(tmp_path):
     make_dataset(tmp_path, n_frames=4)
-    write_poses_csv(tmp_path / luna1.POSES_CSV, _random_poses(2))
+    write_poses_csv(tmp_path / luna1.POSES_CSV, random_poses(2))
     with pytest.raises(DataError, match="has 2 poses"):
         luna1.read_luna1(tmp_path)
 

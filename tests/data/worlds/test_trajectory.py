@@ -11,7 +11,8 @@ from trn.geometry import matrix_to_quat
 rng = np.random.default_rng(1)
 
 
-def _random_poses(n: int) -> np.ndarray:
+def random_poses(n: int) -> np.ndarray:
+    """float64 [n, 7]: random positions (km) and unit quaternions, scalar first and positive."""
     q = rng.normal(size=(n, 4))
     q /= np.linalg.norm(q, axis=1, keepdims=True)
     q *= np.sign(q[:, :1])
@@ -38,7 +39,7 @@ def test_non_unit_quaternion_and_bad_rotation(tmp_path):
 
 
 def test_matrix_quat_consistency_of_written_kitti(tmp_path):
-    poses = _random_poses(5)
+    poses = random_poses(5)
     k = poses_to_kitti(poses)
     for p, m in zip(poses, k):
         np.testing.assert_allclose(matrix_to_quat(m[:, :3]), p[3:], atol=1e-12)
