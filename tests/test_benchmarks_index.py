@@ -1,7 +1,8 @@
 """benchmarks/README.md is the index of the benchmarks: every script by topic, with its command and
-its output files. Fails when a script or a kept output is missing from it, when it names a file
-that is not there, or when README.md or a docs page names a benchmark script or output that is not
-there (a path from before the topic folders, say)."""
+its output files. Fails when a script or a kept output is missing from it, when a script or an
+output lies outside its topic's folder, when it names a file that is not there, or when README.md
+or a docs page names a benchmark script or output that is not there (a path from before the topic
+folders, say)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,11 @@ def test_every_kept_output_is_in_the_index():
     assert outputs
     missing = [o for o in outputs if o not in index]
     assert not missing, f"benchmarks/README.md does not list {missing}"
+
+
+def test_no_output_lies_outside_the_topic_folders():
+    flat = sorted(p.name for p in (ROOT / "docs").glob("bench_*"))
+    assert not flat, f"benchmark outputs in docs/ instead of docs/benchmarks/<topic>/: {flat}"
 
 
 def test_every_output_sits_beside_its_topic():
