@@ -13,13 +13,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from trn.cli.common import (Parser, float_between, int_at_least, int_between, naming_the_config, run_main,
-                            seed_number, setup_logging)
+from trn.cli.common import (Parser, float_between, int_at_least, int_between, naming_the_config, run_main, seed_number,
+                            setup_logging)
 from trn.errors import ConfigError, DataError
 
 
 def _build(args) -> int:
-    from trn.data.detection import DetectionBuildConfig, build_detection_set
+    from trn.data.datasets.detection import DetectionBuildConfig, build_detection_set
 
     labels = build_detection_set(DetectionBuildConfig(
         source=args.source, out=args.out, segments=len(args.rotations) if args.rotations else args.segments,
@@ -44,7 +44,8 @@ def _rotations(text: str) -> list[float]:
 
 
 def _label(args) -> int:
-    from trn.data.detection import UNION_ANNOTATIONS, label_build
+    from trn.data.datasets.detection import label_build
+    from trn.data.datasets.labels import UNION_ANNOTATIONS
 
     labels = label_build(args.build, args.source, all_frames=args.all_frames)
     boxes = [b for f in labels.frames for b in f.boxes]
@@ -57,7 +58,7 @@ def _label(args) -> int:
 def _sheet(args) -> int:
     import cv2
 
-    from trn.data.sheets import detection_sheet
+    from trn.data.datasets.sheets import detection_sheet
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if not cv2.imwrite(str(args.out), detection_sheet(args.dir, args.frames, seed=args.seed)):
@@ -117,7 +118,7 @@ def _load_model(spec: Path):
 def _eval(args) -> int:
     import json
 
-    from trn.data.detection import read_labels
+    from trn.data.datasets.labels import read_labels
     from trn.detect.run import evaluate, report
 
     model, chosen, path, gate = _load_model(args.model)
@@ -130,7 +131,7 @@ def _eval(args) -> int:
                           f"{sorted({f.split for f in labels.frames})}")
     relief = None
     if args.source is not None:
-        from trn.data.detection import label_relief
+        from trn.data.datasets.detection import label_relief
 
         relief = label_relief(labels.split(split), args.source, labels.rule())
     rep = report(evaluate(model, labels, split, threshold, gate_km=gate), labels.rule(), relief=relief)
@@ -174,7 +175,8 @@ def _run(args) -> int:
 
     import cv2
 
-    from trn.data.luna1 import Box, FrameAnnotation, read_gray, write_annotations
+    from trn.data.datasets.luna1 import Box, FrameAnnotation, write_annotations
+    from trn.data.files import read_gray
     from trn.detect.run import detect_frames, overlay
 
     model, chosen, _, gate = _load_model(args.model)
@@ -215,9 +217,9 @@ def _ship(args) -> int:
 
     if not (args.run / "best.pt").is_file():
         raise ConfigError(f"{args.run} holds no best.pt; give a detector run directory")
-    from trn.data.detection import read_labels
-    from trn.detect.run import centre_sigma_px, evaluate
+    from trn.data.datasets.labels import read_labels
     from trn.detect.model import chosen_threshold, load_detector
+    from trn.detect.run import centre_sigma_px, evaluate
 
     model, meta = load_detector(args.run / "best.pt")
     thr = chosen_threshold(meta)
@@ -234,13 +236,12 @@ def _ship(args) -> int:
 def _export(args) -> int:
     import numpy as np
 
-    from trn.data.detection import read_labels
+    from trn.data.datasets.labels import read_labels
     from trn.detect.boxes import preprocess_frame
     from trn.detect.run import detect_frames
     from trn.export.detector import (OnnxDetector, TfliteDetector, export_detector_onnx, export_detector_tflite, parity,
                                      quantize_detector, score, write_report)
-    from trn.export.edgetpu import edgetpu_report
-    from trn.export.edgetpu import write_report as write_tpu_report
+    from trn.export.edgetpu import edgetpu_report, write_report as write_tpu_report
 
     model, threshold, path, gate = _load_model(args.model)
     args.out.mkdir(parents=True, exist_ok=True)

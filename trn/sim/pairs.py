@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from trn.data.crops import jitter_box
-from trn.data.luna1 import Luna1Dataset
+from trn.data.datasets.luna1 import Luna1Dataset
+from trn.data.views.crops import jitter_box
 from trn.sim import scenarios as sc
 
 PERTURBATIONS = ("noise", "photometric", "rotation")
