@@ -94,10 +94,13 @@ PERTURBATIONS = (("clean box crops, no perturbation", ()),
 
 def perturbation_table(ds, emb, s) -> list[str]:
     """The table's lines for one embedder (see the module docstring)."""
-    from trn.sim.pairs import consecutive_pairs, navigation_boxes, pair_shares
+    from trn.sim import scenarios as sc
+    from trn.sim.pairs import at_frame_edge, consecutive_pairs, navigation_boxes, pair_shares
 
     clean = navigation_boxes(ds, s)
     same, other = consecutive_pairs(clean)
+    edge = at_frame_edge(clean, sc.frame_shape(ds))
+    cut = edge[same[:, 0]] | edge[same[:, 1]]
     lines = [f"{len(clean)} boxes of {len({d.label for d in clean})} craters; {len(same)} same-crater pairs in "
              f"consecutive frames; impostor pairs: {len(other)} of the next frame, 5 a box of the sequence; crops cut "
              f"with margin {getattr(emb, 'crop_margin', 1.0):g}",
@@ -111,6 +114,13 @@ def perturbation_table(ds, emb, s) -> list[str]:
         lines.append(f"| {name} | {r.same.mean():.3f} | {100 * r.same_share:.1f} % | {r.impostor_any.mean():.3f} | "
                      f"{100 * r.impostor_any_share:.1f} % | {100 * r.impostor_share:.1f} % | {100 * s5:.1f} % ({t5:.3f}) / "
                      f"{100 * s1:.1f} % ({t1:.3f}) |")
+        if name in ("clean box crops, no perturbation", "the full protocol"):
+            # the same pairs split by whether the frame's border cuts either crater
+            for part, m in (("neither crater cut by the frame's edge", ~cut), ("one or both cut by the edge", cut)):
+                c = r.same[m]
+                if len(c):
+                    lines.append(f"| {name}: {part} ({m.sum()} pairs) | {c.mean():.3f} | {100 * (c >= 0.9).mean():.1f} % "
+                                 f"| | | | {100 * (c >= t5).mean():.1f} % / {100 * (c >= t1).mean():.1f} % |")
     return lines
 
 
