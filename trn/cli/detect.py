@@ -201,6 +201,13 @@ def _check_scale_and_georef(img, args, catalogue: bool):
     return image_scale(img, args.gsd, args.crater_px, args.scale, args.altitude_km, args.fov_deg)
 
 
+def _overlap(asked: int | None, input_size: int) -> int:
+    """The tiles' overlap: as asked, else 96 network px or 3/8 of a smaller network input."""
+    from trn.detect.tiles import DEFAULT_OVERLAP
+
+    return asked if asked is not None else min(DEFAULT_OVERLAP, input_size * 3 // 8)
+
+
 def _run(args) -> int:
     import json
 
@@ -236,7 +243,8 @@ def _run(args) -> int:
         try:
             scale = _check_scale_and_georef(img, args, cat is not None)
             try:
-                res = detect_tiled(maps, img.source, scale, model.cfg.input_size, STRIDE, floor, overlap=args.overlap,
+                res = detect_tiled(maps, img.source, scale, model.cfg.input_size, STRIDE, floor,
+                                   overlap=_overlap(args.overlap, model.cfg.input_size),
                                    batch=args.batch)
             except DataError as exc:  # about the image's content: name the file it came from
                 raise DataError(exc.message, p) from None
@@ -470,9 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                         "detector's own crater sizes (instead of the ground sampling)")
     r.add_argument("--scale", type=float_between(0.001, 64.0), default=None, metavar="F",
                    help="network-input pixels per image pixel, overriding every other scale")
-    r.add_argument("--overlap", type=int_between(0, 255), default=96, metavar="PX",
-                   help="network-input pixels shared by neighbouring tiles (default 96: a crater up to that size cut "
-                        "by a seam is whole in the next tile)")
+    r.add_argument("--overlap", type=int_between(0, 255), default=None, metavar="PX",
+                   help="network-input pixels shared by neighbouring tiles (default 96, at most 3/8 of a smaller "
+                        "network input: a crater up to that size cut by a seam is whole in the next tile)")
     r.add_argument("--batch", type=int_between(1, 512), default=16, help="tiles run at once (default 16)")
     r.add_argument("--catalogue", type=Path, default=None, metavar="CSV",
                    help="a crater catalogue (CSV with latitude, longitude and diameter in km) to compare with over "
