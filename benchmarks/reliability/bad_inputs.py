@@ -1054,7 +1054,7 @@ def cases(fx: Fixtures) -> list[Case]:
         ["onnx", "--model", p("models", "near.pt"), "--out", p("runs", "ex5"), "--no-parity"],
         [f"file {fx.near_digests[0]}", f"expected {fx.near_digests[1]}"])
     add("trn-detect", "run on a 1 x 1 image", ["run", str(REPO / "models" / "detector"), tiny, "--out", p("runs", "r1")],
-        ["1.png", "frame has shape (1, 1)"])
+        ["1.png", "image has shape (1, 1)"])
     add("trn-hw", "status of a directory that is not a board root", ["status", "--to", p("empty_dir")],
         ["empty_dir", "not a board root"])
     add("trn-hw", "rollback of a directory that is not a board root", ["rollback", "--to", p("empty_dir")],

@@ -451,7 +451,7 @@ def test_a_checksum_mismatch_after_the_twelfth_digit_shows_two_different_digests
 
 
 def test_detect_run_on_an_image_too_small_names_the_image(tmp_path, capsys):
-    """`trn-detect run` on a 1 x 1 image said `frame has shape (1, 1)` without naming the file."""
+    """`trn-detect run` on a 1 x 1 image names the file beside the shape it refuses."""
     import cv2
     import numpy as np
 
@@ -461,7 +461,7 @@ def test_detect_run_on_an_image_too_small_names_the_image(tmp_path, capsys):
     (tmp_path / "in").mkdir()
     cv2.imwrite(str(tmp_path / "in" / "7.png"), np.zeros((1, 1), np.uint8))
     rc = detect_cli.main(["run", str(shipped), str(tmp_path / "in"), "--out", str(tmp_path / "out")])
-    _one_line_exit_2(rc, capsys, f"{tmp_path / 'in' / '7.png'}: frame has shape (1, 1); the detector takes a grey "
+    _one_line_exit_2(rc, capsys, f"{tmp_path / 'in' / '7.png'}: image has shape (1, 1); the detector takes a grey "
                                  "image of at least 8 x 8 pixels")
 
 
