@@ -2,19 +2,24 @@
 (the rim projected and clipped), a map of craters over the whole sphere. Exact without noise; a
 chance pattern and one detection are refused; the descriptor-first variant refuses a frame whose
 best matches are all wrong; the covariance agrees with the errors over seeded Monte Carlo; a short
-window of frames decides what one frame cannot."""
+window of frames decides what one frame cannot; frames that share no crater are joined by a known
+displacement, a wrong displacement joins nothing, and the displacement's covariance is carried
+into the fix's."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from trn.data.annotate import AnnotateConfig, crater_box
+from trn.data.datasets.annotate import AnnotateConfig, crater_box
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose, xyz_to_latlon
 from trn.nav.ekf import MU_KM3_S2
-from trn.nav.lost import (REASONS, CraterMap, Hypothesis, LostConfig, LostFix, Sigmas, WindowFixer, box_geometry,
-                          frame_hypotheses, fuse_fixes)
+from trn.nav.constellation import Constellation, joint_fit
+from trn.nav.fix import solve_bearings
+from trn.nav.lost import (REASONS, CraterMap, Hypothesis, Join, LostConfig, LostFix, Sigmas, WindowFixer,
+                          _with_altimeter, box_geometry, frame_hypotheses, frame_view, fuse_fixes)
+from trn.nav.motion import Displacement
 
 CAM = PinholeCamera(512, 512, 39.6)
 FLAT = AnnotateConfig(rim_points=48)
@@ -412,6 +417,104 @@ def test_a_crater_the_other_frame_should_show_and_does_not_is_no_window_crater(a
         assert out.reason == REASONS[8]
 
 
+def _joined_pair(cmap, frames, link, cfg=None):
+    """Frames (position, attitude, boxes) 20 s apart added to a window with their views and the
+    displacement ``link`` between them: (each frame's fix as the window returned it, the late fixes)."""
+    cfg = cfg or LostConfig()
+    win = WindowFixer(cfg, cmap)
+    out = []
+    for k, (sc, rot, b) in enumerate(frames):
+        alone = frame_hypotheses(b, rot, radius_of(sc), None, CAM, cmap, EXACT, cfg)
+        view = frame_view(b, rot, radius_of(sc), None, CAM, EXACT, cfg)
+        out.append(win.add(20.0 * k, radius_of(sc), alone, None, view, link if k else None))
+    return out, win.late
+
+
+def _link(d_km, sigma_km: float = 0.1) -> Displacement:
+    return Displacement(0.0, 20.0, np.asarray(d_km, np.float64), np.eye(3) * sigma_km ** 2, np.zeros(3), 0.5)
+
+
+def test_two_frames_that_share_no_crater_are_fixed_exactly_through_a_known_displacement():
+    """Two frames of two craters each, none in common: alone, or in a window of shared craters,
+    neither is decided (two craters have chance rivals in a map of 25,000); joined by the true
+    displacement they are one constellation of four craters, fixed at the truth, the later frame
+    at once and the earlier one late, each naming the motion join."""
+    cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r0) == 2 == len(r1) and not r0 & r1)
+    (first, second), late = _joined_pair(cmap, [(sc0, rot0, b0), (sc1, rot1, b1)], _link(sc1 - sc0),
+                                         LostConfig(motion_joins=False))
+    assert not first.declared and not second.declared and not late
+    (first, second), late = _joined_pair(cmap, [(sc0, rot0, b0), (sc1, rot1, b1)], _link(sc1 - sc0))
+    assert not first.declared
+    assert second.declared and second.reason == REASONS[10] and second.frames == 2
+    assert second.joins == (Join(-20.0, "motion"),) and len(second.inliers) == 2
+    assert np.linalg.norm(second.position - sc1) < 0.05
+    (t_e, fix, t_dec), = late
+    assert (t_e, t_dec) == (0.0, 20.0) and fix.reason == REASONS[11] and fix.joins == (Join(20.0, "motion"),)
+    assert np.linalg.norm(fix.position - sc0) < 0.05
+
+
+@pytest.mark.parametrize("error_km", [(8.0, 0.0, 0.0), (0.0, 8.0, 0.0)])
+def test_a_wrong_displacement_joins_nothing(error_km):
+    """The same two frames joined by a displacement 8 km off (along or across the track) that
+    claims 0.1 km of sigma: the constellation holds no position, and neither frame is fixed."""
+    cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r0) == 2 == len(r1) and not r0 & r1)
+    along = (sc1 - sc0) / np.linalg.norm(sc1 - sc0)
+    across = np.cross(sc0 / np.linalg.norm(sc0), along)
+    d = sc1 - sc0 + error_km[0] * along + error_km[1] * across
+    (first, second), late = _joined_pair(cmap, [(sc0, rot0, b0), (sc1, rot1, b1)], _link(d))
+    assert not first.declared and not second.declared and not late
+
+
+def test_a_declared_frame_carried_by_motion_fixes_a_frame_that_shares_no_crater():
+    """A frame of three craters is declared alone; the next frame's two craters are none of them.
+    Carried through the displacement, the declared fix puts the second frame where its own craters
+    are assigned: it is fixed at the truth; in the other order the two-crater frame is fixed late."""
+    cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r0) >= 3 and len(r1) == 2 and not r0 & r1)
+    (first, second), late = _joined_pair(cmap, [(sc0, rot0, b0), (sc1, rot1, b1)], _link(sc1 - sc0))
+    assert first.declared and first.frames == 1 and not late
+    assert second.declared and second.reason == REASONS[10] and second.joins == (Join(-20.0, "motion"),)
+    assert np.linalg.norm(second.position - sc1) < 0.05
+    (first, second), late = _joined_pair(cmap, [(sc1, rot1, b1), (sc0, rot0, b0)], _link(sc0 - sc1))
+    assert not first.declared and second.declared and len(late) == 1
+    assert late[0][1].reason == REASONS[11] and np.linalg.norm(late[0][1].position - sc1) < 0.05
+
+
+def test_the_displacements_covariance_is_carried_into_the_fix():
+    """The joint fit against a brute-force reference: when only the joined frame's craters are
+    assigned, the reference frame's position is that frame's bearing fix less the displacement,
+    its covariance the bearing fix's plus the displacement's (then the altimeter), and the joined
+    frame's own covariance the bearing fix's alone. Through the window, a wider displacement
+    widens the fix of the frame it joins."""
+    cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r0) == 2 == len(r1) and not r0 & r1)
+    cfg = LostConfig()
+    c = np.diag([0.5, 0.2, 0.1]) ** 2
+    con = Constellation([frame_view(b, rot, radius_of(sc), None, CAM, EXACT, cfg) for sc, rot, b in
+                         ((sc0, rot0, b0), (sc1, rot1, b1))], [np.zeros(3), sc1 - sc0], [np.zeros((3, 3)), c])
+    rows = [int(np.argmin(np.linalg.norm(cmap.positions - g, axis=1)))
+            for g in _ground_of(con.views[1], sc1)]
+    pairs = [(con.merged_index(1, j), r) for j, r in enumerate(rows)]
+    fit = joint_fit(con, cmap, pairs, sc0)
+    p_b, cov_b = solve_bearings(cmap.positions[rows], con.views[1].b, float(con.views[1].sig_rad[0]), EXACT.landmark_km)
+    p_ref, cov_ref = _with_altimeter(p_b - (sc1 - sc0), cov_b + c, radius_of(sc0), EXACT.range_km)
+    assert np.allclose(fit.position, p_ref, atol=1e-6) and np.allclose(fit.cov, cov_ref, rtol=1e-6, atol=1e-12)
+    own_p, own_cov = _with_altimeter(p_b, cov_b, radius_of(sc1), EXACT.range_km)
+    assert np.allclose(fit.members[1][1], own_cov, rtol=1e-6, atol=1e-12)
+    assert np.allclose(fit.members[1][0], own_p, atol=1e-6)
+    traces = []
+    for sigma in (0.05, 0.5):
+        (_, second), _ = _joined_pair(cmap, [(sc0, rot0, b0), (sc1, rot1, b1)], _link(sc1 - sc0, sigma))
+        assert second.declared
+        traces.append(np.trace(second.cov))
+    assert traces[1] > 1.5 * traces[0]
+
+
+def _ground_of(view, sc):
+    """Where a view's lines of sight from ``sc`` meet the reference sphere [n, 3]."""
+    pb = view.b @ sc
+    s = -pb - np.sqrt(pb * pb - sc @ sc + MOON_RADIUS_KM ** 2)
+    return sc + s[:, None] * view.b
+
+
 @pytest.mark.parametrize("kw, match", [({"candidates": -1}, "candidates"), ({"min_inliers": 1}, "at least 2"),
                                        ({"size_ratio": 0.5}, "size_ratio"), ({"min_similarity": 2.0}, "min_similarity"),
                                        ({"detection_probability": 1.0}, "detection_probability"),
@@ -420,7 +523,9 @@ def test_a_crater_the_other_frame_should_show_and_does_not_is_no_window_crater(a
                                        ({"descriptor_similarity": (0.5,), "descriptor_nats": (1.0,)}, "knots"),
                                        ({"descriptor_similarity": (0.6, 0.5), "descriptor_nats": (0.0, 1.0)}, "knots"),
                                        ({"descriptor_similarity": (0.2, 0.5), "descriptor_nats": (0.0, 99.0)}, "knots"),
-                                       ({"descriptor_similarity": (0.2, 0.5), "descriptor_nats": (0.0,)}, "knots")])
+                                       ({"descriptor_similarity": (0.2, 0.5), "descriptor_nats": (0.0,)}, "knots"),
+                                       ({"motion_window_s": 90.0}, "motion_window_s=90.0: expected 0 to window_s"),
+                                       ({"motion_frames": 1}, "motion_frames")])
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         LostConfig(**kw)

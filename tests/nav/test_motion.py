@@ -1,6 +1,8 @@
 """Ground velocity from the terrain's motion between two frames (trn.nav.motion), on frames
 rendered here of a textured sphere seen from a known orbit: the velocity is recovered to the
-accuracy its covariance claims, a featureless pair is refused, bad frames are named."""
+accuracy its covariance claims, a featureless pair is refused, bad frames are named; the
+displacement a lost navigator measures (the nadir for the vertical) chains over several frames
+within its covariance, the terrain's height error counted once along the chain."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ import pytest
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, nadir_pose
 from trn.nav.ekf import MU_KM3_S2, OMEGA_RAD_S, rk4
-from trn.nav.motion import MotionConfig, derotate, image_velocity
+from trn.nav.motion import Displacement, MotionConfig, derotate, image_velocity, terrain_displacement
 
 CAM = PinholeCamera(256, 256, 39.6)
 
@@ -110,6 +112,47 @@ def test_bad_frames_and_settings_are_named():
     with pytest.raises(DataError, match="off nadir"):
         image_velocity(good, good, 0.0, 10.0, rots[0], rots[1], r[0], r[1], -st[0, :3], CAM, 0.05)
     for bad in ({"shift_sigma_px": 0.0}, {"relief_sigma_km": -1.0}, {"min_response": 1.0},
-                {"max_shift_fraction": 0.8}):
+                {"max_shift_fraction": 0.8}, {"scale": 1.5}):
         with pytest.raises(ConfigError, match="image motion " + next(iter(bad))):
             MotionConfig(**bad)
+
+
+@pytest.mark.parametrize("scale", [1.0, 0.5])
+def test_a_chain_of_displacements_with_no_position_follows_the_orbit_within_its_covariance(scale):
+    """Four frames 10 s apart with no position known: each pair's displacement, the nadir taken for
+    the vertical, matches the one measured with the true vertical to a metre, and the chain of
+    three follows the orbit (50 km) within 3 sigma of its chained covariance; so it does on frames
+    halved before the shift is measured (a quarter of the pixels)."""
+    st = orbit(n=4, radial_m_s=20.0)
+    tex = waves(3)
+    rots = [nadir_pose(s[:3], s[3:]) for s in st]
+    frames = [render(s[:3], r, CAM, tex) for s, r in zip(st, rots)]
+    radii = [float(np.linalg.norm(s[:3])) for s in st]
+    cfg = MotionConfig(relief_sigma_km=0.5, scale=scale)
+    pairs = [terrain_displacement(frames[k], frames[k + 1], 10.0 * k, 10.0 * (k + 1), rots[k], rots[k + 1],
+                                  radii[k], radii[k + 1], CAM, 0.005, cfg) for k in range(3)]
+    assert all(m is not None for m in pairs)
+    told = image_velocity(frames[0], frames[1], 0.0, 10.0, rots[0], rots[1], radii[0], radii[1], st[0, :3], CAM,
+                          0.005, cfg)
+    assert np.linalg.norm(pairs[0].d_km - told.velocity_km_s * 10.0) < 1e-3
+    chain = pairs[0].then(pairs[1]).then(pairs[2])
+    assert (chain.t0_s, chain.t1_s) == (0.0, 30.0)
+    err = chain.d_km - (st[3, :3] - st[0, :3])
+    assert 45.0 < np.linalg.norm(chain.d_km) < 55.0 and np.linalg.norm(err) < 0.05 / scale  # 0.1-0.2 % of it
+    assert np.all(np.abs(err) <= 3 * np.sqrt(np.diag(chain.cov)))
+
+
+def test_chained_displacements_add_the_relief_error_as_one_and_the_rest_in_variance():
+    """The terrain's height is one error along a chain over the same ground (its sigma vectors
+    add), the pixel and altimeter errors are independent (their variances add); reversed, a
+    displacement changes sign and keeps its covariance; a gap in the chain is refused."""
+    a = Displacement(0.0, 10.0, np.array([16.0, 0.0, 0.0]), np.eye(3) * 0.01, np.array([0.3, 0.0, 0.0]), 0.4)
+    b = Displacement(10.0, 20.0, np.array([16.0, 1.0, 0.0]), np.eye(3) * 0.02, np.array([0.3, 0.02, 0.0]), 0.2)
+    c = a.then(b)
+    assert (c.t0_s, c.t1_s, c.response) == (0.0, 20.0, 0.2)
+    assert np.allclose(c.d_km, [32.0, 1.0, 0.0]) and np.allclose(c.cov_km2, np.eye(3) * 0.03)
+    assert c.cov[0, 0] == pytest.approx(0.03 + 0.6 ** 2)  # not 0.03 + 2 * 0.3 ** 2: one ground, one height
+    r = c.reversed()
+    assert (r.t0_s, r.t1_s) == (20.0, 0.0) and np.allclose(r.d_km, -c.d_km) and np.allclose(r.cov, c.cov)
+    with pytest.raises(DataError, match="contiguous"):
+        a.then(a)

@@ -14,13 +14,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from trn.cli.common import (Parser, float_between, int_at_least, int_between, naming_the_config, run_main,
-                            seed_number, setup_logging)
+from trn.cli.common import (Parser, float_between, int_at_least, int_between, naming_the_config, run_main, seed_number,
+                            setup_logging)
 from trn.errors import ConfigError, DataError
 
 
 def _build(args) -> int:
-    from trn.data.detection import DetectionBuildConfig, build_detection_set
+    from trn.data.datasets.detection import DetectionBuildConfig, build_detection_set
 
     labels = build_detection_set(DetectionBuildConfig(
         source=args.source, out=args.out, segments=len(args.rotations) if args.rotations else args.segments,
@@ -45,7 +45,8 @@ def _rotations(text: str) -> list[float]:
 
 
 def _label(args) -> int:
-    from trn.data.detection import UNION_ANNOTATIONS, label_build
+    from trn.data.datasets.detection import label_build
+    from trn.data.datasets.labels import UNION_ANNOTATIONS
 
     labels = label_build(args.build, args.source, all_frames=args.all_frames)
     boxes = [b for f in labels.frames for b in f.boxes]
@@ -58,7 +59,7 @@ def _label(args) -> int:
 def _sheet(args) -> int:
     import cv2
 
-    from trn.data.sheets import detection_sheet
+    from trn.data.datasets.sheets import detection_sheet
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if not cv2.imwrite(str(args.out), detection_sheet(args.dir, args.frames, seed=args.seed)):
@@ -118,7 +119,7 @@ def _load_model(spec: Path):
 def _eval(args) -> int:
     import json
 
-    from trn.data.detection import read_labels
+    from trn.data.datasets.labels import read_labels
     from trn.detect.run import evaluate, report
 
     model, chosen, path, gate = _load_model(args.model)
@@ -131,7 +132,7 @@ def _eval(args) -> int:
                           f"{sorted({f.split for f in labels.frames})}")
     relief = None
     if args.source is not None:
-        from trn.data.detection import label_relief
+        from trn.data.datasets.detection import label_relief
 
         relief = label_relief(labels.split(split), args.source, labels.rule())
     rep = report(evaluate(model, labels, split, threshold, gate_km=gate), labels.rule(), relief=relief)
@@ -200,13 +201,20 @@ def _check_scale_and_georef(img, args, catalogue: bool):
     return image_scale(img, args.gsd, args.crater_px, args.scale, args.altitude_km, args.fov_deg)
 
 
+def _overlap(asked: int | None, input_size: int) -> int:
+    """The tiles' overlap: as asked, else 96 network px or 3/8 of a smaller network input."""
+    from trn.detect.tiles import DEFAULT_OVERLAP
+
+    return asked if asked is not None else min(DEFAULT_OVERLAP, input_size * 3 // 8)
+
+
 def _run(args) -> int:
     import json
 
     import cv2
     import numpy as np
 
-    from trn.data.luna1 import Box, FrameAnnotation, write_annotations
+    from trn.data.datasets.luna1 import Box, FrameAnnotation, write_annotations
     from trn.detect.catalogue import (compare, detection_rows, missed_rows, read_catalogue, write_csv,
                                       write_geojson)
     from trn.detect.model import STRIDE
@@ -235,7 +243,8 @@ def _run(args) -> int:
         try:
             scale = _check_scale_and_georef(img, args, cat is not None)
             try:
-                res = detect_tiled(maps, img.source, scale, model.cfg.input_size, STRIDE, floor, overlap=args.overlap,
+                res = detect_tiled(maps, img.source, scale, model.cfg.input_size, STRIDE, floor,
+                                   overlap=_overlap(args.overlap, model.cfg.input_size),
                                    batch=args.batch)
             except DataError as exc:  # about the image's content: name the file it came from
                 raise DataError(exc.message, p) from None
@@ -321,9 +330,9 @@ def _ship(args) -> int:
 
     if not (args.run / "best.pt").is_file():
         raise ConfigError(f"{args.run} holds no best.pt; give a detector run directory")
-    from trn.data.detection import read_labels
-    from trn.detect.run import centre_sigma_px, evaluate
+    from trn.data.datasets.labels import read_labels
     from trn.detect.model import chosen_threshold, load_detector
+    from trn.detect.run import centre_sigma_px, evaluate
 
     model, meta = load_detector(args.run / "best.pt")
     thr = chosen_threshold(meta)
@@ -340,13 +349,12 @@ def _ship(args) -> int:
 def _export(args) -> int:
     import numpy as np
 
-    from trn.data.detection import read_labels
+    from trn.data.datasets.labels import read_labels
     from trn.detect.boxes import preprocess_frame
     from trn.detect.run import detect_frames
     from trn.export.detector import (OnnxDetector, TfliteDetector, export_detector_onnx, export_detector_tflite, parity,
                                      quantize_detector, score, write_report)
-    from trn.export.edgetpu import edgetpu_report
-    from trn.export.edgetpu import write_report as write_tpu_report
+    from trn.export.edgetpu import edgetpu_report, write_report as write_tpu_report
 
     model, threshold, path, gate = _load_model(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -470,9 +478,9 @@ def main(argv: list[str] | None = None) -> int:
                         "detector's own crater sizes (instead of the ground sampling)")
     r.add_argument("--scale", type=float_between(0.001, 64.0), default=None, metavar="F",
                    help="network-input pixels per image pixel, overriding every other scale")
-    r.add_argument("--overlap", type=int_between(0, 255), default=96, metavar="PX",
-                   help="network-input pixels shared by neighbouring tiles (default 96: a crater up to that size cut "
-                        "by a seam is whole in the next tile)")
+    r.add_argument("--overlap", type=int_between(0, 255), default=None, metavar="PX",
+                   help="network-input pixels shared by neighbouring tiles (default 96, at most 3/8 of a smaller "
+                        "network input: a crater up to that size cut by a seam is whole in the next tile)")
     r.add_argument("--batch", type=int_between(1, 512), default=16, help="tiles run at once (default 16)")
     r.add_argument("--catalogue", type=Path, default=None, metavar="CSV",
                    help="a crater catalogue (CSV with latitude, longitude and diameter in km) to compare with over "

@@ -16,7 +16,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 
-from trn.data.luna1 import read_image
+from trn.data.files import read_image
 from trn.detect.geo import GEO_EXTRA, Georef
 from trn.detect.tiles import CAMERA_FOV_DEG, ArraySource, ImageScale, WindowSource, camera_focal_px, choose_scale
 from trn.errors import ConfigError, DataError

@@ -59,7 +59,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from trn.data.annotate import rim_points
+from trn.data.datasets.annotate import rim_points
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, xyz_to_latlon
 from trn.nav.ekf import MU_KM3_S2
@@ -72,7 +72,9 @@ REASONS = ("verified", "verified with earlier frames", "no detection",
            "too little evidence: the best position's score is below the threshold",
            "ambiguous: another position is as well supported",
            "too few craters agree for one frame alone, and no earlier frame of the window adds one",
-           "verified late, with a later frame of the window")
+           "verified late, with a later frame of the window",
+           "verified with other frames joined by the terrain's motion",
+           "verified late, with a later frame joined by the terrain's motion")
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,7 @@ class LostConfig:
         piecewise-linear log-likelihood ratio: a detection assigned to a map crater with descriptor
         similarity s adds ``interp(s, descriptor_similarity, descriptor_nats)`` nats (flat beyond
         the end knots): log p(s | its own crater) - log p(s | another crater of a fitting size),
-        measured on validation frames (``benchmarks/descriptor_evidence.py``). Needs the
+        measured on validation frames (``benchmarks/navigation/descriptor_evidence.py``). Needs the
         similarities of the frame's detections to the map's craters.
     size_ratio: a map crater fits a box when its diameter, seen from the hypothesised position, is
         within this factor of the box's apparent diameter (the loose prefilter uses its square).
@@ -120,6 +122,16 @@ class LostConfig:
         declared late, with those on both sides of it): one position and velocity, bent by central
         gravity, fitted to all of them (:func:`fuse_fixes`); at least 3 fixes spanning 10 s, each
         within a 4-sigma gate.
+    motion_joins: frames that the terrain's measured motion joins (:class:`WindowFixer`, given
+        each frame's displacement from the one before) are identified as one constellation
+        (:mod:`trn.nav.constellation`): an undecided frame is fixed from a declared frame of the
+        window carried through the displacement, or, with none, searched together with the
+        undecided frames joined to it.
+    motion_window_s: frames joined by motion lie at most this many seconds apart (at most
+        ``window_s``: the window forgets older frames).
+    motion_frames: frames in one constellation at most (the nearest in time first).
+    motion_scale: the frames are resized by this factor before their displacement is measured
+        (:class:`trn.nav.motion.MotionConfig` ``scale``): the measurement's cost on a board.
     """
 
     candidates: int = 0
@@ -145,6 +157,10 @@ class LostConfig:
     late: bool = True
     search_near_declared: bool = False
     fuse_declared: bool = True
+    motion_joins: bool = True
+    motion_window_s: float = 60.0
+    motion_frames: int = 3
+    motion_scale: float = 1.0
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> None:
@@ -190,6 +206,13 @@ class LostConfig:
         lo, hi = self.speed_band
         if not 0 < lo < hi:
             bad("speed_band", "0 < low < high")
+        if not 0 <= self.motion_window_s <= self.window_s:
+            bad("motion_window_s", f"0 to window_s ({self.window_s:g} s): the window forgets older frames; raise "
+                "window_s with it")
+        if not 2 <= self.motion_frames <= 16:
+            bad("motion_frames", "2 to 16 frames in one constellation")
+        if not 0.05 <= self.motion_scale <= 1.0:
+            bad("motion_scale", "0.05 to 1, a factor the frames are resized by")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -257,13 +280,25 @@ class CraterMap:
         return self._by_size[np.searchsorted(d, lo_km, "left"):np.searchsorted(d, hi_km, "right")]
 
 
+@dataclass(frozen=True)
+class Join:
+    """How a fix joined another frame: ``dt_s``, the other frame's time less this frame's, and
+    ``by``: "crater" (a crater identified alike in both frames) or "motion" (the terrain's
+    measured displacement between them)."""
+
+    dt_s: float
+    by: str
+
+
 @dataclass
 class Hypothesis:
     """A scored position: ``position`` [3] km and ``cov`` [3, 3] km^2 (body frame); ``pairs``:
     (detection, map row) assignments; ``contrib``: map row -> its assigned detection's score;
     ``missed``: map row -> log(1 - p) of each predicted crater with no detection; ``inside``: map
     rows predicted certainly visible and farther inside the frame than the assignment's gate (a
-    crater whose detection the frame could not have lost over its edge)."""
+    crater whose detection the frame could not have lost over its edge). A window's hypothesis
+    names its ``joins``; a constellation's (frames joined by motion) holds each frame as one of
+    its ``members``."""
 
     position: np.ndarray
     cov: np.ndarray
@@ -272,6 +307,18 @@ class Hypothesis:
     contrib: dict[int, float]
     missed: dict[int, float]
     inside: frozenset[int] = frozenset()
+    joins: tuple[Join, ...] = ()
+    members: tuple[Member, ...] = ()
+
+
+@dataclass(frozen=True)
+class Member:
+    """One frame of a constellation's hypothesis (:mod:`trn.nav.constellation`): its index in the
+    constellation and its own hypothesis (its fitted position and covariance, its own (detection,
+    map row) pairs, score, misses)."""
+
+    index: int
+    own: Hypothesis
 
 
 @dataclass
@@ -280,7 +327,8 @@ class LostFix:
     or not, with ``reason`` (one of :data:`REASONS`). ``inliers``: (detection, map row) pairs the
     fix rests on; ``hypotheses``: positions examined; ``candidates``: map craters tried as anchors;
     ``support``: assigned detections of the best hypothesis; ``llr`` / ``runner_up``: its score and
-    the best score at another position; ``frames``: frames the fix needed (1 alone)."""
+    the best score at another position; ``frames``: frames the fix needed (1 alone); ``joins``:
+    how it joined each other frame it used (:class:`Join`)."""
 
     declared: bool
     reason: str
@@ -294,6 +342,7 @@ class LostFix:
     runner_up: float = 0.0
     frames: int = 1
     best: list[Hypothesis] = field(default_factory=list)
+    joins: tuple[Join, ...] = ()
 
 
 def box_geometry(boxes: np.ndarray, camera: PinholeCamera, pixel_sigma: float, edge_px: float = 0.0
@@ -366,6 +415,15 @@ class _Frame:
     rule: VisibilityRule
     cfg: LostConfig
     sims: np.ndarray | None = None  # [n, M] descriptor similarities to the map's craters
+    # frames joined into one constellation (trn.nav.constellation): per detection, the offset [n, 3]
+    # km of its frame's position from the constellation's reference, the 1-sigma km of that offset
+    # (its covariance's largest eigenvalue) and its frame's altimeter distance [n] km
+    off: np.ndarray | None = None
+    off_sigma_km: np.ndarray | None = None
+    radii_km: np.ndarray | None = None
+    # a frame placed by a measured displacement: the covariance [3, 3] km^2 of its position given
+    # the constellation's reference position, which widens every predicted crater's pixel error
+    motion_cov: np.ndarray | None = None
 
     def evidence(self, j: np.ndarray | int, rows: np.ndarray) -> np.ndarray:
         """The descriptor's evidence (nats) that detections ``j`` are map craters ``rows``: a
@@ -391,14 +449,18 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
              ) -> tuple[np.ndarray, np.ndarray, list, np.ndarray]:
     """Hypotheses from one anchor and its candidate rows: (positions [H, 3], support [H], per
     hypothesis the (detection, row) pairs that agree, chi-square [H] of the agreeing detections'
-    bearing residuals and size ratios, which orders hypotheses of equal support for scoring)."""
+    bearing residuals and size ratios, which orders hypotheses of equal support for scoring). In a
+    constellation (``fr.off``) the positions are the reference frame's, and each detection is seen
+    from its own frame's place, its tolerance widened by the offsets' sigmas."""
     x = cmap.positions[rows]
-    p, ok = range_points(x, fr.b[anchor], fr.radius_km)
+    p, ok = range_points(x, fr.b[anchor], fr.radius_km if fr.radii_km is None else float(fr.radii_km[anchor]))
     ok &= (x - p) @ fr.b[anchor] > 0  # the crater lies ahead of the spacecraft
     ok &= np.einsum("ij,ij->i", p - x, cmap.up[rows]) > 0  # the crater faces the spacecraft
     rng_a = np.linalg.norm(x - p, axis=1)
     ok &= fr.size_ok(np.full(len(rows), anchor), cmap.diameter_km[rows], rng_a, fr.cfg.size_ratio)
     p, rows, rng_a = p[ok], rows[ok], rng_a[ok]
+    if fr.off is not None:
+        p = p - fr.off[anchor]  # the constellation's reference position
     support = np.ones(len(p), int)
     pairs: list[list[tuple[int, int]]] = [[(anchor, int(r))] for r in rows]
     # bearing and size chi-square, less twice the descriptor's evidence (a log-likelihood)
@@ -407,11 +469,14 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
     for j in range(len(fr.b)):
         if j == anchor or not len(p):
             continue
-        g, hit = _ground_points(p, fr.b[j], cmap.radius_km[rows])
+        o = p if fr.off is None else p + fr.off[j]  # where detection j was seen from
+        # the offsets' error between detection j's frame and the anchor's (km^2)
+        moved = 0.0 if fr.off_sigma_km is None else fr.off_sigma_km[j] ** 2 + fr.off_sigma_km[anchor] ** 2
+        g, hit = _ground_points(o, fr.b[j], cmap.radius_km[rows])
         # ground-point tolerance: both bearings' errors at the range, the map's error, and up to
         # 3 km of height difference seen at the line of sight's slant
         tol = fr.cfg.threshold_sigma * math.sqrt(2 * (alt * max(fr.sig_rad[j], fr.sig_rad[anchor])) ** 2
-                                                 + 2 * fr.sig.landmark_km ** 2) + 3.0 * 0.6
+                                                 + 2 * fr.sig.landmark_km ** 2 + moved) + 3.0 * 0.6
         dist, idx = cmap.index.nearest(np.where(hit[:, None], g, 0.0), 4, tol)
         found = np.zeros(len(p), bool)
         best_row = np.full(len(p), -1)
@@ -423,9 +488,10 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
             h = np.flatnonzero(cand)
             rr = idx[h, k]
             lm = cmap.positions[rr]
-            rng_j = np.linalg.norm(lm - p[h], axis=1)
-            res = residuals(lm, np.repeat(fr.b[j][None], len(h), 0), p[h])
-            res_sig = np.sqrt(fr.sig_rad[j] ** 2 + fr.sig_rad[anchor] ** 2 + 2 * (fr.sig.landmark_km / rng_j) ** 2)
+            rng_j = np.linalg.norm(lm - o[h], axis=1)
+            res = residuals(lm, np.repeat(fr.b[j][None], len(h), 0), o[h])
+            res_sig = np.sqrt(fr.sig_rad[j] ** 2 + fr.sig_rad[anchor] ** 2 + 2 * (fr.sig.landmark_km / rng_j) ** 2
+                              + moved / rng_j ** 2)
             gate = fr.cfg.threshold_sigma * res_sig
             good = (res <= gate) & fr.size_ok(np.full(len(h), j), cmap.diameter_km[rr], rng_j, fr.cfg.size_ratio) \
                 & (rr != rows[h])
@@ -510,7 +576,9 @@ def score(fr: _Frame, cmap: CraterMap, p: np.ndarray
     (:class:`Hypothesis`)). A detection is compared with a predicted crater box to
     box (centre and longer side of both, both clipped to the frame as the rule clips them); its
     corrected centre is its box centre moved by the predicted offset between the crater centre's
-    projection and the predicted box's centre (perspective, foreshortening and the frame edge)."""
+    projection and the predicted box's centre (perspective, foreshortening and the frame edge). A
+    frame placed by a measured displacement (``fr.motion_cov``) adds that displacement's error,
+    projected into the frame, to each predicted crater's pixel error."""
     cfg = fr.cfg
     rows, uv, pbox, rng, sure = predicted_view(fr, cmap, p)
     n = len(fr.b)
@@ -519,9 +587,11 @@ def score(fr: _Frame, cmap: CraterMap, p: np.ndarray
     q = np.where(sure, cfg.detection_probability, 0.5 * cfg.detection_probability)
     s_tot = np.sqrt(fr.sig.pixel ** 2 + (fr.sig.attitude_rad * fr.camera.focal_px) ** 2
                     + (fr.sig.landmark_km * fr.camera.focal_px / np.maximum(rng, 1e-6)) ** 2)
+    inv_cov, log_norm, reach = (None, None, s_tot) if fr.motion_cov is None \
+        else _moved_pixel_cov(fr, cmap, rows, p, s_tot)
     depth = np.minimum(np.minimum(uv[:, 0], fr.camera.width - uv[:, 0]),
                        np.minimum(uv[:, 1], fr.camera.height - uv[:, 1])) if len(rows) else np.zeros(0)
-    inside = frozenset(int(r) for r in rows[sure & (depth >= fr.rule.edge_px + cfg.threshold_sigma * s_tot)])
+    inside = frozenset(int(r) for r in rows[sure & (depth >= fr.rule.edge_px + cfg.threshold_sigma * reach)])
     pc = np.stack([(pbox[:, 0] + pbox[:, 1]) / 2, (pbox[:, 2] + pbox[:, 3]) / 2], 1)
     pside = np.maximum(np.maximum(pbox[:, 1] - pbox[:, 0], pbox[:, 3] - pbox[:, 2]), 1e-3)
     costs = []
@@ -530,12 +600,14 @@ def score(fr: _Frame, cmap: CraterMap, p: np.ndarray
             break
         l, r, t, b = fr.boxes[j]
         oc = np.array([(l + r) / 2, (t + b) / 2])
-        d2 = ((pc - oc) ** 2).sum(1) / s_tot ** 2
+        d2 = ((pc - oc) ** 2).sum(1) / s_tot ** 2 if inv_cov is None \
+            else np.einsum("ki,kij,kj->k", pc - oc, inv_cov, pc - oc)
         lr = np.log(max(r - l, b - t) / pside)
         ok = (d2 <= cfg.threshold_sigma ** 2) & (np.abs(lr) <= math.log(cfg.size_ratio))
         desc = fr.evidence(j, rows)
         for k in np.flatnonzero(ok):
-            pos_term = -0.5 * d2[k] - math.log(2 * math.pi * s_tot[k] ** 2) - math.log(lam)
+            norm = math.log(2 * math.pi * s_tot[k] ** 2) if log_norm is None else float(log_norm[k])
+            pos_term = -0.5 * d2[k] - norm - math.log(lam)
             size_term = -0.5 * (lr[k] / cfg.size_sigma) ** 2 - math.log(cfg.size_sigma * math.sqrt(2 * math.pi)) \
                 + log_size_range
             term = math.log(q[k]) + pos_term + size_term + float(desc[k])
@@ -554,6 +626,70 @@ def score(fr: _Frame, cmap: CraterMap, p: np.ndarray
         corrected[j] = np.array([(l + r) / 2, (t + b) / 2]) + uv[k] - pc[k]
     missed = {int(rows[k]): math.log(1.0 - q[k]) for k in range(len(rows)) if k not in used_k}
     return float(sum(contrib.values()) + sum(missed.values())), pairs, contrib, missed, corrected, inside
+
+
+def _moved_pixel_cov(fr: _Frame, cmap: CraterMap, rows: np.ndarray, p: np.ndarray, s_tot: np.ndarray
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each predicted crater's pixel covariance when the camera's place ``p`` is uncertain by
+    ``fr.motion_cov`` (a measured displacement's error) besides the isotropic ``s_tot`` [K] px:
+    (inverse covariances [K, 2, 2], log of the Gaussian's normaliser log(2 pi sqrt(det)) [K], the
+    1-sigma reach along the worst axis [K] px). The camera moving by e shifts a point at camera
+    coordinates (x, y, z) by (f / z) (e_x - x e_z / z, e_y - y e_z / z), e in the camera frame."""
+    cam = (cmap.positions[rows] - p) @ fr.rot
+    z = np.maximum(cam[:, 2], 1e-6)
+    f = fr.camera.focal_px
+    jac = np.zeros((len(rows), 2, 3))
+    jac[:, 0, 0] = jac[:, 1, 1] = f / z
+    jac[:, 0, 2] = -f * cam[:, 0] / z ** 2
+    jac[:, 1, 2] = -f * cam[:, 1] / z ** 2
+    moved = jac @ (fr.rot.T @ fr.motion_cov @ fr.rot) @ jac.transpose(0, 2, 1)
+    cov = moved + (s_tot ** 2)[:, None, None] * np.eye(2)
+    det = cov[:, 0, 0] * cov[:, 1, 1] - cov[:, 0, 1] * cov[:, 1, 0]
+    inv = np.stack([np.stack([cov[:, 1, 1], -cov[:, 0, 1]], 1), np.stack([-cov[:, 1, 0], cov[:, 0, 0]], 1)], 1) \
+        / det[:, None, None]
+    half_tr = 0.5 * (cov[:, 0, 0] + cov[:, 1, 1])
+    worst = half_tr + np.sqrt(np.maximum(half_tr ** 2 - det, 0.0))
+    return inv, np.log(2 * math.pi * np.sqrt(det)), np.sqrt(worst)
+
+
+def frame_view(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, sun_dir: np.ndarray | None,
+               camera: PinholeCamera, sig: Sigmas, cfg: LostConfig, rule: VisibilityRule | None = None,
+               sims: np.ndarray | None = None) -> _Frame:
+    """A frame's detections prepared for identification with other frames (the inputs as
+    :func:`frame_hypotheses`'); :class:`WindowFixer` joins such views by the terrain's motion."""
+    return _prepare(np.asarray(boxes, np.float64).reshape(-1, 4), rotation, radius_km, sun_dir, camera, sig,
+                    rule or VisibilityRule(), cfg, sims if cfg.uses_descriptor else None)
+
+
+def joined_evidence(parts: list[Hypothesis]) -> tuple[float, dict[int, float], dict[int, float], frozenset[int]]:
+    """Several frames' hypotheses (the first this frame's) as one of a window (module docstring,
+    step 6): (score, the window's craters with their terms, the misses, the rows predicted inside).
+    A crater seen in several frames counts once (its best term); a crater predicted in any and
+    never seen counts once (this frame's miss first). A crater seen in one frame that another
+    predicts without seeing it adds each such frame's miss; where that prediction was certain and
+    deeper inside the frame than the assignment's gate (``inside``), it is not one of the window's
+    craters: the other frame contradicts it. (Counted as seen, a chance match could pair a
+    detection with one map crater in one frame and with a neighbour in the other, and the frames
+    would hold a "third crater" none of them supports.)"""
+    contrib: dict[int, float] = {}
+    missed_all: dict[int, float] = {}
+    for h in reversed(parts):
+        for r, c in h.contrib.items():
+            contrib[r] = max(c, contrib.get(r, -np.inf))
+        missed_all.update(h.missed)
+    missed = {r: m for r, m in missed_all.items() if r not in contrib}
+    contradicted: dict[int, float] = {}
+    refuted: set[int] = set()
+    seen = dict.fromkeys(r for h in parts for r in h.contrib)
+    for r in seen:
+        for other in parts:
+            if r not in other.contrib and r in other.missed:
+                contradicted[r] = contradicted.get(r, 0.0) + other.missed[r]
+                if r in other.inside:
+                    refuted.add(r)
+    llr = float(sum(contrib.values()) + sum(missed.values()) + sum(contradicted.values()))
+    window = {r: c for r, c in contrib.items() if r not in refuted}
+    return llr, window, missed, frozenset().union(*(h.inside for h in parts))
 
 
 def _prepare(boxes, rotation, radius_km, sun_dir, camera, sig, rule, cfg, sims=None) -> _Frame:
@@ -604,17 +740,42 @@ def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, 
                   sims if cfg.uses_descriptor else None)
     if n == 1:
         return LostFix(False, REASONS[3])
-    alt = radius_km - MOON_RADIUS_KM
-    boresight = fr.rot[:, 2]
-    order = sorted(range(n), key=lambda i: (bool(fr.lower[i]), -float(fr.diam_px[i])))[:cfg.anchors]
     allowed = None
     if near is not None:
         # the ground a camera within the distance could see: the footprint's corner reach, as predicted_view
-        foot = alt * math.tan(math.radians(camera.fov_deg) / 2.0) * math.sqrt(2.0) * 1.3 + 10.0
+        foot = (radius_km - MOON_RADIUS_KM) * math.tan(math.radians(camera.fov_deg) / 2.0) * math.sqrt(2.0) * 1.3 \
+            + 10.0
         allowed = np.zeros(len(cmap), bool)
         for q, dist in near:
             q = np.asarray(q, np.float64)
             allowed[cmap.index.within(q / np.linalg.norm(q) * MOON_RADIUS_KM, float(dist) + foot)] = True
+    hyps_p, hyps_pairs, kept, n_cand = _seeded(fr, cmap, sims, allowed)
+    if n_cand == 0:
+        return LostFix(False, REASONS[4])
+    if not hyps_p:
+        return LostFix(False, REASONS[5], hypotheses=0, candidates=n_cand)
+
+    def evaluate(fit: tuple[np.ndarray, np.ndarray]) -> tuple[Hypothesis, dict]:
+        llr, pairs, contrib, missed, corrected, inside = score(fr, cmap, fit[0])
+        return Hypothesis(fit[0], fit[1], llr, pairs, contrib, missed, inside), corrected
+
+    scored = [h for h in (_settled(_refit(fr, cmap, hyps_pairs[k]), evaluate,
+                                   lambda pairs, corrected: _refit(fr, cmap, pairs, corrected)) for k in kept)
+              if h is not None]
+    return decide(scored, cfg, hypotheses=len(hyps_p), candidates=n_cand)
+
+
+def _seeded(fr: _Frame, cmap: CraterMap, sims: np.ndarray | None, allowed: np.ndarray | None
+            ) -> tuple[list[np.ndarray], list[list[tuple[int, int]]], list[int], int]:
+    """Steps 2 and 3 of the module docstring: every hypothesis with two or more agreeing
+    detections, (positions, their pairs, the indices of those to score: the best supported per
+    place, the best fitting first among equal support, at most ``max_scored``, map craters tried).
+    ``allowed``: bool [M], the map craters that may seed (None: all)."""
+    cfg, camera = fr.cfg, fr.camera
+    n = len(fr.b)
+    alt = fr.radius_km - MOON_RADIUS_KM
+    boresight = fr.rot[:, 2]
+    order = sorted(range(n), key=lambda i: (bool(fr.lower[i]), -float(fr.diam_px[i])))[:cfg.anchors]
     hyps_p, hyps_pairs, hyps_chi2, n_cand = [], [], [], 0
     for a in order:
         # the loose prefilter assumes a near-nadir camera: the range to the crater about the
@@ -637,10 +798,6 @@ def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, 
             hyps_p.append(p[h])
             hyps_pairs.append(pairs[h])
             hyps_chi2.append(float(chi2[h]) / len(pairs[h]))
-    if n_cand == 0:
-        return LostFix(False, REASONS[4])
-    if not hyps_p:
-        return LostFix(False, REASONS[5], hypotheses=0, candidates=n_cand)
     # the same position is found from several anchors: keep the best-supported per place, the
     # best-fitting first among equal support (only max_scored are scored)
     idx = sorted(range(len(hyps_p)), key=lambda h: (-len(hyps_pairs[h]), hyps_chi2[h]))
@@ -651,27 +808,25 @@ def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, 
             kept.append(h)
         if len(kept) >= cfg.max_scored:
             break
-    scored: list[Hypothesis] = []
-    for h in kept:
-        fit = _refit(fr, cmap, hyps_pairs[h])
+    return hyps_p, hyps_pairs, kept, n_cand
+
+
+def _settled(fit, evaluate, refit) -> Hypothesis | None:
+    """A hypothesis from its first ``fit`` (None: none): assign (``evaluate(fit)`` -> (hypothesis,
+    corrected centres)), refit on the assignment's corrected centres (``refit(pairs, corrected)``
+    -> a fit or None), keep the best, until it settles (at most 4 rounds)."""
+    best = None
+    for _ in range(4):
         if fit is None:
-            continue
-        p, cov = fit
-        best = None
-        for _ in range(4):  # assign, refit on the assignment's corrected centres, keep the best, until it settles
-            llr, pairs, contrib, missed, corrected, inside = score(fr, cmap, p)
-            if best is not None and llr <= best.llr:
-                break
-            best = Hypothesis(p, cov, llr, pairs, contrib, missed, inside)
-            if len(pairs) < 2:
-                break
-            fit = _refit(fr, cmap, pairs, corrected)
-            if fit is None:
-                break
-            p, cov = fit
-        if best is not None:
-            scored.append(best)
-    return decide(scored, cfg, hypotheses=len(hyps_p), candidates=n_cand)
+            break
+        h, corrected = evaluate(fit)
+        if best is not None and h.llr <= best.llr:
+            break
+        best = h
+        if len(h.pairs) < 2:
+            break
+        fit = refit(h.pairs, corrected)
+    return best
 
 
 def _distinct(hs: list[Hypothesis]) -> list[Hypothesis]:
@@ -705,7 +860,7 @@ def decide(scored: list[Hypothesis], cfg: LostConfig, hypotheses: int = 0, candi
     if best.llr - runner < cfg.min_margin:
         return LostFix(False, REASONS[7], **out)
     return LostFix(True, REASONS[0] if frames == 1 else REASONS[1], best.position, best.cov, sorted(best.pairs),
-                   **out)
+                   joins=best.joins, **out)
 
 
 def _gravity(p: np.ndarray) -> np.ndarray:
@@ -769,13 +924,17 @@ def circular_speed_km_s(radius_km: float) -> float:
 @dataclass
 class _Entry:
     """One frame of :class:`WindowFixer`'s window: its time, its fix (as returned, or as declared
-    late), its ``rescore`` callable, and the (position, covariance) it was declared with before any
-    fusion (None while undeclared): fusions use these, never fused fixes."""
+    late), its ``rescore`` callable, the (position, covariance) it was declared with before any
+    fusion (None while undeclared): fusions use these, never fused fixes; its detections
+    (``view``, :func:`frame_view`) and ``link``, the measured displacement from the frame added
+    before it (:class:`trn.nav.motion.Displacement`), for joins by motion."""
 
     t_s: float
     fix: LostFix
     rescore: object = None
     raw: tuple[np.ndarray, np.ndarray] | None = None
+    view: _Frame | None = None
+    link: object = None
 
 
 class WindowFixer:
@@ -793,10 +952,23 @@ class WindowFixer:
     again where two or more declared frames of the window predict it (their velocity, central
     gravity, a 4-sigma gate), and the window decides on both searches' hypotheses (its rivals
     from the whole map stay in the pool). Wherever such a prediction exists, a window's fix must
-    lie within its gate."""
+    lie within its gate.
 
-    def __init__(self, cfg: LostConfig | None = None):
+    With ``cfg.motion_joins``, a map ``cmap`` and, for each frame, its detections (``view``) and
+    its displacement from the frame added before it (``motion``), frames that no shared crater
+    joins are joined by the terrain's motion (:mod:`trn.nav.constellation`): the frames of the
+    last ``motion_window_s`` that an unbroken chain of displacements links to the new frame (at
+    most ``motion_frames``, the nearest first). An undecided frame of them is fixed where a
+    declared one, carried through the displacements, puts it, if at least one of its own
+    detections is assigned there and its own score is positive (the declared frame nearest in
+    time; when the new frame is declared, it decides the undecided earlier ones late); with no
+    declared frame among them, the undecided ones are searched together as one constellation and
+    decided as a window, and each frame of it whose detections the declared hypothesis assigns
+    (one at least, a positive score) is fixed. Such a fix's ``joins`` name the frames it used."""
+
+    def __init__(self, cfg: LostConfig | None = None, cmap: CraterMap | None = None):
         self.cfg = cfg or LostConfig()
+        self.cmap = cmap
         self.history: list[_Entry] = []
         self.late: list[tuple[float, LostFix, float]] = []
 
@@ -815,33 +987,15 @@ class WindowFixer:
                     continue
                 if not set(h.contrib) & set(e.contrib):
                     continue  # the frames must share a crater, identified alike in both
-                combos.append(self._joined(h, e))
+                combos.append(self._joined(h, e, -dt))
         return combos
 
-    def _joined(self, h: Hypothesis, e: Hypothesis) -> Hypothesis:
-        """Two frames' hypotheses as one of the window (module docstring, step 6), at ``h``'s
-        position. A crater seen in both counts once (its better term); a crater predicted in either
-        and never seen counts once. A crater seen in one frame that the other predicts without
-        seeing it keeps that frame's miss as well; where that prediction was certain and deeper
-        inside the frame than the assignment's gate (``inside``), it is not one of the window's
-        craters: the other frame contradicts it. (Counted as seen, a chance match could pair a
-        detection with one map crater in one frame and with a neighbour in the other, and the pair
-        of frames would hold a "third crater" neither frame supports.)"""
-        contrib = dict(e.contrib)
-        for r, c in h.contrib.items():
-            contrib[r] = max(c, contrib.get(r, -np.inf))
-        missed = {r: m for r, m in {**e.missed, **h.missed}.items() if r not in contrib}
-        contradicted: dict[int, float] = {}
-        refuted: set[int] = set()
-        for seen, other in ((h, e), (e, h)):
-            for r in seen.contrib:
-                if r not in other.contrib and r in other.missed:
-                    contradicted[r] = min(contradicted.get(r, 0.0), other.missed[r])
-                    if r in other.inside:
-                        refuted.add(r)
-        llr = float(sum(contrib.values()) + sum(missed.values()) + sum(contradicted.values()))
-        window = {r: c for r, c in contrib.items() if r not in refuted}
-        return Hypothesis(h.position, h.cov, llr, h.pairs, window, missed, h.inside | e.inside)
+    @staticmethod
+    def _joined(h: Hypothesis, e: Hypothesis, dt_s: float) -> Hypothesis:
+        """Two frames' hypotheses as one of the window (:func:`joined_evidence`), at ``h``'s
+        position; ``dt_s``: ``e``'s frame's time less ``h``'s."""
+        llr, window, missed, inside = joined_evidence([h, e])
+        return Hypothesis(h.position, h.cov, llr, h.pairs, window, missed, inside, joins=(Join(dt_s, "crater"),))
 
     def _decide(self, fix: LostFix, combos: list[Hypothesis], pred: tuple[np.ndarray, float] | None = None
                 ) -> LostFix | None:
@@ -902,9 +1056,88 @@ class WindowFixer:
         if fused is not None:
             fix.position, fix.cov = fused[0], fused[1]
 
-    def add(self, t_s: float, radius_km: float, fix: LostFix, rescore=None) -> LostFix:
+    def _linked(self, entries: list[_Entry]) -> list[_Entry]:
+        """The frames of ``entries`` (in time order, the new frame last) that an unbroken chain of
+        displacements joins to the new frame within ``motion_window_s``: the new frame first, then
+        back in time."""
+        out = [entries[-1]]
+        for k in range(len(entries) - 1, 0, -1):
+            e, prev = entries[k], entries[k - 1]
+            if e.link is None or abs(e.link.t0_s - prev.t_s) > 1e-6 or prev.view is None \
+                    or entries[-1].t_s - prev.t_s > self.cfg.motion_window_s:
+                break
+            out.append(prev)
+        return out
+
+    @staticmethod
+    def _offset(entries: list[_Entry], i: int, j: int):
+        """The displacement from ``entries[i]``'s frame to ``entries[j]``'s, chained along the
+        links between them (:meth:`trn.nav.motion.Displacement.then`)."""
+        lo, hi = min(i, j), max(i, j)
+        d = entries[lo + 1].link
+        for k in range(lo + 2, hi + 1):
+            d = d.then(entries[k].link)
+        return d if i < j else d.reversed()
+
+    def _motion_joined(self, entries: list[_Entry]) -> list[tuple[_Entry, LostFix]]:
+        """Frames joined to the new one (``entries[-1]``) by motion and fixed by them (class
+        docstring): (entry, its fix) for each, the new frame's first when it is one of them."""
+        from trn.nav.constellation import Constellation, carried, search
+
+        cfg = self.cfg
+        linked = self._linked(entries)
+        undecided = [e for e in linked if not e.fix.declared]
+        if not undecided or len(linked) < 2:
+            return []
+        declared = [e for e in linked if e.fix.declared]
+        ref = declared[0] if declared else undecided[0]
+        others = sorted((e for e in undecided if e is not ref), key=lambda e: abs(e.t_s - entries[-1].t_s))
+        members = [ref] + others[:cfg.motion_frames - 1]
+        if len(members) < 2:
+            return []
+        at = {id(e): k for k, e in enumerate(entries)}
+        links = [self._offset(entries, at[id(ref)], at[id(m)]) for m in members[1:]]
+        con = Constellation([m.view for m in members], [np.zeros(3)] + [d.d_km for d in links],
+                            [np.zeros((3, 3))] + [d.cov for d in links])
+        if declared:
+            best = carried(con, self.cmap, ref.fix.position, ref.fix.cov)
+            if best is None or np.linalg.norm(best.position - ref.fix.position) > cfg.separation_km:
+                return []  # the declared frame must stay where it was declared
+            runner, found = 0.0, (0, 0)
+        else:
+            dec = search(con, self.cmap)
+            if not dec.declared:
+                return []
+            best, runner, found = dec.best[0], dec.runner_up, (dec.hypotheses, dec.candidates)
+        used = [m for m in best.members if m.own.pairs and m.own.llr > 0]
+        out = []
+        for m in used:
+            e = members[m.index]
+            if e.fix.declared:
+                continue
+            joins = tuple(Join(members[o.index].t_s - e.t_s, "motion") for o in used if o is not m)
+            late = e is not entries[-1]
+            out.append((e, LostFix(True, REASONS[11] if late else REASONS[10], m.own.position, m.own.cov,
+                                   sorted(m.own.pairs), e.fix.hypotheses + found[0], e.fix.candidates + found[1],
+                                   len(m.own.pairs), best.llr, runner, len(used), [m.own], joins)))
+        return sorted(out, key=lambda x: x[0] is not entries[-1])
+
+    def _declare_late(self, h: _Entry, dec: LostFix, t_s: float, raws: list, new: list) -> None:
+        """``h``'s frame declared ``dec`` late, by the frame at ``t_s`` (``raws``: the window's
+        declared fixes, ``new``: the new frame's), fused with the fixes on both sides of it."""
+        h.fix, h.raw = dec, (dec.position, dec.cov)
+        if self.cfg.fuse_declared:  # declared late: the fixes on both sides of it are known
+            self._fuse(dec, h.t_s, raws + new + [(h.t_s, *h.raw)])
+        raws.append((h.t_s, *h.raw))
+        self.late.append((h.t_s, dec, t_s))
+
+    def add(self, t_s: float, radius_km: float, fix: LostFix, rescore=None, view: _Frame | None = None,
+            motion=None) -> LostFix:
         """The frame at ``t_s`` with its fix from the whole map; ``rescore``: a callable of ``near``
-        that returns the frame's identification restricted to that ground (class docstring)."""
+        that returns the frame's identification restricted to that ground (class docstring);
+        ``view``: its detections (:func:`frame_view`) and ``motion``: its displacement from the
+        frame added before it (:class:`trn.nav.motion.Displacement`, None where not measured), for
+        joins by motion."""
         cfg = self.cfg
         self.history = [h for h in self.history if 0 < t_s - h.t_s <= cfg.window_s]
         result = fix
@@ -916,11 +1149,19 @@ class WindowFixer:
                 wider = self._searched_near(fix, rescore, pred)
                 combos = [c for h in self.history for c in self._combos(wider, h.fix, t_s - h.t_s, radius_km)]
                 result = self._decide(wider, combos, pred) or wider
+        new = _Entry(t_s, result, rescore, None, view, motion)
+        moving = cfg.motion_joins and cfg.window_s > 0 and view is not None and self.cmap is not None
+        joined = self._motion_joined(self.history + [new]) if moving and not result.declared else []
+        if joined and joined[0][0] is new:
+            result = new.fix = joined.pop(0)[1]
         raw = (result.position, result.cov) if result.declared else None
         # fusions use the fixes as declared, never fused ones
         raws = [(h.t_s, *h.raw) for h in self.history if h.raw is not None]
+        new_raw = [] if raw is None else [(t_s, *raw)]
         if result.declared and cfg.fuse_declared:
-            self._fuse(result, t_s, raws + [(t_s, *raw)])
+            self._fuse(result, t_s, raws + new_raw)
+        for h, dec in joined:  # earlier frames the new frame's constellation fixed
+            self._declare_late(h, dec, t_s, raws, new_raw)
         if result.declared and cfg.late and cfg.window_s > 0:
             for h in self.history:
                 if not h.fix.declared and (h.fix.best or h.rescore is not None) and h.fix.reason not in REASONS[2:4]:
@@ -933,10 +1174,11 @@ class WindowFixer:
                                                  for c in self._combos(earlier, e, h.t_s - t_e, radius_km)], pred)
                     if dec is not None:
                         dec.reason = REASONS[9]
-                        h.fix, h.raw = dec, (dec.position, dec.cov)
-                        if cfg.fuse_declared:  # declared late: the fixes on both sides of it are known
-                            self._fuse(dec, h.t_s, raws + [(t_s, *raw), (h.t_s, *h.raw)])
-                        raws.append((h.t_s, *h.raw))
-                        self.late.append((h.t_s, dec, t_s))
-        self.history.append(_Entry(t_s, result, rescore, raw))
+                        self._declare_late(h, dec, t_s, raws, new_raw)
+            if moving:  # the declared new frame carried to the undecided frames the motion joins to it
+                new.raw = raw
+                for h, dec in self._motion_joined(self.history + [new]):
+                    self._declare_late(h, dec, t_s, raws, new_raw)
+        new.fix, new.raw = result, raw
+        self.history.append(new)
         return result

@@ -53,6 +53,9 @@ class MotionConfig:
     max_shift_fraction: shifts larger than this fraction of the frame's smaller side are refused
         (too little overlap for a shift).
     iterations: refinements of the translation on the reference sphere (:func:`predict_view`).
+    scale: the frames are resized by this factor before the shift is measured (the camera with
+        them: ``shift_sigma_px`` is then in the resized frame's pixels); 0.5 costs a quarter of
+        the pixels.
     """
 
     shift_sigma_px: float = 0.5
@@ -60,6 +63,7 @@ class MotionConfig:
     min_response: float = 0.05
     max_shift_fraction: float = 0.4
     iterations: int = 4
+    scale: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0 < self.shift_sigma_px <= 50:
@@ -73,6 +77,9 @@ class MotionConfig:
                               "at most 0.5")
         if not 0 <= self.iterations <= 20:
             raise ConfigError(f"image motion iterations={self.iterations!r}: expected 0 to 20")
+        if not 0.05 <= self.scale <= 1.0:
+            raise ConfigError(f"image motion scale={self.scale!r}: expected 0.05 to 1 (a factor the frames are "
+                              "resized by)")
 
 
 @dataclass(frozen=True)
@@ -151,20 +158,77 @@ def predict_view(first: np.ndarray, o1: np.ndarray, rot1: np.ndarray, o2: np.nda
                      borderValue=np.nan)
 
 
-def image_velocity(first: np.ndarray, second: np.ndarray, t1_s: float, t2_s: float, rot1: np.ndarray,
-                   rot2: np.ndarray, radius1_km: float, radius2_km: float, up: np.ndarray, camera: PinholeCamera,
-                   altimeter_sigma_km: float, cfg: MotionConfig = MotionConfig()) -> ImageMotion | None:
-    """Ground velocity between two frames (module docstring): frames ``first`` and ``second`` (grey,
-    the camera's size) at ``t1_s`` < ``t2_s`` with the star tracker's attitudes ``rot1``/``rot2``
-    (camera -> body), the altimeter's distances from the Moon's centre ``radius1_km``/
-    ``radius2_km`` (1 sigma ``altimeter_sigma_km`` each) and ``up``, the local vertical (a rough
-    position suffices: the first lost-in-space fix). None when the shift is not reliable (weak
-    correlation peak, or too large a shift for the frames to overlap)."""
+@dataclass(frozen=True)
+class Displacement:
+    """The spacecraft's displacement between two frames: ``d_km`` [3] from its position at
+    ``t0_s`` to its position at ``t1_s`` (body frame). Its error has two parts: ``cov_km2`` [3, 3],
+    errors independent from one frame pair to the next (the shift's pixel error, the altimeter),
+    and ``relief_km`` [3], the 1-sigma error vector of the terrain's height under the frames (a
+    scale error along the motion), which frame pairs over the same ground share. ``response``: the
+    phase correlation's peak (the weakest of a chain); ``shift_px``: the de-rotated frames' first
+    shift (x, y) in pixels (summed along a chain)."""
+
+    t0_s: float
+    t1_s: float
+    d_km: np.ndarray
+    cov_km2: np.ndarray
+    relief_km: np.ndarray
+    response: float
+    shift_px: tuple[float, float] = (0.0, 0.0)
+
+    @property
+    def cov(self) -> np.ndarray:
+        """The whole covariance [3, 3] km^2 of ``d_km``."""
+        return self.cov_km2 + np.outer(self.relief_km, self.relief_km)
+
+    def then(self, later: Displacement) -> Displacement:
+        """This displacement followed by ``later`` (which must start where this one ends): the
+        independent parts add in variance, the relief parts add as vectors (the same ground's
+        height error, counted once along the whole chain; conservative where the ground changes)."""
+        if abs(later.t0_s - self.t1_s) > 1e-6:
+            raise DataError(f"a chain of displacements must be contiguous: one ends at {self.t1_s} s, the next "
+                            f"starts at {later.t0_s} s")
+        return Displacement(self.t0_s, later.t1_s, self.d_km + later.d_km, self.cov_km2 + later.cov_km2,
+                            self.relief_km + later.relief_km, min(self.response, later.response),
+                            (self.shift_px[0] + later.shift_px[0], self.shift_px[1] + later.shift_px[1]))
+
+    def reversed(self) -> Displacement:
+        """The same displacement from ``t1_s`` back to ``t0_s``."""
+        return Displacement(self.t1_s, self.t0_s, -self.d_km, self.cov_km2, -self.relief_km, self.response,
+                            (-self.shift_px[0], -self.shift_px[1]))
+
+
+def terrain_displacement(first: np.ndarray, second: np.ndarray, t1_s: float, t2_s: float, rot1: np.ndarray,
+                         rot2: np.ndarray, radius1_km: float, radius2_km: float, camera: PinholeCamera,
+                         altimeter_sigma_km: float, cfg: MotionConfig = MotionConfig(),
+                         up: np.ndarray | None = None) -> Displacement | None:
+    """The spacecraft's displacement between two frames from the terrain's motion (module
+    docstring; the inputs as :func:`image_velocity`'s). ``up``: the local vertical; a frame with
+    no position yet (lost in space) takes the boresight's opposite, a nadir-pointing camera: a
+    tilt of the camera by an angle a then costs a scale error of 1 - cos(a) (0.02 % at 1 deg) and
+    a radial error that the altimeter's distance removes wherever the displacement is applied. None
+    when the shift is not reliable."""
+    rot1 = np.asarray(rot1, np.float64)
+    up = -rot1[:, 2] if up is None else up
+    return _translation(first, second, t1_s, t2_s, rot1, rot2, radius1_km, radius2_km, up, camera,
+                        altimeter_sigma_km, cfg)
+
+
+def _translation(first: np.ndarray, second: np.ndarray, t1_s: float, t2_s: float, rot1: np.ndarray,
+                 rot2: np.ndarray, radius1_km: float, radius2_km: float, up: np.ndarray, camera: PinholeCamera,
+                 altimeter_sigma_km: float, cfg: MotionConfig) -> Displacement | None:
+    """The camera's translation between two frames (module docstring, steps 1-3) with its error
+    in two parts (:class:`Displacement`)."""
     dt = float(t2_s - t1_s)
     if not dt > 0:
         raise ConfigError(f"image motion: frames at {t1_s} s and {t2_s} s; the second must be later")
     a = _checked("the first frame", first, camera)
     b = _checked("the second frame", second, camera)
+    if cfg.scale != 1.0:  # the same field of view on fewer pixels
+        size = (max(8, round(camera.width * cfg.scale)), max(8, round(camera.height * cfg.scale)))
+        a = cv2.resize(a, size, interpolation=cv2.INTER_AREA)
+        b = cv2.resize(b, size, interpolation=cv2.INTER_AREA)
+        camera = PinholeCamera(size[0], size[1], camera.fov_deg)
     rot1, rot2 = np.asarray(rot1, np.float64), np.asarray(rot2, np.float64)
     up = np.asarray(up, np.float64) / np.linalg.norm(up)
     c = float(up @ rot1[:, 2])  # the boresight's vertical component (about -1 looking down)
@@ -199,11 +263,29 @@ def image_velocity(first: np.ndarray, second: np.ndarray, t1_s: float, t2_s: flo
             break
     d = place(h) - o1
     d_xy = rot1[:, :2].T @ d
-    # covariance: the shift's pixel error and the terrain's height (a scale error) across the
-    # vertical, the altimeter along it:  d = J_xy d_xy + J_r dr
+    # covariance: the shift's pixel error across the vertical and the altimeter along it (independent
+    # per pair), and the terrain's height, a scale error of the horizontal part:  d = J_xy d_xy + J_r dr
     j_xy = rot1[:, :2] - np.outer(rot1[:, 2], up @ rot1[:, :2]) / c
     j_r = rot1[:, 2] / c
-    rel = cfg.relief_sigma_km / depth
-    cov_xy = (depth * cfg.shift_sigma_px / f) ** 2 * np.eye(2) + rel ** 2 * np.outer(d_xy, d_xy)
-    cov = j_xy @ cov_xy @ j_xy.T + 2.0 * altimeter_sigma_km ** 2 * np.outer(j_r, j_r)
-    return ImageMotion(d / dt, cov / dt ** 2, 0.5 * (t1_s + t2_s), (dx, dy), response)
+    cov = (depth * cfg.shift_sigma_px / f) ** 2 * (j_xy @ j_xy.T) + 2.0 * altimeter_sigma_km ** 2 * np.outer(j_r, j_r)
+    relief = j_xy @ (cfg.relief_sigma_km / depth * d_xy)
+    return Displacement(float(t1_s), float(t2_s), d, cov, relief, float(response),
+                        (float(dx) / cfg.scale, float(dy) / cfg.scale))
+
+
+def image_velocity(first: np.ndarray, second: np.ndarray, t1_s: float, t2_s: float, rot1: np.ndarray,
+                   rot2: np.ndarray, radius1_km: float, radius2_km: float, up: np.ndarray, camera: PinholeCamera,
+                   altimeter_sigma_km: float, cfg: MotionConfig = MotionConfig()) -> ImageMotion | None:
+    """Ground velocity between two frames (module docstring): frames ``first`` and ``second`` (grey,
+    the camera's size) at ``t1_s`` < ``t2_s`` with the star tracker's attitudes ``rot1``/``rot2``
+    (camera -> body), the altimeter's distances from the Moon's centre ``radius1_km``/
+    ``radius2_km`` (1 sigma ``altimeter_sigma_km`` each) and ``up``, the local vertical (a rough
+    position suffices: the first lost-in-space fix). None when the shift is not reliable (weak
+    correlation peak, or too large a shift for the frames to overlap)."""
+    m = _translation(first, second, t1_s, t2_s, rot1, rot2, radius1_km, radius2_km, up, camera,
+                     altimeter_sigma_km, cfg)
+    if m is None:
+        return None
+    dt = float(t2_s - t1_s)
+    # the shift (dx, dy) of the first guess is reported as measured
+    return ImageMotion(m.d_km / dt, m.cov / dt ** 2, 0.5 * (t1_s + t2_s), m.shift_px, m.response)

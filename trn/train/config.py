@@ -21,15 +21,13 @@ from pathlib import Path
 
 import yaml
 
-from trn.data.augment import AugmentConfig
-from trn.data.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION
+from trn.data.datasets.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION
+from trn.data.views.augment import AugmentConfig
 from trn.errors import ConfigError
 from trn.models.descriptor import DescriptorConfig, model_config
 from trn.train.losses import loss_spec
 from trn.train.mars import MarsConfig
-from trn.yamlio import load_yaml as _yaml
-from trn.yamlio import strict_fields as _strict
-from trn.yamlio import typename as _typename
+from trn.yamlio import load_yaml as _yaml, strict_fields as _strict, typename as _typename
 
 DATA_KINDS = ("auto", "luna1", "hirise", "folder")
 OPTIMIZERS = ("adam", "adamw")
@@ -337,7 +335,7 @@ def resolve_kind(cfg: TrainConfig) -> TrainConfig:
         return cfg
     import logging
 
-    from trn.data.landmarks import detect_kind
+    from trn.data.datasets.landmarks import detect_kind
 
     kind = detect_kind(cfg.data.path)
     logging.getLogger(__name__).info("%s: detected dataset kind %r", cfg.data.path, kind)

@@ -27,8 +27,8 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from trn.data.augment import Draw, apply
-from trn.data.landmarks import is_frame_view
+from trn.data.datasets.landmarks import is_frame_view
+from trn.data.views.augment import Draw, apply
 from trn.errors import ConfigError, DataError
 # load_descriptor stays importable from here (trn.train.loop.load_descriptor) for existing callers
 from trn.models.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_checked, load_descriptor, load_state,
@@ -198,7 +198,7 @@ def _val_orbit(cfg: TrainConfig):
     """(dataset, boxes) of the validation orbit, or None."""
     if not cfg.data.val_orbit:
         return None
-    from trn.data.luna1 import read_luna1
+    from trn.data.datasets.luna1 import read_luna1
     from trn.sim.pairs import navigation_boxes
     from trn.sim.scenarios import ScenarioSettings
 

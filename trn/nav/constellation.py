@@ -1,0 +1,222 @@
+"""Frames joined by the terrain's motion, identified as one rigid constellation of craters.
+
+A frame of two craters alone has chance rivals in a map of tens of thousands: a third crater is
+what rules them out (``docs/lost_in_space.md``). When the neighbouring frames share no crater with
+it, the window of :class:`trn.nav.lost.WindowFixer` cannot add theirs; but the terrain's motion
+between the frames (:func:`trn.nav.motion.terrain_displacement`) says where the spacecraft moved,
+so their detections are lines of sight from known places relative to this frame's, and the frames'
+craters form one constellation. Here:
+
+1. **The constellation.** Frames (``views``: each one's detections, attitude, altimeter and Sun,
+   :func:`trn.nav.lost.frame_view`) and each frame's offset from the first one's position (the
+   chained displacements, with their covariance). Every detection keeps its own frame's line of
+   sight and is seen from that frame's place.
+2. **Hypotheses** (:func:`search`) as for one frame (:mod:`trn.nav.lost`, steps 2-3): an anchor
+   detection of any frame and a map crater fix the reference position; every other detection,
+   seen from its frame's offset place, supports it within a tolerance widened by the offsets'
+   sigmas.
+3. **The fit** (:func:`joint_fit`): the reference position and each joined frame's displacement
+   error are fitted together to every assigned line of sight by weighted least squares, the
+   displacement errors held by their measured covariance (a prior), so that a frame's detections
+   share one displacement error. The fix's covariance is the fit's marginal: the motion's
+   uncertainty is carried into it.
+4. **The score.** Each frame is scored where the reference hypothesis and its displacement put it
+   (:func:`trn.nav.lost.score`), the displacement's covariance projected into the frame widening
+   each predicted crater's pixel error, and the frames' scores are joined as a window's
+   (:func:`trn.nav.lost.joined_evidence`: a crater seen in several frames counts once, a crater
+   one frame sees and another predicts without seeing keeps that miss).
+5. **Deciding.** :func:`search` decides as a window does (the distinct craters of the
+   constellation, the score and the margin over other places); :func:`carried` scores one place
+   only, a declared frame's fix carried through the displacements, and the window decides from
+   each frame's own evidence there (:class:`trn.nav.lost.WindowFixer`).
+
+Units km, frames body-fixed, as :mod:`trn.nav.lost`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from trn.errors import DataError
+from trn.geometry import MOON_RADIUS_KM
+from trn.nav.fix import pixel_bearings
+from trn.nav.lost import (REASONS, CraterMap, Hypothesis, LostFix, Member, _Frame, _seeded, _settled,
+                          _with_altimeter, decide, joined_evidence, score)
+
+
+@dataclass(frozen=True)
+class _Fit:
+    """The reference frame's position [3] and covariance [3, 3], and each member's (position,
+    covariance), from :func:`joint_fit` (or a carried fix)."""
+
+    position: np.ndarray
+    cov: np.ndarray
+    members: tuple[tuple[np.ndarray, np.ndarray], ...]
+
+
+class Constellation:
+    """Frames joined by measured displacements (module docstring, step 1). ``views``: the frames
+    (:func:`trn.nav.lost.frame_view`), the first the reference; ``offsets`` [3] km: each frame's
+    position less the reference's (the first: zeros); ``covs`` [3, 3] km^2: each offset's
+    covariance (the first: zeros). ``merged``: all detections as one frame (each with its frame's
+    offset, offset sigma and altimeter), ``member_of`` / ``local``: each merged detection's frame
+    and its index there; ``moved``: each frame's view with its offset's covariance, the edge
+    margin of its predictions widened by two pixel sigmas of it."""
+
+    def __init__(self, views: list[_Frame], offsets: list[np.ndarray], covs: list[np.ndarray]):
+        if not views or not len(views) == len(offsets) == len(covs):
+            raise DataError(f"a constellation needs one offset and one covariance per frame (frames {len(views)}, "
+                            f"offsets {len(offsets)}, covariances {len(covs)}), at least one frame")
+        self.views = views
+        self.offsets = [np.asarray(o, np.float64).reshape(3) for o in offsets]
+        self.covs = [np.asarray(c, np.float64).reshape(3, 3) for c in covs]
+        ref = views[0]
+        sizes = [len(v.b) for v in views]
+        self.member_of = np.repeat(np.arange(len(views)), sizes)
+        self.local = np.concatenate([np.arange(k) for k in sizes])
+        self.start = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+        sigma = [float(np.sqrt(max(np.linalg.eigvalsh(c).max(), 0.0))) for c in self.covs]
+        sims = [v.sims for v in views]
+        cat = np.concatenate
+        self.merged = replace(
+            ref, boxes=cat([v.boxes for v in views]), centres=cat([v.centres for v in views]),
+            diam_px=cat([v.diam_px for v in views]), lower=cat([v.lower for v in views]),
+            sig_px=cat([v.sig_px for v in views]), b=cat([v.b for v in views]),
+            sig_rad=cat([v.sig_rad for v in views]), sims=None if any(x is None for x in sims) else cat(sims),
+            off=np.repeat(np.array(self.offsets), sizes, axis=0), off_sigma_km=np.repeat(sigma, sizes),
+            radii_km=np.repeat([v.radius_km for v in views], sizes))
+        alt = ref.radius_km - MOON_RADIUS_KM
+        self.moved = [v if m == 0 else replace(
+            v, motion_cov=self.covs[m],
+            rule=replace(v.rule, edge_px=v.rule.edge_px + 2.0 * sigma[m] * v.camera.focal_px / max(alt, 1.0)))
+            for m, v in enumerate(views)]
+
+    def __len__(self) -> int:
+        return len(self.views)
+
+    def merged_index(self, member: int, j: int) -> int:
+        return int(self.start[member] + j)
+
+    def placed(self, position: np.ndarray, m: int) -> np.ndarray:
+        """Where frame ``m`` was when the reference was at ``position``: the offset added, then
+        put at that frame's altimeter distance (a displacement measured with the nadir taken for
+        the vertical carries a small radial error that the altimeter removes)."""
+        q = position + self.offsets[m]
+        return q * (self.views[m].radius_km / float(np.linalg.norm(q)))
+
+
+def joint_fit(con: Constellation, cmap: CraterMap, pairs: list[tuple[int, int]], start: np.ndarray,
+              corrected: dict | None = None, iterations: int = 3) -> _Fit | None:
+    """Module docstring, step 3: the reference position and every joined frame's displacement
+    error, fitted to the assigned lines of sight ``pairs`` (merged detection, map row) by weighted
+    least squares, each displacement error held by its covariance. ``start``: the reference
+    position the ranges (and so the weights) are first taken from; ``corrected``: merged
+    detection -> its corrected centre px (:func:`trn.nav.lost.score`), else the first guesses.
+    Each line of sight of frame m constrains ``p + D_m + e_m`` (p the reference position, D_m the
+    offset, e_m its error, e_0 = 0) to pass through its landmark; the normal equations hold p and
+    every e_m of a frame with pairs. Frames without pairs are placed by their offset alone. The
+    positions are then updated with each frame's altimeter. None when the lines of sight do not fix
+    a position."""
+    if len(pairs) < 2:
+        return None
+    sig = con.views[0].sig
+    det = np.array([a for a, _ in pairs])
+    member = con.member_of[det]
+    lm = cmap.positions[[r for _, r in pairs]]
+    b = np.zeros((len(pairs), 3))
+    sig_rad = np.zeros(len(pairs))
+    for i, a in enumerate(det):
+        v = con.views[member[i]]
+        if corrected and a in corrected:
+            b[i] = pixel_bearings(corrected[a][None], v.camera, v.rot)[0]
+            sig_rad[i] = np.hypot(sig.pixel / v.camera.focal_px, sig.attitude_rad)
+        else:
+            b[i] = con.merged.b[a]
+            sig_rad[i] = con.merged.sig_rad[a]
+    fitted = sorted({int(m) for m in member if m != 0})
+    slot = {m: 3 * (k + 1) for k, m in enumerate(fitted)}
+    size = 3 * (len(fitted) + 1)
+    target = lm - np.array([con.offsets[m] for m in member])  # where p must see each landmark from
+    prior = {m: np.linalg.inv(con.covs[m] + 1e-9 * np.eye(3)) for m in fitted}
+    x = np.zeros(size)
+    x[:3] = start
+    for _ in range(iterations):
+        here = x[:3] + np.array([x[slot[m]:slot[m] + 3] if m else np.zeros(3) for m in member])
+        r = np.maximum(np.linalg.norm(target - here, axis=1), 1e-6)
+        w = 1.0 / ((r * sig_rad) ** 2 + sig.landmark_km ** 2)
+        a = np.zeros((size, size))
+        y = np.zeros(size)
+        for i in range(len(pairs)):
+            proj = w[i] * (np.eye(3) - np.outer(b[i], b[i]))
+            idx = [0] if member[i] == 0 else [0, slot[member[i]]]
+            for s0 in idx:
+                y[s0:s0 + 3] += proj @ target[i]
+                for s1 in idx:
+                    a[s0:s0 + 3, s1:s1 + 3] += proj
+        for m in fitted:
+            a[slot[m]:slot[m] + 3, slot[m]:slot[m] + 3] += prior[m]
+        if np.linalg.cond(a) > 1e12:
+            return None
+        x = np.linalg.solve(a, y)
+    cov = np.linalg.inv(a)
+    p, cov_p = _with_altimeter(x[:3], (cov[:3, :3] + cov[:3, :3].T) / 2.0, con.views[0].radius_km, sig.range_km)
+    members = []
+    for m, v in enumerate(con.views):
+        if m == 0:
+            members.append((p, cov_p))
+            continue
+        if m in slot:
+            s = slot[m]
+            pos = x[:3] + x[s:s + 3] + con.offsets[m]
+            c = cov[:3, :3] + cov[:3, s:s + 3] + cov[s:s + 3, :3] + cov[s:s + 3, s:s + 3]
+        else:
+            pos, c = x[:3] + con.offsets[m], cov[:3, :3] + con.covs[m]
+        members.append(_with_altimeter(pos, (c + c.T) / 2.0, v.radius_km, sig.range_km))
+    return _Fit(p, cov_p, tuple(members))
+
+
+def evaluate(con: Constellation, cmap: CraterMap, fit: _Fit) -> tuple[Hypothesis, dict]:
+    """Module docstring, step 4: the constellation's hypothesis at ``fit`` (each frame scored where
+    the reference position and its offset put it) and the corrected centres of its merged
+    detections."""
+    parts, corrected, pairs, members = [], {}, [], []
+    for m, v in enumerate(con.moved):
+        llr, own, contrib, missed, cor, inside = score(v, cmap, con.placed(fit.position, m))
+        parts.append(Hypothesis(fit.members[m][0], fit.members[m][1], llr, own, contrib, missed, inside))
+        pairs += [(con.merged_index(m, j), r) for j, r in own]
+        corrected |= {con.merged_index(m, j): c for j, c in cor.items()}
+        members.append(Member(m, parts[-1]))
+    llr, window, missed, inside = joined_evidence(parts)
+    return Hypothesis(fit.position, fit.cov, llr, pairs, window, missed, inside, members=tuple(members)), corrected
+
+
+def search(con: Constellation, cmap: CraterMap) -> LostFix:
+    """Module docstring, steps 2-5: the constellation identified against the whole map, decided
+    as a window of ``len(con)`` frames (:func:`trn.nav.lost.decide`); the declared fix is the
+    reference frame's, its best hypotheses carry every frame as a :class:`trn.nav.lost.Member`."""
+    fr = con.merged
+    hyps_p, hyps_pairs, kept, n_cand = _seeded(fr, cmap, fr.sims, None)
+    if n_cand == 0:
+        return LostFix(False, REASONS[4])
+    if not hyps_p:
+        return LostFix(False, REASONS[5], hypotheses=0, candidates=n_cand)
+    scored = []
+    for k in kept:
+        fit = joint_fit(con, cmap, hyps_pairs[k], hyps_p[k])
+        h = _settled(fit, lambda f: evaluate(con, cmap, f),
+                     lambda pairs, cor, p0=hyps_p[k]: joint_fit(con, cmap, pairs, p0, cor))
+        if h is not None:
+            scored.append(h)
+    return decide(scored, fr.cfg, hypotheses=len(hyps_p), candidates=n_cand, frames=len(con))
+
+
+def carried(con: Constellation, cmap: CraterMap, position: np.ndarray, cov: np.ndarray) -> Hypothesis | None:
+    """The constellation's hypothesis at one place: the reference frame's declared fix
+    (``position`` [3] km, ``cov`` [3, 3] km^2) carried to every frame through its offset, then
+    assigned and refitted until it settles (module docstring, step 5). None when nothing is
+    assigned."""
+    start = _Fit(position, cov, tuple((con.placed(position, m), cov + con.covs[m]) for m in range(len(con))))
+    return _settled(start, lambda f: evaluate(con, cmap, f),
+                    lambda pairs, cor: joint_fit(con, cmap, pairs, position, cor))
