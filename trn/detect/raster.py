@@ -63,7 +63,7 @@ def _grey(img: np.ndarray, path: Path) -> np.ndarray:
         code = {3: cv2.COLOR_BGR2GRAY, 4: cv2.COLOR_BGRA2GRAY}.get(img.shape[2])
         img = img[:, :, 0] if code is None else cv2.cvtColor(img, code)
     if img.ndim != 2 or min(img.shape) < 8:
-        raise DataError(f"frame has shape {img.shape}; the detector takes a grey image of at least 8 x 8 pixels", path)
+        raise DataError(f"image has shape {img.shape}; the detector takes a grey image of at least 8 x 8 pixels", path)
     return img
 
 

@@ -200,7 +200,7 @@ class ArraySource(WindowSource):
     def __init__(self, image: np.ndarray, nodata: float | None = None):
         a = np.asarray(image)
         if a.ndim != 2 or min(a.shape) < 8:
-            raise DataError(f"frame has shape {a.shape}; the detector takes a grey image of at least 8 x 8 pixels")
+            raise DataError(f"image has shape {a.shape}; the detector takes a grey image of at least 8 x 8 pixels")
         self.image, self.nodata, self.shape = a, nodata, (int(a.shape[0]), int(a.shape[1]))
 
     def read(self, r0: int, r1: int, c0: int, c1: int) -> tuple[np.ndarray, np.ndarray | None]:
