@@ -11,9 +11,12 @@ and refuses any file whose hash differs; :func:`verify_set` re-checks a copy.
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from trn.errors import ConfigError, DataError
 
@@ -153,3 +156,124 @@ def verify_set(name: str, root: Path) -> list[str]:
         elif sha256_file(f) != digest:
             problems.append(f"{rel}: SHA-256 differs from the catalogue")
     return problems
+
+
+# ---------------------------------------------------------------------------------------------
+# Labelled images of a set, their split, and training frames cut from them
+
+OBSERVATION = re.compile(r"M\d+")
+
+# craterdanet-nac, split by NAC observation (docs/real_crater_sets.md says which and why): an
+# observation's every file is in one split, and observations whose numbers (mission elapsed
+# seconds) lie within a day of each other are in the same split (neighbouring orbits: the same
+# Sun, possibly the same ground)
+CRATERDANET_NAC_SPLIT = {
+    **dict.fromkeys(("M1303619844", "M1303640934", "M1305967189", "M1309534046"), "test"),
+    **dict.fromkeys(("M115143943", "M161142858", "M161149639"), "val"),
+    **dict.fromkeys(("M1155395732", "M1183658592", "M1229577647", "M1231933714", "M1266003170", "M1275410097",
+                     "M134022629", "M180000082", "M180007222"), "train"),
+}
+
+SET_SPLITS = {"craterdanet-nac": CRATERDANET_NAC_SPLIT}
+
+
+@dataclass(frozen=True)
+class RealImage:
+    """One labelled image of a set: path of its PNG; observation (NAC ``M`` number); split; boxes
+    float32 [k, 4] (l, r, t, b) in its pixels (x = column, y = row)."""
+
+    path: Path
+    observation: str
+    split: str
+    boxes: np.ndarray
+
+
+def observation_of(path: str | Path) -> str:
+    """The NAC observation a file of the set comes from: the ``M`` and digits its name starts with."""
+    m = OBSERVATION.match(Path(path).name)
+    if m is None:
+        raise DataError("names no NAC observation (expected a name starting with M and digits)", Path(path))
+    return m.group(0)
+
+
+def read_boxes(path: str | Path) -> np.ndarray:
+    """float32 [k, 4] (l, r, t, b) px of a CraterDANet label file: a header, then one box a line as
+    ``ID, X, Y, W, H, C_X, CY`` (top-left corner, width, height, centre), separated by commas or
+    tabs. A line that is not seven numbers, or a box of no width or height, is refused by line."""
+    path = Path(path)
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines()[1:], start=2):
+        if not line.strip():
+            continue
+        parts = re.split(r"[,\t]", line.strip())
+        try:
+            _, x, y, w, h = (float(v) for v in parts[:5])
+        except ValueError:
+            raise DataError(f"line {n} is not ID, X, Y, W, H, C_X, CY numbers: {line.strip()[:60]!r}", path) from None
+        if len(parts) != 7 or not (w > 0 and h > 0):
+            raise DataError(f"line {n}: expected 7 fields with W, H > 0, got {line.strip()[:60]!r}", path)
+        rows.append((x, x + w, y, y + h))
+    return np.array(rows, np.float32).reshape(-1, 4)
+
+
+def real_images(name: str, root: str | Path, split: str | None = None) -> list[RealImage]:
+    """The labelled PNG images of set ``name`` under ``root`` (a checked copy), with their split
+    (all splits when ``split`` is None), sorted by path."""
+    s = real_set(name)
+    splits = SET_SPLITS[name]
+    out = []
+    for rel in sorted(p for p in s.files if p.endswith(".png")):
+        obs = observation_of(rel)
+        if split is not None and splits[obs] != split:
+            continue
+        png = Path(root) / rel
+        if not png.is_file():
+            raise DataError(f"missing; copy the set with trn-detect real-set {name} --from SNAPSHOT --out {root}", png)
+        out.append(RealImage(png, obs, splits[obs], read_boxes(png.with_suffix(".txt"))))
+    return out
+
+
+def write_tile_frames(images: list[RealImage], out: str | Path, factor: float, size: int = 256,
+                      overlap: int = 64, min_box: float = 4.0) -> Path:
+    """A detector data directory (the labels format :func:`trn.detect.train.load_frames` reads) of
+    the tiles of ``images`` at ``factor`` network px per image px: each image resized by
+    ``factor`` and cut into ``size`` px tiles (``overlap`` px shared, the last tile of a row or
+    column ending at the image edge), a tile being one frame of ``size`` px, already at the
+    network's input size, in the split of its image. A box is in the tile that holds its centre,
+    clipped to the tile (``clipped`` set) and kept when both sides are at least ``min_box`` px
+    there. Frames have no altitude, Sun or position (0): the set has no georeference."""
+    import cv2
+
+    from trn.data.datasets import luna1
+    from trn.data.datasets.labels import LabelledBox, LabelledFrame, write_labels
+    from trn.detect.tiles import _starts
+
+    out = Path(out)
+    (out / luna1.NAV_IMAGES).mkdir(parents=True, exist_ok=True)
+    frames, n = [], 0
+    for im in images:
+        a = cv2.imread(str(im.path), cv2.IMREAD_GRAYSCALE)
+        if a is None:
+            raise DataError("is not a readable image", im.path)
+        h0, w0 = a.shape
+        h, w = (max(size, int(round(v * factor))) for v in (h0, w0))
+        a = cv2.resize(a, (w, h), interpolation=cv2.INTER_AREA if factor < 1 else cv2.INTER_LINEAR)
+        b = im.boxes * np.array([w / w0, w / w0, h / h0, h / h0], np.float32)
+        cx, cy = (b[:, 0] + b[:, 1]) / 2, (b[:, 2] + b[:, 3]) / 2
+        for y in _starts(h, size, overlap):
+            for x in _starts(w, size, overlap):
+                y0, x0 = int(y), int(x)
+                inside = (cx >= x0) & (cx < x0 + size) & (cy >= y0) & (cy < y0 + size)
+                t = b[inside] - np.array([x0, x0, y0, y0], np.float32)
+                c = np.clip(t, 0, size)
+                keep = (c[:, 1] - c[:, 0] >= min_box) & (c[:, 3] - c[:, 2] >= min_box)
+                clipped = (t != c).any(axis=1)
+                boxes = tuple(LabelledBox(int(k), tuple(int(round(v)) for v in c[k]), 0.0, 0.0, bool(clipped[k]))
+                              for k in np.nonzero(keep)[0])
+                boxes = tuple(bx for bx in boxes if bx.box[1] > bx.box[0] and bx.box[3] > bx.box[2])
+                cv2.imwrite(str(out / luna1.NAV_IMAGES / f"{n}.png"), a[y0:y0 + size, x0:x0 + size])
+                frames.append(LabelledFrame(n, im.split, 0, 0.0, 0.0, 0.0, 0.0, boxes))
+                n += 1
+    settings = {"kind": "real-set tiles", "images": [str(im.path) for im in images], "factor": factor,
+                "tile_px": size, "overlap_px": overlap, "min_box_px": min_box}
+    return write_labels(out, settings, frames)
