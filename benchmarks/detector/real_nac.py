@@ -73,16 +73,46 @@ def runners(names: list[str], model, export: Path | None) -> dict:
 def score_split(maps, images, factor: float, input_size: int) -> tuple[list, float]:
     import cv2
 
-    matches, t0, tiles = [], time.perf_counter(), 0
+    matches, dets, t0, tiles = [], [], time.perf_counter(), 0
     for im in images:
         a = cv2.imread(str(im.path), cv2.IMREAD_GRAYSCALE)
         run = detect_tiled(maps, ArraySource(a), ImageScale(factor, "--factor"), input_size, STRIDE, 0.01,
                            progress=False)
         tiles += run.tiles
         matches.append(match_frame(run.detections.boxes, run.detections.scores, im.boxes))
+        dets.append(run.detections)
         logging.info("%s: %d tiles, %d boxes above 0.01, %d labels", im.path.name, run.tiles,
                      len(run.detections.scores), len(im.boxes))
-    return matches, time.perf_counter() - t0
+    return matches, dets, time.perf_counter() - t0
+
+
+def _side(b: np.ndarray) -> np.ndarray:
+    return np.sqrt(np.maximum(b[:, 1] - b[:, 0], 0) * np.maximum(b[:, 3] - b[:, 2], 0))
+
+
+def errors(images, matches, dets, threshold: float) -> dict:
+    """What the errors are at ``threshold``: false detections by box side, and missed labels split
+    into those a kept detection overlaps at IoU 0.3 to 0.5 (found, box off) and the rest."""
+    from trn.detect.boxes import iou_matrix
+    from trn.detect.evaluate import label_hits
+
+    fp_side, loose, unseen, miss_side = [], 0, 0, []
+    for im, m, d in zip(images, matches, dets):
+        kept = d.scores >= threshold
+        fp_side.append(_side(d.boxes[kept & ~m.det_hit]))
+        missed = ~label_hits(m, threshold)
+        miss_side.append(_side(im.boxes[missed]))
+        if missed.any() and kept.any():
+            best = iou_matrix(im.boxes[missed], d.boxes[kept]).max(axis=1)
+            loose += int((best >= 0.3).sum())
+            unseen += int((best < 0.3).sum())
+        else:
+            unseen += int(missed.sum())
+    fp, ms = np.concatenate(fp_side), np.concatenate(miss_side)
+    bins = list(zip(SIZE_EDGES[:-1], SIZE_EDGES[1:]))
+    return {"false_by_side_px": {f"{lo:g}-{hi:g}": int(((fp >= lo) & (fp < hi)).sum()) for lo, hi in bins},
+            "missed_by_side_px": {f"{lo:g}-{hi:g}": int(((ms >= lo) & (ms < hi)).sum()) for lo, hi in bins},
+            "missed_with_a_box_at_iou_0.3_to_0.5": loose, "missed_with_none": unseen}
 
 
 def by_size(images, matches, threshold: float) -> list[dict]:
@@ -117,14 +147,15 @@ def cmd_score(args) -> int:
            "labels": int(sum(len(im.boxes) for im in images)), "factor": args.factor,
            "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"), "runners": {}}
     for name, maps in runners(args.runners.split(","), model, args.export).items():
-        matches, secs = score_split(maps, images, args.factor, model.cfg.input_size)
+        matches, dets, secs = score_split(maps, images, args.factor, model.cfg.input_size)
         best = best_f1_threshold(matches)
         thr = args.threshold if args.threshold is not None else best
         s = summarise(matches, thr).to_dict()
         doc["runners"][name] = {"threshold": thr, "threshold_from": "--threshold" if args.threshold is not None
                                 else f"best F1 on this {args.split} split", "best_f1_threshold": best,
                                 "shipped_threshold": chosen_threshold(meta), **s,
-                                "recall_by_side": by_size(images, matches, thr), "seconds": round(secs, 1)}
+                                "recall_by_side": by_size(images, matches, thr),
+                                "errors": errors(images, matches, dets, thr), "seconds": round(secs, 1)}
         print(f"{name}: threshold {thr} P {s['precision']:.4f} R {s['recall']:.4f} F1 {s['f1']:.4f} "
               f"AP@0.5 {s['ap50']:.4f} (best-F1 threshold here {best}; {secs:.0f} s)")
     if args.json:
