@@ -54,3 +54,19 @@ def test_nms_keeps_the_best_of_overlapping_boxes():
     boxes = np.array([[0, 10, 0, 10], [1, 11, 0, 10], [30, 40, 30, 40]], float)
     kept = nms_boxes(boxes, np.array([0.5, 0.9, 0.4]), 0.5)
     assert kept.tolist() == [1, 2]
+
+
+def test_detections_on_ignored_labels_count_neither_way() -> None:
+    from trn.detect.evaluate import match_frame_ignoring
+
+    gt = np.array([[0, 10, 0, 10]], np.float32)
+    ignored = np.array([[50, 70, 50, 70]], np.float32)
+    det = np.array([[0, 10, 0, 10], [50, 70, 51, 70], [100, 110, 100, 110]], np.float32)
+    scores = np.array([0.9, 0.8, 0.7])
+    m = match_frame_ignoring(det, scores, gt, ignored)
+    # the detection on the ignored crater is left out: one hit, one false detection, one label
+    assert m.scores.tolist() == [0.9, 0.7] and m.det_hit.tolist() == [True, False] and m.gt_hit.tolist() == [True]
+    s = summarise([m], 0.5)
+    assert (s.precision, s.recall) == (0.5, 1.0)
+    plain = match_frame(det, scores, gt)
+    assert summarise([plain], 0.5).precision == pytest.approx(1 / 3)

@@ -147,6 +147,11 @@ def _eval(args) -> int:
             continue
         print(f"  {key.replace('_', ' ')}: " + "; ".join(
             f"{r['bin']} {r['hits']}/{r['count']}" for r in rep[key]))
+    if "relief_visible" in rep:
+        v = rep["relief_visible"]
+        print(f"  relief-visible labels (wall contrast >= {v['min_contrast']}: {v['labels_visible']} kept, "
+              f"{v['labels_ignored']} ignored): precision {v['precision']:.4f}, recall {v['recall']:.4f}, "
+              f"F1 {v['f1']:.4f}; AP@0.5 {v['ap50']:.4f}")
     fp = rep["false_positives"]
     print(f"  false positives: {fp['total']} ({fp['outside_catalogue_ranges']} outside the catalogues' ranges, "
           f"{fp['inside_catalogue_ranges']} inside); precision within the ranges "

@@ -43,6 +43,22 @@ def match_frame(det_boxes: np.ndarray, scores: np.ndarray, gt_boxes: np.ndarray,
     return FrameMatch(scores, det_hit, det_label, gt_hit)
 
 
+def match_frame_ignoring(det_boxes: np.ndarray, scores: np.ndarray, gt_boxes: np.ndarray, ignored: np.ndarray,
+                         iou_threshold: float = 0.5) -> FrameMatch:
+    """:func:`match_frame` against the labels ``gt_boxes`` with ``ignored`` labels [K, 4] that count
+    neither way: a detection that matches no label but reaches an ignored one at ``iou_threshold``
+    is left out (neither a hit nor a false detection), as COCO treats its crowd regions."""
+    det_boxes = np.asarray(det_boxes, np.float32).reshape(-1, 4)
+    scores = np.asarray(scores, np.float64).reshape(-1)
+    m = match_frame(det_boxes, scores, gt_boxes, iou_threshold)
+    ignored = np.asarray(ignored, np.float32).reshape(-1, 4)
+    if not len(ignored) or not scores.size:
+        return m
+    near = iou_matrix(det_boxes, ignored).max(axis=1) >= iou_threshold
+    keep = m.det_hit | ~near
+    return match_frame(det_boxes[keep], scores[keep], gt_boxes, iou_threshold)
+
+
 def average_precision(scores: np.ndarray, hits: np.ndarray, n_labels: int) -> float:
     """COCO AP: precision made monotone (the best precision at any higher recall), read at the 101
     recall points 0, 0.01, ..., 1 (0 where that recall is never reached), averaged. NaN when there

@@ -20,7 +20,7 @@ import torch
 from trn.data.catalogues.catalogue import UnionRule
 from trn.data.datasets.labels import DetectionLabels, LabelledFrame
 from trn.detect.boxes import Detections, decode, preprocess_frame
-from trn.detect.evaluate import FrameMatch, binned, label_hits, match_frame, summarise
+from trn.detect.evaluate import FrameMatch, binned, label_hits, match_frame, match_frame_ignoring, summarise
 from trn.detect.model import STRIDE, CraterDetector
 
 DIAMETER_EDGES = [0.0, 10.0, 20.0, 40.0, math.inf]
@@ -100,6 +100,30 @@ def evaluate(model: CraterDetector, labels: DetectionLabels, split: str, thresho
     return Evaluation(labels, frames, dets, matches, threshold)
 
 
+def relief_visible_contrast() -> float:
+    from trn.data.datasets.detection import RELIEF_VISIBLE_CONTRAST
+
+    return RELIEF_VISIBLE_CONTRAST
+
+
+def relief_visible_summary(ev: Evaluation, relief: dict[int, float], min_contrast: float) -> dict:
+    """Precision, recall, F1 and AP@0.5 against the relief-visible labels only: a label is one when
+    its walls' contrast (:func:`trn.data.datasets.detection.relief_contrast`, from its relief and
+    the Sun over it) is at least ``min_contrast``; the other labels count neither way (a detection
+    on one is left out, not a false detection)."""
+    from trn.data.datasets.detection import relief_contrast
+
+    matches, kept, dropped = [], 0, 0
+    for f, d in zip(ev.frames, ev.detections):
+        boxes = np.array([b.box for b in f.boxes], np.float32).reshape(-1, 4)
+        c = relief_contrast(np.array([relief[b.id] for b in f.boxes]), np.array([b.sun_elevation_deg for b in f.boxes]))
+        vis = c >= min_contrast
+        kept, dropped = kept + int(vis.sum()), dropped + int((~vis).sum())
+        matches.append(match_frame_ignoring(d.boxes, d.scores, boxes[vis], boxes[~vis]))
+    return {"min_contrast": min_contrast, "labels_visible": kept, "labels_ignored": dropped,
+            **summarise(matches, ev.threshold).to_dict()}
+
+
 def report(ev: Evaluation, rule: UnionRule | None = None, frame_px: int = 512,
            relief: dict[int, float] | None = None) -> dict:
     """Summary at the threshold, AP@0.5, recall by diameter, Sun elevation and clipping (and by the
@@ -128,7 +152,8 @@ def report(ev: Evaluation, rule: UnionRule | None = None, frame_px: int = 512,
     rows = lambda rs: [{"bin": r.name, "count": r.count, "hits": r.hits, "share": r.share} for r in rs]  # noqa: E731
     fp = len(outside)
     extra = {} if relief is None else {
-        "recall_by_relief": rows(binned(np.array(rel), np.array(hit), RELIEF_EDGES, "depth/diameter"))}
+        "recall_by_relief": rows(binned(np.array(rel), np.array(hit), RELIEF_EDGES, "depth/diameter")),
+        "relief_visible": relief_visible_summary(ev, relief, relief_visible_contrast())}
     return {
         "threshold": t, "frames": len(ev.frames), "summary": s.to_dict(),
         "recall_by_diameter": rows(binned(np.array(dia), np.array(hit), DIAMETER_EDGES, "km")),

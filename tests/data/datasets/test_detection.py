@@ -204,3 +204,19 @@ def test_a_build_without_union_labels_or_a_world_is_refused_with_the_command_tha
     with pytest.raises(DataError, match=f"run: trn-detect label {tmp_path} --source") as e:
         union_labels(tmp_path)
     assert e.value.path == str(tmp_path)
+
+
+def test_relief_contrast_is_the_walls_contrast_of_a_paraboloid_bowl() -> None:
+    from trn.data.datasets.detection import RELIEF_VISIBLE_CONTRAST, relief_contrast
+
+    # by hand: 4 r / tan e; r = 0.021 at 40 deg is just visible, 0.020 just not
+    c = relief_contrast(np.array([0.021, 0.020, 0.05, 0.2, 0.1, -0.01]), np.array([40.0, 40.0, 60.0, 10.0, 0.0, 30.0]))
+    np.testing.assert_allclose(c[:3], [4 * 0.021 / np.tan(np.radians(40)), 4 * 0.020 / np.tan(np.radians(40)),
+                                       4 * 0.05 / np.tan(np.radians(60))])
+    assert c[3] == 1.0 and c[4] == 0.0 and c[5] == 0.0  # far wall in shadow; no Sun; no relief
+    assert c[0] >= RELIEF_VISIBLE_CONTRAST > c[1]
+    # the direct form of the contrast of the two walls under a cosine law, for a wall below the Sun
+    r, e = 0.03, np.radians(35.0)
+    s = np.arctan(4 * r)
+    direct = (np.sin(e + s) - np.sin(e - s)) / (np.sin(e + s) + np.sin(e - s))
+    assert relief_contrast(np.array([r]), np.array([35.0]))[0] == pytest.approx(direct)

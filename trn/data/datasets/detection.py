@@ -106,6 +106,24 @@ def crater_relief(height, lat: np.ndarray, lon: np.ndarray, diameter_km: np.ndar
     return (rim - floor) / dia
 
 
+# the least wall contrast at which a rendered frame shows a crater (docs/detector.md, "Relief-visible
+# labels for rendered frames": fixed before any detector was scored against it)
+RELIEF_VISIBLE_CONTRAST = 0.10
+
+
+def relief_contrast(relief: np.ndarray, sun_elevation_deg: np.ndarray) -> np.ndarray:
+    """float [N]: the Michelson contrast between a crater's sunward and far walls in a rendered
+    frame, from its relief ``r`` (depth / diameter in the rendered elevation, :func:`crater_relief`)
+    and the Sun's elevation ``e`` over it: a paraboloid bowl's steepest wall has ``tan s = 4 r``;
+    under a cosine law the walls differ by ``tan s / tan e = 4 r / tan e``, 1 once ``s >= e`` (the
+    far wall in shadow); 0 for no relief or no Sun."""
+    r = np.clip(np.asarray(relief, np.float64), 0.0, None)
+    e = np.radians(np.asarray(sun_elevation_deg, np.float64))
+    with np.errstate(divide="ignore", invalid="ignore"):
+        c = np.where(e > 0, 4.0 * r / np.tan(np.clip(e, 1e-9, None)), 0.0)
+    return np.minimum(c, 1.0)
+
+
 def label_relief(frames: list[LabelledFrame], source: str | Path, rule: UnionRule) -> dict[int, float]:
     """{crater id: relief} (:func:`crater_relief`) of every crater labelled in ``frames``, in the
     finest elevation of ``source`` (the model the frames were rendered from)."""
