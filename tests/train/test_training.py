@@ -356,3 +356,42 @@ def test_proxies_start_at_the_init_models_embeddings(tmp_path):
         from_dict(dict(base_doc(root), init_proxies=True))  # no init model to start from
     with pytest.raises(ConfigError, match="init_proxies"):
         from_dict(dict(base_doc(root), init_proxies=True, init="x.pt", loss="supcon"))
+
+
+def test_a_drawn_frame_edge_cuts_the_crater_as_the_frame_would():
+    from trn.data.views.crops import square_crop
+    from trn.train.orbits import cut_by_edge
+
+    frame = np.arange(200 * 300, dtype=np.float32).reshape(200, 300)
+    box = (100, 160, 50, 110)  # 60 x 60 px, whole in the frame
+    sides = set()
+    for seed in range(64):
+        window, (l, r, t, b) = cut_by_edge(frame, box, np.random.default_rng(seed))
+        h, w = window.shape
+        # the box now touches one edge of the window, on one axis only
+        touches = [l == 0, r == w, t == 0, b == h]
+        assert sum(touches) == 1
+        sides.add(touches.index(True))
+        # at least half of the crater's extent is kept on the cut axis, all of it on the other
+        assert min(r - l, b - t) >= 30 and max(r - l, b - t) == 60
+        # the window is the frame's own pixels, and the box within it is the part of the crater's
+        # box on the window's side of the edge (the far side unchanged)
+        oy, ox = divmod(int(window[0, 0]), 300)
+        assert np.array_equal(window, frame[oy:oy + h, ox:ox + w])
+        moved = (l + ox, r + ox, t + oy, b + oy)
+        assert 100 <= moved[0] < moved[1] <= 160 and 50 <= moved[2] < moved[3] <= 110
+        assert sum(m == o for m, o in zip(moved, box)) == 3
+        # the crop is cut at the drawn edge as at a frame edge (mirrored there)
+        assert square_crop(window, (l, r, t, b), 1.25).shape == (75, 75)
+    assert sides == {0, 1, 2, 3}
+    # a box too small to cut stays whole
+    window, small = cut_by_edge(frame, (10, 15, 10, 15), np.random.default_rng(0))
+    assert window is frame and small == (10, 15, 10, 15)
+
+
+def test_orbit_edge_cut_needs_training_orbits_and_a_share(tmp_path):
+    doc = base_doc(tmp_path)
+    with pytest.raises(ConfigError, match="orbit_edge_cut cuts training-orbit views"):
+        from_dict(dict(doc, orbit_edge_cut=0.5))
+    with pytest.raises(ConfigError, match="orbit_edge_cut=1.5"):
+        from_dict(dict(doc, orbit_edge_cut=1.5))

@@ -171,6 +171,9 @@ class TrainConfig:
     taking a pair of its navigation crops; and the most frames apart the two boxes may lie in one
     pass. (A training orbit boxes a few hundred craters; drawn only by chance they would be about
     one pair in thirty.)
+    orbit_edge_cut: the share of training-orbit views cut as if the frame's edge ran through the
+    crater (:meth:`trn.train.orbits.OrbitViews.crops`): a pair then shows one crater cut two ways,
+    as Moon Navigation sees a crater entering and leaving the frame. 0: views as the orbit has them.
     decision: the decision term (:class:`DecisionSection`).
     distill: distillation from a teacher descriptor (:class:`DistillSection`).
     metric_weight: the metric loss's weight (0: off, the decision term alone; a proxy loss wants the
@@ -208,6 +211,7 @@ class TrainConfig:
     select_threshold: float = 0.9
     orbit_per_batch: int = 8
     orbit_max_gap: int = 30
+    orbit_edge_cut: float = 0.0
     decision: DecisionSection = field(default_factory=DecisionSection)
     distill: DistillSection = field(default_factory=DistillSection)
     init_proxies: bool = False
@@ -236,6 +240,10 @@ class TrainConfig:
             raise ConfigError(f"orbit_per_batch={self.orbit_per_batch}: expected 1 to 1024 identities")
         if not 1 <= self.orbit_max_gap <= 100000:
             raise ConfigError(f"orbit_max_gap={self.orbit_max_gap}: expected 1 or more frames")
+        if not 0.0 <= self.orbit_edge_cut <= 1.0:
+            raise ConfigError(f"orbit_edge_cut={self.orbit_edge_cut}: expected a share from 0 to 1")
+        if self.orbit_edge_cut and not self.data.orbits:
+            raise ConfigError("orbit_edge_cut cuts training-orbit views: set data.orbits")
         if self.data.orbits and self.views_per_identity != 2:
             raise ConfigError("data.orbits trains pairs of navigation crops: set views_per_identity: 2")
         if not -1.0 <= self.select_threshold <= 1.0:

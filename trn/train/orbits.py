@@ -8,7 +8,9 @@ detector's box noise (:func:`trn.data.views.crops.jitter_box`), the model's crop
 (:func:`trn.data.views.crops.jittered_crop`: the box or a margin square, min-max normalised, brightness
 and contrast), then the protocol's rotation. A pair of views of one crater is two of its boxes
 in frames of one pass at most ``max_gap`` frames apart (the re-observations Moon Navigation
-matches), or one box under two independent draws when the crater has no other.
+matches), or one box under two independent draws when the crater has no other. With
+``edge_cut``, a share of the views is cut as if the frame's edge ran through the crater
+(:func:`cut_by_edge`), so that a pair also shows one crater cut two different ways.
 """
 
 from __future__ import annotations
@@ -49,17 +51,44 @@ def orbit_prefix(orbit: Path, datasets: list[str]) -> str:
     return "" if want[0] == 0 else f"{want[0]}:"
 
 
+def cut_by_edge(frame: np.ndarray, box: tuple[int, int, int, int], rng: np.random.Generator,
+                keep: tuple[float, float] = (0.5, 1.0)) -> tuple[np.ndarray, tuple[int, int, int, int]]:
+    """The part of ``frame`` on one side of a line that cuts the crater's box, and the box within
+    it, as if that line were the frame's edge: an axis and a side drawn at random, a share
+    U[``keep``] of the box's extent along that axis kept (an annotated box keeps its crater's
+    centre in view, so at least half). Boxes under 8 px along the axis are left whole."""
+    l, r, t, b = (int(v) for v in box)
+    axis = int(rng.integers(2))
+    low = bool(rng.random() < 0.5)
+    k = float(rng.uniform(*keep))
+    lo, hi = (l, r) if axis == 0 else (t, b)
+    if hi - lo < 8:
+        return frame, (l, r, t, b)
+    if low:  # the edge runs on the box's low side: the window starts at the cut
+        c = lo + int(round((1.0 - k) * (hi - lo)))
+        window = frame[:, c:] if axis == 0 else frame[c:, :]
+        new = (0, r - c, t, b) if axis == 0 else (l, r, 0, b - c)
+    else:  # on the high side: the window ends at the cut
+        c = lo + int(round(k * (hi - lo)))
+        window = frame[:, :c] if axis == 0 else frame[:c, :]
+        new = (l, c, t, b) if axis == 0 else (l, r, t, c)
+    return window, new
+
+
 class OrbitViews:
     """The training orbits' boxes, each of one of the training identities ``names`` (a box of
     any other crater is refused), their frames held in memory. ``boxes[i]``: the boxes of
-    identity i. ``margin``: the model's crop margin (None: the box itself)."""
+    identity i. ``margin``: the model's crop margin (None: the box itself). ``edge_cut``: the
+    share of views cut by a drawn frame edge (:func:`cut_by_edge`)."""
 
     def __init__(self, orbits: list[tuple[Path, str]], names: list[str], size: int, margin: float | None,
-                 settings: sc.ScenarioSettings, max_gap: int = 30):
+                 settings: sc.ScenarioSettings, max_gap: int = 30, edge_cut: float = 0.0):
         if max_gap < 1:
             raise ConfigError(f"orbit max_gap={max_gap}: expected >= 1 frame")
+        if not 0.0 <= edge_cut <= 1.0:
+            raise ConfigError(f"orbit edge_cut={edge_cut}: expected a share from 0 to 1")
         index = {n: k for k, n in enumerate(names)}
-        self.size, self.margin, self.s, self.max_gap = size, margin, settings, max_gap
+        self.size, self.margin, self.s, self.max_gap, self.edge_cut = size, margin, settings, max_gap, edge_cut
         self.frames: list[np.ndarray] = []
         self.boxes: list[list[OrbitBox]] = [[] for _ in names]
         seen: list[tuple[int, int]] = []  # (orbit, frame number) of each held frame
@@ -94,9 +123,16 @@ class OrbitViews:
 
     def crops(self, boxes: list[OrbitBox], rng: np.random.Generator) -> tuple[torch.Tensor, torch.Tensor]:
         """Views [n, 1, S, S] of ``boxes`` with fresh draws of the protocol's perturbations, and
-        their rotation angles [n] (degrees): each drawn and cut by the scenarios' own code."""
-        dets = [sc.draw_detection(b.frame, "", b.box, self.s, rng, self.frames[b.frame].shape) for b in boxes]
-        x = sc.detection_crops(self.frames.__getitem__, dets, self.size, self.margin)
+        their rotation angles [n] (degrees): each drawn and cut by the scenarios' own code (a
+        share ``edge_cut`` of them first cut by a drawn frame edge)."""
+        frames, dets = [], []
+        for b in boxes:
+            frame, box = self.frames[b.frame], b.box
+            if self.edge_cut and rng.random() < self.edge_cut:
+                frame, box = cut_by_edge(frame, box, rng)
+            frames.append(frame)
+            dets.append(sc.draw_detection(len(frames) - 1, "", box, self.s, rng, frame.shape))
+        x = sc.detection_crops(frames.__getitem__, dets, self.size, self.margin)
         return torch.from_numpy(x[:, None]), torch.tensor([d.angle for d in dets], dtype=torch.float32)
 
 

@@ -1,0 +1,97 @@
+"""Where Moon Navigation's decisions fail: by whether the frame's edge cuts the crater.
+
+    python benchmarks/descriptor/moon_navigation_edges.py --data data/luna1-val MODEL [MODEL ...] \
+        [--threshold 0.9 --threshold 0.85]
+
+Runs Moon Navigation's detections (NMS, seeded detector noise, photometric jitter, rotation,
+uninformative crops declined: :func:`trn.sim.scenarios.moon_navigation_crops`) through the
+match-or-insert database at each threshold, as the scenario does, and sorts every decision by two
+facts about the crater's clean annotated box (:func:`trn.sim.pairs.at_frame_edge`): whether the
+frame's border cuts it in the current frame, and whether it was cut in the frame where the crater
+was first stored. A crater first stored cut and seen again whole or cut otherwise is a pair the
+descriptor must match across a different missing part. Rows: first sightings (inserted, not
+scored), correct and wrong matches, and missed ones (a crater seen before inserted again), with the
+scenario's RA. Run it on a validation orbit: every crater of a test sequence is a test crater.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from _hw import hardware  # noqa: E402
+
+
+def edge_breakdown(ds, emb, s, thresholds: list[float]) -> list[str]:
+    from dataclasses import replace
+
+    from trn.db.database import LandmarkDB
+    from trn.sim import scenarios as sc
+    from trn.sim.pairs import at_frame_edge
+
+    dets, _ = sc.moon_navigation_crops(ds, s)
+    clean = {(f.frame, str(b.id)): sc.Detection(f.frame, str(b.id), (b.l, b.r, b.t, b.b), 1.0, 1.0, 0.0)
+             for f in ds.frames for b in f.boxes}
+    cut = at_frame_edge([clean[(d.frame, d.label)] for d in dets], sc.frame_shape(ds))
+    e = sc._embed_crops(ds, dets, emb).global_
+    labels = [d.label for d in dets]
+    lines = [f"{len(dets)} detections of {len(set(labels))} craters; the frame's edge cuts {cut.mean():.0%} of them",
+             "| threshold | RA | first seen (cut) | correct | wrong | missed | missed: first cut, now cut | "
+             "missed: first cut, now whole | missed: first whole |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for thr in thresholds:
+        db = LandmarkDB(sc._db_config(emb, replace(s, threshold=thr)))
+        dec = db.match_or_insert(e, labels=labels)
+        first_cut: dict[str, bool] = {}
+        n = Counter()
+        for i, (x, lab) in enumerate(zip(dec, labels)):
+            if x.matched:
+                n["correct" if x.label == lab else "wrong"] += 1
+            elif lab in first_cut:
+                n["missed"] += 1
+                n["missed first whole" if not first_cut[lab] else
+                  "missed cut cut" if cut[i] else "missed cut whole"] += 1
+            else:
+                first_cut[lab] = bool(cut[i])
+                n["first"] += 1
+                n["first cut"] += bool(cut[i])
+        scored = n["correct"] + n["wrong"] + n["missed"]
+        ra = 100.0 * n["correct"] / scored if scored else float("nan")
+        lines.append(f"| {thr:g} | {ra:.2f} | {n['first']} ({n['first cut']}) | {n['correct']} | {n['wrong']} | "
+                     f"{n['missed']} | {n['missed cut cut']} | {n['missed cut whole']} | {n['missed first whole']} |")
+    return lines
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("models", nargs="+", help="shipped model names, run directories or checkpoints")
+    ap.add_argument("--data", type=Path, required=True, help="Luna-1 directory with annotated frames (a validation orbit)")
+    ap.add_argument("--threshold", type=float, action="append", help="database thresholds (default 0.9 and 0.85)")
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    from trn.data.datasets.luna1 import read_luna1
+    from trn.errors import TrnError
+    from trn.sim.embedders import make_embedder
+    from trn.sim.scenarios import ScenarioSettings
+
+    try:
+        ds = read_luna1(args.data)
+        print(hardware())
+        print(f"data: {args.data}")
+        for spec in args.models:
+            emb = make_embedder(spec, threads=args.threads)
+            print(f"\n## {spec}\n")
+            print("\n".join(edge_breakdown(ds, emb, ScenarioSettings(), args.threshold or [0.9, 0.85])))
+    except TrnError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
