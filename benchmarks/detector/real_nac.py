@@ -10,8 +10,8 @@ validation split also the best-F1 threshold (the one to carry to the test split,
 once). Runners: the torch model (float) and the int8 exports of ``trn-detect export`` (ONNX QDQ
 and the full-integer TFLite the board runs).
 
-    python benchmarks/detector/real_nac.py frames --root /work/data-real/craterdanet-nac --factor 2 --out DIR
-    python benchmarks/detector/real_nac.py score RUN_OR_MODEL --root /work/data-real/craterdanet-nac \
+    python benchmarks/detector/real_nac.py frames --root ~/trn-data-real/craterdanet-nac --factor 2 --out DIR
+    python benchmarks/detector/real_nac.py score RUN_OR_MODEL --root ~/trn-data-real/craterdanet-nac \
         --split val --factor 2 --runners torch --json OUT.json
 """
 

@@ -2,8 +2,7 @@
 file by file against the SHA-256 it was catalogued with (docs/real_crater_sets.md is the card of
 each: source, licence, resolution, label rule).
 
-A set comes from a public repository snapshot: a git directory (as the search tool's ``fetch``
-brings one, ``/work/.mirror/OWNER+NAME/repo``) or an ordinary checkout. :func:`install_set`
+A set comes from a public repository snapshot: a bare git directory or an ordinary checkout. :func:`install_set`
 copies the set's files from it at the catalogued commit into a directory outside the work tree
 and refuses any file whose hash differs; :func:`verify_set` re-checks a copy.
 """
