@@ -21,7 +21,7 @@ def shared_moon() -> Path:
 @pytest.fixture(scope="session")
 def tiny_world(tmp_path_factory) -> Path:
     """A coarse procedural Moon (4 px/deg, craters >= 30 km, a short orbit) as a source directory."""
-    from trn.data.synth import SynthConfig, make_world
+    from trn.data.worlds.synth import SynthConfig, make_world
 
     d = tmp_path_factory.mktemp("world")
     make_world(SynthConfig(seed=3, ppd=4, min_crater_km=30.0, orbits=0.04, step_s=30.0, n20=3000), d)
@@ -31,7 +31,7 @@ def tiny_world(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def boxed_world(tmp_path_factory) -> Path:
     """A coarse procedural Moon seen from high up (wide frames), so that its frames have boxes."""
-    from trn.data.synth import SynthConfig, make_world
+    from trn.data.worlds.synth import SynthConfig, make_world
 
     d = tmp_path_factory.mktemp("boxed_world")
     make_world(SynthConfig(seed=3, ppd=4, min_crater_km=40.0, orbits=0.06, step_s=30.0, n20=6000, perilune_km=300,

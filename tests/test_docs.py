@@ -21,7 +21,7 @@ NOT_YET_SCANNED: set[str] = set()
 
 README_MAX_LINES = 250
 FIRST_SCREEN_LINES = 60
-SETUP_COMMAND = 'python -m pip install -e ".[dev,export,ray]"'
+SETUP_COMMAND = 'python -m pip install -e ".[dev,export,ray,geo]"'
 MAIN_JOB = "trn-sim run luna1"
 TEST_COMMAND = "python -m pytest -q"
 

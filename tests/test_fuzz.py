@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import yaml
 
-from trn.data import luna1
+from trn.data.datasets import luna1
+from trn.data.worlds.trajectory import read_poses_csv, read_poses_kitti
 from trn.errors import ConfigError, DataError, TrnError
 
 RNG_SEEDS = range(3)
@@ -41,8 +42,8 @@ VALID_KITTI = b"1 0 0 1737 0 1 0 0 0 0 1 100\n1 0 0 1738 0 1 0 1 0 0 1 100\n"
 @pytest.mark.parametrize("seed", RNG_SEEDS)
 def test_annotation_and_pose_parsers(tmp_path, seed):
     rng = np.random.default_rng(seed)
-    readers = [(VALID_ANN, luna1.read_annotations), (VALID_CSV, luna1.read_poses_csv),
-               (VALID_KITTI, luna1.read_poses_kitti)]
+    readers = [(VALID_ANN, luna1.read_annotations), (VALID_CSV, read_poses_csv),
+               (VALID_KITTI, read_poses_kitti)]
     for valid, reader in readers:
         for _ in range(150):
             p = tmp_path / "f.txt"
@@ -87,7 +88,7 @@ def test_config_loader(tmp_path, seed):
 def test_image_readers(tmp_path, seed):
     import cv2
 
-    from trn.data.landmarks import read_luna1_landmarks
+    from trn.data.datasets.landmarks import read_luna1_landmarks
     from trn.train.data import ImageBank
 
     rng = np.random.default_rng(seed)

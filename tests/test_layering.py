@@ -27,7 +27,10 @@ LAYERS: list[tuple[str, ...]] = [
     ("trn",),                      # the package root: its conventions and version
     ("trn.errors",),
     ("trn.geometry", "trn.yamlio"),
-    ("trn.data",),                 # worlds, catalogues, the Luna-1 dataset, crops, augmentations
+    ("trn.data",),                 # the data's shared helpers: files, progress
+    ("trn.data.catalogues", "trn.data.views"),  # crater catalogues; crops and the augmentation family T
+    ("trn.data.worlds",),          # terrain, renderer, Sun, trajectories, the built-in world
+    ("trn.data.datasets",),        # Luna-1 format and builder, annotation, detector labels, landmark sets
     ("trn.models", "trn.db"),      # descriptor and registry; landmark database and the map format
     ("trn.detect",),               # crater detector: boxes, model, evaluation, running it
     ("trn.export",),               # ONNX / TFLite export, signed bundles
@@ -141,6 +144,10 @@ def test_the_documented_order_is_this_order():
     ("trn.data.x", "from trn.models.descriptor import Descriptor\n"),
     ("trn.data.x", "from . import augment\nfrom ..sim import scenarios\n"),
     ("trn.data.x", "import importlib\nm = importlib.import_module('trn.train.data')\n"),
+    ("trn.data.worlds.synth", "from trn.data.datasets.build import build_luna1\n"),
+    ("trn.data.catalogues.catalogue", "from trn.data.worlds.terrain import load_elevation\n"),
+    ("trn.data.views.crops", "from trn.data.catalogues.catalogue import Catalogue\n"),
+    ("trn.data.files", "def f():\n    from trn.data.datasets.luna1 import Box\n"),
     ("trn.export.x", "from trn.train.checkpoint import file_sha256\n"),
     ("trn.export.bundle", "def f():\n    from trn.sim.embedders import resolve_model\n"),
     ("trn.export.bundle", "def f():\n    from trn.nav.onboard_map import OnboardMap\n"),
@@ -157,7 +164,10 @@ def test_a_violation_is_caught(module, source):
 @pytest.mark.parametrize("module, source", [
     ("trn.nav.scenario", "from trn.sim import scenarios as sc\n"),
     ("trn.train.loop", "from trn.models.checkpoint import load_descriptor\nfrom trn.sim.metrics import separation\n"),
-    ("trn.data.x", "from trn.data.augment import apply\nfrom trn.errors import DataError\n"),
+    ("trn.data.views.x", "from trn.data.views.augment import apply\nfrom trn.data.files import read_gray\n"),
+    ("trn.data.datasets.build", "from trn.data.worlds.render import render_frame\nfrom trn.data.views.crops import jitter_box\n"
+                                "from trn.data.catalogues.catalogue import UnionRule\nfrom trn.data.progress import progress\n"),
+    ("trn.data.worlds.synth", "from trn.data.catalogues.catalogue import write_catalogue\n"),
     ("trn.sim.x", "from trn.navigation import x\nfrom trn.trainer import y\n"),
     ("trn.export.bundle", "from trn.models.registry import resolve_model\nfrom trn.db.map_format import OnboardMap\n"),
     ("trn.detect.train", "from trn.train.loop import lr_factor\n"),

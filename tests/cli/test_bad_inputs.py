@@ -1,8 +1,8 @@
-"""A representative subset (50 cases) of ``benchmarks/bad_inputs.py``, run here so that the suite holds its
+"""A representative subset (50 cases) of ``benchmarks/reliability/bad_inputs.py``, run here so that the suite holds its
 property: every bad invocation exits non-zero with a message naming the thing, never a traceback,
 never exit 0. Each case is a real subprocess of the console command. The full benchmark (all seven
 command lines, the procedural world, the database and bundle fixtures) is a script:
-``python benchmarks/bad_inputs.py``."""
+``python benchmarks/reliability/bad_inputs.py``."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ SUBSET = {
 
 
 def _benchmark():
-    spec = importlib.util.spec_from_file_location("bad_inputs", REPO / "benchmarks" / "bad_inputs.py")
+    spec = importlib.util.spec_from_file_location("bad_inputs", REPO / "benchmarks" / "reliability" / "bad_inputs.py")
     mod = importlib.util.module_from_spec(spec)
     sys.modules.setdefault("bad_inputs", mod)
     spec.loader.exec_module(mod)

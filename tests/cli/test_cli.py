@@ -4,10 +4,9 @@ from pathlib import Path
 
 import pytest
 
-from trn.cli import data as data_cli
-from trn.cli import sim as sim_cli
+from trn.cli import data as data_cli, sim as sim_cli
 
-from ..data.test_luna1 import make_dataset
+from ..data.datasets.test_luna1 import make_dataset
 
 
 def test_check_ok_and_problems(tmp_path, capsys):
@@ -27,7 +26,7 @@ def test_check_tells_a_partial_build_s_unrendered_frames_from_problems(tmp_path,
     missing frame with boxes is a problem in any build."""
     import json
 
-    from trn.data import luna1
+    from trn.data.datasets import luna1
 
     root = tmp_path / "d"
     make_dataset(root)  # frames 0 and 3 have no boxes
@@ -152,7 +151,7 @@ def test_os_errors_are_one_line_errors(tmp_path, capsys):
 
 
 def test_check_and_sim_agree_on_faulty_datasets(tmp_path, capsys):
-    from trn.data import luna1
+    from trn.data.datasets import luna1
 
     from ..sim.test_scenarios import write_dataset
 
@@ -281,7 +280,7 @@ def test_sim_out_a_file_is_refused_before_any_work(tmp_path, capsys):
 
 
 def test_check_and_sim_agree_on_empty_and_zero_size_inputs(tmp_path, capsys):
-    from trn.data import luna1
+    from trn.data.datasets import luna1
 
     from ..sim.test_scenarios import write_dataset
 
@@ -333,7 +332,7 @@ def test_train_check_verifies_every_image_and_the_split_inputs(tmp_path, capsys)
     import yaml
 
     from trn.cli import train as train_cli
-    from trn.data import luna1
+    from trn.data.datasets import luna1
 
     make_dataset(tmp_path / "d", n_frames=4, crater_ids=tuple(range(1, 13)))
     cfg = tmp_path / "c.yaml"
@@ -389,11 +388,11 @@ def test_train_refuses_a_bad_out_or_resume_before_any_work(tmp_path, capsys):
 def test_build_option_ranges_are_the_config_ranges(tmp_path, capsys):
     """The parser refuses exactly what the configs behind it refuse: each bound accepted by both,
     each value just past it refused by both (so that the two cannot drift apart)."""
-    from trn.data.annotate import AnnotateConfig
-    from trn.data.build import BuildConfig, validation_segments
-    from trn.data.frame_views import FrameViewRanges
-    from trn.data.render import RenderConfig
-    from trn.data.synth import SynthConfig
+    from trn.data.datasets.annotate import AnnotateConfig
+    from trn.data.datasets.build import BuildConfig, validation_segments
+    from trn.data.datasets.frame_views import FrameViewRanges
+    from trn.data.worlds.render import RenderConfig
+    from trn.data.worlds.synth import SynthConfig
     from trn.errors import ConfigError
 
     build = dict(source=tmp_path, out=tmp_path / "o")
@@ -452,7 +451,7 @@ def test_a_checksum_mismatch_after_the_twelfth_digit_shows_two_different_digests
 
 
 def test_detect_run_on_an_image_too_small_names_the_image(tmp_path, capsys):
-    """`trn-detect run` on a 1 x 1 image said `frame has shape (1, 1)` without naming the file."""
+    """`trn-detect run` on a 1 x 1 image names the file beside the shape it refuses."""
     import cv2
     import numpy as np
 
@@ -462,14 +461,13 @@ def test_detect_run_on_an_image_too_small_names_the_image(tmp_path, capsys):
     (tmp_path / "in").mkdir()
     cv2.imwrite(str(tmp_path / "in" / "7.png"), np.zeros((1, 1), np.uint8))
     rc = detect_cli.main(["run", str(shipped), str(tmp_path / "in"), "--out", str(tmp_path / "out")])
-    _one_line_exit_2(rc, capsys, f"{tmp_path / 'in' / '7.png'}: frame has shape (1, 1); the detector takes a grey "
+    _one_line_exit_2(rc, capsys, f"{tmp_path / 'in' / '7.png'}: image has shape (1, 1); the detector takes a grey "
                                  "image of at least 8 x 8 pixels")
 
 
 def test_an_unknown_config_key_names_the_config_file_and_the_overrides(tmp_path, capsys):
     """`trn-train --check` (and `trn-detect train`) named an unknown key but not the file it is in."""
-    from trn.cli import detect as detect_cli
-    from trn.cli import train as train_cli
+    from trn.cli import detect as detect_cli, train as train_cli
 
     cfg = tmp_path / "c.yaml"
     cfg.write_text(f"data: {{kind: luna1, path: {tmp_path}}}\nepoch: 2\n")
@@ -487,8 +485,7 @@ def test_an_unknown_config_key_names_the_config_file_and_the_overrides(tmp_path,
 def test_json_nested_too_deep_is_refused_naming_the_file(tmp_path, capsys):
     """Python's json reads nesting by recursion: a report.json or a dataset's metadata.json of
     100,000 nested brackets ended in a RecursionError."""
-    from trn.cli import data as data_cli
-    from trn.cli import sim as sim_cli
+    from trn.cli import data as data_cli, sim as sim_cli
 
     deep = "[" * 100_000 + "]" * 100_000
     (tmp_path / "rep").mkdir()

@@ -3,9 +3,9 @@
 import logging
 
 from trn.data import progress as pg
-from trn.data.build import build_luna1
+from trn.data.datasets.build import build_luna1
 
-from .test_build import cfg
+from .datasets.test_build import cfg
 
 
 class Clock:

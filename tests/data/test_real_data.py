@@ -3,11 +3,12 @@
 import numpy as np
 import pytest
 
-from trn.data import luna1
-from trn.data.annotate import AnnotateConfig
-from trn.data.build import BuildConfig, build_luna1, select_craters
-from trn.data.render import RenderConfig
-from trn.data.sources import find_catalogue, read_catalogue, read_trajectory
+from trn.data.catalogues.catalogue import find_catalogue, read_catalogue
+from trn.data.datasets import luna1
+from trn.data.datasets.annotate import AnnotateConfig
+from trn.data.datasets.build import BuildConfig, build_luna1, select_craters
+from trn.data.worlds.render import RenderConfig
+from trn.data.worlds.trajectory import read_trajectory
 from trn.geometry import PinholeCamera, latlon_to_xyz, world_to_camera
 
 pytestmark = pytest.mark.shared

@@ -8,10 +8,11 @@ import pytest
 import torch
 
 from trn.cli.detect import main as detect_main
-from trn.data.annotate import AnnotateConfig
-from trn.data.build import BuildConfig, build_luna1
-from trn.data.detection import DetectionBuildConfig, build_detection_set, label_build, read_labels
-from trn.data.render import RenderConfig
+from trn.data.datasets.annotate import AnnotateConfig
+from trn.data.datasets.build import BuildConfig, build_luna1
+from trn.data.datasets.detection import DetectionBuildConfig, build_detection_set, label_build
+from trn.data.datasets.labels import read_labels
+from trn.data.worlds.render import RenderConfig
 from trn.detect.model import CraterDetector, DetectorConfig, load_detector
 from trn.detect.train import DetectTrainConfig, augment, focal_loss, train_detector
 from trn.errors import ConfigError
@@ -153,7 +154,7 @@ def test_ship_eval_and_run_commands(det_run, capsys):
 
 
 def test_navigation_scenarios_take_the_detectors_boxes(det_run, boxed_world, tmp_path):
-    from trn.data.luna1 import read_luna1
+    from trn.data.datasets.luna1 import read_luna1
     from trn.sim.boxes import FALSE_ID_BASE, with_boxes
 
     root, _, _, _ = det_run

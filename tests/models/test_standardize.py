@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from trn.data.augment import Draw, apply
+from trn.data.views.augment import Draw, apply
 from trn.errors import ConfigError
 from trn.models.descriptor import create_model
 from trn.models.layers import DiskStandardize

@@ -6,9 +6,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from trn.data.views.crops import square_crop
 from trn.errors import DataError
 from trn.geometry import east_north_up, latlon_to_xyz
-from trn.data.crops import square_crop
 from trn.nav.appearance import pass_illumination, rim_window
 
 
@@ -59,12 +59,11 @@ def test_a_predicted_appearance_map_renders_under_the_pass_sun(boxed_world, tmp_
     """A small build of the procedural world: the predicted map renders each lit crater under its
     pass's Sun from the source terrain and cuts it to the rim; a dark-pass crater keeps its
     catalogue render; the map records its appearance and refuses to build without a source."""
-    from tests.data.test_build import cfg
-    from trn.data.annotate import AnnotateConfig
-    from trn.data.build import build_luna1
-    from trn.data.luna1 import Luna1Metadata, read_luna1
-    from trn.data.build import built_render_config, built_surface
-    from trn.data.render import CraterView, crater_window_km, render_crater
+    from tests.data.datasets.test_build import cfg
+    from trn.data.datasets.annotate import AnnotateConfig
+    from trn.data.datasets.build import build_luna1, built_render_config, built_surface
+    from trn.data.datasets.luna1 import Luna1Metadata, read_luna1
+    from trn.data.worlds.render import CraterView, crater_window_km, render_crater
     from trn.models.descriptor import create_model
     from trn.nav.onboard_map import build_map, predicted_renders
     from trn.sim.embedders import TorchEmbedder
@@ -112,8 +111,8 @@ def test_a_predicted_appearance_map_renders_under_the_pass_sun(boxed_world, tmp_
         build_map(ds, emb, tmp_path / "map3", boxed_world, appearance="sketched")
     # the union catalogue near the planned track: every such crater, rendered from the source (in the
     # landmark view for the catalogue appearance: a dataset crater's render is then its own bytes)
-    from trn.data.detection import source_union_catalogue
-    from trn.data.sources import UnionRule
+    from trn.data.catalogues.catalogue import UnionRule
+    from trn.data.datasets.detection import source_union_catalogue
     from trn.nav.onboard_map import near_track
 
     cat = source_union_catalogue(boxed_world, UnionRule())
@@ -134,7 +133,7 @@ def test_a_predicted_appearance_map_renders_under_the_pass_sun(boxed_world, tmp_
     with pytest.raises(DataError, match="none near the track"):
         build_map(ds, emb, tmp_path / "umap3", boxed_world, catalogue="union", near_track_km=0.001)
     # a catalogue file (a dense catalogue's format): its rows near the track, rendered the same way
-    from trn.data.sources import write_catalogue
+    from trn.data.catalogues.catalogue import write_catalogue
 
     sel = np.flatnonzero(near)[:5]
     write_catalogue(tmp_path / "five.csv", cat.lat[sel], cat.lon[sel], cat.diameter_km[sel])
@@ -152,11 +151,11 @@ def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path,
     recognition and the navigation figures for every threshold."""
     import json
 
-    from tests.data.test_build import cfg
+    from tests.data.datasets.test_build import cfg
     from tests.export.test_onnx import trained_looking
     from trn.cli import sim as sim_cli
-    from trn.data.annotate import AnnotateConfig
-    from trn.data.build import build_luna1
+    from trn.data.datasets.annotate import AnnotateConfig
+    from trn.data.datasets.build import build_luna1
     from trn.models.checkpoint import CHECKPOINT_FORMAT, save_checked
 
     build_luna1(cfg(boxed_world, tmp_path / "d", limit_frames=18, limit_craters=6,

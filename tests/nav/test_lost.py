@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trn.data.annotate import AnnotateConfig, crater_box
+from trn.data.datasets.annotate import AnnotateConfig, crater_box
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose, xyz_to_latlon
 from trn.nav.ekf import MU_KM3_S2

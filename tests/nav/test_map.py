@@ -16,11 +16,11 @@ import numpy as np
 import pytest
 
 from tests.sim.test_scenarios import NAV, write_dataset
+from trn.data.views.crops import preprocess
 from trn.errors import DataError, TrnError
 from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz
 from trn.nav.onboard_map import DB_FILE, MAP_FILE, OnboardMap, build_map, shared_descriptors, write_map
 from trn.sim.embedders import TorchEmbedder
-from trn.data.crops import preprocess
 
 
 def _dataset(tmp_path):
@@ -207,7 +207,7 @@ def _many_craters(tmp_path):
                            "diameter_km": float(rng.uniform(5, 40)), "catalogue": "t", "row": k}
     (ds.root / "metadata.json").write_text(json.dumps({"format": "trn-luna1-metadata", "version": 1,
                                                        "craters": craters, "frames": [], "camera": {}}))
-    from trn.data.luna1 import read_luna1
+    from trn.data.datasets.luna1 import read_luna1
 
     return read_luna1(ds.root)  # with the new renders
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from trn.data.luna1 import Luna1Dataset, Luna1Metadata
+from trn.data.datasets.luna1 import Luna1Dataset, Luna1Metadata
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, matrix_to_quat, nadir_pose, world_to_camera
 from trn.nav.ekf import MU_KM3_S2, OMEGA_RAD_S, rk4
 from trn.nav.scenario import Match, navigate
@@ -262,7 +262,7 @@ def test_cold_start_from_one_fix_takes_the_velocity_from_the_terrain_motion(tmp_
     import cv2
     from tests.nav.test_motion import render, waves
 
-    from trn.data.luna1 import NAV_IMAGES
+    from trn.data.datasets.luna1 import NAV_IMAGES
     from trn.nav.scenario import ColdStart
 
     ds, states, rots, craters = synthetic()

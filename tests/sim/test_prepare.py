@@ -2,7 +2,7 @@ import json
 
 import pytest
 
-from trn.data.synth import SynthConfig
+from trn.data.worlds.synth import SynthConfig
 from trn.sim import prepare
 from trn.sim.prepare import QUICK_CRATERS, QUICK_PPD, QUICK_STEP_S, builtin_world, prepare_luna1, summarize
 

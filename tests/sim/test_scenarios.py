@@ -12,9 +12,9 @@ import cv2
 import numpy as np
 import pytest
 
-from trn.data import luna1
-from trn.data.luna1 import Box, FrameAnnotation
-from trn.data.landmarks import read_luna1_landmarks
+from trn.data.datasets import luna1
+from trn.data.datasets.landmarks import read_luna1_landmarks
+from trn.data.datasets.luna1 import Box, FrameAnnotation
 from trn.sim import scenarios as sc
 from trn.sim.embedders import Embeddings, NCCEmbedder, TorchEmbedder
 from trn.sim.run import run_luna1

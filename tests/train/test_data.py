@@ -1,4 +1,4 @@
-"""The training image bank: every landmark image read through trn.data.luna1.read_image, so a
+"""The training image bank: every landmark image read through trn.data.files.read_image, so a
 file that cannot be read is named by its cause (permission denied, empty, a directory), never
 reported as corrupt."""
 
@@ -6,7 +6,7 @@ import cv2
 import numpy as np
 import pytest
 
-from trn.data.landmarks import read_luna1_landmarks
+from trn.data.datasets.landmarks import read_luna1_landmarks
 from trn.errors import DataError
 from trn.train.data import ImageBank
 
@@ -49,7 +49,7 @@ def test_a_permission_denied_image_is_unreadable_not_corrupt(tmp_path):
 
     root = craters(tmp_path)
     png = permissions.unreadable(root / "crater_images" / "1.png")
-    code = ("from trn.data.landmarks import read_luna1_landmarks; from trn.train.data import ImageBank\n"
+    code = ("from trn.data.datasets.landmarks import read_luna1_landmarks; from trn.train.data import ImageBank\n"
             f"ImageBank(read_luna1_landmarks({str(root)!r}), ['0', '1', '2'], 16)\n")
     r = permissions.python(code)
     assert r.returncode != 0

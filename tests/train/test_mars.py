@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from trn.data.augment import AugmentConfig, Draw, sample
+from trn.data.views.augment import AugmentConfig, Draw, sample
 from trn.train.mars import Mars, MarsConfig, positive_pairs
 
 

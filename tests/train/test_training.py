@@ -144,7 +144,7 @@ def test_model_card(tmp_path):
 
 def test_union_training_set_keeps_every_test_half_out(tmp_path):
     from trn.train.config import DataConfig
-    from trn.train.data import split_identities, load_landmarks, training_set
+    from trn.train.data import load_landmarks, split_identities, training_set
 
     a, b = tiny_folder(tmp_path / "a", n=20), tiny_folder(tmp_path / "b", n=16)
     cfg = DataConfig(kind="folder", path=str(a), test_fraction=0.5, val_fraction=0.2, also=(str(b),))
@@ -173,7 +173,7 @@ def test_union_training_set_keeps_every_test_half_out(tmp_path):
 def tiny_luna1_with_frame_views(root: Path, n: int = 24, k: int = 3, test_too: bool = False) -> Path:
     """A Luna-1 layout of ``n`` craters (tiny_folder's patterns) with ``k`` frame views of every
     training and validation crater: each pattern shifted, scaled and darkened, as a frame crop is."""
-    from trn.data.landmarks import split_ids
+    from trn.data.datasets.landmarks import split_ids
 
     tiny_folder(root / "crater_images", n=n)
     for p in (root / "crater_images").glob("lm*.png"):
@@ -192,14 +192,14 @@ def tiny_luna1_with_frame_views(root: Path, n: int = 24, k: int = 3, test_too: b
 
 
 def test_frame_view_pairs_follow_the_mix():
-    from trn.data.landmarks import LandmarkSet
+    from trn.data.datasets.landmarks import LandmarkSet
     from trn.train.data import ImageBank, pair_rows
 
     import tempfile
 
     with tempfile.TemporaryDirectory() as d:
         root = tiny_luna1_with_frame_views(Path(d) / "l", n=8, k=3, test_too=True)
-        from trn.data.landmarks import read_luna1_landmarks
+        from trn.data.datasets.landmarks import read_luna1_landmarks
 
         ls = read_luna1_landmarks(root, frame_views=True)
         assert [it.view for it in ls.items if it.instance == "1"] == ["render", "frame0", "frame1", "frame2"]
@@ -261,9 +261,9 @@ def test_frame_views_of_test_craters_are_refused(tmp_path):
 def _orbit_builds(boxed_world, tmp_path):
     """A tiny Luna-1 build of the procedural world, a training orbit of its training half and a
     validation orbit of its validation half."""
-    from trn.data.annotate import AnnotateConfig
-    from trn.data.build import BuildConfig, build_luna1, validation_segments
-    from trn.data.render import RenderConfig
+    from trn.data.datasets.annotate import AnnotateConfig
+    from trn.data.datasets.build import BuildConfig, build_luna1, validation_segments
+    from trn.data.worlds.render import RenderConfig
 
     base = dict(source=boxed_world, workers=1, render=RenderConfig(nav_size=64, crater_size=48),
                 annotate=AnnotateConfig(min_box_px=4))
@@ -337,8 +337,8 @@ def test_orbit_batches_add_the_orbit_identities_in_shuffled_passes():
 
 def test_proxies_start_at_the_init_models_embeddings(tmp_path):
     from trn.train.data import ImageBank, load_landmarks
-    from trn.train.losses import MetricLoss
     from trn.train.loop import _proxies_from_model, embed
+    from trn.train.losses import MetricLoss
 
     root = tiny_folder(tmp_path / "f", n=10)
     cfg = from_dict(base_doc(root))

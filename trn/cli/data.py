@@ -15,11 +15,11 @@ from dataclasses import replace
 from pathlib import Path
 
 from trn.cli.common import Parser, float_between, int_at_least, int_between, run_main, seed_number, setup_logging
-from trn.data.annotate import AnnotateConfig
-from trn.data.build import BuildConfig, build_luna1
-from trn.data.frame_views import FrameViewRanges
-from trn.data.luna1 import PARTIAL_NOTE, scan_luna1
-from trn.data.render import RenderConfig
+from trn.data.datasets.annotate import AnnotateConfig
+from trn.data.datasets.build import BuildConfig, build_luna1
+from trn.data.datasets.frame_views import FrameViewRanges
+from trn.data.datasets.luna1 import PARTIAL_NOTE, scan_luna1
+from trn.data.worlds.render import RenderConfig
 from trn.errors import ConfigError
 
 
@@ -188,24 +188,24 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{args.dir}: {'OK' if not problems else f'{len(problems)} problem(s)'}")
             return 0 if not problems else 1
         if args.cmd == "stats":
-            from trn.data.luna1 import read_luna1
+            from trn.data.datasets.luna1 import read_luna1
             from trn.sim.prepare import navigation_stats, stats_table
 
             print("\n".join(stats_table([navigation_stats(read_luna1(d), args.nms) for d in args.dirs])))
             return 0
         if args.cmd == "dense-catalogue":
-            from trn.data.dense_catalogue import dense_catalogue
+            from trn.data.worlds.dense_catalogue import dense_catalogue
 
             print(dense_catalogue(args.world, args.min_km, args.out))
             return 0
         if args.cmd == "sheet":
-            from trn.data.sheets import write_sheets
+            from trn.data.datasets.sheets import write_sheets
 
             for p in write_sheets(args.dir, args.out, args.craters, args.frames, args.seed):
                 print(p)
             return 0
         render = _render_config(args)
-        from trn.data.build import validation_segments
+        from trn.data.datasets.build import validation_segments
 
         segments = validation_segments(args.segments, args.first_rotation, args.day_step) if args.segments else ()
         annotate = AnnotateConfig(min_box_px=args.min_box, min_sun_elevation_deg=args.min_sun_elevation)
@@ -220,7 +220,8 @@ def main(argv: list[str] | None = None) -> int:
                               annotate_training_of=args.annotate_training_of)
             _print_summary(build_luna1(cfg))
             return 0
-        from trn.data.synth import SynthConfig, build_synthetic_luna1
+        from trn.data.datasets.build import build_synthetic_luna1
+        from trn.data.worlds.synth import SynthConfig
 
         scfg = SynthConfig(seed=args.seed, orbits=args.orbits)
         summary = build_synthetic_luna1(scfg, args.out, world_dir=args.world_dir, limit_frames=args.limit_frames,

@@ -4,7 +4,8 @@
     trn-detect label data/luna1 --source ../shared/data/moon
     trn-detect train --config models/detector.yaml --out /work/runs/det [--resume] [--stop-after N]
     trn-detect eval MODEL --data data/luna1 [--json OUT]
-    trn-detect run MODEL IMAGE_OR_FOLDER ... --out DIR
+    trn-detect run MODEL IMAGE_OR_FOLDER ... --out DIR [--gsd KM | --crater-px MIN,MAX] [--catalogue CSV]
+    trn-detect real-set craterdanet-nac --from SNAPSHOT --out /work/data-real/craterdanet-nac
 """
 
 from __future__ import annotations
@@ -13,13 +14,13 @@ import argparse
 import sys
 from pathlib import Path
 
-from trn.cli.common import (Parser, float_between, int_at_least, int_between, naming_the_config, run_main,
-                            seed_number, setup_logging)
+from trn.cli.common import (Parser, float_between, int_at_least, int_between, naming_the_config, run_main, seed_number,
+                            setup_logging)
 from trn.errors import ConfigError, DataError
 
 
 def _build(args) -> int:
-    from trn.data.detection import DetectionBuildConfig, build_detection_set
+    from trn.data.datasets.detection import DetectionBuildConfig, build_detection_set
 
     labels = build_detection_set(DetectionBuildConfig(
         source=args.source, out=args.out, segments=len(args.rotations) if args.rotations else args.segments,
@@ -44,7 +45,8 @@ def _rotations(text: str) -> list[float]:
 
 
 def _label(args) -> int:
-    from trn.data.detection import UNION_ANNOTATIONS, label_build
+    from trn.data.datasets.detection import label_build
+    from trn.data.datasets.labels import UNION_ANNOTATIONS
 
     labels = label_build(args.build, args.source, all_frames=args.all_frames)
     boxes = [b for f in labels.frames for b in f.boxes]
@@ -57,7 +59,7 @@ def _label(args) -> int:
 def _sheet(args) -> int:
     import cv2
 
-    from trn.data.sheets import detection_sheet
+    from trn.data.datasets.sheets import detection_sheet
 
     args.out.parent.mkdir(parents=True, exist_ok=True)
     if not cv2.imwrite(str(args.out), detection_sheet(args.dir, args.frames, seed=args.seed)):
@@ -93,7 +95,7 @@ def _train(args) -> int:
     return 0
 
 
-IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".pgm")
+IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".pgm", ".jp2", ".img", ".cub", ".vrt")
 
 
 def _load_model(spec: Path):
@@ -117,7 +119,7 @@ def _load_model(spec: Path):
 def _eval(args) -> int:
     import json
 
-    from trn.data.detection import read_labels
+    from trn.data.datasets.labels import read_labels
     from trn.detect.run import evaluate, report
 
     model, chosen, path, gate = _load_model(args.model)
@@ -130,7 +132,7 @@ def _eval(args) -> int:
                           f"{sorted({f.split for f in labels.frames})}")
     relief = None
     if args.source is not None:
-        from trn.data.detection import label_relief
+        from trn.data.datasets.detection import label_relief
 
         relief = label_relief(labels.split(split), args.source, labels.rule())
     rep = report(evaluate(model, labels, split, threshold, gate_km=gate), labels.rule(), relief=relief)
@@ -169,40 +171,153 @@ def _images(inputs: list[Path]) -> list[Path]:
     return out
 
 
+def _crater_px(text: str) -> tuple[float, float]:
+    try:
+        lo, hi = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected MIN,MAX crater diameters in image pixels, e.g. 12,80") from None
+    if not (0 < lo <= hi < 1e6):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected 0 < MIN <= MAX crater diameters in image pixels")
+    return lo, hi
+
+
+def _catalogue_columns(text: str) -> dict[str, str]:
+    from trn.detect.catalogue import parse_column_mapping
+
+    try:
+        return parse_column_mapping(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _check_scale_and_georef(img, args, catalogue: bool):
+    """The image's scale (:func:`trn.detect.raster.image_scale`), after refusing --catalogue on an
+    image without a map projection."""
+    from trn.detect.raster import image_scale
+
+    if catalogue and img.georef is None:
+        raise ConfigError(f"--catalogue needs latitude and longitude, and {img.path} has no map projection (CRS); "
+                          "give a georeferenced raster (GeoTIFF with its CRS) or leave out --catalogue")
+    return image_scale(img, args.gsd, args.crater_px, args.scale, args.altitude_km, args.fov_deg)
+
+
+def _overlap(asked: int | None, input_size: int) -> int:
+    """The tiles' overlap: as asked, else 96 network px or 3/8 of a smaller network input."""
+    from trn.detect.tiles import DEFAULT_OVERLAP
+
+    return asked if asked is not None else min(DEFAULT_OVERLAP, input_size * 3 // 8)
+
+
 def _run(args) -> int:
     import json
 
     import cv2
+    import numpy as np
 
-    from trn.data.luna1 import Box, FrameAnnotation, read_gray, write_annotations
-    from trn.detect.run import detect_frames, overlay
+    from trn.data.datasets.luna1 import Box, FrameAnnotation, write_annotations
+    from trn.detect.catalogue import (compare, detection_rows, missed_rows, read_catalogue, write_csv,
+                                      write_geojson)
+    from trn.detect.model import STRIDE
+    from trn.detect.raster import is_picture, open_image, preview
+    from trn.detect.run import overlay, size_gate
+    from trn.detect.tiles import detect_tiled, torch_maps
 
+    paths = _images(args.inputs)
+    cat = read_catalogue(args.catalogue, args.catalogue_columns) if args.catalogue is not None else None
+    for p in paths:  # rasters refused before the model loads: a header read each, no pixels
+        if not is_picture(p):
+            img = open_image(p)
+            try:
+                _check_scale_and_georef(img, args, cat is not None)
+            finally:
+                img.close()
     model, chosen, _, gate = _load_model(args.model)
     threshold = chosen if args.threshold is None else args.threshold
-    paths = _images(args.inputs)
-    from trn.detect.run import size_gate
     (args.out / "overlays").mkdir(parents=True, exist_ok=True)
-    records, frames = [], []
+    maps = torch_maps(model)
+    floor = min(threshold, 0.05) if cat is not None else threshold  # lower scores too, for the catalogue's AP
+    records, frames, rows, missed, reports, scales = [], [], [], [], [], {}
+    radius = float("nan")
     for k, p in enumerate(paths):
-        img = read_gray(p)
+        img = open_image(p)
         try:
-            det = detect_frames(model, [img], threshold)[0]
-        except DataError as exc:  # about the image's content: name the file it came from
-            raise DataError(exc.message, p) from None
-        if gate and args.altitude_km is not None:
-            det = size_gate(det, args.altitude_km, gate, img.shape[1])
-        boxes = [tuple(int(round(v)) for v in b) for b in det.boxes]
-        records.append({"image": str(p), "shape": list(img.shape), "boxes": [list(b) for b in boxes],
-                        "scores": [round(float(s), 4) for s in det.scores]})
-        frame = int(p.stem) if p.stem.isdigit() else k
-        frames.append(FrameAnnotation(frame, str(p), tuple(Box(j + 1, *b) for j, b in enumerate(boxes)
-                                                         if b[1] > b[0] and b[3] > b[2])))
-        cv2.imwrite(str(args.out / "overlays" / f"{p.stem}.png"), overlay(img, None, det, threshold))
+            scale = _check_scale_and_georef(img, args, cat is not None)
+            try:
+                res = detect_tiled(maps, img.source, scale, model.cfg.input_size, STRIDE, floor,
+                                   overlap=_overlap(args.overlap, model.cfg.input_size),
+                                   batch=args.batch)
+            except DataError as exc:  # about the image's content: name the file it came from
+                raise DataError(exc.message, p) from None
+            det = res.detections
+            shape = img.source.shape
+            if img.georef is not None:
+                radius = img.georef.radius_km
+            if gate and args.altitude_km is not None:
+                det = size_gate(det, args.altitude_km, gate, shape[1])
+            comp = None
+            if cat is not None:
+                comp = compare(det, img.georef, shape, cat, threshold, min_px=6.0 / scale.factor)
+                reports.append({"image": str(p), **comp.to_dict(cat)})
+                missed += [{"image": str(p), **m} for m in missed_rows(cat, comp)]
+            rows += detection_rows(p, det, img.georef, threshold, comp, cat)
+            keep = det.scores >= threshold
+            boxes = [tuple(int(round(v)) for v in b) for b in det.boxes[keep]]
+            records.append({"image": str(p), "shape": list(shape), "read": img.what, "scale": round(scale.factor, 6),
+                            "scale_source": scale.source, "gsd_km": scale.gsd_km, "tiles": res.tiles,
+                            "georeferenced": img.georef is not None, "boxes": [list(b) for b in boxes],
+                            "scores": [round(float(s), 4) for s in det.scores[keep]]})
+            scales.setdefault(scale.describe(), []).append(p)
+            frame = int(p.stem) if p.stem.isdigit() else k
+            frames.append(FrameAnnotation(frame, str(p), tuple(Box(j + 1, *b) for j, b in enumerate(boxes)
+                                                             if b[1] > b[0] and b[3] > b[2])))
+            pic, f = preview(img)
+            shown = type(det)(det.boxes * np.float32(f), det.scores)
+            cv2.imwrite(str(args.out / "overlays" / f"{p.stem}.png"), overlay(pic, None, shown, threshold))
+            if len(paths) <= 10:
+                print(f"{p}: {img.what}; {scale.describe()}; {res.tiles} tiles; {len(boxes)} craters at score >= "
+                      f"{threshold}")
+        finally:
+            img.close()
+    if len(paths) > 10:
+        for text, ps in scales.items():
+            print(f"{len(ps)} images at {text}")
     write_annotations(args.out / "annotations.txt", frames)
     (args.out / "detections.json").write_text(json.dumps({"threshold": threshold, "images": records}, indent=1) + "\n",
                                               encoding="utf-8")
+    write_csv(args.out / "detections.csv", rows)
+    outputs = [args.out / "annotations.txt", args.out / "detections.json", args.out / "detections.csv"]
+    if rows and "lat" in rows[0]:
+        georeferenced = [r for r in rows if "lat" in r]
+        write_geojson(args.out / "detections.geojson", georeferenced, radius)
+        outputs.append(args.out / "detections.geojson")
+    if cat is not None:
+        (args.out / "catalogue_report.json").write_text(json.dumps(reports, indent=1) + "\n", encoding="utf-8")
+        write_csv(args.out / "catalogue_missed.csv", missed)
+        outputs += [args.out / "catalogue_report.json", args.out / "catalogue_missed.csv"]
+        for r in reports:
+            print(f"{r['image']} against {cat.path}: {r['craters_on_image']} catalogue craters on the image, "
+                  f"{r['matched']} matched, {r['new']} new, {r['missed']} missed (precision {r['precision']:.4f}, "
+                  f"recall {r['recall']:.4f}, AP@0.5 {r['ap50']:.4f})")
     print(f"{len(paths)} images, {sum(len(r['boxes']) for r in records)} craters at score >= {threshold}; "
-          f"boxes in {args.out / 'annotations.txt'} and {args.out / 'detections.json'}, pictures in {args.out / 'overlays'}")
+          f"written {', '.join(str(o) for o in outputs)}, pictures in {args.out / 'overlays'}")
+    return 0
+
+
+def _real_set(args) -> int:
+    from trn.detect.realsets import install_set, real_set, verify_set
+
+    s = real_set(args.name)
+    if args.source is not None:
+        files = install_set(args.name, args.source, args.out)
+        print(f"{args.name}: {len(files)} files of {s.repo} at {s.commit[:12]} in {args.out}, each matching its SHA-256")
+        return 0
+    problems = verify_set(args.name, args.out)
+    for p in problems:
+        print(f"{args.out}: {p}")
+    if problems:
+        raise DataError(f"{len(problems)} of {len(s.files)} files missing or changed; install again with --from SNAPSHOT",
+                        args.out)
+    print(f"{args.name}: all {len(s.files)} files in {args.out} match their SHA-256")
     return 0
 
 
@@ -215,9 +330,9 @@ def _ship(args) -> int:
 
     if not (args.run / "best.pt").is_file():
         raise ConfigError(f"{args.run} holds no best.pt; give a detector run directory")
-    from trn.data.detection import read_labels
-    from trn.detect.run import centre_sigma_px, evaluate
+    from trn.data.datasets.labels import read_labels
     from trn.detect.model import chosen_threshold, load_detector
+    from trn.detect.run import centre_sigma_px, evaluate
 
     model, meta = load_detector(args.run / "best.pt")
     thr = chosen_threshold(meta)
@@ -234,13 +349,12 @@ def _ship(args) -> int:
 def _export(args) -> int:
     import numpy as np
 
-    from trn.data.detection import read_labels
+    from trn.data.datasets.labels import read_labels
     from trn.detect.boxes import preprocess_frame
     from trn.detect.run import detect_frames
     from trn.export.detector import (OnnxDetector, TfliteDetector, export_detector_onnx, export_detector_tflite, parity,
                                      quantize_detector, score, write_report)
-    from trn.export.edgetpu import edgetpu_report
-    from trn.export.edgetpu import write_report as write_tpu_report
+    from trn.export.edgetpu import edgetpu_report, write_report as write_tpu_report
 
     model, threshold, path, gate = _load_model(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
@@ -342,15 +456,48 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
     e.set_defaults(fn=_eval)
 
-    r = sub.add_parser("run", help="detect craters on images or folders; boxes as Luna-1 annotations and JSON, overlays")
+    r = sub.add_parser("run", help="detect craters on images of any size (tiled at the detector's scale) or folders; "
+                                   "boxes as Luna-1 annotations, JSON and CSV, GeoJSON with latitude and longitude, "
+                                   "overlays")
     r.add_argument("model", type=Path, help="detector run directory, checkpoint or models/NAME")
     r.add_argument("inputs", type=Path, nargs="+", help="image files or folders")
     r.add_argument("--out", type=Path, required=True, help="output directory")
     r.add_argument("--threshold", type=float_between(0.0, 1.0), default=None,
                    help="score threshold (default: the one chosen on validation frames)")
+    r.add_argument("--gsd", type=float_between(1e-7, 1000.0), default=None, metavar="KM",
+                   help="ground sampling of the images, km per pixel (0.1 for 100 m); default: a georeferenced "
+                        "raster's own")
     r.add_argument("--altitude-km", type=float_between(1.0, 100000.0), default=None,
-                   help="camera altitude of the images: applies the detector's size gate (a 39.6 degree camera)")
+                   help="camera altitude of the images: their ground sampling with the camera of --fov-deg, and the "
+                        "detector's size gate")
+    r.add_argument("--fov-deg", type=float_between(0.01, 179.0), default=39.6, metavar="DEG",
+                   help="the camera's field of view across the image width, with --altitude-km (default 39.6, the "
+                        "navigation camera)")
+    r.add_argument("--crater-px", type=_crater_px, default=None, metavar="MIN,MAX",
+                   help="the crater diameters to find, in image pixels: the image is scaled to bring them to the "
+                        "detector's own crater sizes (instead of the ground sampling)")
+    r.add_argument("--scale", type=float_between(0.001, 64.0), default=None, metavar="F",
+                   help="network-input pixels per image pixel, overriding every other scale")
+    r.add_argument("--overlap", type=int_between(0, 255), default=None, metavar="PX",
+                   help="network-input pixels shared by neighbouring tiles (default 96, at most 3/8 of a smaller "
+                        "network input: a crater up to that size cut by a seam is whole in the next tile)")
+    r.add_argument("--batch", type=int_between(1, 512), default=16, help="tiles run at once (default 16)")
+    r.add_argument("--catalogue", type=Path, default=None, metavar="CSV",
+                   help="a crater catalogue (CSV with latitude, longitude and diameter in km) to compare with over "
+                        "each georeferenced image's footprint: matched, new and missed craters")
+    r.add_argument("--catalogue-columns", type=_catalogue_columns, default=None, metavar="MAP",
+                   help="the catalogue's column names, e.g. lat=LAT_CIRC_IMG,lon=LON_CIRC_IMG,diameter_km=DIAM_CIRC_IMG "
+                        "(default: found among common names)")
     r.set_defaults(fn=_run)
+
+    rs = sub.add_parser("real-set", help="copy a catalogued real labelled image set out of its repository snapshot, "
+                                         "each file checked by SHA-256 (docs/real_crater_sets.md); or check a copy")
+    rs.add_argument("name", choices=("craterdanet-nac",), help="the set")
+    rs.add_argument("--from", dest="source", type=Path, default=None, metavar="SNAPSHOT",
+                    help="the repository's git snapshot or checkout (without it: check the copy in --out)")
+    rs.add_argument("--out", type=Path, required=True, help="where the set lives, outside the work tree "
+                                                            "(e.g. /work/data-real/craterdanet-nac)")
+    rs.set_defaults(fn=_real_set)
 
     sp = sub.add_parser("ship", help="copy a run's best epoch to a model directory with its card")
     sp.add_argument("run", type=Path, help="detector run directory")

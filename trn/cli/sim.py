@@ -199,7 +199,7 @@ def _rerender(d: Path) -> int:
     from trn.errors import DataError
     from trn.sim.report import Report
 
-    from trn.data.luna1 import read_bytes
+    from trn.data.files import read_bytes
 
     if not d.is_dir():
         raise DataError(f"{'is a file, not a report directory' if d.exists() else 'no report directory here'}; "
@@ -629,7 +629,7 @@ def _run(args, argv) -> int:
                       f"frames over the {t['cadence_s']:.0f} s cadence, margin {t['margin_ms'] / 1e3:.2f} s: "
                       f"{'keeps' if t['keeps_cadence'] else 'DOES NOT keep'} the cadence")
     else:
-        from trn.data.landmarks import read_landmarks, refuse_bad_images
+        from trn.data.datasets.landmarks import read_landmarks, refuse_bad_images
         from trn.sim.run import run_landmarks
 
         ls, kind = read_landmarks(args.data, args.kind)

@@ -17,10 +17,10 @@ from trn.errors import ConfigError
 
 def _verified_training_set(cfg):
     """The landmark set and split training will use, every image of it verified first
-    (:func:`trn.data.landmarks.verify_images`: a bad one is refused before any work, with the
+    (:func:`trn.data.datasets.landmarks.verify_images`: a bad one is refused before any work, with the
     count of the others), and what training would refuse at its start
     (:func:`trn.train.config.check_before_training`)."""
-    from trn.data.landmarks import refuse_bad_images
+    from trn.data.datasets.landmarks import refuse_bad_images
     from trn.train.config import check_before_training
     from trn.train.data import training_set
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trn.data.luna1 import atomic_write_text
+from trn.data.files import atomic_write_text
 from trn.db.database import DBConfig, LandmarkDB
 from trn.errors import ConfigError, DataError
 from trn.geometry import latlon_to_xyz

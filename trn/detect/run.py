@@ -17,8 +17,8 @@ import cv2
 import numpy as np
 import torch
 
-from trn.data.detection import DetectionLabels, LabelledFrame
-from trn.data.sources import UnionRule
+from trn.data.catalogues.catalogue import UnionRule
+from trn.data.datasets.labels import DetectionLabels, LabelledFrame
 from trn.detect.boxes import Detections, decode, preprocess_frame
 from trn.detect.evaluate import FrameMatch, binned, label_hits, match_frame, summarise
 from trn.detect.model import STRIDE, CraterDetector
@@ -104,7 +104,7 @@ def report(ev: Evaluation, rule: UnionRule | None = None, frame_px: int = 512,
            relief: dict[int, float] | None = None) -> dict:
     """Summary at the threshold, AP@0.5, recall by diameter, Sun elevation and clipping (and by the
     crater's relief in the elevation model when ``relief`` gives it per crater id:
-    :func:`trn.data.detection.label_relief`), precision by estimated diameter and clipping, and the
+    :func:`trn.data.datasets.detection.label_relief`), precision by estimated diameter and clipping, and the
     false positives sorted (module docstring)."""
     rule = rule or UnionRule()
     t = ev.threshold

@@ -8,7 +8,7 @@ Loss: the penalty-reduced focal loss (alpha 2, beta 4) on the heat map, L1 on si
 the peak cells, each normalised by the number of boxes.
 
 Labels a frame cannot show: with ``ignore_relief_below`` set (and each data directory's elevation
-source in ``sources``), a labelled crater whose relief (depth / diameter, :func:`trn.data.detection.
+source in ``sources``), a labelled crater whose relief (depth / diameter, :func:`trn.data.datasets.detection.
 crater_relief`) in the elevation the frames were rendered from is below it is neither a positive
 nor a negative: no peak, and no loss inside its box. The catalogues list craters seen in images
 and topography finer than our elevation model; such a crater is flat in the render, and teaching the
@@ -35,7 +35,7 @@ import torch
 from torch.nn import functional as F
 from tqdm import tqdm
 
-from trn.data.detection import LabelledFrame, catalogue_complete, read_labels
+from trn.data.datasets.labels import LabelledFrame, catalogue_complete, read_labels
 from trn.detect.boxes import resize_frame, standardise
 from trn.detect.evaluate import best_f1_threshold, match_frame, summarise
 from trn.detect.model import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, STRIDE, CraterDetector, DetectorConfig,
@@ -151,7 +151,7 @@ def load_frames(dirs: tuple[str, ...] | list[str], split: str, size: int, limit:
         chosen = chosen[:limit] if limit else chosen
         relief = None
         if ignore_relief_below:
-            from trn.data.detection import label_relief
+            from trn.data.datasets.detection import label_relief
 
             relief = label_relief(chosen, sources[j], labels.rule())
         for f in tqdm(chosen, desc=f"load {Path(d).name} {split}", unit="frame",

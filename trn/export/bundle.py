@@ -212,7 +212,7 @@ def _preprocess(input_size: int, input_norm: str, crop_margin: float) -> dict:
     """How a board prepares a crop for the bundle's model (the manifest's ``input.preprocess``)."""
     out = {"crop": "the detector's box" if crop_margin == 1.0 else
            f"the square of {crop_margin:g} times the detector's box's longer side, centred on the box, the frame "
-           "mirrored at its edges (trn.data.crops.square_crop)",
+           "mirrored at its edges (trn.data.views.crops.square_crop)",
            "grey": "single channel", "normalise": "min-max of the crop to [0, 1]",
            "resize": f"to {input_size} x {input_size}: area averaging when shrinking, "
                      "bilinear when enlarging (OpenCV INTER_AREA / INTER_LINEAR)"}

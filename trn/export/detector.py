@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from trn.data.detection import DetectionLabels
+from trn.data.datasets.labels import DetectionLabels
 from trn.detect.boxes import Detections, decode, preprocess_frame
 from trn.detect.evaluate import match_frame, summarise
 from trn.detect.model import STRIDE, CraterDetector

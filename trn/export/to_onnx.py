@@ -195,9 +195,10 @@ def real_crops(root: str | Path, size: int, n: int = 1000, seed: int = 0) -> tup
     """Up to ``n`` preprocessed real crater crops [N, size, size] from a dataset: for a Luna-1
     build, half from the navigation frames' boxes (the crops a board sees in flight) and the rest
     landmark renders; for other layouts, landmark images. Seeded. Returns (crops, description)."""
-    from trn.data.landmarks import detect_kind, read_landmarks
-    from trn.data.luna1 import read_gray, read_luna1
-    from trn.data.crops import preprocess
+    from trn.data.datasets.landmarks import detect_kind, read_landmarks
+    from trn.data.datasets.luna1 import read_luna1
+    from trn.data.files import read_gray
+    from trn.data.views.crops import preprocess
 
     root = Path(root)
     rng = np.random.default_rng(seed)
@@ -231,10 +232,10 @@ def calibration_crops(root: str | Path, split_json: str | Path | None, size: int
     identities the images show)."""
     import torch as _torch
 
-    from trn.data.augment import AugmentConfig, apply, sample
-    from trn.data.crops import preprocess
-    from trn.data.landmarks import read_landmarks, split_identities
-    from trn.data.luna1 import read_gray
+    from trn.data.datasets.landmarks import read_landmarks, split_identities
+    from trn.data.files import read_gray
+    from trn.data.views.augment import AugmentConfig, apply, sample
+    from trn.data.views.crops import preprocess
 
     ls, kind = read_landmarks(Path(root))
     if split_json is not None and Path(split_json).is_file():

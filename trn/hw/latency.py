@@ -18,7 +18,7 @@ Per frame: N landmarks, each one inference plus one search of the database (an e
 scan of M entries of D floats, what FAISS's flat index does), at host.fp32_gflops.
 
 The model is linear in 1/efficiency, per_op_us, invoke_ms and 1/bandwidth, so :func:`fit` calibrates
-those by least squares on published latencies (``benchmarks/latency_model.py --fit``).
+those by least squares on published latencies (``benchmarks/hardware/latency_model.py --fit``).
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ Every number is a quantity with its provenance::
 
 ``kind`` is ``published`` (a figure from a datasheet, a paper or a vendor benchmark, cited in
 ``source`` with the host it was measured on), ``calibrated`` (fitted by
-``python benchmarks/latency_model.py`` to the published latencies named in ``source``, within
+``python benchmarks/hardware/latency_model.py`` to the published latencies named in ``source``, within
 physical bounds: no link rate above the link's ``ceiling_mb_s``) or ``assumed`` (an engineering
 estimate whose reasoning is in ``source``). Loading is strict: unknown keys, missing keys, wrong
 types, out-of-range values, unknown accelerators and a link rate above its ceiling are errors that

@@ -18,7 +18,7 @@ exact place it comes from and the host it was measured on.
 - **The MARs paper's supplement, Table 5** (ResNeXt-101 f + g, one crop).
 
 ``role`` says whether a figure was used to fit the calibrated numbers of the profiles
-(``calibration``) or only to check the predictions (``validation``); ``benchmarks/latency_model.py``
+(``calibration``) or only to check the predictions (``validation``); ``benchmarks/hardware/latency_model.py``
 also predicts every Coral figure from a fit without it (leave-one-out).
 """
 

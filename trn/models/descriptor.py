@@ -44,7 +44,7 @@ class DescriptorConfig:
         and a rotation's fill is never read.
     crop_margin: how a navigation crop is cut for this model: 1.0 is the detector's box itself
         (resized to the square input); m > 1 is the square of m times the box's longer side
-        centred on the box (:func:`trn.data.crops.square_crop`), context around the rim that
+        centred on the box (:func:`trn.data.views.crops.square_crop`), context around the rim that
         survives the detector's box noise. Landmark renders carry their own margin.
     """
 

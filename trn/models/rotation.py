@@ -7,8 +7,8 @@ import cv2
 import numpy as np
 import torch
 
+from trn.data.views.crops import preprocess
 from trn.models.descriptor import Descriptor
-from trn.data.crops import preprocess
 
 
 def rotate_image(img: np.ndarray, angle_deg: float) -> np.ndarray:

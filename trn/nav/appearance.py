@@ -7,7 +7,7 @@ Tracking rendered each feature from the shape model under the illumination predi
 moment it would be imaged. :func:`pass_illumination` does the same from the planned trajectory
 and the Sun ephemeris (the dataset's poses and ``metadata.json``), and :func:`rim_window` keeps
 the square that the crater's rim spans, which is what a detector's box frames. On the frame side,
-:func:`trn.data.crops.square_crop` cuts the square centred on the detection whose side is the box's longer side,
+:func:`trn.data.views.crops.square_crop` cuts the square centred on the detection whose side is the box's longer side,
 so that the crop is not stretched when it is resized to the network's input.
 
 Measured on the real Luna-1 build with the default model (docs/navigation.md): the true crater's

@@ -65,7 +65,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from trn.data.annotate import rim_points
+from trn.data.datasets.annotate import rim_points
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, xyz_to_latlon
 from trn.nav.ekf import MU_KM3_S2
@@ -94,7 +94,7 @@ class LostConfig:
         piecewise-linear log-likelihood ratio: a detection assigned to a map crater with descriptor
         similarity s adds ``interp(s, descriptor_similarity, descriptor_nats)`` nats (flat beyond
         the end knots): log p(s | its own crater) - log p(s | another crater of a fitting size),
-        measured on validation frames (``benchmarks/descriptor_evidence.py``). Needs the
+        measured on validation frames (``benchmarks/navigation/descriptor_evidence.py``). Needs the
         similarities of the frame's detections to the map's craters.
     size_ratio: a map crater fits a box when its diameter, seen from the hypothesised position, is
         within this factor of the box's apparent diameter (the loose prefilter uses its square).

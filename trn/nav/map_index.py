@@ -8,7 +8,7 @@ inner product, which for the map's unit vectors is the cosine the exact search r
 :func:`build_index` builds one of :data:`SPECS` from the map's vectors (training on a seeded sample,
 so the same vectors give the same index bytes); :func:`trn_board.mapindex.set_visit` sets how
 much of it a search visits (``nprobe`` for inverted files, ``efSearch`` for graphs). The choice among them is
-made by measurement: ``benchmarks/map_index.py``.
+made by measurement: ``benchmarks/map/map_index.py``.
 """
 
 from __future__ import annotations

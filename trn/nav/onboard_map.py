@@ -23,9 +23,10 @@ from pathlib import Path
 
 import numpy as np
 
-from trn.data.luna1 import Luna1Dataset, Luna1Metadata, atomic_write_text
-from trn.db.map_format import (CRATERS_FILE, DB_FILE, INDEX_FILE, MAP_FILE, MAP_FORMAT, MAP_VERSION,  # noqa: F401
-                               OnboardMap, shared_descriptors, write_map)  # (re-exported for the map's callers)
+from trn.data.datasets.luna1 import Luna1Dataset, Luna1Metadata
+from trn.data.files import atomic_write_text
+from trn.db.map_format import (CRATERS_FILE, DB_FILE, INDEX_FILE, MAP_FILE, MAP_FORMAT, MAP_VERSION, OnboardMap,
+                               shared_descriptors, write_map)  # (re-exported for the map's callers)
 from trn.errors import DataError
 from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz
 from trn_board.bundle import sha256_file as _sha256
@@ -43,7 +44,7 @@ _RENDER: dict = {}
 def _init_render(meta: Luna1Metadata, source: str) -> None:
     import cv2
 
-    from trn.data.build import built_render_config, built_surface
+    from trn.data.datasets.build import built_render_config, built_surface
 
     cv2.setNumThreads(1)
     _RENDER["cfg"], _RENDER["surface"] = built_render_config(meta), built_surface(meta, source)
@@ -51,7 +52,7 @@ def _init_render(meta: Luna1Metadata, source: str) -> None:
 
 def _render_predicted(task: tuple[int, float, float, float, float | None, float | None, float]
                       ) -> tuple[int, np.ndarray]:
-    from trn.data.render import CraterView, crater_window_km, render_crater
+    from trn.data.worlds.render import CraterView, crater_window_km, render_crater
     from trn.nav.appearance import rim_window_px
 
     cid, lat, lon, dia, az, el, margin = task
@@ -78,8 +79,8 @@ def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], sou
     view (a catalogue-appearance map of craters the dataset did not render)."""
     import multiprocessing as mp
 
-    from trn.data.build import built_render_config
-    from trn.data.render import crater_window_km
+    from trn.data.datasets.build import built_render_config
+    from trn.data.worlds.render import crater_window_km
     from trn.nav.appearance import pass_illumination, rim_window
 
     if ds.kitti is None or len(meta.frames) != len(ds.kitti):
@@ -152,7 +153,7 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     on one thread, so both give the same bytes; ``emb`` must be that model run by ``backend``
     (:data:`trn.sim.embedders.BACKENDS`: "tflite" is the int8 export a board runs; its output on a
     fixed image is checked in every task)."""
-    from trn.data.crops import preprocess
+    from trn.data.views.crops import preprocess
 
     if appearance not in APPEARANCES:
         raise DataError(f"map appearance {appearance!r}: expected one of {APPEARANCES}")
@@ -175,8 +176,8 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     meta = Luna1Metadata.read(meta_path)
     craters = None
     if catalogue != "dataset":
-        from trn.data.detection import source_union_catalogue
-        from trn.data.sources import UnionRule, read_catalogue
+        from trn.data.catalogues.catalogue import UnionRule, read_catalogue
+        from trn.data.datasets.detection import source_union_catalogue
 
         cat = read_catalogue(catalogue) if from_file else source_union_catalogue(source, UnionRule())
         craters = {int(c): (float(a), float(b), float(d)) for c, a, b, d in zip(cat.ids, cat.lat, cat.lon,
@@ -217,7 +218,7 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
     lon = np.array([craters[c][1] for c in ids], np.float64)
     diam = np.array([craters[c][2] for c in ids], np.float64)
     if source is not None:
-        from trn.data.terrain import load_elevation
+        from trn.data.worlds.terrain import load_elevation
 
         radius = MOON_RADIUS_KM + load_elevation(Path(source)).height(lat, lon)
         surface = f"elevation of {source}"
@@ -284,8 +285,8 @@ def chunk_task(job: ChunkJob, cids: list[int], craters: dict | None) -> tuple[li
     model whose output on the fixed image differs from the driver's."""
     import torch
 
-    from trn.data.crops import preprocess
-    from trn.data.luna1 import read_luna1
+    from trn.data.datasets.luna1 import read_luna1
+    from trn.data.views.crops import preprocess
     from trn.sim.embedders import make_embedder
 
     torch.set_num_threads(1)
@@ -486,9 +487,9 @@ def catalogue_crater_map(source: str | Path):
     et al. 5-20 km within 60 degrees, or a built-in world's analogue): every crater's id, its centre
     on the elevation model (km, body frame) and its diameter, with a spatial index
     (:class:`trn.nav.lost.CraterMap`). Geometry only: no render, no descriptor."""
-    from trn.data.detection import source_union_catalogue
-    from trn.data.sources import UnionRule
-    from trn.data.terrain import load_elevation
+    from trn.data.catalogues.catalogue import UnionRule
+    from trn.data.datasets.detection import source_union_catalogue
+    from trn.data.worlds.terrain import load_elevation
     from trn.nav.lost import CraterMap
 
     cat = source_union_catalogue(source, UnionRule())

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import cv2
 import numpy as np
 
-from trn.data.luna1 import Luna1Dataset
+from trn.data.datasets.luna1 import Luna1Dataset
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, quat_to_matrix
 from trn.nav.ekf import MU_KM3_S2, Ekf, accel, state_from_two_fixes

@@ -19,26 +19,15 @@ from pathlib import Path
 
 import numpy as np
 
-from trn.data import luna1
-from trn.data.detection import LABELS, UNION_ANNOTATIONS, label_build, read_labels
+from trn.data.datasets import luna1
+from trn.data.datasets.detection import union_labels
+from trn.data.datasets.labels import UNION_ANNOTATIONS
 from trn.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
 BOX_SOURCES = ("annotations", "union", "detector")
 FALSE_ID_BASE = 9_000_000
-
-
-def union_labels(ds: luna1.Luna1Dataset):
-    """The build's union labels; a built-in world's build is labelled on first use."""
-    if not (ds.root / LABELS).is_file():
-        world = ds.root / ".world"
-        if (world / "world.json").is_file():
-            log.info("labelling %s from its world's union catalogue (first use)", ds.root)
-            return label_build(ds.root, world)
-        raise DataError(f"has no union-catalogue labels; run: trn-detect label {ds.root} --source ../shared/data/moon",
-                        ds.root)
-    return read_labels(ds.root)
 
 
 def with_boxes(ds: luna1.Luna1Dataset, source: str, detector: Path | None = None) -> tuple[luna1.Luna1Dataset, dict]:
@@ -48,13 +37,13 @@ def with_boxes(ds: luna1.Luna1Dataset, source: str, detector: Path | None = None
         raise ConfigError(f"boxes {source!r}: choose one of {BOX_SOURCES}")
     if source == "annotations":
         return ds, {"boxes": "annotations"}
-    labels = union_labels(ds)
+    labels = union_labels(ds.root)
     if source == "union":
         frames = luna1.read_annotations(ds.root / UNION_ANNOTATIONS)
         return replace(ds, frames=frames), {"boxes": "union"}
     from trn.detect.evaluate import match_frame
-    from trn.detect.run import detect_frames, size_gate
     from trn.detect.model import chosen_threshold, load_detector
+    from trn.detect.run import detect_frames, size_gate
 
     if detector is None or not Path(detector).is_file():
         raise ConfigError(f"--detector {detector}: no detector checkpoint there; give models/detector/detector.pt or a "

@@ -18,8 +18,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from trn.data.crops import jitter_box
-from trn.data.luna1 import Luna1Dataset
+from trn.data.datasets.luna1 import Luna1Dataset
+from trn.data.views.crops import jitter_box
 from trn.sim import scenarios as sc
 
 PERTURBATIONS = ("noise", "photometric", "rotation")
@@ -48,6 +48,14 @@ def consecutive_pairs(boxes: list) -> tuple[np.ndarray, np.ndarray]:
             for j in by_frame.get(f + 1, []):
                 (same if boxes[i].label == boxes[j].label else other).append((i, j))
     return np.array(same, dtype=np.int64).reshape(-1, 2), np.array(other, dtype=np.int64).reshape(-1, 2)
+
+
+def at_frame_edge(boxes: list, frame_shape: tuple[int, int]) -> np.ndarray:
+    """bool [N]: whether each box (clean, as annotated) touches the frame's border, i.e. its crater
+    is cut by the frame's edge."""
+    h, w = frame_shape
+    return np.array([b.box[0] <= 0 or b.box[2] <= 0 or b.box[1] >= w - 1 or b.box[3] >= h - 1 for b in boxes],
+                    dtype=bool).reshape(-1)
 
 
 def perturbed(clean: list[sc.Detection], parts: tuple[str, ...], s: sc.ScenarioSettings, rng: np.random.Generator,

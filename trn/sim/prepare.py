@@ -9,9 +9,9 @@ from pathlib import Path
 
 import numpy as np
 
-from trn.data.build import MANIFEST
-from trn.data.luna1 import Luna1Dataset, read_luna1_checked
-from trn.data.synth import SynthConfig, build_synthetic_luna1
+from trn.data.datasets.build import MANIFEST, build_synthetic_luna1
+from trn.data.datasets.luna1 import Luna1Dataset, read_luna1_checked
+from trn.data.worlds.synth import SynthConfig
 from trn.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -60,7 +60,7 @@ def _is_ready(d: Path) -> bool:
 
 def check_before_scenarios(root: Path) -> Luna1Dataset:
     """The dataset at ``root``, read by the loader that shares ``trn-data check``'s validation
-    (:func:`trn.data.luna1.read_luna1_checked`): refused, naming the first problem and the count,
+    (:func:`trn.data.datasets.luna1.read_luna1_checked`): refused, naming the first problem and the count,
     whenever the check reports a blocking problem, so that the two cannot disagree. Images are
     not decoded here (a corrupt one is named when it is read)."""
     return read_luna1_checked(root)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from trn.data.luna1 import atomic_write_text
+from trn.data.files import atomic_write_text
 from trn.errors import DataError
 from trn.sim.gallery import KINDS, draw_gallery
 from trn.sim.scenarios import ScenarioResult

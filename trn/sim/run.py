@@ -10,8 +10,8 @@ from dataclasses import replace
 import numpy as np
 from tqdm import tqdm
 
-from trn.data.landmarks import LandmarkSet, read_luna1_landmarks, split_identities
-from trn.data.luna1 import Luna1Dataset
+from trn.data.datasets.landmarks import LandmarkSet, read_luna1_landmarks, split_identities
+from trn.data.datasets.luna1 import Luna1Dataset
 from trn.errors import ConfigError, DataError
 from trn.sim import scenarios as sc
 from trn.sim.embedders import Embedder

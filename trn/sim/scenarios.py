@@ -28,10 +28,11 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trn.data.augment import AugmentConfig, Draw, apply, sample
-from trn.data.crops import box_crop, crop_information, jitter_box, jittered_crop, preprocess
-from trn.data.landmarks import LandmarkSet
-from trn.data.luna1 import Box, Luna1Dataset, read_gray
+from trn.data.datasets.landmarks import LandmarkSet
+from trn.data.datasets.luna1 import Box, Luna1Dataset
+from trn.data.files import read_gray
+from trn.data.views.augment import AugmentConfig, Draw, apply, sample
+from trn.data.views.crops import box_crop, crop_information, jitter_box, jittered_crop, preprocess
 from trn.db.database import DBConfig, Decision, LandmarkDB
 from trn.errors import ConfigError, DataError
 from trn.sim.embedders import Embedder, Embeddings
@@ -61,7 +62,7 @@ class ScenarioSettings:
     (inclusive); None: Luna-1's when the dataset has 2,161 frames, else thirds of the frames.
     max_landmarks / max_frames: caps for quick runs (None: everything).
     decline: detections whose crop carries nothing to recognise (black, saturated or flat:
-    :func:`trn.data.crops.crop_information`) are declined before matching, counted and listed
+    :func:`trn.data.views.crops.crop_information`) are declined before matching, counted and listed
     in the report, never matched (Moon Navigation, Lost-in-Space)."""
 
     seed: int = 0
@@ -231,7 +232,7 @@ def declined_summary(declined: list[dict], examples: int = 12) -> dict:
 def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, margin: float | None = None) -> np.ndarray:
     """Preprocessed, augmented crops float32 [N, size, size] in detection order: the boxes (the
     protocol's crops), or with ``margin`` the squares of ``margin`` times the box's longer side
-    centred on them (:func:`trn.data.crops.square_crop`; the map queries use 1.0, and a model
+    centred on them (:func:`trn.data.views.crops.square_crop`; the map queries use 1.0, and a model
     trained with context around its boxes names its own: :func:`crop_margin`)."""
     cache: dict[int, np.ndarray] = {}
 
@@ -467,8 +468,8 @@ def _growth(decisions: list[Decision]) -> list[int]:
 def moon_navigation_crops(ds: Luna1Dataset, s: ScenarioSettings) -> tuple[list[Detection], list[dict]]:
     """The detections Moon Navigation matches, in its order (every annotated frame's boxes through
     NMS and the seeded detector noise, uninformative crops declined when ``s.decline``), and the
-    declined ones: for tools that study the scenario's inputs (benchmarks/frame_crop_separation.py,
-    benchmarks/nuisance.py)."""
+    declined ones: for tools that study the scenario's inputs (benchmarks/descriptor/frame_crop_separation.py,
+    benchmarks/descriptor/nuisance.py)."""
     frames = navigation_frames(ds, s)
     dets = detect(ds, frames, s, np.random.default_rng([s.seed, 3]), frame_shape(ds))
     declined: list[dict] = []

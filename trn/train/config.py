@@ -21,15 +21,13 @@ from pathlib import Path
 
 import yaml
 
-from trn.data.augment import AugmentConfig
-from trn.data.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION
+from trn.data.datasets.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION
+from trn.data.views.augment import AugmentConfig
 from trn.errors import ConfigError
 from trn.models.descriptor import DescriptorConfig, model_config
 from trn.train.losses import loss_spec
 from trn.train.mars import MarsConfig
-from trn.yamlio import load_yaml as _yaml
-from trn.yamlio import strict_fields as _strict
-from trn.yamlio import typename as _typename
+from trn.yamlio import load_yaml as _yaml, strict_fields as _strict, typename as _typename
 
 DATA_KINDS = ("auto", "luna1", "hirise", "folder")
 OPTIMIZERS = ("adam", "adamw")
@@ -124,6 +122,25 @@ class DecisionSection:
 
 
 @dataclass(frozen=True)
+class DistillSection:
+    """Distillation from a trained descriptor (:class:`trn.train.losses.DistillLoss`): each landmark
+    render view's embedding pulled towards ``teacher``'s embedding of the same view (1 - cosine),
+    added with ``weight`` (0: off). ``teacher``: a ``weights.pt`` with the student's embedding size;
+    it reads the view through its own input step (a min-max teacher, a standardising student). The
+    navigation crops of training orbits are left to the metric and decision terms. A run records
+    the teacher file's SHA-256 and resumes only with the same teacher."""
+
+    teacher: str = ""
+    weight: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.weight <= 100:
+            raise ConfigError(f"distill.weight={self.weight}: expected 0 (off) to 100")
+        if self.weight > 0 and not self.teacher:
+            raise ConfigError(f"distill.weight={self.weight} needs distill.teacher: the weights.pt of the teacher")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run depends on; saved, resolved, beside its checkpoint.
 
@@ -155,6 +172,7 @@ class TrainConfig:
     pass. (A training orbit boxes a few hundred craters; drawn only by chance they would be about
     one pair in thirty.)
     decision: the decision term (:class:`DecisionSection`).
+    distill: distillation from a teacher descriptor (:class:`DistillSection`).
     metric_weight: the metric loss's weight (0: off, the decision term alone; a proxy loss wants the
     identities spread to negative cosines, far below what the match threshold needs, and pulls a
     fine-tuned embedding apart to get there).
@@ -191,6 +209,7 @@ class TrainConfig:
     orbit_per_batch: int = 8
     orbit_max_gap: int = 30
     decision: DecisionSection = field(default_factory=DecisionSection)
+    distill: DistillSection = field(default_factory=DistillSection)
     init_proxies: bool = False
     metric_weight: float = 1.0
 
@@ -205,8 +224,9 @@ class TrainConfig:
             raise ConfigError(f"select={self.select!r} needs frame views to validate on: set data.frame_views: true")
         if not 0 <= self.metric_weight <= 100:
             raise ConfigError(f"metric_weight={self.metric_weight}: expected 0 (off) to 100")
-        if self.metric_weight == 0 and self.decision.weight == 0:
-            raise ConfigError("metric_weight=0 and decision.weight=0 leave nothing to train: set one above 0")
+        if self.metric_weight == 0 and self.decision.weight == 0 and self.distill.weight == 0:
+            raise ConfigError("metric_weight=0, decision.weight=0 and distill.weight=0 leave nothing to train: "
+                              "set one above 0")
         if self.init_proxies and not (self.init and self.loss in INIT_PROXY_LOSSES):
             raise ConfigError("init_proxies starts the proxies at a trained model's embeddings: it needs init and a "
                               f"loss with one proxy per identity (one of {INIT_PROXY_LOSSES})")
@@ -277,12 +297,14 @@ def from_dict(doc: dict) -> TrainConfig:
     model = DescriptorConfig.from_dict(m) if preset is None else model_config(preset, **m)
     mars = MarsSection(**_strict(MarsSection, "mars", doc.pop("mars", {})))
     decision = DecisionSection(**_strict(DecisionSection, "decision", doc.pop("decision", {})))
+    distill = DistillSection(**_strict(DistillSection, "distill", doc.pop("distill", {})))
     aug = dict(_strict(AugmentConfig, "augment", doc.pop("augment", {})))
     for k in [f.name for f in dataclasses.fields(AugmentConfig) if f.default.__class__ is tuple]:
         if k in aug and len(aug[k]) != 2:
             raise ConfigError(f"augment.{k}: expected [low, high], got {list(aug[k])}")
     try:
-        return TrainConfig(data=data, model=model, mars=mars, augment=AugmentConfig(**aug), decision=decision, **doc)
+        return TrainConfig(data=data, model=model, mars=mars, augment=AugmentConfig(**aug), decision=decision,
+                           distill=distill, **doc)
     except TypeError as exc:
         raise ConfigError(f"bad config value: {exc}") from None
 
@@ -313,7 +335,7 @@ def resolve_kind(cfg: TrainConfig) -> TrainConfig:
         return cfg
     import logging
 
-    from trn.data.landmarks import detect_kind
+    from trn.data.datasets.landmarks import detect_kind
 
     kind = detect_kind(cfg.data.path)
     logging.getLogger(__name__).info("%s: detected dataset kind %r", cfg.data.path, kind)

@@ -9,15 +9,15 @@ import cv2
 import numpy as np
 import torch
 
-from trn.data import landmarks
-from trn.data.augment import AugmentConfig, Draw, apply, contrast, crop_resize, sample, sample_boxes
-from trn.data.crops import preprocess
-from trn.data.landmarks import LandmarkItem, LandmarkSet, Split, is_frame_view, read_landmarks
-from trn.data.luna1 import read_image
+from trn.data.datasets import landmarks
+from trn.data.datasets.landmarks import LandmarkItem, LandmarkSet, Split, is_frame_view, read_landmarks
+from trn.data.files import read_image
+from trn.data.views.augment import AugmentConfig, Draw, apply, contrast, crop_resize, sample, sample_boxes
+from trn.data.views.crops import preprocess
 from trn.errors import DataError
 from trn.train.config import DataConfig
 
-__all__ = ["preprocess"]  # re-exported: the crop transform lives in trn.data.crops
+__all__ = ["preprocess"]  # re-exported: the crop transform lives in trn.data.views.crops
 
 
 def load_landmarks(cfg: DataConfig) -> LandmarkSet:
@@ -60,7 +60,7 @@ def training_set(cfg: DataConfig, extra_views: bool | None = None,
 
 
 def split_identities(ls: LandmarkSet, cfg: DataConfig) -> Split:
-    """The split of :func:`trn.data.landmarks.split_identities` with the fractions and seed of
+    """The split of :func:`trn.data.datasets.landmarks.split_identities` with the fractions and seed of
     ``cfg`` (50/50 instance-disjoint, Luna-1 navigation craters forced into the test half)."""
     return landmarks.split_identities(ls, cfg.path, cfg.kind, cfg.test_fraction, cfg.val_fraction, cfg.split_seed)
 

@@ -12,6 +12,7 @@ Outputs in the run directory:
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -26,17 +27,17 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from trn.data.augment import Draw, apply
-from trn.data.landmarks import is_frame_view
+from trn.data.datasets.landmarks import is_frame_view
+from trn.data.views.augment import Draw, apply
 from trn.errors import ConfigError, DataError
 # load_descriptor stays importable from here (trn.train.loop.load_descriptor) for existing callers
 from trn.models.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_checked, load_descriptor, load_state,
                                    save_checked)
 from trn.models.descriptor import Descriptor
 from trn.sim.metrics import match_or_insert, separation
-from trn.train.config import TrainConfig, resolve_kind
+from trn.train.config import TrainConfig, from_dict, resolve_kind
 from trn.train.data import ImageBank, make_views, orbit_batches, pair_batches, training_set
-from trn.train.losses import DecisionLoss, MetricLoss
+from trn.train.losses import DecisionLoss, DistillLoss, MetricLoss
 from trn.train.mars import Mars, positive_pairs
 
 log = logging.getLogger(__name__)
@@ -197,7 +198,7 @@ def _val_orbit(cfg: TrainConfig):
     """(dataset, boxes) of the validation orbit, or None."""
     if not cfg.data.val_orbit:
         return None
-    from trn.data.luna1 import read_luna1
+    from trn.data.datasets.luna1 import read_luna1
     from trn.sim.pairs import navigation_boxes
     from trn.sim.scenarios import ScenarioSettings
 
@@ -221,11 +222,40 @@ def _proxies_from_model(model: Descriptor, bank: ImageBank, loss: MetricLoss) ->
     proxies.copy_(embed(model, x).to(proxies))
 
 
+def _teacher(cfg: TrainConfig, device: torch.device) -> tuple[DistillLoss | None, str]:
+    """The distillation term and the teacher file's SHA-256, or (None, "") when it is off."""
+    if cfg.distill.weight == 0:
+        return None, ""
+    path = Path(cfg.distill.teacher)
+    teacher = load_descriptor(path)
+    if teacher.cfg.embed_dim != cfg.model.embed_dim:
+        raise ConfigError(f"distill.teacher={path}: its embeddings have {teacher.cfg.embed_dim} dimensions, the "
+                          f"student's {cfg.model.embed_dim}; choose a teacher of the same embedding size")
+    return DistillLoss(teacher.to(device)), hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def render_rows(batch_ids: int, views: int, orbit_rows: int) -> torch.Tensor:
+    """Row indices of a view-major batch (``views`` x ``batch_ids`` rows, :func:`make_views`)
+    that hold landmark render views: all but the last ``orbit_rows`` identities of each view."""
+    keep = batch_ids - orbit_rows
+    return torch.cat([torch.arange(v * batch_ids, v * batch_ids + keep) for v in range(views)])
+
+
+def _same_config(stored: dict, cfg: TrainConfig) -> bool:
+    """Whether a checkpoint's training configuration is ``cfg`` (settings added to the format
+    since the checkpoint was written count at their defaults)."""
+    try:
+        return from_dict(stored).to_dict() == cfg.to_dict()
+    except (ConfigError, KeyError, TypeError, ValueError):
+        return False
+
+
 @dataclass
 class RunState:
     epoch: int
     best_recall: float
     history: list[dict]
+    teacher_sha256: str = ""
 
 
 def _checkpoint(model: Descriptor, loss: MetricLoss, mars: Mars | None, opt: torch.optim.Optimizer, cfg: TrainConfig,
@@ -235,6 +265,7 @@ def _checkpoint(model: Descriptor, loss: MetricLoss, mars: Mars | None, opt: tor
         "model_config": model.cfg.to_dict(), "train_config": cfg.to_dict(),
         "model": _cpu(model.state_dict()), "loss": loss.state_dict(), "mars": mars.state_dict() if mars else {},
         "optimizer": opt.state_dict(), "epoch": state.epoch, "best_recall": state.best_recall, "history": state.history,
+        "teacher_sha256": state.teacher_sha256,
     }
 
 
@@ -282,7 +313,7 @@ def _plot(history: list[dict], path: Path) -> None:
 
     ep = [h["epoch"] for h in history]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
-    for key in ("metric_loss", "decision_loss"):
+    for key in ("metric_loss", "decision_loss", "distill_loss"):
         if key in history[0]:
             ax[0].plot(ep, [h[key] for h in history], label=key.replace("_", " "))
     stages = sorted(k for k in history[0] if k.startswith("mars_stage"))
@@ -356,6 +387,7 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
     val_orbit = _val_orbit(cfg)
     loss = MetricLoss(cfg.loss, num_classes=len(train_bank), embedding_size=cfg.model.embed_dim)
     decision = DecisionLoss(cfg.decision.threshold, cfg.decision.margin) if cfg.decision.weight > 0 else None
+    distill, teacher_sha = _teacher(cfg, device)
     mars = Mars(cfg.model.stage_channels, cfg.mars.build()) if cfg.mars.enabled else None
     if cfg.init_proxies and not resume:
         _proxies_from_model(model, train_bank, loss)
@@ -373,24 +405,27 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
     steps_per_epoch = len(pair_batches(len(train_bank), batch_ids, torch.Generator().manual_seed(0), cfg.max_batches))
     total_steps = steps_per_epoch * cfg.epochs
     warmup_steps = int(round(cfg.warmup_epochs * steps_per_epoch))
-    state = RunState(0, -1.0, [])
+    state = RunState(0, -1.0, [], teacher_sha)
     last = out / "last.pt"
     if resume:
         if not last.is_file():
             raise DataError("nothing to resume: no last.pt", out)
         ck = load_checked(last, map_location=device)
-        if ck.get("train_config") != cfg.to_dict():
+        if not _same_config(ck.get("train_config"), cfg):
             raise ConfigError(f"{last} was trained with another configuration; resume with the same config")
         for key in ("loss", "mars", "optimizer", "epoch", "best_recall", "history"):
             if key not in ck:
                 raise DataError(f"checkpoint has no {key!r} entry, so the run cannot be resumed; start a new run", last)
+        if ck.get("teacher_sha256", "") != teacher_sha:
+            raise ConfigError(f"{last} was trained with another distillation teacher than {cfg.distill.teacher} "
+                              "(its SHA-256 differs); resume with the run's own teacher file")
         load_state(model, ck["model"], last)
         load_state(loss, ck["loss"], last, "loss")
         if mars is not None:
             load_state(mars, ck["mars"], last, "MARs")
         try:
             opt.load_state_dict(ck["optimizer"])
-            state = RunState(int(ck["epoch"]), float(ck["best_recall"]), list(ck["history"]))
+            state = RunState(int(ck["epoch"]), float(ck["best_recall"]), list(ck["history"]), teacher_sha)
         except (ValueError, KeyError, TypeError) as exc:
             raise DataError(f"optimiser state in the checkpoint does not fit this run ({exc})", last) from None
     (out / "config.yaml").write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False), encoding="utf-8")
@@ -425,6 +460,9 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
             terms = {"metric_loss": cfg.metric_weight * loss(emb, labels)} if cfg.metric_weight > 0 else {}
             if decision is not None:
                 terms["decision_loss"] = cfg.decision.weight * decision(emb, labels)
+            if distill is not None:
+                keep = render_rows(len(ids), cfg.views_per_identity, per).to(device)
+                terms["distill_loss"] = cfg.distill.weight * distill(emb[keep], x[keep])
             if mars is not None:
                 stage_losses = mars(model.backbone.stage_attention(), draws, positive_pairs(labels))
                 terms.update({f"mars_{k}": v for k, v in stage_losses.items()})

@@ -201,3 +201,31 @@ class DecisionLoss(nn.Module):
         pos_term = pos.mean() if pos.numel() else sim.new_zeros(())
         neg_term = neg.sum() / (neg > 0).sum().clamp(min=1)
         return pos_term + neg_term
+
+
+class DistillLoss(nn.Module):
+    """Distillation towards a frozen teacher descriptor: 1 - cosine between the student's
+    embedding of a view and the teacher's embedding of the same view, averaged over the views.
+
+    The teacher runs in eval mode without gradients and reads the images through its own input
+    step, so a teacher trained on min-max crops can teach a student that standardises its input.
+    """
+
+    def __init__(self, teacher: nn.Module):
+        super().__init__()
+        teacher.eval()
+        for p in teacher.parameters():
+            p.requires_grad_(False)
+        # kept out of the module tree: the teacher is not part of the run's state dict
+        self._teacher = (teacher,)
+
+    @property
+    def teacher(self) -> nn.Module:
+        return self._teacher[0]
+
+    def forward(self, student: torch.Tensor, images: torch.Tensor) -> torch.Tensor:
+        if not len(images):
+            return student.new_zeros(())
+        with torch.no_grad():
+            target = F.normalize(self.teacher(images).float(), dim=1)
+        return (1.0 - (F.normalize(student, dim=1) * target).sum(dim=1)).mean()

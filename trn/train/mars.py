@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from trn.data.views.augment import Draw, invert
 from trn.errors import ConfigError
 from trn.models.layers import GeM
-from trn.data.augment import Draw, invert
 
 
 @dataclass(frozen=True)

@@ -4,8 +4,8 @@ A training orbit (``trn-data build ... --segments N --annotate-training-of BUILD
 navigation sequence whose boxes name craters of BUILD's training half only. Every box that
 Moon Navigation would detect there (NMS, uninformative crops declined) is a view of its crater,
 cut exactly as the scenarios cut a detection and with a fresh draw each time it is used: the
-detector's box noise (:func:`trn.data.crops.jitter_box`), the model's crop
-(:func:`trn.data.crops.jittered_crop`: the box or a margin square, min-max normalised, brightness
+detector's box noise (:func:`trn.data.views.crops.jitter_box`), the model's crop
+(:func:`trn.data.views.crops.jittered_crop`: the box or a margin square, min-max normalised, brightness
 and contrast), then the protocol's rotation. A pair of views of one crater is two of its boxes
 in frames of one pass at most ``max_gap`` frames apart (the re-observations Moon Navigation
 matches), or one box under two independent draws when the crater has no other.
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from trn.data.luna1 import read_luna1
+from trn.data.datasets.luna1 import read_luna1
 from trn.errors import ConfigError, DataError
 from trn.sim import scenarios as sc
 from trn.sim.pairs import navigation_boxes

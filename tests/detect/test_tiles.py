@@ -1,0 +1,171 @@
+"""The detector on images of any size: the scale, the tile grid, merging across seams, the
+whole-image NMS against the board's, the one-tile case against the frame path, and a 4000 x 4000
+image run whole with the tile batch as its only large allocation."""
+
+import math
+import tracemalloc
+
+import cv2
+import numpy as np
+import pytest
+
+from trn.detect.boxes import iou_matrix, nms_boxes
+from trn.detect.model import STRIDE, CraterDetector, DetectorConfig
+from trn.detect.tiles import (REFERENCE_CRATER_PX, REFERENCE_GSD_KM, ArraySource, ImageScale, choose_scale, detect_tiled,
+                              nms_large, tile_grid, torch_maps)
+from trn.detect.train import targets
+from trn.errors import ConfigError
+
+
+def test_scale_from_ground_sampling_crater_sizes_or_an_explicit_factor():
+    assert choose_scale(gsd_km=REFERENCE_GSD_KM / 2).factor == pytest.approx(0.5)
+    s = choose_scale(crater_px=(12, 80))
+    assert math.sqrt(12 * 80) * s.factor == pytest.approx(math.sqrt(REFERENCE_CRATER_PX[0] * REFERENCE_CRATER_PX[1]))
+    assert "12-80 image px" in s.describe()
+    assert choose_scale(gsd_km=0.1, crater_px=(12, 80), factor=3.0).factor == 3.0
+    default = choose_scale()
+    assert default.factor == 0.5 and "navigation-camera frame" in default.describe()
+    with pytest.raises(ConfigError, match="MIN <= MAX"):
+        choose_scale(crater_px=(80, 12))
+    with pytest.raises(ConfigError, match="expected 0.001 to 64"):
+        ImageScale(0.0, "x")
+
+
+@pytest.mark.parametrize("shape, factor, overlap", [((1700, 1700), 1.26, 96), ((300, 900), 0.5, 32), ((100, 90), 3.0, 0),
+                                                    ((512, 512), 0.5, 96)])
+def test_tiles_cover_the_image_and_neighbours_share_the_overlap(shape, factor, overlap):
+    tiles = tile_grid(shape, factor, 256, overlap)
+    cover = np.zeros(shape, np.int32)
+    for t in tiles:
+        assert 1 <= t.w <= 256 and 1 <= t.h <= 256
+        assert t.w == min(256, round((t.c1 - t.c0) * factor)) and t.h == min(256, round((t.r1 - t.r0) * factor))
+        cover[t.r0:t.r1, t.c0:t.c1] += 1
+    assert cover.min() >= 1
+    starts = sorted({t.c0 for t in tiles})
+    ends = sorted({t.c1 for t in tiles})
+    for a, b in zip(ends[:-1], starts[1:]):
+        assert a - b >= math.floor(overlap / factor)   # the next tile starts at least `overlap` input px back
+
+
+def test_the_whole_image_nms_equals_the_board_s_on_random_boxes():
+    rng = np.random.default_rng(0)
+    for n in (0, 1, 50, 400):
+        xy = rng.uniform(0, 500, (n, 2))
+        wh = rng.uniform(2, 80, (n, 2))
+        boxes = np.stack([xy[:, 0], xy[:, 0] + wh[:, 0], xy[:, 1], xy[:, 1] + wh[:, 1]], axis=1).astype(np.float32)
+        scores = rng.choice(np.linspace(0.1, 1, 20), n).astype(np.float32)   # ties too
+        for thr in (0.3, 0.5):
+            assert nms_large(boxes, scores, thr).tolist() == nms_boxes(boxes, scores, thr).tolist()
+            assert nms_large(boxes, scores, thr, cell=7.0).tolist() == nms_boxes(boxes, scores, thr).tolist()
+
+
+def oracle(image_shape, craters, factor, size, overlap):
+    """A perfect detector for the tiler: for each tile, in the order the tiler runs them, the
+    training targets (:func:`trn.detect.train.targets`) of the crater boxes as far as they show in
+    that tile (clipped at its edges, as a real network sees a cut crater)."""
+    tiles = iter(tile_grid(image_shape, factor, size, overlap))
+
+    def maps(x):
+        n, out = len(x), size // STRIDE
+        heat, sz, off = np.zeros((n, 1, out, out), np.float32), np.zeros((n, 2, out, out), np.float32), \
+            np.zeros((n, 2, out, out), np.float32)
+        for k in range(n):
+            t = next(tiles)
+            b = np.array(craters, np.float64)
+            b = np.stack([(b[:, 0] - t.c0) * t.fx, (b[:, 1] - t.c0) * t.fx, (b[:, 2] - t.r0) * t.fy,
+                          (b[:, 3] - t.r0) * t.fy], axis=1)
+            b[:, :2] = np.clip(b[:, :2], 0, t.w)
+            b[:, 2:] = np.clip(b[:, 2:], 0, t.h)
+            b = b[(b[:, 1] - b[:, 0] >= 2) & (b[:, 3] - b[:, 2] >= 2)].astype(np.float32)
+            if len(b):
+                heat[k, 0], sz[k], off[k], _ = targets(b, out)
+        return heat, sz, off
+
+    return maps
+
+
+def test_a_crater_cut_by_a_tile_seam_comes_out_as_one_box():
+    shape, factor, size, overlap = (400, 600), 1.0, 128, 48
+    tiles = tile_grid(shape, factor, size, overlap)
+    seam = tiles[0].c1            # the first tile's right edge, inside the second tile
+    corner_r, corner_c = tiles[0].r1, seam
+    craters = [[seam - 20, seam + 20, 40, 80],                    # across a vertical seam
+               [corner_c - 15, corner_c + 15, corner_r - 15, corner_r + 15],   # across a corner of four tiles
+               [300, 330, 300, 330]]                                # whole in its tiles
+    assert tiles[0].inner[1] and craters[0][0] < seam < craters[0][1]
+    run = detect_tiled(oracle(shape, craters, factor, size, overlap), ArraySource(np.zeros(shape, np.uint8)),
+                       ImageScale(factor, "test"), size, STRIDE, 0.5, overlap=overlap, batch=3)
+    got = run.detections.boxes
+    assert len(got) == 3, got
+    iou = iou_matrix(np.array(craters, np.float32), got)
+    assert (iou.max(axis=1) > 0.9).all()
+    # without the seam rule the cut crater's part in the first tile would survive the NMS as a second box
+    assert iou_matrix(np.array([[craters[0][0], seam, 40, 80]], np.float32), np.array([craters[0]], np.float32))[0, 0] <= 0.5
+
+
+def test_a_small_crater_inside_a_large_cut_one_keeps_both():
+    shape, factor, size, overlap = (128, 400), 1.0, 128, 32
+    seam = tile_grid(shape, factor, size, overlap)[0].c1
+    craters = [[seam - 60, seam + 40, 14, 114], [seam + 5, seam + 25, 50, 70]]   # a 20 px crater in a 100 px one
+    run = detect_tiled(oracle(shape, craters, factor, size, overlap), ArraySource(np.zeros(shape, np.uint8)),
+                       ImageScale(factor, "test"), size, STRIDE, 0.5, overlap=overlap)
+    assert len(run.detections) == 2 and (iou_matrix(np.array(craters, np.float32), run.detections.boxes).max(1) > 0.9).all()
+
+
+def test_a_crater_larger_than_the_overlap_across_a_seam_is_still_one_box():
+    shape, factor, size, overlap = (128, 400), 1.0, 128, 32
+    tiles = tile_grid(shape, factor, size, overlap)
+    seam = tiles[0].c1
+    craters = [[seam - 50, seam + 40, 20, 110]]       # 90 px wide, the overlap 32
+    run = detect_tiled(oracle(shape, craters, factor, size, overlap), ArraySource(np.zeros(shape, np.uint8)),
+                       ImageScale(factor, "test"), size, STRIDE, 0.5, overlap=overlap)
+    assert len(run.detections) == 1
+
+
+def bowls(shape, centres, radii, seed=0):
+    """uint8 image of crater-like bowls lit from the left (a dark and a bright half-rim) on noise."""
+    rng = np.random.default_rng(seed)
+    img = np.full(shape, 120, np.float32) + rng.normal(0, 4, shape).astype(np.float32)
+    for (cx, cy), r in zip(centres, radii):
+        r0, r1 = max(0, int(cy - 1.3 * r)), min(shape[0], int(cy + 1.3 * r) + 1)
+        c0, c1 = max(0, int(cx - 1.3 * r)), min(shape[1], int(cx + 1.3 * r) + 1)
+        yy, xx = np.mgrid[r0:r1, c0:c1].astype(np.float32)
+        d = np.hypot(xx - cx, yy - cy) / r
+        inside = d < 1.0
+        shade = np.where(inside, -60.0 * (xx - cx) / r, 0.0) * (1 - d ** 4)
+        rim = np.where((d >= 0.85) & (d < 1.15), 40.0 * (xx - cx) / r, 0.0)
+        img[r0:r1, c0:c1] += (shade + rim).astype(np.float32)
+    return np.clip(img, 0, 255).astype(np.uint8)
+
+
+def test_one_tile_frame_gives_the_frame_path_s_boxes_bit_for_bit():
+    from trn.detect.model import chosen_threshold, load_detector
+    from trn.detect.run import detect_frames
+
+    model, meta = load_detector("models/detector/detector.pt")
+    rng = np.random.default_rng(1)
+    img = bowls((512, 512), rng.uniform(60, 450, (12, 2)), rng.uniform(10, 50, 12))
+    a = detect_frames(model, [img], 0.05)[0]
+    b = detect_tiled(torch_maps(model), ArraySource(img), choose_scale(), 256, STRIDE, 0.05).detections
+    assert len(a) > 0 and np.array_equal(a.boxes, b.boxes) and np.array_equal(a.scores, b.scores)
+    assert chosen_threshold(meta) > 0
+
+
+def test_a_4000_px_image_runs_whole_holding_only_a_tile_batch():
+    shape = (4000, 4000)
+    rng = np.random.default_rng(2)
+    img = bowls(shape, rng.uniform(50, 3950, (300, 2)), rng.uniform(8, 40, 300))
+    # a small network with the largest input, so that few tiles cover the image at full scale
+    model = CraterDetector(DetectorConfig(input_size=1024, widths=(4, 4, 4, 4, 4), depths=(0, 0, 0, 0, 0), neck=4))
+    tracemalloc.start()
+    try:
+        run = detect_tiled(torch_maps(model), ArraySource(img), ImageScale(1.0, "test"), 1024, STRIDE, 0.0, batch=2,
+                           top_k=64)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert run.tiles == 25 and run.batch_bytes == 2 * 1024 * 1024 * 4
+    whole = 4 * shape[0] * shape[1]       # the image at full scale as float32: what a whole-image resize costs
+    assert peak < whole / 2, f"peak traced {peak / 2**20:.1f} MiB"
+    b = run.detections.boxes
+    assert len(b) and b[:, 0].min() >= 0 and b[:, 1].max() <= 4000 and b[:, 3].max() <= 4000
