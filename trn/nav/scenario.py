@@ -760,9 +760,9 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
             view = frame_view(boxes, rot_est, radius, sun, cam, sig, cfg, rule, inputs[-1])
             motion.read(fr, rot_est, radius)
             if prev is not None and t_all[fr] - t_all[prev] <= cfg.motion_window_s:
-                before = sum(motion.ms)
+                spent = sum(motion.ms)  # not ``before``: that is the detections' count before the size gate
                 link = motion.between(prev, fr)
-                motion_ms = sum(motion.ms) - before
+                motion_ms = sum(motion.ms) - spent
         fx = window.add(float(t_all[fr]), radius, alone,
                         functools.partial(frame_hypotheses, *inputs) if cfg.search_near_declared else None, view, link)
         prev = fr
