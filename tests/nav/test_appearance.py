@@ -179,6 +179,10 @@ def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path,
         assert f["declared"] == f["reason"].startswith("verified") and (f["error_km"] is None) != f["declared"]
         assert f["detections"] >= 2 or not f["declared"]
     assert lis["by_detections"][">= 2"]["frames"] == sum(f["detections"] >= 2 for f in frames)
+    # the terrain's motion was measured between the consecutive frames the build rendered, and every
+    # join a fix names is a frame of the report
+    assert lis["motion"] is not None and sum(lis["motion"].values()) > 0
+    assert {j["frame"] for f in frames for j in f["joins"]} <= {f["frame"] for f in frames}
     # the sample of verified and refused hypotheses is drawn on the frames that have a best hypothesis
     drawable = {f["frame"] for f in frames if f["detections"] >= 2 and (f["declared"] or f["best_position_km"])}
     assert set(lis.get("sample_frames", [])) <= drawable

@@ -479,6 +479,19 @@ def test_a_declared_frame_carried_by_motion_fixes_a_frame_that_shares_no_crater(
     assert late[0][1].reason == REASONS[11] and np.linalg.norm(late[0][1].position - sc1) < 0.05
 
 
+def test_a_frame_joined_by_motion_needs_two_of_its_own_detections_to_be_fixed():
+    """Carried from a declared frame, a frame whose one detection is assigned is not fixed (one
+    detection verifies a place too weakly) unless ``motion_min_assigned`` allows one; its crater is
+    then where the carried fix predicts it."""
+    cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r0) >= 3 and len(r1) == 2 and not r0 & r1)
+    one = (sc1, rot1, b1[:1])
+    (first, second), _ = _joined_pair(cmap, [(sc0, rot0, b0), one], _link(sc1 - sc0))
+    assert first.declared and not second.declared
+    (first, second), _ = _joined_pair(cmap, [(sc0, rot0, b0), one], _link(sc1 - sc0),
+                                      LostConfig(motion_min_assigned=1))
+    assert second.declared and second.joins == (Join(-20.0, "motion"),) and np.linalg.norm(second.position - sc1) < 0.1
+
+
 def test_the_displacements_covariance_is_carried_into_the_fix():
     """The joint fit against a brute-force reference: when only the joined frame's craters are
     assigned, the reference frame's position is that frame's bearing fix less the displacement,
@@ -505,7 +518,7 @@ def test_the_displacements_covariance_is_carried_into_the_fix():
         (_, second), _ = _joined_pair(cmap, [(sc0, rot0, b0), (sc1, rot1, b1)], _link(sc1 - sc0, sigma))
         assert second.declared
         traces.append(np.trace(second.cov))
-    assert traces[1] > 1.5 * traces[0]
+    assert traces[1] > 1.2 * traces[0]  # not carried, the two would be alike
 
 
 def _ground_of(view, sc):
@@ -525,7 +538,9 @@ def _ground_of(view, sc):
                                        ({"descriptor_similarity": (0.2, 0.5), "descriptor_nats": (0.0, 99.0)}, "knots"),
                                        ({"descriptor_similarity": (0.2, 0.5), "descriptor_nats": (0.0,)}, "knots"),
                                        ({"motion_window_s": 90.0}, "motion_window_s=90.0: expected 0 to window_s"),
-                                       ({"motion_frames": 1}, "motion_frames")])
+                                       ({"motion_frames": 1}, "motion_frames"),
+                                       ({"motion_min_assigned": 0}, "motion_min_assigned"),
+                                       ({"motion_scale": 0.0}, "motion_scale")])
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         LostConfig(**kw)

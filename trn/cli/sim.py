@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import shlex
 import sys
@@ -309,7 +310,9 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
         sigma = summary.get("centre_sigma_px") if kind == "detector" else None
         if "lost_in_space_fix" in which and lis_map is not None:  # geometry first: no descriptor, one run
             name = f"union catalogue map [{kind} boxes]"
-            lis = lost_in_space_fixes(dsk, lis_map, sk, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed)
+            gate_km = None if args.map_gate is None else args.map_gate * float(lis_map.diameter_km.min())
+            lis = lost_in_space_fixes(dsk, lis_map, sk, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed,
+                                      gate_km=gate_km)
             lis |= {"boxes": summary, "map": "union catalogue of " + str(source)}
             _print_lost_fixes(name, lis)
             _draw_lost(dsk, lis_map, lis, out / f"lost_in_space__{kind}_boxes.jpg")
@@ -382,20 +385,29 @@ def _lost_map(args, source, cfg, wanted: bool):
 def _print_lost_fixes(name: str, rep: dict) -> None:
     print(f"\nlost-in-space fixes, {name} ({rep['detections']} detections, map of {rep['map_size']} craters; "
           "no position prior):")
-    print("| detections per frame | frames | fix declared | with earlier frames | late (max delay s) | within 2 km | "
-          "wrong (> 2 km) | of them misidentified | share within 2 km | the same at the frame's time | "
-          "RMS km (within 2 km) | mean NEES |")
-    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| detections per frame | frames | fix declared | with earlier frames | late (max delay s) | "
+          "joined by motion (wrong) | within 2 km | wrong (> 2 km, of declared) | of them misidentified | "
+          "share within 2 km | the same at the frame's time | RMS km (within 2 km) | mean NEES |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for k, r in rep["by_detections"].items():
         print(f"| {k} | {r['frames']} | {r['declared']} | {r['declared_with_earlier_frames']} | {r['declared_late']} "
-              f"({r['late_delay_s_max']:g}) | {r['within_2km']} | {r['wrong']} | {r['wrong_misidentified']} | "
+              f"({r['late_delay_s_max']:g}) | {r['declared_by_motion']} ({r['wrong_by_motion']}) | {r['within_2km']} | "
+              f"{r['wrong']} ({100 * r['wrong_share_of_declared']:.2f} %) | {r['wrong_misidentified']} | "
               f"{100 * r['share_within_2km']:.1f} % | {100 * r['share_within_2km_at_frame_time']:.1f} % | "
               f"{r['rms_km_within_2km']:.3f} | {r['mean_nees']:.2f} |")
+    if rep.get("gate_km") is not None:
+        print(f"size gate {rep['gate_km']:.1f} km kept {rep['detections']} of {rep['detections_before_gate']} detections")
+    if rep.get("motion") is not None:
+        m = rep["motion"]
+        print(f"terrain motion between consecutive frames: {m['measured']} pairs measured, {m['refused']} refused, "
+              f"{m['dark']} dark, {m['not_on_disk']} with a frame not on disk")
     t = rep["time"]
     print("reasons: " + "; ".join(f"{k}: {v}" for k, v in sorted(rep["reasons"].items(), key=lambda kv: -kv[1])))
     print(f"time (this CPU, one process): {t['ms_per_detection']:.1f} ms per detection over the whole map; "
           f"p50 {t['fix_ms_per_frame_p50']:.1f} ms, p99 {t['fix_ms_per_frame_p99']:.1f} ms per frame; per declared fix "
-          f"p50 {t['ms_per_declared_fix_p50']:.1f} ms, p99 {t['ms_per_declared_fix_p99']:.1f} ms")
+          f"p50 {t['ms_per_declared_fix_p50']:.1f} ms, p99 {t['ms_per_declared_fix_p99']:.1f} ms"
+          + (f"; terrain motion p50 {t['motion_ms_per_pair_p50']:.1f} ms, p99 {t['motion_ms_per_pair_p99']:.1f} ms "
+             "per frame pair" if math.isfinite(t.get("motion_ms_per_pair_p50", float("nan"))) else ""))
 
 
 def _print_map_navigation(name: str, rep: dict) -> None:

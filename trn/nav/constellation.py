@@ -113,7 +113,8 @@ def joint_fit(con: Constellation, cmap: CraterMap, pairs: list[tuple[int, int]],
     error, fitted to the assigned lines of sight ``pairs`` (merged detection, map row) by weighted
     least squares, each displacement error held by its covariance. ``start``: the reference
     position the ranges (and so the weights) are first taken from; ``corrected``: merged
-    detection -> its corrected centre px (:func:`trn.nav.lost.score`), else the first guesses.
+    detection -> its corrected centre px (:func:`trn.nav.lost.score`), else the first guesses;
+    either way with the box's centre sigma (:func:`trn.nav.lost.box_geometry`).
     Each line of sight of frame m constrains ``p + D_m + e_m`` (p the reference position, D_m the
     offset, e_m its error, e_0 = 0) to pass through its landmark; the normal equations hold p and
     every e_m of a frame with pairs. Frames without pairs are placed by their offset alone. The
@@ -131,7 +132,9 @@ def joint_fit(con: Constellation, cmap: CraterMap, pairs: list[tuple[int, int]],
         v = con.views[member[i]]
         if corrected and a in corrected:
             b[i] = pixel_bearings(corrected[a][None], v.camera, v.rot)[0]
-            sig_rad[i] = np.hypot(sig.pixel / v.camera.focal_px, sig.attitude_rad)
+            # the box's own centre sigma: a box cut by the frame's edge keeps its wider one (a crater
+            # filling the frame is often a joined frame's only detection)
+            sig_rad[i] = np.hypot(con.merged.sig_px[a] / v.camera.focal_px, sig.attitude_rad)
         else:
             b[i] = con.merged.b[a]
             sig_rad[i] = con.merged.sig_rad[a]

@@ -43,6 +43,12 @@ candidates.
    joins only with the position it declared. The report says how many frames a fix needed.
 7. **Late fixes** (``late``). A declared frame decides in the same way the undecided earlier frames
    of its window; such a fix is declared at the later frame's time, and the report gives its delay.
+8. **Frames joined by motion** (``motion_joins``, :mod:`trn.nav.constellation`). Frames that share
+   no crater are joined by the terrain's measured displacement between them
+   (:func:`trn.nav.motion.terrain_displacement`): a declared frame of the window, carried through
+   the displacements, fixes the undecided frames whose own detections it finds there; with none,
+   the undecided frames are identified together as one constellation of craters, the
+   displacements' covariance carried into the fix.
 
 Two options are measured on validation and off by default, because each one declared more wrong
 fixes there (``docs/lost_in_space.md``, third round):
@@ -121,7 +127,8 @@ class LostConfig:
     fuse_declared: a declared fix is refined with the fixes declared earlier in the window (a fix
         declared late, with those on both sides of it): one position and velocity, bent by central
         gravity, fitted to all of them (:func:`fuse_fixes`); at least 3 fixes spanning 10 s, each
-        within a 4-sigma gate.
+        within a 4-sigma gate. A fix that motion joined to other frames is neither fused nor fused
+        with: its position rests on their craters already.
     motion_joins: frames that the terrain's measured motion joins (:class:`WindowFixer`, given
         each frame's displacement from the one before) are identified as one constellation
         (:mod:`trn.nav.constellation`): an undecided frame is fixed from a declared frame of the
@@ -130,6 +137,10 @@ class LostConfig:
     motion_window_s: frames joined by motion lie at most this many seconds apart (at most
         ``window_s``: the window forgets older frames).
     motion_frames: frames in one constellation at most (the nearest in time first).
+    motion_min_assigned: a frame is fixed by a constellation only where this many of its own
+        detections are assigned there (fewer, it lends its craters to the constellation and stays
+        undecided: on validation one detection verified a carried place too weakly, 6 % of such
+        fixes lying 2-2.6 km off).
     motion_scale: the frames are resized by this factor before their displacement is measured
         (:class:`trn.nav.motion.MotionConfig` ``scale``): the measurement's cost on a board.
     """
@@ -159,8 +170,9 @@ class LostConfig:
     fuse_declared: bool = True
     motion_joins: bool = True
     motion_window_s: float = 60.0
-    motion_frames: int = 3
-    motion_scale: float = 1.0
+    motion_frames: int = 4
+    motion_min_assigned: int = 2
+    motion_scale: float = 0.5
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> None:
@@ -211,6 +223,8 @@ class LostConfig:
                 "window_s with it")
         if not 2 <= self.motion_frames <= 16:
             bad("motion_frames", "2 to 16 frames in one constellation")
+        if not 1 <= self.motion_min_assigned <= 16:
+            bad("motion_min_assigned", "1 to 16 detections")
         if not 0.05 <= self.motion_scale <= 1.0:
             bad("motion_scale", "0.05 to 1, a factor the frames are resized by")
 
@@ -937,6 +951,13 @@ class _Entry:
     link: object = None
 
 
+def _fusable(fix: LostFix) -> bool:
+    """Whether a declared fix is fused with the window's others (:func:`fuse_fixes`, which takes
+    their errors as independent): not a fix that motion joined to other frames, whose position
+    already rests on those frames' craters."""
+    return not any(j.by == "motion" for j in fix.joins)
+
+
 class WindowFixer:
     """Frames in time order; a frame not decided alone is scored with each earlier frame of the
     window (module docstring, step 6). ``add`` returns the frame's fix. With ``cfg.late`` a frame
@@ -959,12 +980,13 @@ class WindowFixer:
     joins are joined by the terrain's motion (:mod:`trn.nav.constellation`): the frames of the
     last ``motion_window_s`` that an unbroken chain of displacements links to the new frame (at
     most ``motion_frames``, the nearest first). An undecided frame of them is fixed where a
-    declared one, carried through the displacements, puts it, if at least one of its own
-    detections is assigned there and its own score is positive (the declared frame nearest in
+    declared one, carried through the displacements, puts it, if ``motion_min_assigned`` of its
+    own detections are assigned there and its own score is positive (the declared frame nearest in
     time; when the new frame is declared, it decides the undecided earlier ones late); with no
     declared frame among them, the undecided ones are searched together as one constellation and
     decided as a window, and each frame of it whose detections the declared hypothesis assigns
-    (one at least, a positive score) is fixed. Such a fix's ``joins`` name the frames it used."""
+    (``motion_min_assigned`` of them, a positive score) is fixed. Such a fix's ``joins`` name the
+    frames whose craters it used."""
 
     def __init__(self, cfg: LostConfig | None = None, cmap: CraterMap | None = None):
         self.cfg = cfg or LostConfig()
@@ -1087,9 +1109,11 @@ class WindowFixer:
         cfg = self.cfg
         linked = self._linked(entries)
         undecided = [e for e in linked if not e.fix.declared]
+        declared = [e for e in linked if e.fix.declared]
+        if declared:  # carried: only to the frames it could fix
+            undecided = [e for e in undecided if len(e.view.b) >= cfg.motion_min_assigned]
         if not undecided or len(linked) < 2:
             return []
-        declared = [e for e in linked if e.fix.declared]
         ref = declared[0] if declared else undecided[0]
         others = sorted((e for e in undecided if e is not ref), key=lambda e: abs(e.t_s - entries[-1].t_s))
         members = [ref] + others[:cfg.motion_frames - 1]
@@ -1109,9 +1133,12 @@ class WindowFixer:
             if not dec.declared:
                 return []
             best, runner, found = dec.best[0], dec.runner_up, (dec.hypotheses, dec.candidates)
-        used = [m for m in best.members if m.own.pairs and m.own.llr > 0]
+        # the frames whose craters the constellation assigned; of them, a frame is fixed where its own
+        # craters confirm the place: a positive score there and motion_min_assigned assigned detections
+        used = [m for m in best.members if m.own.pairs]
+        fixed = [m for m in used if m.own.llr > 0 and len(m.own.pairs) >= cfg.motion_min_assigned]
         out = []
-        for m in used:
+        for m in fixed:
             e = members[m.index]
             if e.fix.declared:
                 continue
@@ -1124,11 +1151,14 @@ class WindowFixer:
 
     def _declare_late(self, h: _Entry, dec: LostFix, t_s: float, raws: list, new: list) -> None:
         """``h``'s frame declared ``dec`` late, by the frame at ``t_s`` (``raws``: the window's
-        declared fixes, ``new``: the new frame's), fused with the fixes on both sides of it."""
-        h.fix, h.raw = dec, (dec.position, dec.cov)
-        if self.cfg.fuse_declared:  # declared late: the fixes on both sides of it are known
-            self._fuse(dec, h.t_s, raws + new + [(h.t_s, *h.raw)])
-        raws.append((h.t_s, *h.raw))
+        declared fixes, ``new``: the new frame's), fused with the fixes on both sides of it unless
+        motion joined it (:func:`_fusable`)."""
+        h.fix = dec
+        if _fusable(dec):
+            h.raw = (dec.position, dec.cov)
+            if self.cfg.fuse_declared:  # declared late: the fixes on both sides of it are known
+                self._fuse(dec, h.t_s, raws + new + [(h.t_s, *h.raw)])
+            raws.append((h.t_s, *h.raw))
         self.late.append((h.t_s, dec, t_s))
 
     def add(self, t_s: float, radius_km: float, fix: LostFix, rescore=None, view: _Frame | None = None,
@@ -1154,11 +1184,11 @@ class WindowFixer:
         joined = self._motion_joined(self.history + [new]) if moving and not result.declared else []
         if joined and joined[0][0] is new:
             result = new.fix = joined.pop(0)[1]
-        raw = (result.position, result.cov) if result.declared else None
+        raw = (result.position, result.cov) if result.declared and _fusable(result) else None
         # fusions use the fixes as declared, never fused ones
         raws = [(h.t_s, *h.raw) for h in self.history if h.raw is not None]
         new_raw = [] if raw is None else [(t_s, *raw)]
-        if result.declared and cfg.fuse_declared:
+        if raw is not None and cfg.fuse_declared:
             self._fuse(result, t_s, raws + new_raw)
         for h, dec in joined:  # earlier frames the new frame's constellation fixed
             self._declare_late(h, dec, t_s, raws, new_raw)
@@ -1176,7 +1206,6 @@ class WindowFixer:
                         dec.reason = REASONS[9]
                         self._declare_late(h, dec, t_s, raws, new_raw)
             if moving:  # the declared new frame carried to the undecided frames the motion joins to it
-                new.raw = raw
                 for h, dec in self._motion_joined(self.history + [new]):
                     self._declare_late(h, dec, t_s, raws, new_raw)
         new.fix, new.raw = result, raw

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import time
 from dataclasses import dataclass, field
 
 import cv2
@@ -23,9 +24,13 @@ from trn.geometry import MOON_RADIUS_KM, PinholeCamera, quat_to_matrix
 from trn.nav.ekf import MU_KM3_S2, Ekf, accel, state_from_two_fixes
 from trn.nav.fix import angular_sigma, pixel_bearings, ransac_bearings, solve_range
 from trn.nav.lost import box_geometry
-from trn.nav.motion import MotionConfig, image_velocity
+from trn.nav.motion import Displacement, MotionConfig, image_velocity, terrain_displacement
 from trn.nav.sensors import SensorModel
 from trn.nav.spatial import CellIndex
+
+# The clock the lost-in-space report's per-frame and per-pair times are read from: the wall clock;
+# a benchmark on cores other jobs share sets time.process_time (the process's own CPU time).
+clock = time.perf_counter
 
 
 @dataclass(frozen=True)
@@ -156,6 +161,78 @@ def _motion_state(ds: Luna1Dataset, t: np.ndarray, frame: int, now: int, z: np.n
         p[:3, :3], p[3:, 3:] = r, m.cov
         return np.concatenate([z, v]), p
     return None
+
+
+class SequenceMotion:
+    """The terrain's displacement between the consecutive frames of ``ds`` as a lost navigator
+    measures it (:func:`trn.nav.motion.terrain_displacement`, the nadir taken for the vertical):
+    each frame's star-tracker attitude and altimeter reading is drawn once (:meth:`read` gives
+    those a caller drew already, so a frame has one reading), each pair is measured once, and
+    :meth:`between` chains the pairs from one frame to a later one. A pair is missing where a frame
+    is not on disk, dark (the night side) or its shift is refused; the counts and each pair's time
+    are kept for the report."""
+
+    def __init__(self, ds: Luna1Dataset, sensors: SensorModel, cfg: MotionConfig = MotionConfig(), seed: int = 0):
+        self.ds, self.sensors, self.cfg = ds, sensors, cfg
+        self.cam = dataset_camera(ds)
+        self.t = frame_times(ds)
+        self.rot = quat_to_matrix(ds.poses[:, 3:])
+        self.radius = np.linalg.norm(ds.poses[:, :3], axis=1)
+        self.rng = np.random.default_rng([seed, 31])  # the intermediate frames' sensor noise, its own stream
+        self.readings: dict[int, tuple[np.ndarray, float]] = {}
+        self.pairs: dict[int, Displacement | None] = {}
+        self.images: dict[int, np.ndarray | None] = {}
+        self.ms: list[float] = []
+        self.counts = {"measured": 0, "refused": 0, "dark": 0, "not_on_disk": 0}
+
+    def read(self, frame: int, rotation: np.ndarray, radius_km: float) -> None:
+        """The star tracker's attitude and the altimeter's distance the caller drew for ``frame``."""
+        self.readings[frame] = (rotation, radius_km)
+
+    def _reading(self, k: int) -> tuple[np.ndarray, float]:
+        if k not in self.readings:
+            s = self.sensors
+            self.readings[k] = (_small_rotation(self.rng, np.radians(s.attitude_sigma_arcsec / 3600.0)) @ self.rot[k],
+                                float(self.radius[k]) + self.rng.normal(0.0, s.altimeter_sigma_km))
+        return self.readings[k]
+
+    def _image(self, k: int) -> np.ndarray | None:
+        if k not in self.images:
+            path = self.ds.frame_path(k)
+            img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE) if path.is_file() else None
+            self.images = {j: v for j, v in self.images.items() if j >= k - 1}  # consecutive pairs: two at a time
+            self.images[k] = img
+        return self.images[k]
+
+    def pair(self, k: int) -> Displacement | None:
+        """The displacement from frame ``k`` to frame ``k + 1``, measured once."""
+        if k not in self.pairs:
+            a, b = self._image(k), self._image(k + 1)
+            m = None
+            if a is None or b is None:
+                self.counts["not_on_disk"] += 1
+            elif a.max() == 0 or b.max() == 0:  # the night side: nothing to correlate
+                self.counts["dark"] += 1
+            else:
+                (r1, d1), (r2, d2) = self._reading(k), self._reading(k + 1)
+                t0 = clock()
+                m = terrain_displacement(a, b, float(self.t[k]), float(self.t[k + 1]), r1, r2, d1, d2, self.cam,
+                                         self.sensors.altimeter_sigma_km, self.cfg)
+                self.ms.append(1e3 * (clock() - t0))
+                self.counts["measured" if m is not None else "refused"] += 1
+            self.pairs[k] = m
+        return self.pairs[k]
+
+    def between(self, a: int, b: int) -> Displacement | None:
+        """The displacement from frame ``a`` to the later frame ``b``: the pairs between them
+        chained (:meth:`trn.nav.motion.Displacement.then`), None when one of them is missing."""
+        d = None
+        for k in range(a, b):
+            m = self.pair(k)
+            if m is None:
+                return None
+            d = m if d is None else d.then(m)
+        return d
 
 
 def _initial_states(cold: ColdStart, first: tuple | None, t_f: float, z: np.ndarray, r: np.ndarray, image):
@@ -598,7 +675,8 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
 
 def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None = None, cfg=None,
                         box_sigma_px: float | None = None, seed: int = 0, emb=None, omap=None,
-                        matches: tuple[list, np.ndarray] | None = None, compressed: bool = False) -> dict:
+                        matches: tuple[list, np.ndarray] | None = None, compressed: bool = False,
+                        gate_km: float | None = None) -> dict:
     """Every frame's lost-in-space fix against the whole map ``cmap`` (:class:`trn.nav.lost.CraterMap`),
     with no position prior (:func:`trn.nav.lost.frame_hypotheses`, then :class:`trn.nav.lost.WindowFixer`
     over the frames in time order): the star tracker's attitude and the altimeter as
@@ -608,19 +686,29 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     (both need ``emb`` and the descriptor map ``omap``, whose craters ``cmap`` must list in the
     same order). ``matches``: the detections and their similarities to ``omap``, when the caller
     has them already (:func:`map_matches`; map navigation's cold start), so nothing is embedded
-    twice; ``compressed``: the similarities from the map's compressed index. Per frame: detections, declared or not and why, frames the fix needed, the fix's error and
-    sigma, candidates and hypotheses examined, score, time; summaries by detections per frame (a
-    declared fix farther than 2 km from the truth is a wrong fix)."""
+    twice; ``compressed``: the similarities from the map's compressed index. ``gate_km``: drop,
+    before any search, the detections whose box seen from the altimeter's height spans less
+    (:func:`map_size_gate`). With ``cfg.motion_joins`` the terrain's displacement between
+    consecutive frames is measured from the frames on disk (:class:`SequenceMotion`) and joins
+    them (:class:`trn.nav.lost.WindowFixer`). Per frame: detections, declared or not and why,
+    frames the fix needed and the joins it used, the fix's error and sigma, candidates and
+    hypotheses examined, score, time; summaries by detections per frame (a declared fix farther
+    than 2 km from the truth is a wrong fix)."""
     import functools
-    import time
 
-    from trn.nav.lost import LostConfig, Sigmas, VisibilityRule, WindowFixer, frame_hypotheses
+    from trn.nav.lost import LostConfig, Sigmas, VisibilityRule, WindowFixer, frame_hypotheses, frame_view
 
     sensors = sensors or SensorModel()
     cfg = cfg or LostConfig()
     if ds.poses is None or ds.metadata is None or not ds.metadata.camera or len(ds.metadata.frames) != len(ds.poses):
         raise DataError("lost-in-space fixes need poses and metadata.json (camera, frame epochs and Sun)", ds.root)
     flat = frame_detections(ds, s) if matches is None else matches[0]
+    before = len(flat)
+    if gate_km is not None:
+        if matches is not None:
+            raise ConfigError("a size gate on lost-in-space fixes is applied before the similarities are computed: "
+                              "give the detections without their similarities")
+        flat = [d for d, k in zip(flat, map_size_gate(ds, flat, gate_km, sensors.altimeter_sigma_km, s.seed)) if k]
     sims = None
     embed_search_s = 0.0  # stays 0 when the similarities come with ``matches``
     if cfg.uses_descriptor:
@@ -649,9 +737,12 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     by_frame: dict[int, list[int]] = {}
     for k, d in enumerate(flat):
         by_frame.setdefault(d.frame, []).append(k)
-    window = WindowFixer(cfg)
+    window = WindowFixer(cfg, cmap)
+    motion = SequenceMotion(ds, sensors, MotionConfig(scale=cfg.motion_scale), seed) if cfg.motion_joins else None
+    frame_at = {round(float(x), 3): k for k, x in enumerate(t_all)}
     rows: list[dict] = []
     row_at: dict[float, dict] = {}
+    prev = None
     for fr in sorted(by_frame):
         ks = by_frame[fr]
         truth = ds.poses[fr, :3]
@@ -661,21 +752,31 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         rot_est = _small_rotation(rng, np.radians(sensors.attitude_sigma_arcsec / 3600.0)) @ rot[fr]
         radius = float(np.linalg.norm(truth)) + rng.normal(0.0, sensors.altimeter_sigma_km)
         sun = np.asarray(ds.metadata.frames[fr]["sun_dir_body"], np.float64)
-        t1 = time.perf_counter()
+        t1 = clock()
         inputs = (boxes, rot_est, radius, sun, cam, cmap, sig, cfg, rule, None if sims is None else sims[ks])
         alone = frame_hypotheses(*inputs)
+        view, link, motion_ms = None, None, 0.0
+        if motion is not None:
+            view = frame_view(boxes, rot_est, radius, sun, cam, sig, cfg, rule, inputs[-1])
+            motion.read(fr, rot_est, radius)
+            if prev is not None and t_all[fr] - t_all[prev] <= cfg.motion_window_s:
+                spent = sum(motion.ms)  # not ``before``: that is the detections' count before the size gate
+                link = motion.between(prev, fr)
+                motion_ms = sum(motion.ms) - spent
         fx = window.add(float(t_all[fr]), radius, alone,
-                        functools.partial(frame_hypotheses, *inputs) if cfg.search_near_declared else None)
-        ms = (time.perf_counter() - t1) * 1e3
+                        functools.partial(frame_hypotheses, *inputs) if cfg.search_near_declared else None, view, link)
+        prev = fr
+        ms = (clock() - t1) * 1e3 - motion_ms
         rows.append({"frame": int(fr), "time_s": float(t_all[fr]), "detections": len(ks),
                      "in_map": int(np.isin([int(flat[k].label) for k in ks], cmap.ids).sum()),
-                     "candidates": fx.candidates, "hypotheses": fx.hypotheses, "ms": ms,
+                     "candidates": fx.candidates, "hypotheses": fx.hypotheses, "ms": ms, "motion_ms": motion_ms,
                      "boxes": boxes.round(2).tolist(), "labels": [flat[k].label for k in ks]}
-                    | _fix_fields(fx, truth, [flat[k].label for k in ks], cmap))
+                    | _fix_fields(fx, truth, [flat[k].label for k in ks], cmap, frame_at, float(t_all[fr])))
         row_at[float(t_all[fr])] = rows[-1]
         for t_e, late, t_dec in window.late:  # earlier frames this frame decided, late
             r = row_at[t_e]
-            r |= _fix_fields(late, ds.poses[r["frame"], :3], r["labels"], cmap) | {"delay_s": t_dec - t_e}
+            r |= _fix_fields(late, ds.poses[r["frame"], :3], r["labels"], cmap, frame_at, t_e) \
+                | {"delay_s": t_dec - t_e}
         window.late.clear()
 
     def summary(sel: list[dict]) -> dict:
@@ -689,6 +790,9 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                 "share_within_2km": len(good) / len(sel) if sel else float("nan"),
                 "wrong_share_of_declared": (len(dec) - len(good)) / len(dec) if dec else 0.0,
                 "declared_with_earlier_frames": sum(r["frames_used"] > 1 and r["delay_s"] == 0 for r in dec),
+                "declared_by_motion": sum(any(j["by"] == "motion" for j in r["joins"]) for r in dec),
+                "wrong_by_motion": sum(any(j["by"] == "motion" for j in r["joins"]) and r["error_km"] > 2.0
+                                       for r in dec),
                 "declared_late": len(late), "late_delay_s_max": max((r["delay_s"] for r in late), default=0.0),
                 "share_within_2km_at_frame_time": sum(r["error_km"] <= 2.0 for r in dec if r["delay_s"] == 0) / len(sel)
                 if sel else float("nan"),
@@ -704,7 +808,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     ms = np.array([r["ms"] for r in rows]) if rows else np.zeros(1)
     dec_ms = np.array([r["ms"] for r in rows if r["declared"]]) if any(r["declared"] for r in rows) else np.zeros(1)
     return {"config": cfg.to_dict(), "sensors": sensors.to_dict(), "pixel_sigma": pix, "map_size": len(cmap),
-            "detections": len(flat), "rule": {"min_box_px": rule.min_box_px,
+            "detections": len(flat), "detections_before_gate": before, "gate_km": gate_km, "rule": {"min_box_px": rule.min_box_px,
                                               "min_sun_elevation_deg": rule.min_sun_elevation_deg},
             "by_detections": {k: summary([r for r in rows if f(r["detections"])]) for k, f in bins.items()},
             "reasons": reasons,
@@ -713,15 +817,23 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                      "fix_ms_per_frame_p50": float(np.percentile(ms, 50)),
                      "fix_ms_per_frame_p99": float(np.percentile(ms, 99)),
                      "ms_per_declared_fix_p50": float(np.percentile(dec_ms, 50)),
-                     "ms_per_declared_fix_p99": float(np.percentile(dec_ms, 99))},
+                     "ms_per_declared_fix_p99": float(np.percentile(dec_ms, 99)),
+                     "motion_ms_per_pair_p50": float(np.percentile(motion.ms, 50)) if motion and motion.ms
+                     else float("nan"),
+                     "motion_ms_per_pair_p99": float(np.percentile(motion.ms, 99)) if motion and motion.ms
+                     else float("nan")},
+            "motion": None if motion is None else dict(motion.counts),
             "frames": rows}
 
 
-def _fix_fields(fx, truth: np.ndarray, labels: list, cmap) -> dict:
-    """A frame's row fields from its fix (declared or not) against the true position."""
+def _fix_fields(fx, truth: np.ndarray, labels: list, cmap, frame_at: dict[float, int], t_s: float) -> dict:
+    """A frame's (at ``t_s``) row fields from its fix (declared or not) against the true position;
+    ``joins``: the other frames the fix used (frame number, "crater" or "motion", seconds from this
+    frame); ``frame_at``: frame number by time (rounded to the millisecond)."""
     ok = fx.declared
     d = fx.position - truth if ok else None
     return {"declared": ok, "reason": fx.reason, "frames_used": fx.frames, "delay_s": 0.0,
+            "joins": [{"frame": frame_at.get(round(t_s + j.dt_s, 3)), "by": j.by, "dt_s": j.dt_s} for j in fx.joins],
             "position_km": fx.position.tolist() if ok else None, "cov_km2": fx.cov.tolist() if ok else None,
             "error_km": float(np.linalg.norm(d)) if ok else None,
             "sigma_km": float(np.sqrt(np.trace(fx.cov))) if ok else None,
