@@ -35,9 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _hw import hardware  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # moon_navigation_edges, which reports
 
 VARIANTS = ("mirror", "complete", "axis", "clamp")
 
@@ -114,21 +112,10 @@ def main() -> int:
 
         rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
         return train_main(rest)
-    from moon_navigation_edges import edge_breakdown
+    from moon_navigation_edges import report
 
-    from trn.data.datasets.luna1 import read_luna1
-    from trn.sim.embedders import make_embedder
-    from trn.sim.scenarios import ScenarioSettings
-
-    ds = read_luna1(args.data)
-    print(hardware())
-    print(f"data: {args.data}; crops: {args.crop} (near {args.near} px)")
-    for spec in args.models:
-        emb = make_embedder(spec, threads=args.threads)
-        print(f"\n## {spec}\n")
-        print("\n".join(edge_breakdown(ds, emb, ScenarioSettings(), args.threshold or [0.9, 0.85])))
-    return 0
-
+    return report(args.data, args.models, args.threshold, args.threads,
+                  f"; crops: {args.crop} (near {args.near} px)")
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -67,6 +67,27 @@ def edge_breakdown(ds, emb, s, thresholds: list[float]) -> list[str]:
     return lines
 
 
+def report(data: Path, models: list[str], thresholds: list[float] | None, threads: int, note: str = "") -> int:
+    """Print the breakdown of every model on the Luna-1 directory ``data``; 2 on a refused input."""
+    from trn.data.datasets.luna1 import read_luna1
+    from trn.errors import TrnError
+    from trn.sim.embedders import make_embedder
+    from trn.sim.scenarios import ScenarioSettings
+
+    try:
+        ds = read_luna1(data)
+        print(hardware())
+        print(f"data: {data}{note}")
+        for spec in models:
+            emb = make_embedder(spec, threads=threads)
+            print(f"\n## {spec}\n")
+            print("\n".join(edge_breakdown(ds, emb, ScenarioSettings(), thresholds or [0.9, 0.85])))
+    except TrnError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("models", nargs="+", help="shipped model names, run directories or checkpoints")
@@ -74,24 +95,7 @@ def main() -> int:
     ap.add_argument("--threshold", type=float, action="append", help="database thresholds (default 0.9 and 0.85)")
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    from trn.data.datasets.luna1 import read_luna1
-    from trn.errors import TrnError
-    from trn.sim.embedders import make_embedder
-    from trn.sim.scenarios import ScenarioSettings
-
-    try:
-        ds = read_luna1(args.data)
-        print(hardware())
-        print(f"data: {args.data}")
-        for spec in args.models:
-            emb = make_embedder(spec, threads=args.threads)
-            print(f"\n## {spec}\n")
-            print("\n".join(edge_breakdown(ds, emb, ScenarioSettings(), args.threshold or [0.9, 0.85])))
-    except TrnError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    return 0
-
+    return report(args.data, args.models, args.threshold, args.threads)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -18,6 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from trn.errors import ConfigError, DataError
+from trn_board.bundle import sha256_file
 
 
 @dataclass(frozen=True)
@@ -91,14 +92,6 @@ def real_set(name: str) -> RealSet:
     if name not in REAL_SETS:
         raise ConfigError(f"unknown real image set {name!r}; known: {', '.join(sorted(REAL_SETS))}")
     return REAL_SETS[name]
-
-
-def sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def _read_from(source: Path, commit: str, path: str) -> bytes:
