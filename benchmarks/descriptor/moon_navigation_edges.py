@@ -38,7 +38,7 @@ def edge_breakdown(ds, emb, s, thresholds: list[float]) -> list[str]:
     clean = {(f.frame, str(b.id)): sc.Detection(f.frame, str(b.id), (b.l, b.r, b.t, b.b), 1.0, 1.0, 0.0)
              for f in ds.frames for b in f.boxes}
     cut = at_frame_edge([clean[(d.frame, d.label)] for d in dets], sc.frame_shape(ds))
-    e = sc._embed_crops(ds, dets, emb).global_
+    embedded = sc._embed_crops(ds, dets, emb)  # with the model's part tokens where it has them
     labels = [d.label for d in dets]
     lines = [f"{len(dets)} detections of {len(set(labels))} craters; the frame's edge cuts {cut.mean():.0%} of them",
              "| threshold | RA | first seen (cut) | correct | wrong | missed | missed: first cut, now cut | "
@@ -46,7 +46,7 @@ def edge_breakdown(ds, emb, s, thresholds: list[float]) -> list[str]:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for thr in thresholds:
         db = LandmarkDB(sc._db_config(emb, replace(s, threshold=thr)))
-        dec = db.match_or_insert(e, labels=labels)
+        dec = db.match_or_insert(embedded.global_, labels=labels, tokens=embedded.tokens)
         first_cut: dict[str, bool] = {}
         n = Counter()
         for i, (x, lab) in enumerate(zip(dec, labels)):

@@ -120,3 +120,26 @@ def test_tokens_rerank_the_shortlist():
         db.query(g[0], tokens=t[:, :1])
     with pytest.raises(DataError, match="pass tokens"):
         db.query(g[0])
+
+
+def test_token_weight_mixes_cosine_and_late_interaction(tmp_path):
+    e = np.eye(4, dtype=np.float32)
+    stored = e[[0]]
+    query = at_cosine(e[0], e[1], 0.8)[None]  # cosine 0.8 with the stored landmark
+    t_stored = np.zeros((1, 2, 4), np.float32)
+    t_stored[0, 0, 2] = 1
+    t_stored[0, 1, 3] = 1
+    t_query = t_stored.copy()
+    t_query[0, 1] = at_cosine(e[3], e[1], 0.5)  # one token matches fully, the other at 0.5: LI 0.75
+    for w, want in ((1.0, 0.75), (0.5, 0.775), (0.0, 0.8)):
+        db = LandmarkDB(DBConfig(dim=4, threshold=0.77, tokens=2, token_dim=4, shortlist=1, token_weight=w))
+        db.add(stored, labels=["a"], tokens=t_stored)
+        d = db.query(query, tokens=t_query)[0]
+        assert d.score == pytest.approx(want, abs=2e-3)  # tokens are stored as int8
+        assert d.matched == (want >= 0.77)
+    db.save(tmp_path / "db")
+    assert LandmarkDB.load(tmp_path / "db").cfg.token_weight == 0.0
+    # a configuration written before the weight existed scores by late interaction alone
+    assert DBConfig.from_dict({"dim": 4, "tokens": 2, "token_dim": 4}).token_weight == 1.0
+    with pytest.raises(ConfigError, match="token_weight"):
+        DBConfig(dim=4, tokens=2, token_dim=4, token_weight=1.5)

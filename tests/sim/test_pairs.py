@@ -64,3 +64,21 @@ def test_perturbed_draws_only_the_named_perturbations():
     assert any(d.box != clean[0].box for d in noise) and all(d.angle == 0.0 for d in noise)
     with pytest.raises(ValueError, match="unknown perturbations"):
         perturbed(clean, ("blur",), s, np.random.default_rng(1), (512, 512))
+
+
+def test_pair_scores_are_the_databases_decision_scores():
+    from trn.db import DBConfig, LandmarkDB
+    from trn.sim.embedders import Embeddings
+    from trn.sim.pairs import pair_scores
+
+    rng = np.random.default_rng(0)
+    unit = lambda x: x / np.linalg.norm(x, axis=-1, keepdims=True)  # noqa: E731
+    g = unit(rng.normal(size=(3, 8))).astype(np.float32)
+    t = unit(rng.normal(size=(3, 4, 8))).astype(np.float32)
+    p = np.array([[0, 1], [2, 0]])
+    assert np.allclose(pair_scores(Embeddings(g, None), p), [(g[0] * g[1]).sum(), (g[2] * g[0]).sum()])
+    fused = pair_scores(Embeddings(g, t), p, 0.5)
+    for (q, c), want in zip(p, fused):
+        db = LandmarkDB(DBConfig(dim=8, threshold=-1.0, tokens=4, token_dim=8, shortlist=1, token_weight=0.5))
+        db.add(g[c:c + 1], labels=["c"], tokens=t[c:c + 1])
+        assert db.query(g[q], tokens=t[q:q + 1])[0].score == pytest.approx(float(want), abs=5e-3)  # int8 storage

@@ -7,8 +7,9 @@ queries one after another would be: each query also sees the landmarks inserted 
 before it in the batch.
 
 With instance tokens (``DBConfig.tokens`` > 0) matching is two-stage: the global embedding gives a
-shortlist of ``shortlist`` candidates, which are re-ranked by late interaction of the tokens; the
-threshold then applies to the late-interaction score.
+shortlist of ``shortlist`` candidates, which are re-ranked by late interaction of the tokens (or by
+a weighted sum of cosine and late interaction, ``token_weight``); the threshold then applies to
+that score.
 
 Every entry carries an optional label (the ground-truth identity) so that scenarios can count
 correct, incorrect and missed matches; the database never uses labels to decide.
@@ -48,7 +49,10 @@ class DBConfig:
     ``ivf_train_size`` entries exist, then trained once on the first ones).
     nlist / nprobe: IVF lists and lists probed per query. ivf_train_size: 0 means 32 * nlist.
     tokens / token_dim: instance tokens per entry and their size (0: none).
-    shortlist: candidates S taken from the global index before re-ranking (>= 1)."""
+    shortlist: candidates S taken from the global index before re-ranking (>= 1).
+    token_weight: with tokens, the decision score is ``(1 - w) * cosine + w * late interaction``
+        (1: late interaction alone, the instance tokens' score; a model's learned part tokens name
+        their own weight, ``part_weight``)."""
 
     dim: int = 512
     threshold: float = 0.9
@@ -59,6 +63,7 @@ class DBConfig:
     tokens: int = 0
     token_dim: int = 0
     shortlist: int = 10
+    token_weight: float = 1.0
 
     def __post_init__(self) -> None:
         if self.dim < 1:
@@ -75,6 +80,9 @@ class DBConfig:
             raise ConfigError(f"database tokens={self.tokens}, token_dim={self.token_dim}: set both or neither")
         if self.shortlist < 1:
             raise ConfigError(f"database shortlist={self.shortlist}: need >= 1")
+        if not 0.0 <= self.token_weight <= 1.0:
+            raise ConfigError(f"database token_weight={self.token_weight}: expected 0 (cosine only) to 1 "
+                              "(late interaction only)")
 
     @property
     def train_size(self) -> int:
@@ -248,9 +256,12 @@ class LandmarkDB:
             return int(cand[best]), float(csim[best])
         stored = [pending_tokens[r] if r in pending_tokens else
                   dequantize(self._tok.view[r], self._scale.view[r]) for r in cand.tolist()]
-        li = late_interaction(qt, np.stack(stored))
-        best = np.lexsort((cand, -li))[0]
-        return int(cand[best]), float(li[best])
+        w = self.cfg.token_weight
+        score = late_interaction(qt, np.stack(stored))
+        if w < 1.0:
+            score = ((1.0 - w) * csim + w * score).astype(np.float32)
+        best = np.lexsort((cand, -score))[0]
+        return int(cand[best]), float(score[best])
 
     def _decide(self, queries: np.ndarray, tokens: np.ndarray | None, labels: list[str | None] | None,
                 insert: bool) -> list[Decision]:

@@ -23,6 +23,7 @@ import copy
 import torch
 from torch import nn
 
+from trn.errors import ConfigError
 from trn.models.descriptor import Bottleneck, Descriptor
 from trn.models.layers import CoordinateAttention, RICConv2d
 
@@ -90,6 +91,11 @@ class ExportGraph(nn.Module):
 
     def __init__(self, model: Descriptor):
         super().__init__()
+        if model.parts is not None:
+            # the graph has no output for them: an export would fly without what the model matches by
+            raise ConfigError(f"model {model.cfg.name!r} carries learned part tokens, which the exported graphs do "
+                              "not carry yet; export the descriptor the part head was trained on (trn-train-parts "
+                              "--model) for its global embedding")
         folded = fold_batchnorm(model)
         self.standardize = folded.standardize
         self.input_norm = model.cfg.input_norm

@@ -20,6 +20,8 @@ CONVS = ("conv2d", "ric")
 ATTENTIONS = ("se", "ca")
 INPUT_NORMS = ("minmax", "disk")
 INPUT_FIELDS = ("input_norm", "crop_margin")
+# how a database scores with part tokens: not a weight's shape
+MATCH_FIELDS = ("part_weight",)
 MAX_CROP_MARGIN = 3.0
 
 
@@ -46,6 +48,14 @@ class DescriptorConfig:
         (resized to the square input); m > 1 is the square of m times the box's longer side
         centred on the box (:func:`trn.data.views.crops.square_crop`), context around the rim that
         survives the detector's box noise. Landmark renders carry their own margin.
+    part_dim: size of the learned part tokens (0: none). With it the model carries
+        :class:`PartTokens`: a per-location head (1x1 convolutions) on the output of stage
+        ``part_stage`` (0-based; -2 is the second-to-last), one L2-normalised token for every
+        location inside the disk inscribed in that map, trained for late interaction
+        (:mod:`trn.train.parts`) so that a part of a crater matches the same part in another crop.
+    part_hidden: width of the part head's hidden layer.
+    part_weight: the weight of late interaction in the decision score
+        ``(1 - w) * cosine + w * late interaction`` that a database holding part tokens uses.
     """
 
     name: str = "custom"
@@ -64,6 +74,10 @@ class DescriptorConfig:
     exportable: bool = False
     input_norm: str = "minmax"
     crop_margin: float = 1.0
+    part_dim: int = 0
+    part_hidden: int = 512
+    part_stage: int = -2
+    part_weight: float = 0.5
 
     def __post_init__(self) -> None:
         if self.input_norm not in INPUT_NORMS:
@@ -89,6 +103,14 @@ class DescriptorConfig:
                               f"{len(self.layers)} stages (total stride {stride})")
         if not 8 <= self.embed_dim <= 4096:
             raise ConfigError(f"model embed_dim={self.embed_dim}: expected 8 to 4096")
+        if not 0 <= self.part_dim <= 1024 or not 1 <= self.part_hidden <= 4096:
+            raise ConfigError(f"model part_dim={self.part_dim}, part_hidden={self.part_hidden}: expected 0 (no part "
+                              "tokens) to 1024 and a hidden width of 1 to 4096")
+        if not -len(self.layers) <= self.part_stage < len(self.layers):
+            raise ConfigError(f"model part_stage={self.part_stage}: this model has {len(self.layers)} stages "
+                              f"(0 to {len(self.layers) - 1}, or negative from the last)")
+        if not 0.0 <= self.part_weight <= 1.0:
+            raise ConfigError(f"model part_weight={self.part_weight}: expected 0 (cosine only) to 1 (late interaction only)")
 
     @property
     def stage_channels(self) -> tuple[int, ...]:
@@ -109,7 +131,7 @@ class DescriptorConfig:
         (``input_norm``, ``crop_margin``), so that a model trained on min-max crops can start a
         run that standardises its input or cuts a margin."""
         d = self.to_dict()
-        for k in INPUT_FIELDS:
+        for k in INPUT_FIELDS + MATCH_FIELDS:
             d.pop(k)
         return d
 
@@ -186,6 +208,15 @@ class ResNeXt(nn.Module):
             x = s(x)
         return x
 
+    def forward_stages(self, x: torch.Tensor) -> list[torch.Tensor]:
+        """The output of every stage, first to last."""
+        out = []
+        x = self.stem(x)
+        for s in self.stages:
+            x = s(x)
+            out.append(x)
+        return out
+
     def stage_attention(self) -> list[torch.Tensor]:
         """Attention maps of the last bottleneck of each stage, from the latest forward pass
         (CA: [N, C, H, W]; SE: [N, C, 1, 1])."""
@@ -196,6 +227,30 @@ class ResNeXt(nn.Module):
                 raise RuntimeError("no attention recorded: run a forward pass first")
             maps.append(a)
         return maps
+
+
+def disk_cells(h: int, w: int) -> torch.Tensor:
+    """bool [h * w]: the cells of an h x w map whose centres lie inside the disk inscribed in it
+    (the part of the map a disk-standardised crop fills; 32 of a 6 x 6 map)."""
+    yy, xx = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
+    r = torch.hypot(yy - (h - 1) / 2, xx - (w - 1) / 2)
+    return (r <= min(h, w) / 2).reshape(-1)
+
+
+class PartTokens(nn.Module):
+    """Learned part tokens: 1x1 convolution -> ReLU -> 1x1 convolution on a stage's feature map,
+    the locations inside the inscribed disk kept, each token L2-normalised:
+    [N, C, h, w] -> [N, L, part_dim]."""
+
+    def __init__(self, in_ch: int, hidden: int, dim: int):
+        super().__init__()
+        self.mlp = nn.Sequential(nn.Conv2d(in_ch, hidden, 1), nn.ReLU(inplace=True), nn.Conv2d(hidden, dim, 1))
+
+    def forward(self, feat: torch.Tensor) -> torch.Tensor:
+        y = self.mlp(feat)
+        n, d, h, w = y.shape
+        y = y.permute(0, 2, 3, 1).reshape(n, h * w, d)[:, disk_cells(h, w)]
+        return F.normalize(y, dim=-1)
 
 
 class Descriptor(nn.Module):
@@ -216,6 +271,9 @@ class Descriptor(nn.Module):
         self.bn = nn.BatchNorm1d(cfg.embed_dim)
         self.act = nn.PReLU()
         self.standardize: nn.Module | None = DiskStandardize() if cfg.input_norm == "disk" else None
+        self.parts: PartTokens | None = None
+        if cfg.part_dim:
+            self.parts = PartTokens(cfg.stage_channels[cfg.part_stage], cfg.part_hidden, cfg.part_dim)
 
     def prepare(self, x: torch.Tensor) -> torch.Tensor:
         """The backbone's input: ``x`` itself, or standardised over the disk."""
@@ -233,6 +291,28 @@ class Descriptor(nn.Module):
         """(embeddings [N, D], last feature map [N, C, h, w]) — the feature map feeds instance tokens."""
         feat = self.backbone(self.prepare(x))
         return self.embed_features(feat), feat
+
+    @property
+    def part_count(self) -> int:
+        """Part tokens per crop (0 without a part head)."""
+        if self.parts is None:
+            return 0
+        side = self.cfg.input_size // self.cfg.stage_strides[self.cfg.part_stage]
+        return int(disk_cells(side, side).sum())
+
+    def part_features(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(embeddings [N, D], the feature map of stage ``part_stage`` [N, C, h, w]): what the part
+        head reads, for a head trained on a frozen backbone."""
+        stages = self.backbone.forward_stages(self.prepare(x))
+        return self.embed_features(stages[-1]), stages[self.cfg.part_stage]
+
+    def forward_parts(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(embeddings [N, D], part tokens [N, L, part_dim]) of a model with a part head."""
+        if self.parts is None:
+            raise ConfigError(f"model {self.cfg.name!r} has no part tokens (part_dim=0); train a part head "
+                              "with trn-train-parts")
+        e, feat = self.part_features(x)
+        return e, self.parts(feat)
 
 
 _REGISTRY: dict[str, DescriptorConfig] = {}

@@ -58,7 +58,8 @@ def _check_images(images: np.ndarray, size: int) -> np.ndarray:
 class TorchEmbedder:
     """A trained :class:`Descriptor`, evaluated on the CPU in batches; with ``token_cfg`` it also
     returns K instance tokens from the last feature map (projected by the head when
-    ``token_cfg.project``)."""
+    ``token_cfg.project``), and a model with a part head returns its learned part tokens, to be
+    scored with its own ``part_weight`` (``token_weight``)."""
 
     def __init__(self, model: Descriptor, name: str, token_cfg: TokenConfig | None = None, batch: int = 128):
         self.model = model.eval()
@@ -70,6 +71,14 @@ class TorchEmbedder:
         self.batch = batch
         self.tokens = 0
         self.token_dim = 0
+        self.token_weight = 1.0
+        if model.parts is not None:
+            # learned part tokens: every disk location of the part stage, no aggregation
+            if token_cfg is not None:
+                raise ConfigError(f"{name} carries learned part tokens; instance tokens (--tokens) are for models "
+                                  "without them")
+            self.tokens, self.token_dim = model.part_count, model.cfg.part_dim
+            self.token_weight = model.cfg.part_weight
         if token_cfg is not None:
             cells = (self.input_size // model.cfg.stage_strides[-1]) ** 2
             if token_cfg.k > cells:
@@ -94,12 +103,17 @@ class TorchEmbedder:
         g, t = [], []
         for i in range(0, len(x), self.batch):
             xb = torch.from_numpy(x[i:i + self.batch])[:, None]
-            e, feat = self.model.forward_with_features(xb)
+            if self.model.parts is not None:
+                e, parts = self.model.forward_parts(xb)
+                t.append(parts.numpy())
+            else:
+                e, feat = self.model.forward_with_features(xb)
+                if self.token_cfg is not None:
+                    t.append(self._tokens(feat))
             g.append(e.numpy())
-            if self.token_cfg is not None:
-                t.append(self._tokens(feat))
         glob = np.concatenate(g) if g else np.zeros((0, self.dim), np.float32)
-        toks = (np.concatenate(t) if t else np.zeros((0, self.tokens, self.token_dim), np.float32)) if self.token_cfg else None
+        toks = ((np.concatenate(t) if t else np.zeros((0, self.tokens, self.token_dim), np.float32))
+                if self.tokens else None)
         return Embeddings(glob, toks)
 
 

@@ -132,6 +132,19 @@ def pair_shares(ds: Luna1Dataset, emb, s: sc.ScenarioSettings, parts: tuple[str,
     anywhere = impostor_sample(clean, per_box, np.random.default_rng([seed, 104_723]))
     dets = perturbed(clean, parts, s, np.random.default_rng([seed, 7919, *(PERTURBATIONS.index(p) + 1 for p in parts)]),
                      sc.frame_shape(ds))
-    e = sc._embed_crops(ds, dets, emb).global_
-    cos = lambda p: (e[p[:, 0]] * e[p[:, 1]]).sum(1)  # noqa: E731
-    return PairShares(cos(same), cos(other), s.threshold if threshold is None else threshold, cos(anywhere))
+    embedded = sc._embed_crops(ds, dets, emb)
+    score = lambda p: pair_scores(embedded, p, getattr(emb, "token_weight", 1.0))  # noqa: E731
+    return PairShares(score(same), score(other), s.threshold if threshold is None else threshold, score(anywhere))
+
+
+def pair_scores(embedded, pairs: np.ndarray, token_weight: float = 1.0) -> np.ndarray:
+    """The database's decision score of each index pair [P, 2] (first: the query): the cosine of
+    the global embeddings, or with instance or part tokens ``(1 - w) * cosine + w * late
+    interaction`` (:func:`trn.db.tokens.late_interaction`)."""
+    e, t = embedded.global_, embedded.tokens
+    cos = (e[pairs[:, 0]] * e[pairs[:, 1]]).sum(1)
+    if t is None or not len(pairs):
+        return cos
+    sims = np.einsum("pqd,pkd->pqk", t[pairs[:, 0]], t[pairs[:, 1]], optimize=True)
+    li = sims.max(axis=2).mean(axis=1)
+    return ((1.0 - token_weight) * cos + token_weight * li).astype(np.float32)

@@ -344,7 +344,8 @@ class ScenarioResult:
 def _db_config(emb: Embedder, s: ScenarioSettings, threshold: float | None = None) -> DBConfig:
     # an embedder may carry its own shortlist size (token studies compare several)
     return DBConfig(dim=emb.dim, threshold=s.threshold if threshold is None else threshold, tokens=emb.tokens,
-                    token_dim=emb.token_dim, shortlist=getattr(emb, "shortlist", None) or s.shortlist)
+                    token_dim=emb.token_dim, shortlist=getattr(emb, "shortlist", None) or s.shortlist,
+                    token_weight=getattr(emb, "token_weight", 1.0))
 
 
 def _scores(decisions: list[Decision], labels: list[str]) -> dict:
