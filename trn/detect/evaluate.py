@@ -85,8 +85,7 @@ def average_precision(scores: np.ndarray, hits: np.ndarray, n_labels: int) -> fl
     tp, fp = np.cumsum(h), np.cumsum(~h)
     recall = tp / n_labels
     precision = tp / np.maximum(tp + fp, 1)
-    for k in range(len(precision) - 2, -1, -1):
-        precision[k] = max(precision[k], precision[k + 1])
+    precision = np.maximum.accumulate(precision[::-1])[::-1]   # the best precision at this recall or higher
     idx = np.searchsorted(recall, RECALL_POINTS, side="left")
     return float(np.mean([precision[i] if i < len(precision) else 0.0 for i in idx]))
 
