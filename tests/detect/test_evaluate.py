@@ -70,3 +70,24 @@ def test_detections_on_ignored_labels_count_neither_way() -> None:
     assert (s.precision, s.recall) == (0.5, 1.0)
     plain = match_frame(det, scores, gt)
     assert summarise([plain], 0.5).precision == pytest.approx(1 / 3)
+
+
+def test_small_unmatched_detections_are_left_out_over_the_labelled_size_range() -> None:
+    from trn.detect.evaluate import match_frame_min_side
+
+    gt = np.array([[0, 6, 0, 6], [20, 32, 20, 32], [60, 90, 60, 90]], np.float32)   # 6, 12 and 30 px
+    det = np.array([[0, 6, 0, 6],            # 6 px on the 6 px label: a hit, whatever its size
+                    [40, 45, 40, 45],        # 5 px on nothing: left out
+                    [100, 107, 100, 108],    # sqrt(7 x 8) = 7.48 px on nothing: left out
+                    [20, 32, 20, 32],        # a hit
+                    [200, 208, 200, 208],    # 8 px on nothing: false
+                    [300, 320, 300, 320]],   # 20 px on nothing: false
+                   np.float32)
+    scores = np.array([0.9, 0.8, 0.7, 0.6, 0.5, 0.4])
+    m = match_frame_min_side(det, scores, gt, 8.0)
+    assert m.scores.tolist() == [0.9, 0.6, 0.5, 0.4] and m.det_hit.tolist() == [True, True, False, False]
+    assert m.gt_hit.tolist() == [True, True, False]
+    s = summarise([m], 0.45)
+    assert (s.detections, s.hits, s.precision, s.recall) == (3, 2, 2 / 3, 2 / 3)
+    plain = summarise([match_frame(det, scores, gt)], 0.45)
+    assert (plain.detections, plain.precision, plain.recall) == (5, 2 / 5, 2 / 3)

@@ -1,6 +1,7 @@
 """The detector on images of any size: the scale, the tile grid, merging across seams, the
 whole-image NMS against the board's, the one-tile case against the frame path, and a 4000 x 4000
-image run whole with the tile batch as its only large allocation."""
+image run whole with the tile batch as its only large allocation; several scales, each keeping
+its band of sizes, merged by the one NMS."""
 
 import math
 import tracemalloc
@@ -11,8 +12,9 @@ import pytest
 
 from trn.detect.boxes import iou_matrix, nms_boxes
 from trn.detect.model import STRIDE, CraterDetector, DetectorConfig
-from trn.detect.tiles import (REFERENCE_CRATER_PX, REFERENCE_GSD_KM, ArraySource, ImageScale, choose_scale, detect_tiled,
-                              nms_large, tile_grid, torch_maps)
+from trn.detect.tiles import (REFERENCE_CRATER_PX, REFERENCE_GSD_KM, ArraySource, ImageScale, ScaleBand, box_side,
+                              choose_scale, default_bands, detect_multiscale, detect_tiled, nms_large, tile_boxes,
+                              tile_grid, torch_maps)
 from trn.detect.train import targets
 from trn.errors import ConfigError
 
@@ -169,3 +171,115 @@ def test_a_4000_px_image_runs_whole_holding_only_a_tile_batch():
     assert peak < whole / 2, f"peak traced {peak / 2**20:.1f} MiB"
     b = run.detections.boxes
     assert len(b) and b[:, 0].min() >= 0 and b[:, 1].max() <= 4000 and b[:, 3].max() <= 4000
+
+
+def ranged_oracle(image_shape, craters, bands, size, overlap, seen_px=(0.0, math.inf)):
+    """A detector for the multi-scale tiler, over the tiles of every band's scale in the order the
+    tiler runs them: a crater whose side in the network input lies in ``seen_px`` gives its box
+    (clipped to the tile, as :func:`oracle`); a larger one gives a wrong box, half its size around
+    its centre (a network that catches only the floor of a crater too large for it); a smaller one
+    gives nothing."""
+    tiles = iter([(b.factor, t) for b in bands for t in tile_grid(image_shape, b.factor, size, overlap)])
+
+    def maps(x):
+        n, out = len(x), size // STRIDE
+        heat, sz, off = np.zeros((n, 1, out, out), np.float32), np.zeros((n, 2, out, out), np.float32), \
+            np.zeros((n, 2, out, out), np.float32)
+        for k in range(n):
+            f, t = next(tiles)
+            b = np.array(craters, np.float64)
+            side = np.sqrt((b[:, 1] - b[:, 0]) * (b[:, 3] - b[:, 2])) * f
+            cx, cy, half = (b[:, 0] + b[:, 1]) / 2, (b[:, 2] + b[:, 3]) / 2, (b[:, 1] - b[:, 0]) / 4
+            big = side > seen_px[1]
+            b[big] = np.stack([cx - half, cx + half, cy - half, cy + half], axis=1)[big]
+            b = b[side >= seen_px[0]]
+            b = np.stack([(b[:, 0] - t.c0) * t.fx, (b[:, 1] - t.c0) * t.fx, (b[:, 2] - t.r0) * t.fy,
+                          (b[:, 3] - t.r0) * t.fy], axis=1)
+            b[:, :2] = np.clip(b[:, :2], 0, t.w)
+            b[:, 2:] = np.clip(b[:, 2:], 0, t.h)
+            b = b[(b[:, 1] - b[:, 0] >= 2) & (b[:, 3] - b[:, 2] >= 2)].astype(np.float32)
+            if len(b):
+                heat[k, 0], sz[k], off[k], _ = targets(b, out)
+        return heat, sz, off
+
+    return maps
+
+
+def test_default_bands_meet_where_a_crater_is_as_far_from_the_trained_sizes_at_either_scale():
+    b = default_bands([0.6, 2.0])
+    mid = math.sqrt(REFERENCE_CRATER_PX[0] * REFERENCE_CRATER_PX[1])
+    assert [x.factor for x in b] == [0.6, 2.0]
+    assert b[1].min_px == 0.0 and b[0].max_px == math.inf
+    assert b[1].max_px == b[0].min_px == pytest.approx(mid / math.sqrt(1.2))
+    assert b[1].max_px * 2.0 / mid == pytest.approx(mid / (b[0].min_px * 0.6))
+    with pytest.raises(ConfigError, match="0 <= MIN < MAX"):
+        ScaleBand(1.0, 30.0, 20.0)
+    with pytest.raises(ConfigError, match="each scale once"):
+        default_bands([1.0, 1.0])
+
+
+def test_a_large_and_a_small_crater_are_each_found_once_at_their_own_scale():
+    shape, size, overlap = (400, 400), 256, 96
+    small, large = [293, 307, 293, 307], [69, 219, 69, 219]      # 14 and 150 image px
+    bands = default_bands([2.0, 0.6])                             # boundary about 36 image px
+    seen = (10.0, 120.0)                                          # network px this detector sees well
+    run = detect_multiscale(ranged_oracle(shape, [small, large], bands, size, overlap, seen),
+                            ArraySource(np.zeros(shape, np.uint8)), bands, size, STRIDE, 0.5, overlap=overlap)
+    assert len(run.detections) == 2 and run.tiles == (25, 1)
+    iou = iou_matrix(np.array([small, large], np.float32), run.detections.boxes)
+    assert (iou.max(axis=1) > 0.9).all()
+    assert run.band[iou[0].argmax()] == 0 and run.band[iou[1].argmax()] == 1   # small from 2.0, large from 0.6
+    assert "2 (boxes of 0-35.8" in run.describe() or "2 (boxes of 0-35.7" in run.describe()
+    # scale 2 alone misses the large crater (a wrong box inside it); both scales without bands keep that box too
+    one = detect_tiled(ranged_oracle(shape, [small, large], bands[:1], size, overlap, seen),
+                       ArraySource(np.zeros(shape, np.uint8)), ImageScale(2.0, "test"), size, STRIDE, 0.5,
+                       overlap=overlap).detections
+    assert iou_matrix(np.array([large], np.float32), one.boxes).max() < 0.5
+    open_bands = [ScaleBand(2.0), ScaleBand(0.6)]
+    both = detect_multiscale(ranged_oracle(shape, [small, large], open_bands, size, overlap, seen),
+                             ArraySource(np.zeros(shape, np.uint8)), open_bands, size, STRIDE, 0.5, overlap=overlap)
+    assert len(both.detections) == 3
+
+
+def test_each_scale_keeps_only_the_boxes_of_its_band():
+    shape, size, overlap = (600, 600), 256, 96
+    rng = np.random.default_rng(3)
+    side = rng.uniform(8, 120, 40)
+    side = side[np.abs(side - 30) > 3]                            # clear of the boundary
+    xy = rng.uniform(70, 530, (len(side), 2))
+    craters = np.stack([xy[:, 0] - side / 2, xy[:, 0] + side / 2, xy[:, 1] - side / 2, xy[:, 1] + side / 2], 1)
+    bands = [ScaleBand(2.0, 0.0, 30.0), ScaleBand(0.6, 30.0)]
+    run = detect_multiscale(ranged_oracle(shape, craters, bands, size, overlap), ArraySource(np.zeros(shape, np.uint8)),
+                            bands, size, STRIDE, 0.5, overlap=overlap, batch=7)
+    got = box_side(run.detections.boxes)
+    for k, b in enumerate(bands):
+        assert ((got[run.band == k] >= b.min_px) & (got[run.band == k] < b.max_px)).all()
+    iou = iou_matrix(craters.astype(np.float32), run.detections.boxes)
+    # every crater once, from the band of its size (craters overlapping each other may share a box)
+    found = iou.max(axis=1) > 0.8
+    assert found.mean() > 0.9
+    assert (run.band[iou[found].argmax(axis=1)] == (side[found] >= 30)).all()
+
+
+def test_a_crater_kept_at_two_scales_is_one_box_after_the_nms():
+    shape, size, overlap = (300, 300), 256, 96
+    crater = [[120, 150, 120, 150]]                                # 30 px: inside both bands
+    bands = [ScaleBand(2.0, 0.0, 40.0), ScaleBand(0.8, 20.0)]
+    per = [tile_boxes(ranged_oracle(shape, crater, [b], size, overlap), ArraySource(np.zeros(shape, np.uint8)),
+                      b.factor, size, STRIDE, 0.5, overlap=overlap) for b in bands]
+    assert all(len(p.scores) >= 1 for p in per)                   # seen at both scales
+    run = detect_multiscale(ranged_oracle(shape, crater, bands, size, overlap), ArraySource(np.zeros(shape, np.uint8)),
+                            bands, size, STRIDE, 0.5, overlap=overlap)
+    assert len(run.detections) == 1
+    assert iou_matrix(np.array(crater, np.float32), run.detections.boxes)[0, 0] > 0.9
+
+
+def test_one_band_of_every_size_gives_the_one_scale_run():
+    from trn.detect.model import load_detector
+
+    model, _ = load_detector("models/detector/detector.pt")
+    rng = np.random.default_rng(4)
+    img = bowls((700, 500), rng.uniform(40, 460, (20, 2)), rng.uniform(8, 40, 20))
+    a = detect_tiled(torch_maps(model), ArraySource(img), ImageScale(0.8, "test"), 256, STRIDE, 0.05).detections
+    b = detect_multiscale(torch_maps(model), ArraySource(img), [ScaleBand(0.8)], 256, STRIDE, 0.05).detections
+    assert len(a) > 0 and np.array_equal(a.boxes, b.boxes) and np.array_equal(a.scores, b.scores)

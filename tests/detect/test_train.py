@@ -2,6 +2,7 @@
 ship, evaluate, run on a folder, and the navigation scenarios on its boxes."""
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -151,6 +152,41 @@ def test_ship_eval_and_run_commands(det_run, capsys):
     doc = json.loads((root / "out" / "detections.json").read_text())
     assert len(doc["images"]) == len(labels.frames) and (root / "out" / "annotations.txt").is_file()
     assert len(list((root / "out" / "overlays").glob("*.png"))) == len(labels.frames)
+
+
+def test_eval_and_run_at_several_scales_say_which_and_one_whole_band_is_the_frame_path(det_run, capsys):
+    root, labels, _, _ = det_run
+    if not (root / "model" / "detector.pt").is_file():
+        assert detect_main(["ship", str(root / "run"), "--out", str(root / "model"), "--gate-km", "0"]) == 0
+    # the shipped detector: the tiny one trained here scores every box under the evaluation's floor
+    shipped = Path(__file__).resolve().parents[2] / "models" / "detector"
+    base = ["eval", str(shipped), "--data", str(root / "data"), "--gate-km", "0", "--threshold", "0.2"]
+    assert detect_main(base + ["--json", str(root / "plain.json")]) == 0
+    side = labels.load(labels.split("val")[0].frame).shape[1]
+    one = f"{256 / side:g}"                                   # the frame whole in one tile, as the frame path has it
+    assert detect_main(base + ["--scales", one, "--bands", "0-inf", "--json", str(root / "one.json")]) == 0
+    plain, whole = (json.loads((root / n).read_text()) for n in ("plain.json", "one.json"))
+    # AP takes every box down to 0.01, where the frame path decodes 100 peaks and the tiler 256
+    at = {k: v for k, v in plain["summary"].items() if k != "ap50"}
+    assert at == {k: v for k, v in whole["summary"].items() if k != "ap50"} and at["detections"] > 0
+    assert whole["scales"][0]["factor"] == float(one)
+    capsys.readouterr()
+    assert detect_main(base + ["--scales", f"{one},{float(one) / 2:g}", "--json", str(root / "two.json")]) == 0
+    assert "each frame tiled at scales " in capsys.readouterr().out
+    assert len(json.loads((root / "two.json").read_text())["scales"]) == 2
+    frames = labels.image_path(labels.frames[0].frame).parent
+    assert detect_main(["run", str(root / "model"), str(frames), "--out", str(root / "ms"), "--threshold", "0.01",
+                        "--scales", "1,0.5", "--bands", "0-30,30-inf"]) == 0
+    out = capsys.readouterr().out
+    assert "scales 1 (boxes of 0-30 image px), 0.5 (boxes of 30-inf image px)" in out
+    doc = json.loads((root / "ms" / "detections.json").read_text())
+    assert [s["factor"] for s in doc["images"][0]["scales"]] == [1.0, 0.5]
+    assert doc["images"][0]["tiles"] == sum(s["tiles"] for s in doc["images"][0]["scales"])
+    for argv, what in ((["--bands", "0-30"], "--bands needs --scales"),
+                       (["--scales", "1,0.5", "--bands", "0-30"], "one MIN-MAX band for each of the 2 scales"),
+                       (["--scales", "1,0.5", "--scale", "2"], "leave out --scale")):
+        assert detect_main(["run", str(root / "model"), str(frames), "--out", str(root / "x")] + argv) == 2
+        assert what in capsys.readouterr().err
 
 
 def test_navigation_scenarios_take_the_detectors_boxes(det_run, boxed_world, tmp_path):

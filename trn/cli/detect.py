@@ -125,6 +125,7 @@ def _eval(args) -> int:
     model, chosen, path, gate = _load_model(args.model)
     threshold = chosen if args.threshold is None else args.threshold
     gate = gate if args.gate_km is None else (args.gate_km or None)
+    bands = _bands(args)
     labels = read_labels(args.data)
     split = args.split or ("test" if labels.split("test") else "val")
     if not labels.split(split):
@@ -135,7 +136,11 @@ def _eval(args) -> int:
         from trn.data.datasets.detection import label_relief
 
         relief = label_relief(labels.split(split), args.source, labels.rule())
-    rep = report(evaluate(model, labels, split, threshold, gate_km=gate), labels.rule(), relief=relief)
+    rep = report(evaluate(model, labels, split, threshold, gate_km=gate, bands=bands), labels.rule(), relief=relief)
+    if bands is not None:
+        rep["scales"] = [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px)} for b in bands]
+        print("each frame tiled at scales " + ", ".join(b.describe() for b in bands) + " network px per frame px, "
+              "merged by one NMS")
     rep.update({"model": str(path), "data": str(args.data), "split": split, "gate_km": gate,
                 "threshold_source": "chosen on validation frames" if args.threshold is None else "--threshold"})
     s = rep["summary"]
@@ -195,15 +200,30 @@ def _catalogue_columns(text: str) -> dict[str, str]:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-def _check_scale_and_georef(img, args, catalogue: bool):
-    """The image's scale (:func:`trn.detect.raster.image_scale`), after refusing --catalogue on an
-    image without a map projection."""
+def _check_scale_and_georef(img, args, catalogue: bool, bands=None):
+    """The image's scale (:func:`trn.detect.raster.image_scale`; with ``bands``, their finest
+    scale), after refusing --catalogue on an image without a map projection."""
     from trn.detect.raster import image_scale
 
     if catalogue and img.georef is None:
         raise ConfigError(f"--catalogue needs latitude and longitude, and {img.path} has no map projection (CRS); "
                           "give a georeferenced raster (GeoTIFF with its CRS) or leave out --catalogue")
+    if bands is not None:
+        return image_scale(img, args.gsd, None, max(b.factor for b in bands), args.altitude_km, args.fov_deg)
     return image_scale(img, args.gsd, args.crater_px, args.scale, args.altitude_km, args.fov_deg)
+
+
+def _bands(args):
+    """The scales and size bands of ``--scales`` / ``--bands`` (None: one scale, as chosen)."""
+    from trn.detect.tiles import parse_bands
+
+    if args.scales is None:
+        if args.bands is not None:
+            raise ConfigError("--bands needs --scales: one MIN-MAX band of image px for each scale")
+        return None
+    if getattr(args, "scale", None) is not None or getattr(args, "crater_px", None) is not None:
+        raise ConfigError("--scales gives the scales itself; leave out --scale and --crater-px")
+    return parse_bands(args.scales, args.bands)
 
 
 def _overlap(asked: int | None, input_size: int) -> int:
@@ -225,15 +245,16 @@ def _run(args) -> int:
     from trn.detect.model import STRIDE
     from trn.detect.raster import is_picture, open_image, preview
     from trn.detect.run import overlay, size_gate
-    from trn.detect.tiles import detect_tiled, torch_maps
+    from trn.detect.tiles import detect_multiscale, detect_tiled, torch_maps
 
     paths = _images(args.inputs)
+    bands = _bands(args)
     cat = read_catalogue(args.catalogue, args.catalogue_columns) if args.catalogue is not None else None
     for p in paths:  # rasters refused before the model loads: a header read each, no pixels
         if not is_picture(p):
             img = open_image(p)
             try:
-                _check_scale_and_georef(img, args, cat is not None)
+                _check_scale_and_georef(img, args, cat is not None, bands)
             finally:
                 img.close()
     model, chosen, _, gate = _load_model(args.model)
@@ -246,14 +267,20 @@ def _run(args) -> int:
     for k, p in enumerate(paths):
         img = open_image(p)
         try:
-            scale = _check_scale_and_georef(img, args, cat is not None)
+            scale = _check_scale_and_georef(img, args, cat is not None, bands)
+            overlap = _overlap(args.overlap, model.cfg.input_size)
             try:
-                res = detect_tiled(maps, img.source, scale, model.cfg.input_size, STRIDE, floor,
-                                   overlap=_overlap(args.overlap, model.cfg.input_size),
-                                   batch=args.batch)
+                if bands is None:
+                    res = detect_tiled(maps, img.source, scale, model.cfg.input_size, STRIDE, floor, overlap=overlap,
+                                       batch=args.batch)
+                    det, tiles, said = res.detections, res.tiles, scale.describe()
+                else:
+                    res = detect_multiscale(maps, img.source, bands, model.cfg.input_size, STRIDE, floor,
+                                            overlap=overlap, batch=args.batch)
+                    # the finest scale (``scale`` here) decides which catalogue craters the detector could see
+                    det, tiles, said = res.detections, sum(res.tiles), res.describe()
             except DataError as exc:  # about the image's content: name the file it came from
                 raise DataError(exc.message, p) from None
-            det = res.detections
             shape = img.source.shape
             if img.georef is not None:
                 radius = img.georef.radius_km
@@ -267,11 +294,13 @@ def _run(args) -> int:
             rows += detection_rows(p, det, img.georef, threshold, comp, cat)
             keep = det.scores >= threshold
             boxes = [tuple(int(round(v)) for v in b) for b in det.boxes[keep]]
+            multi = {} if bands is None else {"scales": [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px),
+                                                          "tiles": n} for b, n in zip(bands, res.tiles)]}
             records.append({"image": str(p), "shape": list(shape), "read": img.what, "scale": round(scale.factor, 6),
-                            "scale_source": scale.source, "gsd_km": scale.gsd_km, "tiles": res.tiles,
+                            "scale_source": "--scales (the finest)" if bands else scale.source, "gsd_km": scale.gsd_km, "tiles": tiles, **multi,
                             "georeferenced": img.georef is not None, "boxes": [list(b) for b in boxes],
                             "scores": [round(float(s), 4) for s in det.scores[keep]]})
-            scales.setdefault(scale.describe(), []).append(p)
+            scales.setdefault(said, []).append(p)
             frame = int(p.stem) if p.stem.isdigit() else k
             frames.append(FrameAnnotation(frame, str(p), tuple(Box(j + 1, *b) for j, b in enumerate(boxes)
                                                              if b[1] > b[0] and b[3] > b[2])))
@@ -279,7 +308,7 @@ def _run(args) -> int:
             shown = type(det)(det.boxes * np.float32(f), det.scores)
             cv2.imwrite(str(args.out / "overlays" / f"{p.stem}.png"), overlay(pic, None, shown, threshold))
             if len(paths) <= 10:
-                print(f"{p}: {img.what}; {scale.describe()}; {res.tiles} tiles; {len(boxes)} craters at score >= "
+                print(f"{p}: {img.what}; {said}; {tiles} tiles; {len(boxes)} craters at score >= "
                       f"{threshold}")
         finally:
             img.close()
@@ -458,6 +487,13 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--source", type=Path, default=None,
                    help="the elevation source the frames were rendered from (../shared/data/moon, or a built-in "
                         "world's .world): adds recall by each crater's relief (depth / diameter) in it")
+    e.add_argument("--scales", default=None, metavar="F,F,...",
+                   help="run each frame at several scales (network px per image px), each keeping the boxes of its "
+                        "own size band (--bands), all merged by one NMS: e.g. 2,0.6 for small and large craters")
+    e.add_argument("--bands", default=None, metavar="MIN-MAX,...",
+                   help="with --scales: one band of box sides (sqrt(w h), image px) for each scale, in order, e.g. "
+                        "0-24,24-inf (default: neighbouring scales meet where a crater is as far from the detector's "
+                        "trained sizes at either)")
     e.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
     e.set_defaults(fn=_eval)
 
@@ -483,6 +519,13 @@ def main(argv: list[str] | None = None) -> int:
                         "detector's own crater sizes (instead of the ground sampling)")
     r.add_argument("--scale", type=float_between(0.001, 64.0), default=None, metavar="F",
                    help="network-input pixels per image pixel, overriding every other scale")
+    r.add_argument("--scales", default=None, metavar="F,F,...",
+                   help="run each image at several scales (network px per image px), each keeping the boxes of its "
+                        "own size band (--bands), all merged by one NMS: e.g. 2,0.6 for small and large craters")
+    r.add_argument("--bands", default=None, metavar="MIN-MAX,...",
+                   help="with --scales: one band of box sides (sqrt(w h), image px) for each scale, in order, e.g. "
+                        "0-24,24-inf (default: neighbouring scales meet where a crater is as far from the detector's "
+                        "trained sizes at either)")
     r.add_argument("--overlap", type=int_between(0, 255), default=None, metavar="PX",
                    help="network-input pixels shared by neighbouring tiles (default 96, at most 3/8 of a smaller "
                         "network input: a crater up to that size cut by a seam is whole in the next tile)")

@@ -59,6 +59,21 @@ def match_frame_ignoring(det_boxes: np.ndarray, scores: np.ndarray, gt_boxes: np
     return match_frame(det_boxes[keep], scores[keep], gt_boxes, iou_threshold)
 
 
+def match_frame_min_side(det_boxes: np.ndarray, scores: np.ndarray, gt_boxes: np.ndarray, min_side: float,
+                         iou_threshold: float = 0.5) -> FrameMatch:
+    """:func:`match_frame` over a labelled size range that starts at ``min_side`` px: a detection
+    whose side, sqrt(width x height), is under ``min_side`` and that matches no label is left out
+    (neither a hit nor a false detection: the set does not label craters that small, so it cannot
+    tell); a detection of any size that matches a label is a hit, and every label counts. Greedy
+    matching in score order gives every other detection the same label without the ones left out."""
+    det_boxes = np.asarray(det_boxes, np.float32).reshape(-1, 4)
+    scores = np.asarray(scores, np.float64).reshape(-1)
+    m = match_frame(det_boxes, scores, gt_boxes, iou_threshold)
+    side = np.sqrt(np.maximum(det_boxes[:, 1] - det_boxes[:, 0], 0) * np.maximum(det_boxes[:, 3] - det_boxes[:, 2], 0))
+    keep = m.det_hit | (side >= min_side)
+    return FrameMatch(m.scores[keep], m.det_hit[keep], m.det_label[keep], m.gt_hit)
+
+
 def average_precision(scores: np.ndarray, hits: np.ndarray, n_labels: int) -> float:
     """COCO AP: precision made monotone (the best precision at any higher recall), read at the 101
     recall points 0, 0.01, ..., 1 (0 where that recall is never reached), averaged. NaN when there
@@ -70,8 +85,7 @@ def average_precision(scores: np.ndarray, hits: np.ndarray, n_labels: int) -> fl
     tp, fp = np.cumsum(h), np.cumsum(~h)
     recall = tp / n_labels
     precision = tp / np.maximum(tp + fp, 1)
-    for k in range(len(precision) - 2, -1, -1):
-        precision[k] = max(precision[k], precision[k + 1])
+    precision = np.maximum.accumulate(precision[::-1])[::-1]   # the best precision at this recall or higher
     idx = np.searchsorted(recall, RECALL_POINTS, side="left")
     return float(np.mean([precision[i] if i < len(precision) else 0.0 for i in idx]))
 

@@ -83,15 +83,33 @@ class Evaluation:
     threshold: float
 
 
+def detect_frames_multiscale(model: CraterDetector, frames: list[np.ndarray], bands, threshold: float
+                             ) -> list[Detections]:
+    """Detections of each grey frame [H, W] tiled at every scale of ``bands`` (a sequence of
+    :class:`trn.detect.tiles.ScaleBand`), each scale keeping its size band, one NMS over them
+    (:func:`trn.detect.tiles.detect_multiscale`); scores >= threshold."""
+    from trn.detect.tiles import DEFAULT_OVERLAP, ArraySource, detect_multiscale, torch_maps
+
+    maps = torch_maps(model)
+    s = model.cfg.input_size
+    overlap = min(DEFAULT_OVERLAP, s * 3 // 8)  # as trn-detect run has it for a smaller network input
+    return [detect_multiscale(maps, ArraySource(f), bands, s, STRIDE, threshold, overlap=overlap,
+                              progress=False).detections for f in frames]
+
+
 def evaluate(model: CraterDetector, labels: DetectionLabels, split: str, threshold: float,
-             floor: float = 0.01, gate_km: float | None = None) -> Evaluation:
+             floor: float = 0.01, gate_km: float | None = None, bands=None) -> Evaluation:
     """Run the detector on every frame of ``split`` (scores down to ``floor``, for AP), drop boxes
-    below ``gate_km`` by :func:`size_gate` at the frame's altitude when given, and match."""
+    below ``gate_km`` by :func:`size_gate` at the frame's altitude when given, and match. With
+    ``bands`` (:class:`trn.detect.tiles.ScaleBand` each) every frame is tiled at their scales
+    (:func:`detect_frames_multiscale`) instead of brought whole to the network input."""
     frames = labels.split(split)
     dets, matches = [], []
     for i in range(0, len(frames), 64):
         chunk = frames[i:i + 64]
-        d = detect_frames(model, [labels.load(f.frame) for f in chunk], floor)
+        images = [labels.load(f.frame) for f in chunk]
+        d = detect_frames(model, images, floor) if bands is None else detect_frames_multiscale(model, images, bands,
+                                                                                              floor)
         if gate_km is not None:
             d = [size_gate(x, f.altitude_km, gate_km) for x, f in zip(d, chunk)]
         dets += d

@@ -20,6 +20,11 @@ most the overlap is dropped. A larger crater is cut in both tiles: the boxes of 
 joined into one (:func:`merge_cut`). Then every box enters one greedy NMS over the whole image
 (:func:`nms_large`, the board's rule with a spatial grid in front of it).
 
+Several scales (:func:`detect_multiscale`): a network sees craters well over a limited range of
+sizes in its input, so one image may be run at several factors, each keeping only the boxes of
+its own band of sizes in image px (:class:`ScaleBand`: a fine scale for the small craters, a
+coarse one for the large), and the boxes of all scales enter the one NMS over the image.
+
 Conventions as in :mod:`trn.detect.boxes`: boxes (l, r, t, b) float px of the source image,
 x = column, y = row, pixel (c, r) covering [c, c + 1) x [r, r + 1).
 """
@@ -243,19 +248,28 @@ def _batches(tiles: list[Tile], batch: int) -> Iterator[list[Tile]]:
         yield tiles[i:i + batch]
 
 
-def detect_tiled(maps: MapsFn, source: WindowSource, scale: ImageScale, input_size: int, stride: int,
-                 score_threshold: float, overlap: int = DEFAULT_OVERLAP, batch: int = 16,
-                 top_k: int = DEFAULT_TOP_K, nms_threshold: float = 0.5, progress: bool | None = None) -> TiledRun:
-    """Detections of the whole image behind ``source`` at ``scale`` (module docstring): tiles of
-    ``input_size`` px overlapping by ``overlap``, ``batch`` at a time, peaks at or above
-    ``score_threshold`` decoded per tile (``top_k`` at most), seam-cut boxes dropped, one NMS at
-    ``nms_threshold`` over the image. ``progress``: a bar (None: from :data:`PROGRESS_TILES`
-    tiles on, and only on a terminal)."""
+@dataclass(frozen=True)
+class TileBoxes:
+    """Boxes of a whole image at one scale before the whole-image NMS: seam-cut boxes dropped and
+    cut parts joined (:func:`merge_cut`). boxes float32 [N, 4] px of the image, scores float32 [N];
+    the tiles it took and the largest tile batch held (bytes of network input)."""
+
+    boxes: np.ndarray
+    scores: np.ndarray
+    tiles: int
+    batch_bytes: int
+
+
+def tile_boxes(maps: MapsFn, source: WindowSource, factor: float, input_size: int, stride: int,
+               score_threshold: float, overlap: int = DEFAULT_OVERLAP, batch: int = 16,
+               top_k: int = DEFAULT_TOP_K, nms_threshold: float = 0.5, progress: bool | None = None) -> TileBoxes:
+    """The boxes of every tile of the image behind ``source`` at ``factor`` network px per image px,
+    in image px, before the whole-image NMS (the arguments as :func:`detect_tiled` takes them)."""
     from tqdm import tqdm
 
     if batch < 1:
         raise ConfigError(f"tile batch {batch}: expected at least 1")
-    tiles = tile_grid(source.shape, scale.factor, input_size, overlap)
+    tiles = tile_grid(source.shape, factor, input_size, overlap)
     boxes, scores, cuts, owner, biggest, tile_no = [], [], [], [], 0, 0
     show = (len(tiles) >= PROGRESS_TILES) if progress is None else progress
     bar = tqdm(total=len(tiles), desc="tiles", unit="tile", disable=None if show else True, mininterval=2.0)
@@ -284,9 +298,145 @@ def detect_tiled(maps: MapsFn, source: WindowSource, scale: ImageScale, input_si
     s = np.concatenate(scores).astype(np.float32) if scores else np.zeros(0, np.float32)
     if boxes:
         b, s = merge_cut(b, s, np.concatenate(owner), np.concatenate(cuts))
+    return TileBoxes(b.reshape(-1, 4), s, len(tiles), biggest)
+
+
+def detect_tiled(maps: MapsFn, source: WindowSource, scale: ImageScale, input_size: int, stride: int,
+                 score_threshold: float, overlap: int = DEFAULT_OVERLAP, batch: int = 16,
+                 top_k: int = DEFAULT_TOP_K, nms_threshold: float = 0.5, progress: bool | None = None) -> TiledRun:
+    """Detections of the whole image behind ``source`` at ``scale`` (module docstring): tiles of
+    ``input_size`` px overlapping by ``overlap``, ``batch`` at a time, peaks at or above
+    ``score_threshold`` decoded per tile (``top_k`` at most), seam-cut boxes dropped, one NMS at
+    ``nms_threshold`` over the image. ``progress``: a bar (None: from :data:`PROGRESS_TILES`
+    tiles on, and only on a terminal)."""
+    t = tile_boxes(maps, source, scale.factor, input_size, stride, score_threshold, overlap, batch, top_k,
+                   nms_threshold, progress)
+    kept = nms_large(t.boxes, t.scores, nms_threshold)
+    log.debug("%d tiles, %d boxes before the merge, %d after", t.tiles, len(t.scores), len(kept))
+    return TiledRun(Detections(t.boxes[kept].reshape(-1, 4), t.scores[kept]), scale, t.tiles, t.batch_bytes)
+
+
+# ---------------------------------------------------------------------------------------------
+# Several scales, each keeping its own band of crater sizes
+
+@dataclass(frozen=True)
+class ScaleBand:
+    """One scale of a multi-scale run and the boxes it keeps: ``factor`` network px per image px;
+    a box is kept when its side, sqrt(width x height) in image px, lies in [min_px, max_px)."""
+
+    factor: float
+    min_px: float = 0.0
+    max_px: float = math.inf
+
+    def __post_init__(self) -> None:
+        ImageScale(self.factor, "band")  # the same range check as one scale
+        if not (0.0 <= self.min_px < self.max_px) or math.isnan(self.max_px):
+            raise ConfigError(f"size band {self.min_px:g}-{self.max_px:g} px at scale {self.factor:g}: expected "
+                              "0 <= MIN < MAX (MAX may be inf)")
+
+    def describe(self) -> str:
+        return f"{self.factor:.4g} (boxes of {self.min_px:g}-{self.max_px:g} image px)"
+
+    def keeps(self, boxes: np.ndarray) -> np.ndarray:
+        """bool [N]: the boxes float [N, 4] (image px) inside the band."""
+        side = box_side(boxes)
+        return (side >= self.min_px) & (side < self.max_px)
+
+
+def box_side(boxes: np.ndarray) -> np.ndarray:
+    """float [N]: sqrt(width x height) of boxes float [N, 4] (l, r, t, b), in their own px."""
+    b = np.asarray(boxes, np.float64).reshape(-1, 4)
+    return np.sqrt(np.maximum(b[:, 1] - b[:, 0], 0.0) * np.maximum(b[:, 3] - b[:, 2], 0.0))
+
+
+def default_bands(factors: list[float] | tuple[float, ...],
+                  crater_px: tuple[float, float] = REFERENCE_CRATER_PX) -> list[ScaleBand]:
+    """Bands for ``factors`` (network px per image px), in the order given: the finest scale keeps
+    from 0 px, the coarsest up to infinity, and two neighbouring scales f > g share the boundary
+    m / sqrt(f g) image px, m the geometric middle of ``crater_px`` (the network-input sizes the
+    detector was trained on): a crater at the boundary is as far from that middle, in ratio, at
+    either scale. Explicit bands chosen on validation images are better (docs/detector.md)."""
+    fs = [float(f) for f in factors]
+    if len(set(fs)) != len(fs):
+        raise ConfigError(f"scales {fs}: each scale once")
+    mid = math.sqrt(crater_px[0] * crater_px[1])
+    order = sorted(fs, reverse=True)
+    edges = [0.0] + [mid / math.sqrt(f * g) for f, g in zip(order[:-1], order[1:])] + [math.inf]
+    band = {f: ScaleBand(f, edges[i], edges[i + 1]) for i, f in enumerate(order)}
+    return [band[f] for f in fs]
+
+
+def parse_bands(scales: str, bands: str | None = None) -> list[ScaleBand]:
+    """Scales and bands as the command line gives them: ``2,0.6`` (network px per image px) and
+    ``0-24,24-inf`` (one MIN-MAX band of image px a scale, in the same order); without bands, the
+    boundaries of :func:`default_bands`."""
+    try:
+        fs = [float(v) for v in scales.split(",")]
+    except ValueError:
+        raise ConfigError(f"scales {scales!r}: expected factors separated by commas, e.g. 2,0.6") from None
+    if bands is None:
+        return default_bands(fs)
+    parts = bands.split(",")
+    if len(parts) != len(fs):
+        raise ConfigError(f"bands {bands!r}: expected one MIN-MAX band for each of the {len(fs)} scales {scales}")
+    out = []
+    for f, p in zip(fs, parts):
+        try:
+            lo, hi = (float(v) for v in p.split("-"))
+        except ValueError:
+            raise ConfigError(f"band {p!r}: expected MIN-MAX in image px, e.g. 0-24 or 24-inf") from None
+        out.append(ScaleBand(f, lo, hi))
+    return out
+
+
+@dataclass(frozen=True)
+class MultiScaleRun:
+    """Detections of a whole image run at several scales (boxes in its pixels, scores descending),
+    the bands, the tiles each took, ``band`` int [N]: which band each detection came from, and the
+    largest tile batch held (bytes of network input)."""
+
+    detections: Detections
+    bands: tuple[ScaleBand, ...]
+    tiles: tuple[int, ...]
+    band: np.ndarray
+    batch_bytes: int
+
+    def describe(self) -> str:
+        return "scales " + ", ".join(b.describe() for b in self.bands) + " network px per image px"
+
+
+def merge_bands(per_band: list[tuple[np.ndarray, np.ndarray]], bands: list[ScaleBand] | tuple[ScaleBand, ...],
+                nms_threshold: float = 0.5) -> tuple[Detections, np.ndarray]:
+    """Each band's boxes (float [N_i, 4] image px, scores [N_i], before any whole-image NMS) kept
+    inside its band, then one greedy NMS over all of them (:func:`nms_large`). Returns the
+    detections (scores descending) and int [N]: the band each came from."""
+    if len(per_band) != len(bands):
+        raise ConfigError(f"{len(per_band)} sets of boxes for {len(bands)} size bands")
+    bs, ss, ks = [], [], []
+    for k, ((b, s), band) in enumerate(zip(per_band, bands)):
+        b = np.asarray(b, np.float32).reshape(-1, 4)
+        keep = band.keeps(b)
+        bs.append(b[keep]), ss.append(np.asarray(s, np.float32)[keep]), ks.append(np.full(int(keep.sum()), k, np.int64))
+    b, s, k = np.concatenate(bs), np.concatenate(ss), np.concatenate(ks)
     kept = nms_large(b, s, nms_threshold)
-    log.debug("%d tiles, %d boxes before the merge, %d after", len(tiles), len(s), len(kept))
-    return TiledRun(Detections(b[kept].reshape(-1, 4), s[kept]), scale, len(tiles), biggest)
+    return Detections(b[kept].reshape(-1, 4), s[kept]), k[kept]
+
+
+def detect_multiscale(maps: MapsFn, source: WindowSource, bands: list[ScaleBand] | tuple[ScaleBand, ...],
+                      input_size: int, stride: int, score_threshold: float, overlap: int = DEFAULT_OVERLAP,
+                      batch: int = 16, top_k: int = DEFAULT_TOP_K, nms_threshold: float = 0.5,
+                      progress: bool | None = None) -> MultiScaleRun:
+    """Detections of the whole image behind ``source`` at every scale of ``bands``: each scale
+    tiled as :func:`detect_tiled` tiles it (seam rules included), its boxes kept inside its size
+    band, and one NMS at ``nms_threshold`` over the boxes of all scales. One band of 0 px to
+    infinity gives :func:`detect_tiled`'s detections. The bands may overlap: a crater kept at two
+    scales is one box after the NMS."""
+    if not bands:
+        raise ConfigError("no scales given: expected at least one scale and its size band")
+    runs = [tile_boxes(maps, source, b.factor, input_size, stride, score_threshold, overlap, batch, top_k,
+                       nms_threshold, progress) for b in bands]
+    det, band = merge_bands([(r.boxes, r.scores) for r in runs], bands, nms_threshold)
+    return MultiScaleRun(det, tuple(bands), tuple(r.tiles for r in runs), band, max(r.batch_bytes for r in runs))
 
 
 def _read_tile(source: WindowSource, t: Tile, size: int) -> np.ndarray:
