@@ -71,3 +71,23 @@ def test_part_head_trains_deterministically_on_training_orbits_only(boxed_world,
         train_parts(path, [train_orbit], tmp_path / "p4", s)
     with pytest.raises(ConfigError, match="batch"):
         PartSettings(batch=1)
+    # the landmark renders of a config's training identities join half of every batch
+    import yaml
+
+    from tests.train.test_training import base_doc
+
+    doc = base_doc(main)
+    doc["data"] = {"kind": "luna1", "path": str(main), "test_fraction": 0.25, "val_fraction": 0.25}
+    (tmp_path / "c.yaml").write_text(yaml.safe_dump(doc))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        train_parts(base, [train_orbit], tmp_path / "p5", PartSettings(dim=8, hidden=8, epochs=1, batch=4, draws=2,
+                                                                       renders=str(tmp_path / "c.yaml")))
+    finally:
+        torch.set_num_threads(threads)
+    rec = json.loads((tmp_path / "p5" / "parts.json").read_text())
+    assert rec["render_identities"] > 0 and np.isfinite(rec["loss"][0])
+    with pytest.raises(ConfigError, match="draws >= 2"):
+        train_parts(base, [train_orbit], tmp_path / "p6", PartSettings(dim=8, hidden=8, epochs=1, batch=2, draws=1,
+                                                                       renders=str(tmp_path / "c.yaml")))

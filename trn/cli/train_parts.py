@@ -31,6 +31,9 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"stage whose output the head reads, 0-based or negative from the last (default {d.stage})")
     ap.add_argument("--weight", type=float_between(0.0, 1.0), default=d.weight,
                     help=f"late interaction's weight in the decision score (default {d.weight})")
+    ap.add_argument("--renders", type=Path, default=None, metavar="CONFIG",
+                    help="a training config whose training identities' landmark renders join the training "
+                         "(half of every batch); default: the orbits alone")
     ap.add_argument("--draws", type=int_at_least(1), default=d.draws, help=f"perturbation draws per box (default {d.draws})")
     ap.add_argument("--epochs", type=int_at_least(1), default=d.epochs, help=f"default {d.epochs}")
     ap.add_argument("--batch", type=int_at_least(2), default=d.batch, help=f"craters per step (default {d.batch})")
@@ -49,7 +52,8 @@ def main(argv: list[str] | None = None) -> int:
 
         torch.set_num_threads(args.threads)
         s = PartSettings(dim=args.dim, hidden=args.hidden, stage=args.stage, weight=args.weight, draws=args.draws,
-                         epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed)
+                         epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed,
+                         renders=str(args.renders) if args.renders else "")
         path = train_parts(resolve_model(args.model), args.orbit, args.out, s)
         print(f"wrote {path} and {path.parent / 'parts.json'}")
         return 0

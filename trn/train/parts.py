@@ -11,11 +11,16 @@ L2-normalised token per location inside the inscribed disk) is trained on the fr
    time with the scenarios' own draw of the detector's box noise, brightness and contrast and
    rotation (:func:`trn.sim.pairs.perturbed`, :func:`trn.sim.scenarios.crop_images`), and the
    descriptor's feature map of the part stage is kept for the disk's locations;
-2. each step takes ``batch`` craters, two views of each from different frames of one pass at most
-   ``max_gap`` frames apart (the re-observations Moon Navigation matches; one frame's two draws
-   when the crater has no such neighbour), and minimises the symmetric InfoNCE loss of the late
-   interaction scores (CraterBench-R Eq. 1: mean over one crop's tokens of the best cosine with
-   the other's) over the batch: the other craters are the negatives.
+2. with ``renders`` (a training config), the landmark renders of that config's training
+   identities too, ``draws`` views each under its augmentation T: the database scores renders
+   with the same tokens (Incremental Recall@1), so the head learns them as well;
+3. each step takes ``batch`` craters (with renders: half of them render identities), two views of
+   each, from different frames of one pass at most ``max_gap`` frames apart (the re-observations
+   Moon Navigation matches; one frame's two draws when the crater has no such neighbour) or two
+   draws of one render, and minimises the symmetric InfoNCE loss of the late interaction scores
+   (CraterBench-R Eq. 1: mean over one crop's tokens of the best cosine with the other's) over the
+   batch: the other craters are the negatives (a render of a crater whose orbit views are in the
+   batch is left out of it).
 
 The descriptor's weights are not changed, so its global embedding, its landmark scenarios and its
 exported backbone stay exactly as they were. A database holding part tokens scores a candidate by
@@ -49,8 +54,11 @@ log = logging.getLogger(__name__)
 class PartSettings:
     """dim / hidden / stage: the head (``part_dim``, ``part_hidden``, ``part_stage`` of the model).
     weight: ``part_weight``, the late interaction's weight in the decision score.
-    draws: perturbation draws of every training-orbit box. epochs, batch (craters a step), lr,
-    temperature: the optimisation. max_gap: frames between the two views of a pair. seed: all draws."""
+    draws: perturbation draws of every training-orbit box (and views of every render).
+    epochs (passes over the orbit craters), batch (craters a step), lr, temperature: the
+    optimisation. max_gap: frames between the two views of a pair. seed: all draws.
+    renders: a training config (YAML) whose training identities' landmark renders join the
+    training; "" for the orbits alone."""
 
     dim: int = 128
     hidden: int = 512
@@ -63,6 +71,7 @@ class PartSettings:
     temperature: float = 0.05
     max_gap: int = 30
     seed: int = 0
+    renders: str = ""
 
     def __post_init__(self) -> None:
         checks = [("draws", self.draws >= 1), ("epochs", self.epochs >= 1), ("batch", self.batch >= 2),
@@ -122,6 +131,39 @@ def orbit_features(model: Descriptor, path: Path, s: PartSettings, orbit: int, s
     numbers = np.array([b.frame for b in clean], np.int64)
     return OrbitFeatures(np.stack(out), [f"{orbit}:{b.label}" for b in clean],
                          np.searchsorted(starts, numbers, side="right") - 1 + 1000 * orbit, numbers)
+
+
+@torch.no_grad()
+def render_features(model: Descriptor, config: Path, s: PartSettings, chunk: int = 256) -> OrbitFeatures:
+    """``s.draws`` views under the config's augmentation T of each of its training identities'
+    landmark renders, the part stage's features at the disk's locations (validation and test
+    identities are never read)."""
+    from trn.train.config import load_config
+    from trn.train.data import ImageBank, make_views, training_set
+
+    cfg = load_config(config)
+    ls, split = training_set(cfg.data, extra_views=False, frame_views=False)
+    names = list(split.train)
+    size = model.cfg.input_size
+    bank = ImageBank(ls, names, size)
+    if s.draws < 2:
+        raise ConfigError(f"part training with renders needs draws >= 2 (two views of a render); got {s.draws}")
+    rows = []
+    gen = torch.Generator().manual_seed(s.seed)
+    for i in range(0, len(names), chunk):
+        ids = torch.arange(i, min(i + chunk, len(names)))
+        x, _, _ = make_views(bank, ids, s.draws, cfg.augment, gen, size)  # view-major [draws * b]
+        _, feat = model.part_features(x)
+        n, c, h, w = feat.shape
+        f = feat.permute(0, 2, 3, 1).reshape(n, h * w, c)[:, disk_cells(h, w)].numpy().astype(np.float16)
+        rows.append(f.reshape(s.draws, len(ids), *f.shape[1:]))
+    return OrbitFeatures(np.concatenate(rows, axis=1), [f"render:{n}" for n in names],
+                         np.zeros(len(names), np.int64), np.zeros(len(names), np.int64))
+
+
+def _bare(label: str) -> str:
+    """A crater's catalogue id without the orbit's or world's prefixes."""
+    return label.rsplit(":", 1)[-1]
 
 
 def late_interaction_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
@@ -184,22 +226,32 @@ def train_parts(model_path: Path, orbits: list[Path], out: Path, s: PartSettings
     t0 = time.perf_counter()
     feats = [orbit_features(model, Path(p), s, k, settings) for k, p in enumerate(orbits)]
     pairs = _Pairs(feats, s.max_gap)
-    log.info("part tokens: %d views of %d craters, %d draws each (%.0f s)", sum(len(f.labels) for f in feats),
-             len(pairs.identities), s.draws, time.perf_counter() - t0)
-    if len(pairs.identities) < s.batch:
-        raise DataError(f"the training orbits box {len(pairs.identities)} craters; a batch needs {s.batch} "
+    renders = _Pairs([render_features(model, Path(s.renders), s)], s.max_gap) if s.renders else None
+    n_orbit = s.batch // 2 if renders is not None else s.batch
+    log.info("part tokens: %d views of %d craters, %d draws each%s (%.0f s)", sum(len(f.labels) for f in feats),
+             len(pairs.identities), s.draws,
+             f", and {len(renders.identities)} training identities' renders" if renders is not None else "",
+             time.perf_counter() - t0)
+    if len(pairs.identities) < n_orbit:
+        raise DataError(f"the training orbits box {len(pairs.identities)} craters; a batch needs {n_orbit} "
                         "(lower --batch or add an orbit)", orbits[0])
     head = model.parts
     head.train()
     opt = torch.optim.AdamW(head.parameters(), lr=s.lr, weight_decay=1e-4)
     rng = np.random.default_rng([s.seed, 104_729])
-    target = torch.arange(s.batch)
     losses = []
     for epoch in range(s.epochs):
         order = rng.permutation(len(pairs.identities))
         total, steps = 0.0, 0
-        for b0 in range(0, len(order) - s.batch + 1, s.batch):
-            a, b = zip(*(pairs.draw(int(i), rng) for i in order[b0:b0 + s.batch]))
+        for b0 in range(0, len(order) - n_orbit + 1, n_orbit):
+            views = [pairs.draw(int(i), rng) for i in order[b0:b0 + n_orbit]]
+            if renders is not None:
+                batch_ids = {_bare(pairs.identities[int(i)]) for i in order[b0:b0 + n_orbit]}
+                pick = [int(i) for i in rng.permutation(len(renders.identities))[:2 * (s.batch - n_orbit)]
+                        if _bare(renders.identities[int(i)]) not in batch_ids][:s.batch - n_orbit]
+                views += [renders.draw(i, rng) for i in pick]
+            a, b = zip(*views)
+            target = torch.arange(len(views))
             ta, tb = _tokens(head, np.stack(a)), _tokens(head, np.stack(b))
             loss = 0.5 * (F.cross_entropy(late_interaction_matrix(ta, tb) / s.temperature, target)
                           + F.cross_entropy(late_interaction_matrix(tb, ta) / s.temperature, target))
@@ -215,6 +267,7 @@ def train_parts(model_path: Path, orbits: list[Path], out: Path, s: PartSettings
                          "model": model.state_dict()}, out / "weights.pt")
     record = {"settings": asdict(s), "descriptor": str(model_path), "descriptor_sha256": file_sha256(Path(model_path)),
               "orbits": [str(p) for p in orbits], "views": int(sum(len(f.labels) for f in feats)),
+              "render_identities": len(renders.identities) if renders is not None else 0,
               "craters": len(pairs.identities), "loss": losses, "seconds": round(time.perf_counter() - t0, 1),
               "threads": torch.get_num_threads()}
     (out / "parts.json").write_text(json.dumps(record, indent=1) + "\n")
