@@ -53,7 +53,8 @@ def _common(p: argparse.ArgumentParser, scenarios: tuple[str, ...], world: bool 
     p.add_argument("--seed", type=seed_number, default=0,
                    help="scenario seed: views, orders, detector noise (0 to 2**32 - 1)")
     p.add_argument("--threshold", type=float_between(-1.0, 1.0), default=None,
-                   help="match threshold (cosine, or late-interaction score with tokens) for every model; default: "
+                   help="match threshold (cosine; with instance tokens the late-interaction score; with a model's part "
+                        "tokens its mix of the two) for every model; default: "
                         "each model's operating point (operating_point.json beside its weights, chosen on "
                         "validation data), else 0.9")
     p.add_argument("--tokens", type=int_between(0, 64), action="append", default=None, metavar="K",
