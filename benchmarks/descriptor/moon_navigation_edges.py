@@ -46,7 +46,7 @@ def edge_breakdown(ds, emb, s, thresholds: list[float]) -> list[str]:
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for thr in thresholds:
         db = LandmarkDB(sc._db_config(emb, replace(s, threshold=thr)))
-        dec = db.match_or_insert(embedded.global_, labels=labels, tokens=embedded.tokens)
+        dec = db.match_or_insert(embedded.global_, labels=labels, tokens=embedded.tokens, mix=embedded.mix)
         first_cut: dict[str, bool] = {}
         n = Counter()
         for i, (x, lab) in enumerate(zip(dec, labels)):

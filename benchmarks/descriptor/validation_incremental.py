@@ -17,7 +17,8 @@ the distractor figure still errs on the optimistic side, less than the validatio
 
 A model with learned part tokens (``trn-train-parts``) is decided as the scenarios decide it: by
 the landmark database with its tokens, scoring ``(1 - part_weight) * cosine + part_weight * late
-interaction`` over the global shortlist.
+interaction + part_offset`` over the global shortlist (by cosine alone where the model mixes its
+tokens in only near a frame's border: a render never is).
 """
 
 from __future__ import annotations
@@ -95,10 +96,13 @@ def with_parts(model, x, order: np.ndarray, lab: np.ndarray, scored: np.ndarray)
     out = []
     for thr in THRESHOLDS:
         db = LandmarkDB(DBConfig(dim=g.shape[1], threshold=thr, tokens=t.shape[1], token_dim=t.shape[2],
-                                 shortlist=ScenarioSettings().shortlist, token_weight=model.cfg.part_weight))
+                                 shortlist=ScenarioSettings().shortlist, token_weight=model.cfg.part_weight,
+                                 token_offset=model.cfg.part_offset))
+        # a render is never cut by a frame's edge: with an edge rule it is scored by cosine
+        mix = np.zeros(len(g), bool) if model.cfg.part_edge_px else None
         seen: set[str] = set()
         correct = incorrect = missed = 0
-        for d, name, counted in zip(db.match_or_insert(g, labels=names, tokens=t), names, scored):
+        for d, name, counted in zip(db.match_or_insert(g, labels=names, tokens=t, mix=mix), names, scored):
             if counted:
                 if d.matched:
                     correct, incorrect = correct + (d.label == name), incorrect + (d.label != name)

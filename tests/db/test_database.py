@@ -143,3 +143,26 @@ def test_token_weight_mixes_cosine_and_late_interaction(tmp_path):
     assert DBConfig.from_dict({"dim": 4, "tokens": 2, "token_dim": 4}).token_weight == 1.0
     with pytest.raises(ConfigError, match="token_weight"):
         DBConfig(dim=4, tokens=2, token_dim=4, token_weight=1.5)
+
+
+def test_mix_scores_chosen_queries_by_tokens_and_the_rest_by_cosine():
+    e = np.eye(4, dtype=np.float32)
+    stored = e[[0]]
+    query = np.stack([at_cosine(e[0], e[1], 0.8)] * 2)
+    t_stored = np.zeros((1, 2, 4), np.float32)
+    t_stored[0, 0, 2] = 1
+    t_stored[0, 1, 3] = 1
+    t_query = np.repeat(t_stored, 2, axis=0)  # late interaction 1.0
+    db = LandmarkDB(DBConfig(dim=4, threshold=0.85, tokens=2, token_dim=4, shortlist=1, token_weight=0.5,
+                             token_offset=0.05))
+    db.add(stored, labels=["a"], tokens=t_stored)
+    mixed, plain = db.query(query, tokens=t_query, mix=np.array([True, False]))
+    assert mixed.score == pytest.approx(0.5 * 0.8 + 0.5 + 0.05, abs=2e-3) and mixed.matched
+    assert plain.score == pytest.approx(0.8, abs=1e-5) and not plain.matched
+    # a query scored by cosine still stores its tokens for later ones
+    dec = db.match_or_insert(query[:1] * 0 + e[3], labels=["b"], tokens=t_query[:1], mix=np.array([False]))
+    assert not dec[0].matched and db.query(e[3], tokens=t_query[:1])[0].score > 0.9
+    with pytest.raises(DataError, match="mix"):
+        db.query(query, tokens=t_query, mix=np.array([1, 0]))
+    with pytest.raises(ConfigError, match="token_offset"):
+        DBConfig(dim=4, tokens=2, token_dim=4, token_offset=2.0)

@@ -67,3 +67,19 @@ def test_export_of_a_part_model_is_refused_not_silently_stripped():
 
     with pytest.raises(ConfigError, match="part tokens"):
         ExportGraph(Descriptor(model_config("flight", **TINY, part_dim=8)).eval())
+
+
+def test_an_edge_rule_scores_images_by_cosine_and_reaches_the_database():
+    import numpy as np
+
+    from trn.sim.embedders import TorchEmbedder
+    from trn.sim.scenarios import ScenarioSettings, _db_config
+
+    m = Descriptor(model_config("flight", **TINY, part_dim=8, part_edge_px=20, part_offset=0.05)).eval()
+    emb = TorchEmbedder(m, "p")
+    e = emb(np.random.default_rng(0).random((3, 48, 48), dtype=np.float32))
+    assert e.tokens.shape == (3, m.part_count, 8) and e.mix.tolist() == [False] * 3  # a render is never cut
+    cfg = _db_config(emb, ScenarioSettings())
+    assert (cfg.token_weight, cfg.token_offset, cfg.tokens) == (0.5, 0.05, m.part_count)
+    plain = TorchEmbedder(Descriptor(model_config("flight", **TINY, part_dim=8)).eval(), "q")
+    assert plain(np.zeros((1, 48, 48), np.float32)).mix is None  # no rule: every crop mixes its tokens in

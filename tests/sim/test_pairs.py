@@ -82,3 +82,13 @@ def test_pair_scores_are_the_databases_decision_scores():
         db = LandmarkDB(DBConfig(dim=8, threshold=-1.0, tokens=4, token_dim=8, shortlist=1, token_weight=0.5))
         db.add(g[c:c + 1], labels=["c"], tokens=t[c:c + 1])
         assert db.query(g[q], tokens=t[q:q + 1])[0].score == pytest.approx(float(want), abs=5e-3)  # int8 storage
+
+
+def test_part_mix_marks_boxes_near_the_frames_border():
+    from trn.sim.scenarios import Detection, part_mix
+
+    dets = [Detection(0, "a", (0, 50, 100, 150), 1, 1, 0), Detection(0, "b", (100, 200, 100, 200), 1, 1, 0),
+            Detection(0, "c", (300, 495, 100, 200), 1, 1, 0), Detection(0, "d", (100, 200, 400, 500), 1, 1, 0)]
+    assert part_mix(dets, 0, (512, 512)) is None
+    assert part_mix(dets, 20, (512, 512)).tolist() == [True, False, True, True]
+    assert part_mix(dets, 10, (512, 512)).tolist() == [True, False, False, False]

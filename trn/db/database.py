@@ -52,7 +52,9 @@ class DBConfig:
     shortlist: candidates S taken from the global index before re-ranking (>= 1).
     token_weight: with tokens, the decision score is ``(1 - w) * cosine + w * late interaction``
         (1: late interaction alone, the instance tokens' score; a model's learned part tokens name
-        their own weight, ``part_weight``)."""
+        their own weight, ``part_weight``).
+    token_offset: added to that score, so that a query scored by its tokens and one scored by
+        cosine alone (``mix`` False: :meth:`LandmarkDB.match_or_insert`) share the threshold."""
 
     dim: int = 512
     threshold: float = 0.9
@@ -64,6 +66,7 @@ class DBConfig:
     token_dim: int = 0
     shortlist: int = 10
     token_weight: float = 1.0
+    token_offset: float = 0.0
 
     def __post_init__(self) -> None:
         if self.dim < 1:
@@ -83,6 +86,8 @@ class DBConfig:
         if not 0.0 <= self.token_weight <= 1.0:
             raise ConfigError(f"database token_weight={self.token_weight}: expected 0 (cosine only) to 1 "
                               "(late interaction only)")
+        if not -1.0 <= self.token_offset <= 1.0:
+            raise ConfigError(f"database token_offset={self.token_offset}: expected -1 to 1")
 
     @property
     def train_size(self) -> int:
@@ -247,7 +252,8 @@ class LandmarkDB:
 
     def _score(self, q: np.ndarray, qt: np.ndarray | None, cand: np.ndarray, csim: np.ndarray,
                pending_tokens: dict[int, np.ndarray]) -> tuple[int, float]:
-        """Best candidate row and its decision score, from candidate rows and their cosines."""
+        """Best candidate row and its decision score, from candidate rows and their cosines (by
+        cosine alone when ``qt`` is None)."""
         if len(cand) == 0:
             return -1, float("nan")
         if qt is None:
@@ -260,25 +266,32 @@ class LandmarkDB:
         score = late_interaction(qt, np.stack(stored))
         if w < 1.0:
             score = ((1.0 - w) * csim + w * score).astype(np.float32)
+        if self.cfg.token_offset:
+            score = (score + self.cfg.token_offset).astype(np.float32)
         best = np.lexsort((cand, -score))[0]
         return int(cand[best]), float(score[best])
 
     def _decide(self, queries: np.ndarray, tokens: np.ndarray | None, labels: list[str | None] | None,
-                insert: bool) -> list[Decision]:
+                insert: bool, mix: np.ndarray | None = None) -> list[Decision]:
         q = _normalise(queries, self.cfg.dim, "queries")
         n = len(q)
         if labels is not None and len(labels) != n:
             raise DataError(f"{len(labels)} labels for {n} queries")
         t = self._check_tokens(tokens, n)
+        if mix is not None:
+            mix = np.asarray(mix)
+            if mix.shape != (n,) or mix.dtype != bool:
+                raise DataError(f"mix has shape {mix.shape} and type {mix.dtype}; expected bool [{n}], one per query")
         out: list[Decision] = []
         # chunks bound the in-batch comparisons; decisions are the same as one query at a time
         for i in range(0, n, _CHUNK):
             out += self._decide_chunk(q[i:i + _CHUNK], None if t is None else t[i:i + _CHUNK],
-                                      None if labels is None else labels[i:i + _CHUNK], insert)
+                                      None if labels is None else labels[i:i + _CHUNK], insert,
+                                      None if mix is None else mix[i:i + _CHUNK])
         return out
 
     def _decide_chunk(self, q: np.ndarray, t: np.ndarray | None, labels: list[str | None] | None,
-                      insert: bool) -> list[Decision]:
+                      insert: bool, mix: np.ndarray | None = None) -> list[Decision]:
         n = len(q)
         qt = None
         if t is not None:
@@ -304,7 +317,8 @@ class LandmarkDB:
                 if len(cand) > s:
                     top = np.lexsort((cand, -csim))[:s]
                     cand, csim = cand[top], csim[top]
-            row, score = self._score(q[i], None if qt is None else qt[i], cand, csim, pending)
+            scored_by_tokens = qt is not None and (mix is None or bool(mix[i]))
+            row, score = self._score(q[i], qt[i] if scored_by_tokens else None, cand, csim, pending)
             if row >= 0 and score >= self.cfg.threshold:
                 if row < base:
                     out.append(Decision(int(self._ids.view[row]), True, score, self._labels[row]))
@@ -328,17 +342,20 @@ class LandmarkDB:
         return out
 
     def match_or_insert(self, queries: np.ndarray, labels: list[str | None] | None = None,
-                        tokens: np.ndarray | None = None) -> list[Decision]:
+                        tokens: np.ndarray | None = None, mix: np.ndarray | None = None) -> list[Decision]:
         """Decide each query in order: match (best score >= threshold) or insert as a new landmark.
         queries: float32 [N, dim] or [dim]; labels: ground-truth identities for bookkeeping only;
-        tokens: float32 [N, K, token_dim] when the database stores tokens."""
+        tokens: float32 [N, K, token_dim] when the database stores tokens; mix: bool [N], which
+        queries are scored by their tokens (the others by cosine alone; their tokens are stored
+        all the same); None: every query."""
         if self.read_only:
             raise ConfigError("this landmark database is read-only (Lost-in-Space mode); use query()")
-        return self._decide(queries, tokens, labels, insert=True)
+        return self._decide(queries, tokens, labels, insert=True, mix=mix)
 
-    def query(self, queries: np.ndarray, tokens: np.ndarray | None = None) -> list[Decision]:
+    def query(self, queries: np.ndarray, tokens: np.ndarray | None = None,
+              mix: np.ndarray | None = None) -> list[Decision]:
         """Read-only decisions: a match, or Decision(-1, False, score, None); nothing is inserted."""
-        return self._decide(queries, tokens, None, insert=False)
+        return self._decide(queries, tokens, None, insert=False, mix=mix)
 
     def add(self, embeddings: np.ndarray, labels: list[str | None] | None = None,
             tokens: np.ndarray | None = None) -> np.ndarray:

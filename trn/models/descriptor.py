@@ -21,7 +21,7 @@ ATTENTIONS = ("se", "ca")
 INPUT_NORMS = ("minmax", "disk")
 INPUT_FIELDS = ("input_norm", "crop_margin")
 # how a database scores with part tokens: not a weight's shape
-MATCH_FIELDS = ("part_weight",)
+MATCH_FIELDS = ("part_weight", "part_edge_px", "part_offset")
 MAX_CROP_MARGIN = 3.0
 
 
@@ -56,6 +56,10 @@ class DescriptorConfig:
     part_hidden: width of the part head's hidden layer.
     part_weight: the weight of late interaction in the decision score
         ``(1 - w) * cosine + w * late interaction`` that a database holding part tokens uses.
+    part_edge_px: 0 scores every crop by its part tokens; n > 0 only the navigation crops whose
+        detector box comes within n px of the frame's border, where the frame's edge can cut the
+        crater (a landmark render, or a crop away from the border, is scored by cosine alone).
+    part_offset: added to the part-token score, so that it and the cosine share one threshold.
     """
 
     name: str = "custom"
@@ -78,6 +82,8 @@ class DescriptorConfig:
     part_hidden: int = 512
     part_stage: int = -2
     part_weight: float = 0.5
+    part_edge_px: int = 0
+    part_offset: float = 0.0
 
     def __post_init__(self) -> None:
         if self.input_norm not in INPUT_NORMS:
@@ -111,6 +117,9 @@ class DescriptorConfig:
                               f"(0 to {len(self.layers) - 1}, or negative from the last)")
         if not 0.0 <= self.part_weight <= 1.0:
             raise ConfigError(f"model part_weight={self.part_weight}: expected 0 (cosine only) to 1 (late interaction only)")
+        if not 0 <= self.part_edge_px <= 1024 or not -1.0 <= self.part_offset <= 1.0:
+            raise ConfigError(f"model part_edge_px={self.part_edge_px}, part_offset={self.part_offset}: expected 0 to "
+                              "1024 px and an offset of -1 to 1")
 
     @property
     def stage_channels(self) -> tuple[int, ...]:

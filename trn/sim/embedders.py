@@ -27,10 +27,12 @@ from trn.models.registry import DEFAULT_MODEL, MODELS_DIR, resolve_model  # noqa
 
 @dataclass(frozen=True)
 class Embeddings:
-    """global_: float32 [N, D], L2-normalised. tokens: float32 [N, K, Dt], L2-normalised, or None."""
+    """global_: float32 [N, D], L2-normalised. tokens: float32 [N, K, Dt], L2-normalised, or None.
+    mix: bool [N], which crops the database scores by their tokens (None: all that have them)."""
 
     global_: np.ndarray
     tokens: np.ndarray | None = None
+    mix: np.ndarray | None = None
 
 
 class Embedder(Protocol):
@@ -72,6 +74,8 @@ class TorchEmbedder:
         self.tokens = 0
         self.token_dim = 0
         self.token_weight = 1.0
+        self.token_offset = 0.0
+        self.token_edge_px = 0  # > 0: only crops whose box comes this near the frame's border mix in tokens
         if model.parts is not None:
             # learned part tokens: every disk location of the part stage, no aggregation
             if token_cfg is not None:
@@ -79,6 +83,7 @@ class TorchEmbedder:
                                   "without them")
             self.tokens, self.token_dim = model.part_count, model.cfg.part_dim
             self.token_weight = model.cfg.part_weight
+            self.token_offset, self.token_edge_px = model.cfg.part_offset, model.cfg.part_edge_px
         if token_cfg is not None:
             cells = (self.input_size // model.cfg.stage_strides[-1]) ** 2
             if token_cfg.k > cells:
@@ -114,7 +119,10 @@ class TorchEmbedder:
         glob = np.concatenate(g) if g else np.zeros((0, self.dim), np.float32)
         toks = ((np.concatenate(t) if t else np.zeros((0, self.tokens, self.token_dim), np.float32))
                 if self.tokens else None)
-        return Embeddings(glob, toks)
+        # images alone are never cut by a frame's edge: with an edge rule, scored by cosine
+        # (navigation crops get theirs from their boxes: trn.sim.scenarios.part_mix)
+        mix = np.zeros(len(glob), bool) if self.token_edge_px else None
+        return Embeddings(glob, toks, mix)
 
 
 class OnnxEmbedder:

@@ -133,18 +133,23 @@ def pair_shares(ds: Luna1Dataset, emb, s: sc.ScenarioSettings, parts: tuple[str,
     dets = perturbed(clean, parts, s, np.random.default_rng([seed, 7919, *(PERTURBATIONS.index(p) + 1 for p in parts)]),
                      sc.frame_shape(ds))
     embedded = sc._embed_crops(ds, dets, emb)
-    score = lambda p: pair_scores(embedded, p, getattr(emb, "token_weight", 1.0))  # noqa: E731
+    score = lambda p: pair_scores(embedded, p, getattr(emb, "token_weight", 1.0),  # noqa: E731
+                                  getattr(emb, "token_offset", 0.0))
     return PairShares(score(same), score(other), s.threshold if threshold is None else threshold, score(anywhere))
 
 
-def pair_scores(embedded, pairs: np.ndarray, token_weight: float = 1.0) -> np.ndarray:
+def pair_scores(embedded, pairs: np.ndarray, token_weight: float = 1.0, token_offset: float = 0.0) -> np.ndarray:
     """The database's decision score of each index pair [P, 2] (first: the query): the cosine of
     the global embeddings, or with instance or part tokens ``(1 - w) * cosine + w * late
-    interaction`` (:func:`trn.db.tokens.late_interaction`)."""
+    interaction + offset`` (:func:`trn.db.tokens.late_interaction`) for the queries that
+    ``embedded.mix`` lets mix their tokens in (all when it is None)."""
     e, t = embedded.global_, embedded.tokens
     cos = (e[pairs[:, 0]] * e[pairs[:, 1]]).sum(1)
     if t is None or not len(pairs):
         return cos
     sims = np.einsum("pqd,pkd->pqk", t[pairs[:, 0]], t[pairs[:, 1]], optimize=True)
     li = sims.max(axis=2).mean(axis=1)
-    return ((1.0 - token_weight) * cos + token_weight * li).astype(np.float32)
+    mixed = (1.0 - token_weight) * cos + token_weight * li + token_offset
+    if embedded.mix is not None:
+        mixed = np.where(embedded.mix[pairs[:, 0]], mixed, cos)
+    return mixed.astype(np.float32)

@@ -345,7 +345,7 @@ def _db_config(emb: Embedder, s: ScenarioSettings, threshold: float | None = Non
     # an embedder may carry its own shortlist size (token studies compare several)
     return DBConfig(dim=emb.dim, threshold=s.threshold if threshold is None else threshold, tokens=emb.tokens,
                     token_dim=emb.token_dim, shortlist=getattr(emb, "shortlist", None) or s.shortlist,
-                    token_weight=getattr(emb, "token_weight", 1.0))
+                    token_weight=getattr(emb, "token_weight", 1.0), token_offset=getattr(emb, "token_offset", 0.0))
 
 
 def _scores(decisions: list[Decision], labels: list[str]) -> dict:
@@ -363,7 +363,7 @@ def threshold_sweep(e: Embeddings, labels: list[str], emb: Embedder, s: Scenario
     rows = []
     for th in thresholds:
         db = LandmarkDB(_db_config(emb, s, float(th)))
-        dec = db.match_or_insert(e.global_, labels=labels, tokens=e.tokens)
+        dec = db.match_or_insert(e.global_, labels=labels, tokens=e.tokens, mix=e.mix)
         c = tally(dec, labels, db)
         seen, revisits = set(), 0
         for lab in labels:
@@ -452,7 +452,7 @@ def incremental_recall_at_1(bank: LandmarkViews, emb: Embedder, s: ScenarioSetti
     e = emb(views)
     labels = [bank.names[k] for k in ident]
     db = LandmarkDB(_db_config(emb, s))
-    dec = db.match_or_insert(e.global_, labels=labels, tokens=e.tokens)
+    dec = db.match_or_insert(e.global_, labels=labels, tokens=e.tokens, mix=e.mix)
     c = tally(dec, labels, db)
     return ScenarioResult("incremental_recall_at_1", emb.name, c.ra, c.correct, c.incorrect, c.missed, 2 * n, s.seed,
                           s.to_dict(), extra={"landmarks": n, "db_size": len(db), "db_craters": db.distinct_labels(),
@@ -504,7 +504,7 @@ def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
     e = _embed_crops(ds, flat, emb, thumbs)
     labels = [d.label for d in flat]
     db = LandmarkDB(_db_config(emb, s))
-    dec = db.match_or_insert(e.global_, labels=labels, tokens=e.tokens)
+    dec = db.match_or_insert(e.global_, labels=labels, tokens=e.tokens, mix=e.mix)
     c = tally(dec, labels, db)
     # per-frame curves: cumulative RA and database size after each frame
     ra_curve, size_curve, frame_ids, k = [], [], [], 0
@@ -559,7 +559,19 @@ def _embed_crops(ds: Luna1Dataset, dets: list[Detection], emb: Embedder, thumbs:
             t.append(e.tokens)
     glob = np.concatenate(g) if g else np.zeros((0, emb.dim), np.float32)
     return Embeddings(glob, np.concatenate(t) if t else (None if not emb.tokens else
-                                                         np.zeros((0, emb.tokens, emb.token_dim), np.float32)))
+                                                         np.zeros((0, emb.tokens, emb.token_dim), np.float32)),
+                      part_mix(dets, getattr(emb, "token_edge_px", 0), frame_shape(ds)))
+
+
+def part_mix(dets: list[Detection], edge_px: int, shape: tuple[int, int]) -> np.ndarray | None:
+    """bool [N]: the detections whose box comes within ``edge_px`` of the frame's border, where the
+    frame's edge can cut the crater (the crops a model with an edge rule scores by its part
+    tokens); None without a rule (every crop mixes its tokens in)."""
+    if not edge_px:
+        return None
+    h, w = shape
+    return np.array([d.box[0] < edge_px or d.box[2] < edge_px or d.box[1] > w - 1 - edge_px or d.box[3] > h - 1 - edge_px
+                     for d in dets], dtype=bool).reshape(-1)
 
 
 def _percent(k: int, n: int) -> float:
@@ -591,7 +603,7 @@ def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> Scena
     seed_thumbs: list[np.ndarray] = []
     e = _embed_crops(ds, flat, emb, seed_thumbs)
     db = LandmarkDB(_db_config(emb, s))
-    seeded = db.match_or_insert(e.global_, labels=[d.label for d in flat], tokens=e.tokens)
+    seeded = db.match_or_insert(e.global_, labels=[d.label for d in flat], tokens=e.tokens, mix=e.mix)
     stored = ({d.id: k for k, d in enumerate(seeded) if not d.matched}, np.concatenate(seed_thumbs))
     query_thumbs: list[np.ndarray] = []
     db.read_only = True
@@ -609,7 +621,7 @@ def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> Scena
             order = [fr for fr in order if dets[fr]]
         flat = [d for fr in order for d in dets[fr]]
         e = _embed_crops(ds, flat, emb, query_thumbs)
-        dec = db.query(e.global_, tokens=e.tokens)
+        dec = db.query(e.global_, tokens=e.tokens, mix=e.mix)
         hits = strict = oracle = 0
         i = 0
         for fr in order:
