@@ -61,7 +61,7 @@ def test_part_head_trains_deterministically_on_training_orbits_only(boxed_world,
     assert len(rec["loss"]) == 2 and all(np.isfinite(rec["loss"])) and rec["craters"] >= 2
     # every trn-sim scenario reads it: part tokens go to the database with the model's weight
     emb = make_embedder(str(path))
-    assert (emb.tokens, emb.token_dim, emb.token_weight) == (a.part_count, 8, 0.5)
+    assert (emb.tokens, emb.token_dim, emb.token_weight, emb.token_offset, emb.token_edge_px) == (a.part_count, 8, 0.5, 0.1, 20)
     r = moon_navigation(read_luna1(val_orbit), emb, ScenarioSettings(threshold=0.8))
     assert r.queries > 0 and r.correct + r.incorrect + r.missed > 0
     # never trained on a validation orbit's craters

@@ -31,6 +31,11 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"stage whose output the head reads, 0-based or negative from the last (default {d.stage})")
     ap.add_argument("--weight", type=float_between(0.0, 1.0), default=d.weight,
                     help=f"late interaction's weight in the decision score (default {d.weight})")
+    ap.add_argument("--edge-px", type=int_at_least(0), default=d.edge_px,
+                    help=f"score a navigation crop by its part tokens only when its box comes this near the frame's "
+                         f"border, 0: every crop (default {d.edge_px})")
+    ap.add_argument("--offset", type=float_between(-1.0, 1.0), default=d.offset,
+                    help=f"added to the part-token score to bring it to the cosine's scale (default {d.offset})")
     ap.add_argument("--renders", type=Path, default=None, metavar="CONFIG",
                     help="a training config whose training identities' landmark renders join the training "
                          "(half of every batch); default: the orbits alone")
@@ -51,7 +56,8 @@ def main(argv: list[str] | None = None) -> int:
         from trn.train.parts import train_parts
 
         torch.set_num_threads(args.threads)
-        s = PartSettings(dim=args.dim, hidden=args.hidden, stage=args.stage, weight=args.weight, draws=args.draws,
+        s = PartSettings(dim=args.dim, hidden=args.hidden, stage=args.stage, weight=args.weight, edge_px=args.edge_px,
+                         offset=args.offset, draws=args.draws,
                          epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed,
                          renders=str(args.renders) if args.renders else "")
         path = train_parts(resolve_model(args.model), args.orbit, args.out, s)

@@ -54,6 +54,9 @@ log = logging.getLogger(__name__)
 class PartSettings:
     """dim / hidden / stage: the head (``part_dim``, ``part_hidden``, ``part_stage`` of the model).
     weight: ``part_weight``, the late interaction's weight in the decision score.
+    edge_px / offset: ``part_edge_px`` and ``part_offset`` (the part tokens scored only for crops
+    whose box comes within edge_px of the frame's border, the offset added to their score; 20 and
+    0.1 were chosen on the validation orbits, docs/navigation_descriptor.md).
     draws: perturbation draws of every training-orbit box (and views of every render).
     epochs (passes over the orbit craters), batch (craters a step), lr, temperature: the
     optimisation. max_gap: frames between the two views of a pair. seed: all draws.
@@ -64,6 +67,8 @@ class PartSettings:
     hidden: int = 512
     stage: int = -2
     weight: float = 0.5
+    edge_px: int = 20
+    offset: float = 0.1
     draws: int = 3
     epochs: int = 30
     batch: int = 32
@@ -76,11 +81,13 @@ class PartSettings:
     def __post_init__(self) -> None:
         checks = [("draws", self.draws >= 1), ("epochs", self.epochs >= 1), ("batch", self.batch >= 2),
                   ("lr", self.lr > 0), ("temperature", self.temperature > 0), ("max_gap", self.max_gap >= 1),
-                  ("weight", 0.0 <= self.weight <= 1.0)]
+                  ("weight", 0.0 <= self.weight <= 1.0), ("edge_px", 0 <= self.edge_px <= 1024),
+                  ("offset", -1.0 <= self.offset <= 1.0)]
         bad = [k for k, ok in checks if not ok]
         if bad:
             raise ConfigError(f"part training settings {', '.join(f'{k}={getattr(self, k)!r}' for k in bad)}: need "
-                              "draws, epochs >= 1, batch >= 2, lr and temperature > 0, max_gap >= 1, weight in [0, 1]")
+                              "draws, epochs >= 1, batch >= 2, lr and temperature > 0, max_gap >= 1, weight in [0, 1], "
+                              "edge_px 0 to 1024, offset -1 to 1")
 
 
 @dataclass
@@ -220,7 +227,8 @@ def train_parts(model_path: Path, orbits: list[Path], out: Path, s: PartSettings
     base = load_descriptor(model_path)
     if base.parts is not None:
         raise ConfigError(f"{model_path} already carries part tokens; start from the descriptor without them")
-    cfg = replace(base.cfg, part_dim=s.dim, part_hidden=s.hidden, part_stage=s.stage, part_weight=s.weight)
+    cfg = replace(base.cfg, part_dim=s.dim, part_hidden=s.hidden, part_stage=s.stage, part_weight=s.weight,
+                  part_edge_px=s.edge_px, part_offset=s.offset)
     model = Descriptor(cfg).eval()
     model.load_state_dict(base.state_dict(), strict=False)
     t0 = time.perf_counter()
