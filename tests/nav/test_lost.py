@@ -18,7 +18,8 @@ from trn.nav.ekf import MU_KM3_S2
 from trn.nav.constellation import Constellation, joint_fit
 from trn.nav.fix import solve_bearings
 from trn.nav.lost import (REASONS, CraterMap, Hypothesis, Join, LostConfig, LostFix, Sigmas, WindowFixer,
-                          _with_altimeter, box_geometry, frame_hypotheses, frame_view, fuse_fixes)
+                          _with_altimeter, box_geometry, frame_hypotheses, frame_view, fuse_fixes,
+                          horizontal_sigma_km)
 from trn.nav.motion import Displacement
 
 CAM = PinholeCamera(512, 512, 39.6)
@@ -521,6 +522,96 @@ def test_the_displacements_covariance_is_carried_into_the_fix():
     assert traces[1] > 1.2 * traces[0]  # not carried, the two would be alike
 
 
+def _declared_alone(position, cov, llr: float, runner_up: float) -> LostFix:
+    """A fix declared from one frame alone at ``position`` with ``cov``, its best hypothesis there."""
+    h = Hypothesis(np.asarray(position, np.float64), np.asarray(cov, np.float64), llr, [(0, 0), (1, 1), (2, 2)],
+                   {0: 1.0, 1: 1.0, 2: 1.0}, {})
+    return LostFix(True, REASONS[0], h.position, h.cov, h.pairs, support=3, llr=llr, runner_up=runner_up, best=[h])
+
+
+@pytest.mark.parametrize("margin_per_detection, detections, declared", [
+    (0.0, 9, True), (4.0, 9, True), (5.0, 9, False), (5.0, 2, True), (50.0, 2, True)])
+def test_the_margin_a_fix_needs_grows_with_its_detections(margin_per_detection, detections, declared):
+    """A fix 40 nats above its best rival, ``min_margin`` 6: with 9 detections the margin needed is
+    6 + 7 x ``margin_per_detection`` (34 nats at 4 passes, 41 at 5 does not), with 2 detections it
+    stays 6. Refused, the frame says why and keeps its hypotheses for the window."""
+    sc, _ = pose(10.0, 20.0)
+    fix = _declared_alone(sc, np.eye(3) * 0.1, 60.0, 60.0 - 40.0)
+    cfg = LostConfig(margin_per_detection=margin_per_detection)
+    need = cfg.min_margin + margin_per_detection * max(detections - 2, 0)
+    assert (40.0 >= need) == declared  # the parametrisation is what it says
+    out = WindowFixer(cfg).add(0.0, radius_of(sc), fix, detections=detections)
+    assert out.declared == declared
+    if not declared:
+        assert out.reason == REASONS[12] and out.position is None and out.best == fix.best
+
+
+def test_horizontal_sigma_is_the_largest_error_across_the_vertical():
+    """Against a brute-force reference: the covariance sampled, each sample's error projected on
+    the local horizontal plane, the largest standard deviation over directions in that plane."""
+    rng = np.random.default_rng(3)
+    p = latlon_to_xyz(np.array([30.0]), np.array([40.0]), MOON_RADIUS_KM + 100.0)[0]
+    a = rng.normal(size=(3, 3))
+    cov = a @ a.T + np.outer(p, p) / (p @ p) * 25.0  # a wide vertical that must not count
+    e = rng.multivariate_normal(np.zeros(3), cov, 200_000)
+    u = p / np.linalg.norm(p)
+    east = np.cross([0.0, 0.0, 1.0], u)
+    east /= np.linalg.norm(east)
+    north = np.cross(u, east)
+    h = np.stack([e @ east, e @ north], axis=1)
+    angles = np.linspace(0.0, np.pi, 721)
+    brute = max(float(np.std(h @ np.array([np.cos(t), np.sin(t)]))) for t in angles)
+    assert horizontal_sigma_km(p, cov) == pytest.approx(brute, rel=0.01)
+    assert horizontal_sigma_km(p, np.outer(u, u) * 9.0) < 1e-6  # a vertical error alone: none across
+
+
+@pytest.mark.parametrize("sigma_h_km, sigma_v_km, declared", [(1.2, 0.1, False), (0.9, 0.1, True), (0.9, 5.0, True)])
+def test_a_fix_too_uncertain_for_the_limit_is_refused(sigma_h_km, sigma_v_km, declared):
+    """At ``max_error_2sigma_km`` = 2: a fix of 1.2 km horizontal sigma (2.4 km at 2 sigma) is
+    refused as too uncertain, one of 0.9 km is declared whatever its vertical sigma."""
+    sc, _ = pose(-20.0, 100.0)
+    u = sc / np.linalg.norm(sc)
+    cov = (np.eye(3) - np.outer(u, u)) * sigma_h_km ** 2 + np.outer(u, u) * sigma_v_km ** 2
+    fix = _declared_alone(sc, cov, 60.0, 0.0)
+    assert WindowFixer(LostConfig()).add(0.0, radius_of(sc), fix, detections=3).declared
+    out = WindowFixer(LostConfig(max_error_2sigma_km=2.0)).add(0.0, radius_of(sc), fix, detections=3)
+    assert out.declared == declared
+    if not declared:
+        assert out.reason == REASONS[13]
+
+
+def test_a_carried_fix_that_the_frames_own_craters_contradict_is_refused():
+    """A frame of three craters is declared alone; the next frame's two craters are none of them,
+    and carried by the motion the declared fix puts it where its two craters are (the right place:
+    fixed, also with the guard on). The same frame whose own search prefers a place 60 km away by
+    30 nats (a constructed rival among its hypotheses) is refused with ``carry_max_deficit`` = 10
+    and fixed without it."""
+    cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r0) >= 3 and len(r1) == 2 and not r0 & r1)
+    guard = LostConfig(carry_max_deficit=10.0)
+    (first, second), _ = _joined_pair(cmap, [(sc0, rot0, b0), (sc1, rot1, b1)], _link(sc1 - sc0), guard)
+    assert first.declared and second.declared and second.reason == REASONS[10]
+    assert np.linalg.norm(second.position - sc1) < 0.05
+
+    def with_rival(cfg):
+        win = WindowFixer(cfg, cmap)
+        out = []
+        for k, (sc, rot, b) in enumerate([(sc0, rot0, b0), (sc1, rot1, b1)]):
+            alone = frame_hypotheses(b, rot, radius_of(sc), None, CAM, cmap, EXACT, cfg)
+            if k:
+                own = max((h.llr for h in alone.best), default=0.0)
+                away = sc + 60.0 * np.cross(sc / np.linalg.norm(sc), [0.0, 0.0, 1.0])
+                rival = Hypothesis(away, np.eye(3), own + 30.0, [(0, 5), (1, 6)], {5: 1.0, 6: 1.0}, {})
+                alone.best = [rival] + alone.best
+            view = frame_view(b, rot, radius_of(sc), None, CAM, EXACT, cfg)
+            out.append(win.add(20.0 * k, radius_of(sc), alone, None, view, _link(sc1 - sc0) if k else None))
+        return out
+
+    first, second = with_rival(LostConfig())
+    assert first.declared and second.declared and np.linalg.norm(second.position - sc1) < 0.05
+    first, second = with_rival(guard)
+    assert first.declared and not second.declared and second.reason == REASONS[14]
+
+
 def _ground_of(view, sc):
     """Where a view's lines of sight from ``sc`` meet the reference sphere [n, 3]."""
     pb = view.b @ sc
@@ -540,7 +631,10 @@ def _ground_of(view, sc):
                                        ({"motion_window_s": 90.0}, "motion_window_s=90.0: expected 0 to window_s"),
                                        ({"motion_frames": 1}, "motion_frames"),
                                        ({"motion_min_assigned": 0}, "motion_min_assigned"),
-                                       ({"motion_scale": 0.0}, "motion_scale")])
+                                       ({"motion_scale": 0.0}, "motion_scale"),
+                                       ({"carry_max_deficit": -1.0}, "carry_max_deficit"),
+                                       ({"margin_per_detection": -0.5}, "margin_per_detection"),
+                                       ({"max_error_2sigma_km": 0.0}, "max_error_2sigma_km")])
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         LostConfig(**kw)

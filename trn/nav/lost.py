@@ -50,6 +50,11 @@ candidates.
    the undecided frames are identified together as one constellation of craters, the
    displacements' covariance carried into the fix.
 
+9. **Wrong-fix guards** (off by default, :class:`LostConfig`): before any fix is declared, a
+   margin that grows with the detections of the frames it uses (``margin_per_detection``), a limit
+   on its horizontal 2-sigma error (``max_error_2sigma_km``), and, for a frame fixed by the motion,
+   its own craters' consent to the carried place (``carry_max_deficit``).
+
 Two options are measured on validation and off by default, because each one declared more wrong
 fixes there (``docs/lost_in_space.md``, third round):
 - the descriptor's evidence for each assigned detection (``descriptor_similarity`` /
@@ -61,7 +66,7 @@ fixes there (``docs/lost_in_space.md``, third round):
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 import numpy as np
 
@@ -80,7 +85,12 @@ REASONS = ("verified", "verified with earlier frames", "no detection",
            "too few craters agree for one frame alone, and no earlier frame of the window adds one",
            "verified late, with a later frame of the window",
            "verified with other frames joined by the terrain's motion",
-           "verified late, with a later frame joined by the terrain's motion")
+           "verified late, with a later frame joined by the terrain's motion",
+           "ambiguous for its detections: the margin over another position is below the margin its "
+           "detections need",
+           "too uncertain: the fix's horizontal 2-sigma error exceeds the limit",
+           "inconsistent: the motion carries a neighbour's fix where the frame's own craters prefer "
+           "another position")
 
 
 @dataclass(frozen=True)
@@ -143,6 +153,21 @@ class LostConfig:
         fixes lying 2-2.6 km off).
     motion_scale: the frames are resized by this factor before their displacement is measured
         (:class:`trn.nav.motion.MotionConfig` ``scale``): the measurement's cost on a board.
+
+    The wrong-fix guards (:class:`WindowFixer`, every fix before it is declared; all off by
+    default, measured in docs/lost_in_space.md):
+    carry_max_deficit: a frame fixed where a declared neighbour's fix, carried by the terrain's
+        motion, puts it must be consistent on its own: its own score there may fall at most this
+        many nats below the best of its own hypotheses at another place (farther than
+        ``separation_km``); inf = off. A wrong declared fix carried to frames that see other
+        craters finds two of their detections by chance, but their own search prefers elsewhere.
+    margin_per_detection: the margin a fix needs grows by this many nats per detection beyond two
+        in the frames it uses (alone: the frame's; a window or constellation: all its frames'): a
+        frame of many detections, clutter among them, holds more subsets that can agree with a
+        chance place, so the best chance rival scores higher (0 = a fixed ``min_margin``).
+    max_error_2sigma_km: a fix whose horizontal error at 2 sigma (twice the root of the largest
+        eigenvalue of its covariance across the local vertical) exceeds this is refused as too
+        uncertain, not declared with a covariance that cannot hold it to this distance; inf = off.
     """
 
     candidates: int = 0
@@ -173,6 +198,9 @@ class LostConfig:
     motion_frames: int = 4
     motion_min_assigned: int = 2
     motion_scale: float = 0.5
+    carry_max_deficit: float = math.inf
+    margin_per_detection: float = 0.0
+    max_error_2sigma_km: float = math.inf
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> None:
@@ -227,6 +255,12 @@ class LostConfig:
             bad("motion_min_assigned", "1 to 16 detections")
         if not 0.05 <= self.motion_scale <= 1.0:
             bad("motion_scale", "0.05 to 1, a factor the frames are resized by")
+        if not (self.carry_max_deficit >= 0 and not math.isnan(self.carry_max_deficit)):
+            bad("carry_max_deficit", "0 or more nats (inf = off)")
+        if not (math.isfinite(self.margin_per_detection) and 0 <= self.margin_per_detection <= 100):
+            bad("margin_per_detection", "0 to 100 nats per detection")
+        if not (self.max_error_2sigma_km > 0 and not math.isnan(self.max_error_2sigma_km)):
+            bad("max_error_2sigma_km", "above 0 km (inf = off)")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -935,13 +969,28 @@ def circular_speed_km_s(radius_km: float) -> float:
     return math.sqrt(MU_KM3_S2 / radius_km)
 
 
+def horizontal_sigma_km(position: np.ndarray, cov: np.ndarray) -> float:
+    """The largest 1-sigma error across the local vertical at ``position`` [3] km: the root of the
+    largest eigenvalue of ``cov`` [3, 3] km^2 projected on the plane normal to ``position``."""
+    u = np.asarray(position, np.float64) / float(np.linalg.norm(position))
+    proj = np.eye(3) - np.outer(u, u)
+    c = proj @ np.asarray(cov, np.float64) @ proj
+    return float(np.sqrt(max(np.linalg.eigvalsh((c + c.T) / 2.0).max(), 0.0)))
+
+
+def _refused(fix: LostFix, reason: str) -> LostFix:
+    """``fix`` undeclared for ``reason``, its hypotheses kept for the window."""
+    return replace(fix, declared=False, reason=reason, position=None, cov=None, inliers=[], joins=())
+
+
 @dataclass
 class _Entry:
     """One frame of :class:`WindowFixer`'s window: its time, its fix (as returned, or as declared
     late), its ``rescore`` callable, the (position, covariance) it was declared with before any
     fusion (None while undeclared): fusions use these, never fused fixes; its detections
     (``view``, :func:`frame_view`) and ``link``, the measured displacement from the frame added
-    before it (:class:`trn.nav.motion.Displacement`), for joins by motion."""
+    before it (:class:`trn.nav.motion.Displacement`), for joins by motion; ``detections``: how many
+    the frame has (the guards)."""
 
     t_s: float
     fix: LostFix
@@ -949,6 +998,7 @@ class _Entry:
     raw: tuple[np.ndarray, np.ndarray] | None = None
     view: _Frame | None = None
     link: object = None
+    detections: int = 0
 
 
 def _fusable(fix: LostFix) -> bool:
@@ -986,13 +1036,35 @@ class WindowFixer:
     declared frame among them, the undecided ones are searched together as one constellation and
     decided as a window, and each frame of it whose detections the declared hypothesis assigns
     (``motion_min_assigned`` of them, a positive score) is fixed. Such a fix's ``joins`` name the
-    frames whose craters it used."""
+    frames whose craters it used.
+
+    Every fix passes the wrong-fix guards before it is declared (:class:`LostConfig`,
+    ``margin_per_detection``, ``max_error_2sigma_km``, ``carry_max_deficit``); a refused fix keeps
+    its hypotheses for the window and says why."""
 
     def __init__(self, cfg: LostConfig | None = None, cmap: CraterMap | None = None):
         self.cfg = cfg or LostConfig()
         self.cmap = cmap
         self.history: list[_Entry] = []
         self.late: list[tuple[float, LostFix, float]] = []
+        self._counts: dict[float, int] = {}  # detections per frame of the window, by time (ms)
+
+    def _guarded(self, fix: LostFix, detections: int, margin: bool = True, sigma: bool = True) -> LostFix:
+        """``fix`` if it passes the guards, else refused (:func:`_refused`): the margin its
+        ``detections`` (over all the frames it uses) need (with ``margin``) and the horizontal
+        2-sigma limit (with ``sigma``)."""
+        cfg = self.cfg
+        if not fix.declared:
+            return fix
+        extra = cfg.margin_per_detection * max(detections - 2, 0)  # min_margin itself is decide()'s
+        if margin and extra > 0 and fix.llr - fix.runner_up < cfg.min_margin + extra:
+            return _refused(fix, REASONS[12])
+        if sigma and 2.0 * horizontal_sigma_km(fix.position, fix.cov) > cfg.max_error_2sigma_km:
+            return _refused(fix, REASONS[13])
+        return fix
+
+    def _count(self, t_s: float) -> int:
+        return self._counts.get(round(t_s, 3), 0)
 
     def _combos(self, fix: LostFix, other: LostFix, dt: float, radius_km: float) -> list[Hypothesis]:
         """``fix``'s hypotheses joined with ``other``'s (its frame ``dt`` s away, either sign)."""
@@ -1019,10 +1091,11 @@ class WindowFixer:
         llr, window, missed, inside = joined_evidence([h, e])
         return Hypothesis(h.position, h.cov, llr, h.pairs, window, missed, inside, joins=(Join(dt_s, "crater"),))
 
-    def _decide(self, fix: LostFix, combos: list[Hypothesis], pred: tuple[np.ndarray, float] | None = None
-                ) -> LostFix | None:
-        """The window's decision on ``combos``; with ``pred`` (:meth:`_predicted`) only those within
-        the prediction's gate may be declared."""
+    def _decide(self, fix: LostFix, combos: list[Hypothesis], pred: tuple[np.ndarray, float] | None = None,
+                t_s: float = 0.0) -> LostFix | None:
+        """The window's decision on ``combos`` for the frame at ``t_s``; with ``pred``
+        (:meth:`_predicted`) only those within the prediction's gate may be declared. The guards
+        count the detections of the frame and of the frame it is joined with."""
         if pred is not None:
             combos = [c for c in combos if np.linalg.norm(c.position - pred[0]) <= pred[1]]
         if not combos:
@@ -1031,6 +1104,7 @@ class WindowFixer:
         # the frame's own hypotheses compete too: a window pair must beat every other place
         pool = combos + [h for h in fix.best if all(np.linalg.norm(h.position - c.position) > 1e-9 for c in combos)]
         dec = decide(pool, cfg, fix.hypotheses, fix.candidates, frames=2)
+        dec = self._guarded(dec, self._count(t_s) + sum(self._count(t_s + j.dt_s) for j in dec.joins))
         return dec if dec.declared else None
 
     def _predicted(self, declared: list[tuple[float, LostFix]], t_s: float) -> tuple[np.ndarray, float] | None:
@@ -1130,7 +1204,8 @@ class WindowFixer:
             runner, found = 0.0, (0, 0)
         else:
             dec = search(con, self.cmap)
-            if not dec.declared:
+            # the margin over all the frames' detections; each frame's fix is checked on its own below
+            if not self._guarded(dec, sum(len(m.view.b) for m in members), sigma=False).declared:
                 return []
             best, runner, found = dec.best[0], dec.runner_up, (dec.hypotheses, dec.candidates)
         # the frames whose craters the constellation assigned; of them, a frame is fixed where its own
@@ -1142,11 +1217,22 @@ class WindowFixer:
             e = members[m.index]
             if e.fix.declared:
                 continue
+            # the frame's own craters must not prefer another place by more than carry_max_deficit
+            rival = max((h.llr for h in e.fix.best
+                         if np.linalg.norm(h.position - m.own.position) > cfg.separation_km), default=-math.inf)
+            if m.own.llr < rival - cfg.carry_max_deficit:
+                e.fix.reason = REASONS[14]
+                continue
             joins = tuple(Join(members[o.index].t_s - e.t_s, "motion") for o in used if o is not m)
             late = e is not entries[-1]
-            out.append((e, LostFix(True, REASONS[11] if late else REASONS[10], m.own.position, m.own.cov,
-                                   sorted(m.own.pairs), e.fix.hypotheses + found[0], e.fix.candidates + found[1],
-                                   len(m.own.pairs), best.llr, runner, len(used), [m.own], joins)))
+            fix = self._guarded(LostFix(True, REASONS[11] if late else REASONS[10], m.own.position, m.own.cov,
+                                        sorted(m.own.pairs), e.fix.hypotheses + found[0],
+                                        e.fix.candidates + found[1], len(m.own.pairs), best.llr, runner, len(used),
+                                        [m.own], joins), e.detections, margin=False)
+            if fix.declared:
+                out.append((e, fix))
+            else:
+                e.fix.reason = fix.reason
         return sorted(out, key=lambda x: x[0] is not entries[-1])
 
     def _declare_late(self, h: _Entry, dec: LostFix, t_s: float, raws: list, new: list) -> None:
@@ -1162,24 +1248,27 @@ class WindowFixer:
         self.late.append((h.t_s, dec, t_s))
 
     def add(self, t_s: float, radius_km: float, fix: LostFix, rescore=None, view: _Frame | None = None,
-            motion=None) -> LostFix:
+            motion=None, detections: int | None = None) -> LostFix:
         """The frame at ``t_s`` with its fix from the whole map; ``rescore``: a callable of ``near``
         that returns the frame's identification restricted to that ground (class docstring);
         ``view``: its detections (:func:`frame_view`) and ``motion``: its displacement from the
         frame added before it (:class:`trn.nav.motion.Displacement`, None where not measured), for
-        joins by motion."""
+        joins by motion; ``detections``: the frame's detections (for the guards; else the view's)."""
         cfg = self.cfg
         self.history = [h for h in self.history if 0 < t_s - h.t_s <= cfg.window_s]
+        n = detections if detections is not None else (len(view.b) if view is not None else 0)
+        self._counts = {round(h.t_s, 3): h.detections for h in self.history} | {round(t_s, 3): n}
+        fix = self._guarded(fix, n)
         result = fix
         if not fix.declared and cfg.window_s > 0:
             pred = self._predicted(self._declared(), t_s) if cfg.search_near_declared else None
             combos = [c for h in self.history for c in self._combos(fix, h.fix, t_s - h.t_s, radius_km)]
-            result = self._decide(fix, combos, pred) or fix
+            result = self._decide(fix, combos, pred, t_s) or fix
             if not result.declared and rescore is not None and pred is not None and fix.reason not in REASONS[2:4]:
                 wider = self._searched_near(fix, rescore, pred)
                 combos = [c for h in self.history for c in self._combos(wider, h.fix, t_s - h.t_s, radius_km)]
-                result = self._decide(wider, combos, pred) or wider
-        new = _Entry(t_s, result, rescore, None, view, motion)
+                result = self._decide(wider, combos, pred, t_s) or wider
+        new = _Entry(t_s, result, rescore, None, view, motion, n)
         moving = cfg.motion_joins and cfg.window_s > 0 and view is not None and self.cmap is not None
         joined = self._motion_joined(self.history + [new]) if moving and not result.declared else []
         if joined and joined[0][0] is new:
@@ -1201,7 +1290,8 @@ class WindowFixer:
                         pred = self._predicted(declared, h.t_s)
                     earlier = self._searched_near(h.fix, h.rescore, pred)
                     dec = self._decide(earlier, [c for t_e, e in declared
-                                                 for c in self._combos(earlier, e, h.t_s - t_e, radius_km)], pred)
+                                                 for c in self._combos(earlier, e, h.t_s - t_e, radius_km)], pred,
+                                      h.t_s)
                     if dec is not None:
                         dec.reason = REASONS[9]
                         self._declare_late(h, dec, t_s, raws, new_raw)

@@ -764,7 +764,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                 link = motion.between(prev, fr)
                 motion_ms = sum(motion.ms) - spent
         fx = window.add(float(t_all[fr]), radius, alone,
-                        functools.partial(frame_hypotheses, *inputs) if cfg.search_near_declared else None, view, link)
+                        functools.partial(frame_hypotheses, *inputs) if cfg.search_near_declared else None, view, link,
+                        len(ks))
         prev = fr
         ms = (clock() - t1) * 1e3 - motion_ms
         rows.append({"frame": int(fr), "time_s": float(t_all[fr]), "detections": len(ks),
