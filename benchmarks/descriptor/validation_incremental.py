@@ -79,27 +79,21 @@ def main() -> int:
 
 
 def with_parts(model, x, order: np.ndarray, lab: np.ndarray, scored: np.ndarray) -> list[float]:
-    """RA at each threshold for a model with part tokens, through the landmark database."""
-    import torch
+    """RA at each threshold for a model with part tokens, through the landmark database as the
+    scenarios configure it (:func:`trn.sim.scenarios._db_config`; a render is never cut by a frame's
+    edge, so with an edge rule the embedder scores it by cosine)."""
+    from trn.db import LandmarkDB
+    from trn.sim.embedders import TorchEmbedder
+    from trn.sim.scenarios import ScenarioSettings, _db_config
 
-    from trn.db import DBConfig, LandmarkDB
-    from trn.sim.scenarios import ScenarioSettings
-
-    g, t = [], []
-    with torch.no_grad():
-        for i in range(0, len(x), 256):
-            e, p = model.forward_parts(x[i:i + 256])
-            g.append(e.numpy())
-            t.append(p.numpy())
-    g, t = np.concatenate(g)[order], np.concatenate(t)[order]
+    emb = TorchEmbedder(model, "parts", batch=256)
+    e = emb(x[:, 0].numpy())
+    g, t = e.global_[order], e.tokens[order]
+    mix = None if e.mix is None else e.mix[order]
     names = [str(v) for v in lab]
     out = []
     for thr in THRESHOLDS:
-        db = LandmarkDB(DBConfig(dim=g.shape[1], threshold=thr, tokens=t.shape[1], token_dim=t.shape[2],
-                                 shortlist=ScenarioSettings().shortlist, token_weight=model.cfg.part_weight,
-                                 token_offset=model.cfg.part_offset))
-        # a render is never cut by a frame's edge: with an edge rule it is scored by cosine
-        mix = np.zeros(len(g), bool) if model.cfg.part_edge_px else None
+        db = LandmarkDB(_db_config(emb, ScenarioSettings(), thr))
         seen: set[str] = set()
         correct = incorrect = missed = 0
         for d, name, counted in zip(db.match_or_insert(g, labels=names, tokens=t, mix=mix), names, scored):

@@ -61,6 +61,18 @@ def test_the_whole_image_nms_equals_the_board_s_on_random_boxes():
             assert nms_large(boxes, scores, thr, cell=7.0).tolist() == nms_boxes(boxes, scores, thr).tolist()
 
 
+def _tile_targets(b, t, out, heat, sz, off, k):
+    """Write into row k of the maps the training targets of image boxes ``b`` (l, r, t, b) as far
+    as they show in tile ``t``: moved and scaled into it, clipped at its edges."""
+    b = np.stack([(b[:, 0] - t.c0) * t.fx, (b[:, 1] - t.c0) * t.fx, (b[:, 2] - t.r0) * t.fy,
+                  (b[:, 3] - t.r0) * t.fy], axis=1)
+    b[:, :2] = np.clip(b[:, :2], 0, t.w)
+    b[:, 2:] = np.clip(b[:, 2:], 0, t.h)
+    b = b[(b[:, 1] - b[:, 0] >= 2) & (b[:, 3] - b[:, 2] >= 2)].astype(np.float32)
+    if len(b):
+        heat[k, 0], sz[k], off[k], _ = targets(b, out)
+
+
 def oracle(image_shape, craters, factor, size, overlap):
     """A perfect detector for the tiler: for each tile, in the order the tiler runs them, the
     training targets (:func:`trn.detect.train.targets`) of the crater boxes as far as they show in
@@ -74,13 +86,7 @@ def oracle(image_shape, craters, factor, size, overlap):
         for k in range(n):
             t = next(tiles)
             b = np.array(craters, np.float64)
-            b = np.stack([(b[:, 0] - t.c0) * t.fx, (b[:, 1] - t.c0) * t.fx, (b[:, 2] - t.r0) * t.fy,
-                          (b[:, 3] - t.r0) * t.fy], axis=1)
-            b[:, :2] = np.clip(b[:, :2], 0, t.w)
-            b[:, 2:] = np.clip(b[:, 2:], 0, t.h)
-            b = b[(b[:, 1] - b[:, 0] >= 2) & (b[:, 3] - b[:, 2] >= 2)].astype(np.float32)
-            if len(b):
-                heat[k, 0], sz[k], off[k], _ = targets(b, out)
+            _tile_targets(b, t, out, heat, sz, off, k)
         return heat, sz, off
 
     return maps
@@ -193,13 +199,7 @@ def ranged_oracle(image_shape, craters, bands, size, overlap, seen_px=(0.0, math
             big = side > seen_px[1]
             b[big] = np.stack([cx - half, cx + half, cy - half, cy + half], axis=1)[big]
             b = b[side >= seen_px[0]]
-            b = np.stack([(b[:, 0] - t.c0) * t.fx, (b[:, 1] - t.c0) * t.fx, (b[:, 2] - t.r0) * t.fy,
-                          (b[:, 3] - t.r0) * t.fy], axis=1)
-            b[:, :2] = np.clip(b[:, :2], 0, t.w)
-            b[:, 2:] = np.clip(b[:, 2:], 0, t.h)
-            b = b[(b[:, 1] - b[:, 0] >= 2) & (b[:, 3] - b[:, 2] >= 2)].astype(np.float32)
-            if len(b):
-                heat[k, 0], sz[k], off[k], _ = targets(b, out)
+            _tile_targets(b, t, out, heat, sz, off, k)
         return heat, sz, off
 
     return maps

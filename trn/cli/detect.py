@@ -167,6 +167,17 @@ def _eval(args) -> int:
     return 0
 
 
+def _scale_options(p: argparse.ArgumentParser, what: str) -> None:
+    """--scales and --bands (parsed by :func:`trn.detect.tiles.parse_bands`) on a subcommand."""
+    p.add_argument("--scales", default=None, metavar="F,F,...",
+                   help=f"run each {what} at several scales (network px per image px), each keeping the boxes of its "
+                        "own size band (--bands), all merged by one NMS: e.g. 2,0.6 for small and large craters")
+    p.add_argument("--bands", default=None, metavar="MIN-MAX,...",
+                   help="with --scales: one band of box sides (sqrt(w h), image px) for each scale, in order, e.g. "
+                        "0-24,24-inf (default: neighbouring scales meet where a crater is as far from the detector's "
+                        "trained sizes at either)")
+
+
 def _images(inputs: list[Path]) -> list[Path]:
     out = []
     for p in inputs:
@@ -487,13 +498,7 @@ def main(argv: list[str] | None = None) -> int:
     e.add_argument("--source", type=Path, default=None,
                    help="the elevation source the frames were rendered from (../shared/data/moon, or a built-in "
                         "world's .world): adds recall by each crater's relief (depth / diameter) in it")
-    e.add_argument("--scales", default=None, metavar="F,F,...",
-                   help="run each frame at several scales (network px per image px), each keeping the boxes of its "
-                        "own size band (--bands), all merged by one NMS: e.g. 2,0.6 for small and large craters")
-    e.add_argument("--bands", default=None, metavar="MIN-MAX,...",
-                   help="with --scales: one band of box sides (sqrt(w h), image px) for each scale, in order, e.g. "
-                        "0-24,24-inf (default: neighbouring scales meet where a crater is as far from the detector's "
-                        "trained sizes at either)")
+    _scale_options(e, "frame")
     e.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
     e.set_defaults(fn=_eval)
 
@@ -519,13 +524,7 @@ def main(argv: list[str] | None = None) -> int:
                         "detector's own crater sizes (instead of the ground sampling)")
     r.add_argument("--scale", type=float_between(0.001, 64.0), default=None, metavar="F",
                    help="network-input pixels per image pixel, overriding every other scale")
-    r.add_argument("--scales", default=None, metavar="F,F,...",
-                   help="run each image at several scales (network px per image px), each keeping the boxes of its "
-                        "own size band (--bands), all merged by one NMS: e.g. 2,0.6 for small and large craters")
-    r.add_argument("--bands", default=None, metavar="MIN-MAX,...",
-                   help="with --scales: one band of box sides (sqrt(w h), image px) for each scale, in order, e.g. "
-                        "0-24,24-inf (default: neighbouring scales meet where a crater is as far from the detector's "
-                        "trained sizes at either)")
+    _scale_options(r, "image")
     r.add_argument("--overlap", type=int_between(0, 255), default=None, metavar="PX",
                    help="network-input pixels shared by neighbouring tiles (default 96, at most 3/8 of a smaller "
                         "network input: a crater up to that size cut by a seam is whole in the next tile)")

@@ -32,7 +32,7 @@ import faiss
 import numpy as np
 
 from trn.db import store
-from trn.db.tokens import dequantize, late_interaction, quantize
+from trn.db.tokens import dequantize, late_interaction, mixed_score, quantize
 from trn.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -262,12 +262,7 @@ class LandmarkDB:
             return int(cand[best]), float(csim[best])
         stored = [pending_tokens[r] if r in pending_tokens else
                   dequantize(self._tok.view[r], self._scale.view[r]) for r in cand.tolist()]
-        w = self.cfg.token_weight
-        score = late_interaction(qt, np.stack(stored))
-        if w < 1.0:
-            score = ((1.0 - w) * csim + w * score).astype(np.float32)
-        if self.cfg.token_offset:
-            score = (score + self.cfg.token_offset).astype(np.float32)
+        score = mixed_score(csim, late_interaction(qt, np.stack(stored)), self.cfg.token_weight, self.cfg.token_offset)
         best = np.lexsort((cand, -score))[0]
         return int(cand[best]), float(score[best])
 

@@ -122,6 +122,15 @@ def late_interaction(query: np.ndarray, gallery: np.ndarray) -> np.ndarray:
     return sims.max(axis=2).mean(axis=1).astype(np.float32)
 
 
+def mixed_score(cosine: np.ndarray, li: np.ndarray, weight: float = 1.0, offset: float = 0.0) -> np.ndarray:
+    """The decision score with tokens: ``(1 - weight) * cosine + weight * late interaction + offset``
+    (float32; ``li`` itself for weight 1 and offset 0, the instance tokens' score)."""
+    score = li if weight >= 1.0 else (1.0 - weight) * cosine + weight * li
+    if offset:
+        score = score + offset
+    return np.asarray(score, np.float32)
+
+
 def quantize(tokens: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Symmetric per-token int8: tokens float32 [..., K, D] -> (int8 [..., K, D], float32 scales
     [..., K]) with tokens ~= q * scale[..., None]."""

@@ -20,6 +20,7 @@ import numpy as np
 
 from trn.data.datasets.luna1 import Luna1Dataset
 from trn.data.views.crops import jitter_box
+from trn.db.tokens import mixed_score
 from trn.sim import scenarios as sc
 
 PERTURBATIONS = ("noise", "photometric", "rotation")
@@ -148,8 +149,7 @@ def pair_scores(embedded, pairs: np.ndarray, token_weight: float = 1.0, token_of
     if t is None or not len(pairs):
         return cos
     sims = np.einsum("pqd,pkd->pqk", t[pairs[:, 0]], t[pairs[:, 1]], optimize=True)
-    li = sims.max(axis=2).mean(axis=1)
-    mixed = (1.0 - token_weight) * cos + token_weight * li + token_offset
+    mixed = mixed_score(cos, sims.max(axis=2).mean(axis=1), token_weight, token_offset)
     if embedded.mix is not None:
         mixed = np.where(embedded.mix[pairs[:, 0]], mixed, cos)
     return mixed.astype(np.float32)

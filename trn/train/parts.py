@@ -80,14 +80,11 @@ class PartSettings:
 
     def __post_init__(self) -> None:
         checks = [("draws", self.draws >= 1), ("epochs", self.epochs >= 1), ("batch", self.batch >= 2),
-                  ("lr", self.lr > 0), ("temperature", self.temperature > 0), ("max_gap", self.max_gap >= 1),
-                  ("weight", 0.0 <= self.weight <= 1.0), ("edge_px", 0 <= self.edge_px <= 1024),
-                  ("offset", -1.0 <= self.offset <= 1.0)]
+                  ("lr", self.lr > 0), ("temperature", self.temperature > 0), ("max_gap", self.max_gap >= 1)]
         bad = [k for k, ok in checks if not ok]
         if bad:
             raise ConfigError(f"part training settings {', '.join(f'{k}={getattr(self, k)!r}' for k in bad)}: need "
-                              "draws, epochs >= 1, batch >= 2, lr and temperature > 0, max_gap >= 1, weight in [0, 1], "
-                              "edge_px 0 to 1024, offset -1 to 1")
+                              "draws, epochs >= 1, batch >= 2, lr and temperature > 0, max_gap >= 1")
 
 
 @dataclass
@@ -112,6 +109,14 @@ def training_orbit(path: Path):
     return ds
 
 
+def _disk_features(model: Descriptor, x: torch.Tensor) -> np.ndarray:
+    """The part stage's features of crops [N, 1, S, S] at the disk's locations, float16 [N, L, C]:
+    what the part head reads, cached once for every epoch."""
+    _, feat = model.part_features(x)
+    n, c, h, w = feat.shape
+    return feat.permute(0, 2, 3, 1).reshape(n, h * w, c)[:, disk_cells(h, w)].numpy().astype(np.float16)
+
+
 @torch.no_grad()
 def orbit_features(model: Descriptor, path: Path, s: PartSettings, orbit: int, settings: sc.ScenarioSettings,
                    chunk: int = 128) -> OrbitFeatures:
@@ -131,9 +136,7 @@ def orbit_features(model: Descriptor, path: Path, s: PartSettings, orbit: int, s
         rows = []
         for i in range(0, len(dets), chunk):
             x = torch.from_numpy(sc.crop_images(ds, dets[i:i + chunk], model.cfg.input_size, margin)[:, None])
-            _, feat = model.part_features(x)
-            n, c, h, w = feat.shape
-            rows.append(feat.permute(0, 2, 3, 1).reshape(n, h * w, c)[:, disk_cells(h, w)].numpy().astype(np.float16))
+            rows.append(_disk_features(model, x))
         out.append(np.concatenate(rows))
     numbers = np.array([b.frame for b in clean], np.int64)
     return OrbitFeatures(np.stack(out), [f"{orbit}:{b.label}" for b in clean],
@@ -160,9 +163,7 @@ def render_features(model: Descriptor, config: Path, s: PartSettings, chunk: int
     for i in range(0, len(names), chunk):
         ids = torch.arange(i, min(i + chunk, len(names)))
         x, _, _ = make_views(bank, ids, s.draws, cfg.augment, gen, size)  # view-major [draws * b]
-        _, feat = model.part_features(x)
-        n, c, h, w = feat.shape
-        f = feat.permute(0, 2, 3, 1).reshape(n, h * w, c)[:, disk_cells(h, w)].numpy().astype(np.float16)
+        f = _disk_features(model, x)
         rows.append(f.reshape(s.draws, len(ids), *f.shape[1:]))
     return OrbitFeatures(np.concatenate(rows, axis=1), [f"render:{n}" for n in names],
                          np.zeros(len(names), np.int64), np.zeros(len(names), np.int64))
