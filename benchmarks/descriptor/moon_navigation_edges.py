@@ -1,7 +1,7 @@
 """Where Moon Navigation's decisions fail: by whether the frame's edge cuts the crater.
 
     python benchmarks/descriptor/moon_navigation_edges.py --data data/luna1-val MODEL [MODEL ...] \
-        [--threshold 0.9 --threshold 0.85]
+        [--threshold 0.9 --threshold 0.85] [--backend tflite]
 
 Runs Moon Navigation's detections (NMS, seeded detector noise, photometric jitter, rotation,
 uninformative crops declined: :func:`trn.sim.scenarios.moon_navigation_crops`) through the
@@ -67,7 +67,8 @@ def edge_breakdown(ds, emb, s, thresholds: list[float]) -> list[str]:
     return lines
 
 
-def report(data: Path, models: list[str], thresholds: list[float] | None, threads: int, note: str = "") -> int:
+def report(data: Path, models: list[str], thresholds: list[float] | None, threads: int, note: str = "",
+           backend: str = "torch") -> int:
     """Print the breakdown of every model on the Luna-1 directory ``data``; 2 on a refused input."""
     from trn.data.datasets.luna1 import read_luna1
     from trn.errors import TrnError
@@ -77,9 +78,9 @@ def report(data: Path, models: list[str], thresholds: list[float] | None, thread
     try:
         ds = read_luna1(data)
         print(hardware())
-        print(f"data: {data}{note}")
+        print(f"data: {data}{note}" + ("" if backend == "torch" else f"; backend {backend}"))
         for spec in models:
-            emb = make_embedder(spec, threads=threads)
+            emb = make_embedder(spec, threads=threads, backend=backend)
             print(f"\n## {spec}\n")
             print("\n".join(edge_breakdown(ds, emb, ScenarioSettings(), thresholds or [0.9, 0.85])))
     except TrnError as exc:
@@ -94,8 +95,11 @@ def main() -> int:
     ap.add_argument("--data", type=Path, required=True, help="Luna-1 directory with annotated frames (a validation orbit)")
     ap.add_argument("--threshold", type=float, action="append", help="database thresholds (default 0.9 and 0.85)")
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--backend", default="torch",
+                    help="torch, or an exported model's backend (onnx, onnx-int8, tflite, ...): MODEL is then a "
+                         "trn-export directory")
     args = ap.parse_args()
-    return report(args.data, args.models, args.threshold, args.threads)
+    return report(args.data, args.models, args.threshold, args.threads, backend=args.backend)
 
 if __name__ == "__main__":
     sys.exit(main())

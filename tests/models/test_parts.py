@@ -62,13 +62,6 @@ def test_a_part_checkpoint_with_a_missing_head_is_refused(tmp_path):
         load_descriptor(tmp_path / "w.pt")
 
 
-def test_export_of_a_part_model_is_refused_not_silently_stripped():
-    from trn.export.graph import ExportGraph
-
-    with pytest.raises(ConfigError, match="part tokens"):
-        ExportGraph(Descriptor(model_config("flight", **TINY, part_dim=8)).eval())
-
-
 def test_an_edge_rule_scores_images_by_cosine_and_reaches_the_database():
     import numpy as np
 

@@ -186,7 +186,9 @@ def _onnx(args) -> int:
         par = parity(model, exp.path, crops, args.threads)
         print(f"parity on {par.images} crops of {source}: embedding max |diff| {par.max_abs_embedding:.2e}, "
               f"min cosine {par.min_cosine_embedding:.7f}; token map max |diff| {par.max_abs_token_map:.2e}, "
-              f"min cosine {par.min_cosine_token_map:.7f}")
+              f"min cosine {par.min_cosine_token_map:.7f}"
+              + ("" if par.min_cosine_part_tokens is None else
+                 f"; part tokens min cosine {par.min_cosine_part_tokens:.7f}"))
     report = write_report(args.out, exp, args.model, par, source)
     _stamp(report, weights)
     print(f"report: {report}")
@@ -256,7 +258,9 @@ def _tflite(args) -> int:
         pars.append(par)
         print(f"{e.kind} TFLite against torch on {par.images} crops of {csource}: embedding min cosine "
               f"{par.min_cosine_embedding:.5f} (median {par.median_cosine_embedding:.5f}), token map min cosine "
-              f"{par.min_cosine_token_map:.5f}, nearest-neighbour agreement {par.nearest_neighbour_agreement:.3f}")
+              f"{par.min_cosine_token_map:.5f}, nearest-neighbour agreement {par.nearest_neighbour_agreement:.3f}"
+              + ("" if par.min_cosine_part_tokens is None else
+                 f"; part tokens min cosine {par.min_cosine_part_tokens:.5f} (median {par.median_cosine_part_tokens:.5f})"))
     rep = edgetpu_report(args.out / "model_int8.tflite")
     j, md = write_edgetpu(rep, args.out)
     print(f"Edge TPU: {rep.verdict}. Report: {md}")

@@ -136,6 +136,38 @@ def _versions() -> dict:
     return out
 
 
+def _refuse_parts(export_dir: Path) -> None:
+    """A part model's export is refused: the board's protocol returns embeddings only, so a board
+    would decide without the part tokens the model's operating point was chosen with."""
+    import numpy as np
+
+    from trn_board.preprocess import PART_SETTINGS
+
+    head = export_dir / "head.npz"
+    parts = False
+    if head.is_file():
+        try:
+            with np.load(head, allow_pickle=False) as z:
+                parts = any(k in z.files for k in PART_SETTINGS)
+        except (OSError, ValueError):  # not an archive: the TFLite specification refuses it by name
+            pass
+    for f in ("model.onnx", "model_int8.onnx"):
+        if parts or not (export_dir / f).is_file():
+            continue
+        try:
+            import onnx
+            from google.protobuf.message import DecodeError
+
+            keys = {m.key for m in onnx.load(str(export_dir / f), load_external_data=False).metadata_props}
+        except (ImportError, DecodeError):  # no onnx here, or not a graph onnx reads: nothing to tell
+            continue
+        parts = "trn.part_weight" in keys
+    if parts:
+        raise DataError("this export carries learned part tokens, which the board's protocol does not return yet; "
+                        "bundle the descriptor the part head was trained on (trn-export --model of its "
+                        "trn-train-parts --model)", export_dir)
+
+
 def _tflite_spec(export_dir: Path) -> dict | None:
     """How a board feeds and reads the int8 TFLite backbone, from the file itself."""
     path = export_dir / "model_int8.tflite"
@@ -258,6 +290,7 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     if not any(f.suffix in (".onnx", ".tflite") for f in files):
         raise DataError("no exported model (model.onnx, model_int8.onnx, *.tflite) to bundle; run trn-export first",
                         export_dir)
+    _refuse_parts(export_dir)
     tfl = _tflite_spec(export_dir)
     det = detector_spec(detector) if detector is not None else None
     board_map = map_spec(map_dir, model_name, embedding_dim) if map_dir is not None else None

@@ -13,7 +13,12 @@ What changes, and why each change leaves the function unchanged (up to float rou
   ``embedding`` [N, D] (the L2-normalised descriptor), ``token_map`` [N, D, h, w] (the head
   applied to every location of the last feature map, what the instance-token aggregation
   consumes) and ``saliency`` [N, h, w] (each location's share of the GeM pool, for seed
-  selection). The aggregation itself runs on the host in numpy (:mod:`trn.db.tokens`).
+  selection). The aggregation itself runs on the host in numpy (:mod:`trn.db.tokens`);
+- a model with learned part tokens has a fourth output, ``part_map`` [N, part_dim, h, w]: its part
+  head (two 1x1 convolutions) on the part stage's feature map, before the disk's cells are taken
+  and each token is L2-normalised, which the host does
+  (:func:`trn_board.preprocess.part_tokens`). How the database mixes them in (weight, edge rule,
+  offset) travels with the export (:func:`part_settings`).
 """
 
 from __future__ import annotations
@@ -23,11 +28,18 @@ import copy
 import torch
 from torch import nn
 
-from trn.errors import ConfigError
 from trn.models.descriptor import Bottleneck, Descriptor
 from trn.models.layers import CoordinateAttention, RICConv2d
+from trn_board.preprocess import PART_OUTPUT, PART_SETTINGS
 
 OUTPUTS = ("embedding", "token_map", "saliency")
+
+
+def part_settings(model: Descriptor) -> dict[str, float]:
+    """The part head's decision settings of ``model`` (empty without a part head)."""
+    if model.parts is None:
+        return {}
+    return {k: float(getattr(model.cfg, k)) for k in PART_SETTINGS}
 
 
 def _fold(weight: torch.Tensor, bias: torch.Tensor | None, bn: nn.BatchNorm1d | nn.BatchNorm2d
@@ -84,18 +96,13 @@ def fold_batchnorm(model: Descriptor) -> Descriptor:
 
 
 class ExportGraph(nn.Module):
-    """What the board runs: image [N, 1, S, S] -> (embedding, token_map, saliency). A model that
-    standardises its input over the disk (``input_norm`` "disk") keeps that step at the graph's
-    start (``standardize``); the TFLite lowering starts after it, at ``backbone``, and its host
-    standardises instead (:class:`trn.export.tflite.Head`)."""
+    """What the board runs: image [N, 1, S, S] -> (embedding, token_map, saliency[, part_map]). A
+    model that standardises its input over the disk (``input_norm`` "disk") keeps that step at the
+    graph's start (``standardize``); the TFLite lowering starts after it, at ``backbone``, and its
+    host standardises instead (:class:`trn.export.tflite.Head`). ``outputs`` names the outputs."""
 
     def __init__(self, model: Descriptor):
         super().__init__()
-        if model.parts is not None:
-            # the graph has no output for them: an export would fly without what the model matches by
-            raise ConfigError(f"model {model.cfg.name!r} carries learned part tokens, which the exported graphs do "
-                              "not carry yet; export the descriptor the part head was trained on (trn-train-parts "
-                              "--model) for its global embedding")
         folded = fold_batchnorm(model)
         self.standardize = folded.standardize
         self.input_norm = model.cfg.input_norm
@@ -110,14 +117,25 @@ class ExportGraph(nn.Module):
         self.head.weight.data.copy_(folded.fc.weight.detach().reshape(d, c, 1, 1))
         self.head.bias.data.copy_(folded.fc.bias.detach())
         self.act = folded.act
+        # the part head has no BatchNorm: its two convolutions enter the graph as trained
+        self.parts = copy.deepcopy(model.parts.mlp) if model.parts is not None else None
+        self.part_stage = int(model.cfg.part_stage)
+        self.part_settings = part_settings(model)
+        self.outputs = OUTPUTS + ((PART_OUTPUT,) if self.parts is not None else ())
         self.eval()
         with torch.no_grad():  # fix RIC-C's weight maps for the input size: constants in the graph
             self.backbone(torch.zeros(1, 1, self.input_size, self.input_size))
 
-    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    def forward(self, image: torch.Tensor) -> tuple[torch.Tensor, ...]:
         if self.standardize is not None:
             image = self.standardize(image)
-        feat = self.backbone(image).clamp(min=self.eps)
+        if self.parts is None:
+            return self._global(self.backbone(image))
+        stages = self.backbone.forward_stages(image)
+        return self._global(stages[-1]) + (self.parts(stages[self.part_stage]),)
+
+    def _global(self, feat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        feat = feat.clamp(min=self.eps)
         powered = feat * feat * feat if self.p == 3.0 else feat.pow(self.p)
         pooled = powered.mean(dim=(2, 3)).pow(1.0 / self.p)
         # the same 1x1 convolution on the pooled vector: one copy of the head's weights
@@ -126,13 +144,21 @@ class ExportGraph(nn.Module):
         return emb, self.act(self.head(feat)), powered.mean(dim=1)
 
 
-def reference_outputs(model: Descriptor, images: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The same three outputs computed by the original (unfolded) torch model, for parity checks."""
+def reference_outputs(model: Descriptor, images: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The same outputs computed by the original (unfolded) torch model, for parity checks."""
     model = model.eval()
     with torch.no_grad():
-        emb, feat = model.forward_with_features(images)
+        if model.parts is not None:
+            stages = model.backbone.forward_stages(model.prepare(images))
+            feat = stages[-1]
+            emb = model.embed_features(feat)
+        else:
+            emb, feat = model.forward_with_features(images)
         feat = feat.clamp(min=model.pool.eps)
         p = model.pool.p.detach()
         loc = feat.permute(0, 2, 3, 1)
         proj = model.act(model.bn(model.fc(loc.reshape(-1, loc.shape[-1])))).reshape(*loc.shape[:3], -1)
-        return emb, proj.permute(0, 3, 1, 2), feat.pow(p).mean(dim=1)
+        out = (emb, proj.permute(0, 3, 1, 2), feat.pow(p).mean(dim=1))
+        if model.parts is not None:
+            out = out + (model.parts.mlp(stages[model.cfg.part_stage]),)
+        return out

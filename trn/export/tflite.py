@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from trn.errors import DataError
+from trn_board.preprocess import PART_OUTPUT, PART_SETTINGS
 
 INT8_FILE, FLOAT_FILE, HEAD_FILE = "model_int8.tflite", "model_float.tflite", "head.npz"
 
@@ -44,11 +45,14 @@ class Head:
     eps: float
     input_norm: str = "minmax"
     crop_margin: float = 1.0
+    # a part model's decision settings (trn_board.preprocess.PART_SETTINGS); empty without part tokens
+    parts: tuple[tuple[str, float], ...] = ()
 
     def save(self, path: Path) -> Path:
         tmp = path.with_name(f".{path.name}.tmp.npz")
         np.savez(tmp, weight=self.weight, bias=self.bias, prelu=self.prelu, p=np.float64(self.p),
-                 eps=np.float64(self.eps), input_norm=np.array(self.input_norm), crop_margin=np.float64(self.crop_margin))
+                 eps=np.float64(self.eps), input_norm=np.array(self.input_norm), crop_margin=np.float64(self.crop_margin),
+                 **{k: np.float64(v) for k, v in self.parts})
         tmp.replace(path)
         return path
 
@@ -65,12 +69,16 @@ class Head:
                 # heads exported before the input standardisation existed carry neither field
                 norm = str(z["input_norm"]) if "input_norm" in z.files else "minmax"
                 margin = float(z["crop_margin"]) if "crop_margin" in z.files else 1.0
+                parts = tuple((k, float(z[k])) for k in PART_SETTINGS if k in z.files)
                 h = cls(z["weight"].astype(np.float32), z["bias"].astype(np.float32), z["prelu"].astype(np.float32),
-                        float(z["p"]), float(z["eps"]), norm, margin)
+                        float(z["p"]), float(z["eps"]), norm, margin, parts)
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"cannot read the descriptor head ({exc}); re-export with trn-export tflite", path) from None
         if h.weight.ndim != 2 or h.bias.shape != (h.weight.shape[0],) or not np.isfinite(h.weight).all():
             raise DataError("the descriptor head has inconsistent or non-finite arrays; re-export it", path)
+        if h.parts and len(h.parts) != len(PART_SETTINGS):
+            raise DataError(f"the descriptor head names {len(h.parts)} of the {len(PART_SETTINGS)} part settings; "
+                            "re-export it", path)
         if h.input_norm not in ("minmax", "disk") or not 1.0 <= h.crop_margin <= 3.0:
             raise DataError(f"the descriptor head names input_norm={h.input_norm!r}, crop_margin={h.crop_margin}; "
                             "expected minmax or disk and a margin of 1 to 3: re-export it", path)
@@ -96,7 +104,7 @@ def head_of(graph) -> Head:
     w = graph.head.weight.detach().double().numpy()
     return Head(w.reshape(w.shape[0], -1).astype(np.float32), graph.head.bias.detach().numpy().astype(np.float32),
                 graph.act.weight.detach().numpy().astype(np.float32).ravel(), float(graph.p), float(graph.eps),
-                graph.input_norm, graph.crop_margin)
+                graph.input_norm, graph.crop_margin, tuple(graph.part_settings.items()))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -119,15 +127,19 @@ def load_interpreter(path: str | Path, threads: int = 1, edgetpu: bool = False):
 
 class TfliteRunner:
     """One .tflite backbone (float or int8) plus the host part: images [N, S, S] in [0, 1] ->
-    (embedding, token_map, saliency), like the ONNX graph (the host standardises the input first
-    when the head says so)."""
+    (embedding, token_map, saliency[, part_map]), like the ONNX graph (the host standardises the
+    input first when the head says so; a part model's backbone has a second output, the part map,
+    returned channels first as the ONNX graph gives it)."""
 
     def __init__(self, path: str | Path, head: Head | str | Path | None = None, threads: int = 1):
         path = Path(path)
         self.path = path
         self.interpreter = load_interpreter(path, threads)
         self.inp = self.interpreter.get_input_details()[0]
-        self.out = self.interpreter.get_output_details()[0]
+        outs = self.interpreter.get_output_details()
+        by_name = {o["name"]: o for o in outs}
+        self.out = by_name.get("feature_map", outs[0])
+        self.part_out = by_name.get(PART_OUTPUT)
         shape = tuple(int(v) for v in self.inp["shape"])
         if len(shape) != 4 or shape[0] != 1 or shape[3] != 1 or shape[1] != shape[2]:
             raise DataError(f"not a trn-export TFLite backbone (input shape {list(shape)}); export it with "
@@ -137,6 +149,9 @@ class TfliteRunner:
         if head is None:
             head = path.with_name(HEAD_FILE)
         self.head = head if isinstance(head, Head) else Head.load(Path(head))
+        if (self.part_out is None) != (not self.head.parts):
+            raise DataError("the backbone and head.npz disagree on part tokens (one has them, the other not); "
+                            "re-export both with trn-export tflite", path)
 
     def quantize_input(self, image: np.ndarray) -> np.ndarray:
         s, z = self.inp["quantization"]
@@ -144,6 +159,17 @@ class TfliteRunner:
 
     def features(self, images: np.ndarray) -> np.ndarray:
         """The backbone's feature maps [N, h, w, C] (dequantised for the int8 model)."""
+        return self._run(images)[0]
+
+    def _read(self, detail: dict) -> np.ndarray:
+        o = self.interpreter.get_tensor(detail["index"])
+        if self.int8:
+            s, z = detail["quantization"]
+            o = (o.astype(np.float32) - z) * s
+        return o[0]
+
+    def _run(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(feature maps [N, h, w, C], part maps [N, h', w', D] or None), dequantised."""
         x = np.asarray(images, np.float32)
         if x.ndim != 3 or x.shape[1:] != (self.input_size, self.input_size):
             raise DataError(f"images have shape {x.shape}; this model takes [N, {self.input_size}, {self.input_size}]")
@@ -151,21 +177,24 @@ class TfliteRunner:
             raise DataError("images contain NaN or infinite values")
         x = self.head.prepare(x) if len(x) else x
         it = self.interpreter
-        outs = []
+        outs, parts = [], []
         for im in x:
             v = im[None, :, :, None]
             it.set_tensor(self.inp["index"], self.quantize_input(v) if self.int8 else v)
             it.invoke()
-            o = it.get_tensor(self.out["index"])
-            if self.int8:
-                s, z = self.out["quantization"]
-                o = (o.astype(np.float32) - z) * s
-            outs.append(o[0])
-        c = int(self.out["shape"][3])
-        return np.stack(outs) if outs else np.zeros((0, 1, 1, c), np.float32)
+            outs.append(self._read(self.out))
+            if self.part_out is not None:
+                parts.append(self._read(self.part_out))
+        empty = lambda d: np.zeros((0, *(int(v) for v in d["shape"][1:])), np.float32)  # noqa: E731
+        feat = np.stack(outs) if outs else empty(self.out)
+        if self.part_out is None:
+            return feat, None
+        return feat, (np.stack(parts) if parts else empty(self.part_out))
 
-    def __call__(self, images: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        return self.head.outputs(self.features(images))
+    def __call__(self, images: np.ndarray) -> tuple[np.ndarray, ...]:
+        feat, parts = self._run(images)
+        out = self.head.outputs(feat)
+        return out if parts is None else out + (np.moveaxis(parts, -1, 1),)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -239,6 +268,9 @@ class TfliteParity:
     max_abs_embedding: float
     min_cosine_token_map: float
     nearest_neighbour_agreement: float
+    # part models only: per part token (after the host's step), min and median
+    min_cosine_part_tokens: float | None = None
+    median_cosine_part_tokens: float | None = None
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -249,10 +281,14 @@ def tflite_parity(model, runner: TfliteRunner, images: np.ndarray, kind: str) ->
 
     from trn.export.graph import reference_outputs
     from trn.export.to_onnx import _cos_rows
+    from trn_board.preprocess import part_tokens
 
     got = runner(images)
     with torch.no_grad():
         ref = [r.numpy() for r in reference_outputs(model, torch.from_numpy(images[:, None].astype(np.float32)))]
+    if len(got) != len(ref):
+        raise DataError(f"the TFLite model gives {len(got)} outputs and the model {len(ref)}: it was exported from "
+                        "another model", runner.path)
     cos = _cos_rows(got[0], ref[0])
     loc = lambda t: np.moveaxis(t, 1, -1).reshape(-1, t.shape[1])  # noqa: E731
     nn = []
@@ -260,8 +296,13 @@ def tflite_parity(model, runner: TfliteRunner, images: np.ndarray, kind: str) ->
         sim = e @ e.T
         np.fill_diagonal(sim, -np.inf)
         nn.append(sim.argmax(1))
+    parts: tuple[float | None, float | None] = (None, None)
+    if len(got) > 3:
+        tg, tr = part_tokens(got[3]), part_tokens(ref[3])
+        pc = _cos_rows(tg.reshape(-1, tg.shape[-1]), tr.reshape(-1, tr.shape[-1]))
+        parts = (float(pc.min()), float(np.median(pc)))
     return TfliteParity(len(images), kind, float(cos.min()), float(np.median(cos)), float(np.abs(got[0] - ref[0]).max()),
-                        float(_cos_rows(loc(got[1]), loc(ref[1])).min()), float((nn[0] == nn[1]).mean()))
+                        float(_cos_rows(loc(got[1]), loc(ref[1])).min()), float((nn[0] == nn[1]).mean()), *parts)
 
 
 def write_report(out_dir: Path, exports: list[TfliteExport], model_spec: str, parity: list[TfliteParity],
@@ -271,7 +312,8 @@ def write_report(out_dir: Path, exports: list[TfliteExport], model_spec: str, pa
                      "preprocess": "min-max normalisation to [0, 1], resize to the input size",
                      "int8": {"scale": next((e.input_scale for e in exports if e.input_scale), None),
                               "zero_point": -128}},
-           "output": "last feature map [1, h, w, C]; GeM root, head, L2 and tokens on the host from head.npz",
+           "output": "last feature map [1, h, w, C] (and a part model's part map [1, h', w', D]); GeM root, head, "
+                     "L2 and tokens on the host from head.npz",
            "exports": [e.to_dict() for e in exports], "parity": [p.to_dict() for p in parity],
            "parity_images": parity_source, "edgetpu": edgetpu}
     path = out_dir / "tflite_report.json"

@@ -267,7 +267,8 @@ class _Lowering:
 
 def lower_backbone(graph: nn.Module, grouped: str = "dense") -> Graph:
     """The backbone of an :class:`~trn.export.graph.ExportGraph` (BatchNorm folded) as a
-    :class:`Graph`: image [1, S, S, 1] -> feature map [1, h, w, C]. ``grouped``: grouped
+    :class:`Graph`: image [1, S, S, 1] -> feature map [1, h, w, C], and for a model with a part
+    head a second output, the part map [1, h', w', part_dim] of the part stage. ``grouped``: grouped
     convolutions as one block-diagonal CONV_2D (``dense``, what the flight models ship: fewer
     operators, more parameter bytes) or a slice, convolution and concatenation per group
     (``split``)."""
@@ -290,6 +291,8 @@ def lower_backbone(graph: nn.Module, grouped: str = "dense") -> Graph:
     _, h, w, c = g.shape(x)
     x = g.op("MAX_POOL_2D", [x], (1, (h - k) // st + 1, (w - k) // st + 1, c), lo.name("stem/maxpool"), k=k, stride=st,
              padding="VALID", act="NONE")
+    part_stage = graph.part_stage % len(bb.stages) if getattr(graph, "parts", None) is not None else None
+    part_in = None
     for si, stage in enumerate(bb.stages):
         for bi, block in enumerate(stage):
             if not isinstance(block, Bottleneck):
@@ -314,8 +317,16 @@ def lower_backbone(graph: nn.Module, grouped: str = "dense") -> Graph:
             else:
                 short = x
             x = g.op("ADD", [y, short], g.shape(y), lo.name(f"{name}/out"), act="RELU")
+        if si == part_stage:
+            part_in = x
     g.tensors[x].name = "feature_map"
     g.outputs = [x]
+    if part_in is not None:
+        c1, c2 = graph.parts[0], graph.parts[2]
+        y = lo.conv(part_in, c1.weight, c1.bias, 1, 0, 1, "RELU", "parts/conv1")
+        y = lo.conv(y, c2.weight, c2.bias, 1, 0, 1, "NONE", "parts/conv2")
+        g.tensors[y].name = "part_map"
+        g.outputs.append(y)
     return g
 
 

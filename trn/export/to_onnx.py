@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from trn.errors import DataError
-from trn.export.graph import OUTPUTS, ExportGraph, reference_outputs
+from trn.export.graph import ExportGraph, reference_outputs
 from trn.models.descriptor import Descriptor
 from trn_board.bundle import sha256_file as file_sha256
 
@@ -87,14 +87,46 @@ def export_onnx(model: Descriptor, path: str | Path, dynamic_batch: bool = False
     graph = ExportGraph(model)
     s = graph.input_size
     tmp = path.with_name(f".{path.name}.tmp")
-    axes = {"image": {0: "batch"}, **{k: {0: "batch"} for k in OUTPUTS}} if dynamic_batch else None
+    axes = {"image": {0: "batch"}, **{k: {0: "batch"} for k in graph.outputs}} if dynamic_batch else None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
         torch.onnx.export(graph, (torch.zeros(1, 1, s, s),), str(tmp), dynamo=False, opset_version=OPSET,
-                          input_names=["image"], output_names=list(OUTPUTS), dynamic_axes=axes,
+                          input_names=["image"], output_names=list(graph.outputs), dynamic_axes=axes,
                           do_constant_folding=True)
+    # how the crops are cut for it, and a part model's decision settings, travel with the graph
+    _write_metadata(tmp, {"crop_margin": graph.crop_margin, **graph.part_settings})
     m, ops = _checked(tmp, path)
     return OnnxExport(path, s, dynamic_batch, ops, file_sha256(path), path.stat().st_size)
+
+
+def _write_metadata(path: Path, values: dict[str, float]) -> None:
+    """Record ``values`` in the graph's metadata (``trn.<key>``)."""
+    import onnx
+
+    m = onnx.load(str(path))
+    for k, v in values.items():
+        m.metadata_props.add(key=f"trn.{k}", value=repr(float(v)))
+    onnx.save(m, str(path))
+
+
+def read_crop_margin(session) -> float:
+    """How the graph's crops are cut (``trn.crop_margin``; 1.0, the detector's box, for graphs
+    exported before it was recorded)."""
+    return float(session.get_modelmeta().custom_metadata_map.get("trn.crop_margin", 1.0))
+
+
+def read_part_settings(session, path: Path) -> dict[str, float]:
+    """The part settings an exported graph records (empty for a graph without part tokens)."""
+    from trn_board.preprocess import PART_OUTPUT, PART_SETTINGS
+
+    if PART_OUTPUT not in [o.name for o in session.get_outputs()]:
+        return {}
+    meta = session.get_modelmeta().custom_metadata_map
+    try:
+        return {k: float(meta[f"trn.{k}"]) for k in PART_SETTINGS}
+    except (KeyError, ValueError):
+        raise DataError("the graph has part tokens but no part settings in its metadata; re-export it with "
+                        "trn-export onnx", path) from None
 
 
 NUMERICS = ("reference", "kernels")
@@ -138,9 +170,11 @@ class Parity:
     max_abs_token_map: float
     min_cosine_token_map: float
     max_abs_saliency: float
+    min_cosine_part_tokens: float | None = None  # part models only: per token, after the host's step
 
     def ok(self, min_cosine: float = 0.9999) -> bool:
-        return self.min_cosine_embedding >= min_cosine and self.min_cosine_token_map >= min_cosine
+        parts = self.min_cosine_part_tokens is None or self.min_cosine_part_tokens >= min_cosine
+        return self.min_cosine_embedding >= min_cosine and self.min_cosine_token_map >= min_cosine and parts
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -157,28 +191,38 @@ def parity(model: Descriptor, onnx_path: str | Path, images: np.ndarray, threads
     if images.ndim != 3 or images.shape[1:] != (model.cfg.input_size,) * 2:
         raise DataError(f"parity images have shape {images.shape}; expected [N, {model.cfg.input_size}, "
                         f"{model.cfg.input_size}]")
+    from trn_board.preprocess import part_tokens
+
     sess = onnx_session(onnx_path, threads)
     batch = sess.get_inputs()[0].shape[0]
     step = batch if isinstance(batch, int) else 64
-    got: list[list[np.ndarray]] = [[], [], []]
-    ref: list[list[np.ndarray]] = [[], [], []]
+    k_out = len(sess.get_outputs())
+    got: list[list[np.ndarray]] = [[] for _ in range(k_out)]
+    ref: list[list[np.ndarray]] = [[] for _ in range(k_out)]
     for i in range(0, len(images), step):
         x = images[i:i + step, None].astype(np.float32)
         if isinstance(batch, int) and len(x) != batch:
             outs = [sess.run(None, {"image": x[j:j + 1]}) for j in range(len(x))]
-            outs = [np.concatenate([o[k] for o in outs]) for k in range(3)]
+            outs = [np.concatenate([o[k] for o in outs]) for k in range(k_out)]
         else:
             outs = sess.run(None, {"image": x})
         r = reference_outputs(model, torch.from_numpy(x))
-        for k in range(3):
+        if len(r) != k_out:
+            raise DataError(f"the graph has {k_out} outputs and the model {len(r)}: it was exported from another model",
+                            onnx_path)
+        for k in range(k_out):
             got[k].append(outs[k])
             ref[k].append(r[k].numpy())
     g = [np.concatenate(v) for v in got]
     r = [np.concatenate(v) for v in ref]
     loc = lambda t: np.moveaxis(t, 1, -1).reshape(-1, t.shape[1])  # noqa: E731
+    parts = None
+    if k_out > 3:
+        tg, tr = part_tokens(g[3]), part_tokens(r[3])
+        parts = float(_cos_rows(tg.reshape(-1, tg.shape[-1]), tr.reshape(-1, tr.shape[-1])).min())
     return Parity(len(images), float(np.abs(g[0] - r[0]).max()), float(_cos_rows(g[0], r[0]).min()),
                   float(np.abs(g[1] - r[1]).max()), float(_cos_rows(loc(g[1]), loc(r[1])).min()),
-                  float(np.abs(g[2] - r[2]).max()))
+                  float(np.abs(g[2] - r[2]).max()), parts)
 
 
 def write_report(out: Path, export: OnnxExport, model_spec: str, par: Parity | None, crops_source: str | None) -> Path:
@@ -279,9 +323,10 @@ def quantize_int8(fp32: str | Path, out: str | Path, calib: np.ndarray, calib_so
 
     out = Path(out)
     tmp = out.with_name(f".{out.name}.tmp")
-    # the backbone in int8; the head (GeM's root, the Linear, PReLU, the L2 normalisation, the
-    # per-location projection) stays in float at the end of the graph, where it runs on the host
-    keep_float = float_nodes or (lambda name: not name.startswith("/backbone/"))
+    # the backbone (and a part head's two convolutions) in int8; the head (GeM's root, the Linear,
+    # PReLU, the L2 normalisation, the per-location projection) stays in float at the end of the
+    # graph, where it runs on the host
+    keep_float = float_nodes or (lambda name: not name.startswith(("/backbone/", "/parts/")))
     head = [n.name for n in onnx.load(str(fp32)).graph.node if keep_float(n.name)]
     quantize_static(str(fp32), str(tmp), _Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
                     activation_type=QuantType.QInt8, weight_type=QuantType.QInt8, nodes_to_exclude=head,

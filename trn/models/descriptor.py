@@ -15,6 +15,7 @@ from torch import nn
 
 from trn.errors import ConfigError
 from trn.models.layers import DiskStandardize, GeM, CoordinateAttention, RICConv2d, SqueezeExcitation
+from trn_board.preprocess import disk_cells as board_disk_cells
 
 CONVS = ("conv2d", "ric")
 ATTENTIONS = ("se", "ca")
@@ -240,10 +241,8 @@ class ResNeXt(nn.Module):
 
 def disk_cells(h: int, w: int) -> torch.Tensor:
     """bool [h * w]: the cells of an h x w map whose centres lie inside the disk inscribed in it
-    (the part of the map a disk-standardised crop fills; 32 of a 6 x 6 map)."""
-    yy, xx = torch.meshgrid(torch.arange(h, dtype=torch.float32), torch.arange(w, dtype=torch.float32), indexing="ij")
-    r = torch.hypot(yy - (h - 1) / 2, xx - (w - 1) / 2)
-    return (r <= min(h, w) / 2).reshape(-1)
+    (:func:`trn_board.preprocess.disk_cells`, the one definition the exported graphs' hosts use)."""
+    return torch.from_numpy(board_disk_cells(h, w))
 
 
 class PartTokens(nn.Module):

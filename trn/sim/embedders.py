@@ -57,6 +57,25 @@ def _check_images(images: np.ndarray, size: int) -> np.ndarray:
     return x
 
 
+def _set_parts(emb, settings: dict[str, float], count: int, dim: int, token_cfg: TokenConfig | None) -> None:
+    """An exported part model's tokens and how the database mixes them in (as the torch model's)."""
+    if token_cfg is not None:
+        raise ConfigError(f"{emb.name} carries learned part tokens; instance tokens (--tokens) are for models without "
+                          "them")
+    emb.tokens, emb.token_dim = count, dim
+    emb.token_weight, emb.token_offset = settings["part_weight"], settings["part_offset"]
+    emb.token_edge_px = int(settings["part_edge_px"])
+
+
+def _exported_parts(emb, glob: np.ndarray, part_map: list[np.ndarray]) -> Embeddings:
+    """Embeddings of an exported part model: the host's part tokens of its part maps, and with an
+    edge rule every crop scored by its cosine until its box says otherwise (as :class:`TorchEmbedder`)."""
+    from trn_board.preprocess import part_tokens
+
+    toks = part_tokens(np.concatenate(part_map)) if part_map else np.zeros((0, emb.tokens, emb.token_dim), np.float32)
+    return Embeddings(glob, toks, np.zeros(len(glob), bool) if emb.token_edge_px else None)
+
+
 class TorchEmbedder:
     """A trained :class:`Descriptor`, evaluated on the CPU in batches; with ``token_cfg`` it also
     returns K instance tokens from the last feature map (projected by the head when
@@ -126,13 +145,14 @@ class TorchEmbedder:
 
 
 class OnnxEmbedder:
-    """An exported descriptor (``trn-export onnx``: outputs embedding, token_map, saliency) run by
-    onnxruntime on the CPU; with ``token_cfg`` the host aggregates instance tokens from the token
-    map in numpy, as a board does (the projected map only: ``token_cfg.project`` must be set)."""
+    """An exported descriptor (``trn-export onnx``: outputs embedding, token_map, saliency, and a
+    part model's part_map) run by onnxruntime on the CPU; with ``token_cfg`` the host aggregates
+    instance tokens from the token map in numpy, as a board does (the projected map only:
+    ``token_cfg.project`` must be set); a part model's tokens come from its part map."""
 
     def __init__(self, path: Path, name: str, token_cfg: TokenConfig | None = None, threads: int = 1,
                  numerics: str = "reference"):
-        from trn.export.to_onnx import onnx_session
+        from trn.export.to_onnx import onnx_session, read_crop_margin, read_part_settings
 
         self.session = onnx_session(path, threads, numerics)
         inp = self.session.get_inputs()[0]
@@ -149,25 +169,40 @@ class OnnxEmbedder:
         self.token_dim = self.dim if token_cfg else 0
         if token_cfg is not None and not token_cfg.project:
             raise ConfigError("an exported graph gives the projected token map only: use projected tokens")
+        self.crop_margin = read_crop_margin(self.session)
+        self.token_weight, self.token_offset, self.token_edge_px = 1.0, 0.0, 0
+        parts = read_part_settings(self.session, path)
+        self.n_out = 4 if parts else 3
+        if parts:
+            pm = self.session.get_outputs()[3].shape
+            side_h, side_w = int(pm[2]), int(pm[3])
+            from trn_board.preprocess import disk_cells
+
+            _set_parts(self, parts, int(disk_cells(side_h, side_w).sum()), int(pm[1]), token_cfg)
 
     def __call__(self, images: np.ndarray) -> Embeddings:
         x = _check_images(images, self.input_size)[:, None]
-        g, t = [], []
+        g, t, pmaps = [], [], []
         for i in range(0, len(x), self.batch):
             xb = x[i:i + self.batch]
             if len(xb) != self.batch:  # a fixed-batch graph takes its own batch size only
                 outs = [self.session.run(None, {"image": xb[j:j + 1]}) for j in range(len(xb))]
-                emb, tmap, sal = (np.concatenate([o[k] for o in outs]) for k in range(3))
+                outs = [np.concatenate([o[k] for o in outs]) for k in range(self.n_out)]
             else:
-                emb, tmap, sal = self.session.run(None, {"image": xb})
+                outs = self.session.run(None, {"image": xb})
+            emb, tmap, sal = outs[:3]
+            if self.n_out > 3:
+                pmaps.append(outs[3])
             g.append(emb)
             if self.token_cfg is not None:
                 n, d = tmap.shape[:2]
                 loc = np.moveaxis(tmap.reshape(n, d, -1), 1, 2)
                 t.append(instance_tokens(loc, sal.reshape(n, -1), self.token_cfg))
-        glob = np.concatenate(g) if g else np.zeros((0, self.dim), np.float32)
+        glob = (np.concatenate(g) if g else np.zeros((0, self.dim), np.float32)).astype(np.float32)
+        if self.n_out > 3:
+            return _exported_parts(self, glob, pmaps)
         toks = (np.concatenate(t) if t else np.zeros((0, self.tokens, self.token_dim), np.float32)) if self.token_cfg else None
-        return Embeddings(glob.astype(np.float32), toks)
+        return Embeddings(glob, toks)
 
 
 class NCCEmbedder:
@@ -220,7 +255,8 @@ def resolve_export(spec: str, backend: str = "onnx") -> Path:
 
 class TfliteEmbedder:
     """A ``trn-export tflite`` backbone run by a TFLite interpreter, with the descriptor's host part
-    (``head.npz``) and the instance-token aggregation in numpy, as a board runs it."""
+    (``head.npz``) and the instance-token aggregation in numpy, as a board runs it (a part model's
+    part tokens from its second output)."""
 
     def __init__(self, path: Path, name: str, token_cfg: TokenConfig | None = None, threads: int = 1):
         from trn.export.tflite import TfliteRunner
@@ -234,10 +270,20 @@ class TfliteEmbedder:
         self.token_dim = self.dim if token_cfg else 0
         if token_cfg is not None and not token_cfg.project:
             raise ConfigError("an exported graph gives the projected token map only: use projected tokens")
+        self.crop_margin = float(self.runner.head.crop_margin)
+        self.token_weight, self.token_offset, self.token_edge_px = 1.0, 0.0, 0
+        if self.runner.part_out is not None:
+            from trn_board.preprocess import disk_cells
+
+            _, h, w, d = (int(v) for v in self.runner.part_out["shape"])
+            _set_parts(self, dict(self.runner.head.parts), int(disk_cells(h, w).sum()), d, token_cfg)
 
     def __call__(self, images: np.ndarray) -> Embeddings:
         x = _check_images(images, self.input_size)
-        emb, tmap, sal = self.runner(x)
+        outs = self.runner(x)
+        emb, tmap, sal = outs[:3]
+        if len(outs) > 3:
+            return _exported_parts(self, emb.astype(np.float32), [outs[3]])
         toks = None
         if self.token_cfg is not None:
             n, d = tmap.shape[:2]

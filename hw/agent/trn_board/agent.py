@@ -242,7 +242,8 @@ class BoardModel:
         if backend in ("tflite", "edgetpu"):
             self.it = tflite_interpreter(self.dir / self.model_file, self.threads, backend == "edgetpu")
             self.inp = self.it.get_input_details()[0]
-            self.out = self.it.get_output_details()[0]
+            outs = self.it.get_output_details()
+            self.out = next((d for d in outs if d["name"] == "feature_map"), outs[0])
             with np.load(self.dir / "head.npz", allow_pickle=False) as z:
                 self.w, self.b = z["weight"].astype(np.float32), z["bias"].astype(np.float32)
                 self.prelu = z["prelu"].astype(np.float32)

@@ -25,6 +25,10 @@ DISK_INSET = 1.5
 # below this standard deviation (grey levels of [0, 1] crops) a crop is flat: it is left at zero
 # rather than blown up (such crops are declined before matching anyway)
 MIN_STD = 1e-6
+# a part model's exported graphs: the output that carries the part head's map, and the settings with
+# which the database mixes the part tokens into its score (trn.db.tokens.mixed_score)
+PART_OUTPUT = "part_map"
+PART_SETTINGS = ("part_weight", "part_edge_px", "part_offset")
 
 
 def disk_mask(size: int) -> np.ndarray:
@@ -51,3 +55,24 @@ def standardize_disk(crops: np.ndarray) -> np.ndarray:
     std = np.sqrt(var)
     scale = np.where(std > MIN_STD, 1.0 / np.maximum(std, MIN_STD), 0.0).astype(np.float32)
     return (d * scale).astype(np.float32)
+
+
+def disk_cells(h: int, w: int) -> np.ndarray:
+    """bool [h * w]: the cells of an h x w feature map whose centres lie inside the disk inscribed
+    in it (32 of a 6 x 6 map): the part of the map a disk-standardised crop fills, where learned
+    part tokens are read. The torch descriptor's part head takes its cells from here."""
+    yy, xx = np.mgrid[:h, :w].astype(np.float64)
+    r = np.hypot(yy - (h - 1) / 2.0, xx - (w - 1) / 2.0)
+    return (r <= min(h, w) / 2.0).reshape(-1)
+
+
+def part_tokens(part_map: np.ndarray) -> np.ndarray:
+    """The part head's map as an exported graph gives it, float [N, D, h, w] (channels first) ->
+    float32 [N, L, D]: the disk's cells (:func:`disk_cells`), row by row, each token L2-normalised.
+    The same tokens the torch part head gives, computed where the graph ends."""
+    y = np.asarray(part_map, dtype=np.float32)
+    if y.ndim != 4:
+        raise ValueError(f"part map has shape {y.shape}; expected [N, D, h, w]")
+    n, d, h, w = y.shape
+    t = np.moveaxis(y, 1, -1).reshape(n, h * w, d)[:, disk_cells(h, w)]
+    return (t / np.maximum(np.linalg.norm(t, axis=-1, keepdims=True), 1e-12)).astype(np.float32)
