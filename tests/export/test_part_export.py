@@ -1,7 +1,7 @@
 """A descriptor with learned part tokens, exported: the graphs carry the part head as a fourth
 output (ONNX) or a second backbone output (TFLite), the host takes the disk's cells and normalises
-them as the torch head does, the decision settings travel with the file, and a bundle for a board
-that cannot return part tokens is refused."""
+them as the torch head does, the decision settings travel with the file, and a board answers the
+same tokens from a signed bundle (PARTS)."""
 
 import numpy as np
 import pytest
@@ -22,13 +22,13 @@ SIZE = 48
 SETTINGS = {"part_weight": 0.5, "part_edge_px": 20.0, "part_offset": 0.1}
 
 
-def part_model(seed: int = 0) -> Descriptor:
+def part_model(seed: int = 0, part_dim: int = 8) -> Descriptor:
     """A small disk-standardised model with a part head on stage 3 (3 x 3 map at 48 px) and
     BatchNorm statistics a trained model would have."""
     torch.manual_seed(seed)
     cfg = model_config("flight", conv="conv2d", attention="se", input_size=SIZE, layers=(1, 1, 1, 1),
                        planes=(16, 16, 32, 32), cardinality=2, stem_channels=8, embed_dim=16, input_norm="disk",
-                       crop_margin=1.25, part_dim=8, part_hidden=12, part_stage=-2, part_weight=0.5,
+                       crop_margin=1.25, part_dim=part_dim, part_hidden=12, part_stage=-2, part_weight=0.5,
                        part_edge_px=20, part_offset=0.1)
     m = Descriptor(cfg)
     for mod in m.modules():
@@ -130,7 +130,7 @@ def test_lowered_backbone_has_the_part_map_output():
     np.testing.assert_allclose(part_tokens(np.moveaxis(pmap, -1, 1)), _torch_parts(m, x[:, 0].numpy()), atol=1e-4)
 
 
-def test_tflite_runs_the_part_head_and_bundles_are_refused(tmp_path):
+def test_tflite_runs_the_part_head_and_a_board_answers_its_tokens(tmp_path):
     pytest.importorskip("ai_edge_litert")
     from trn.export.tflite import Head, TfliteRunner, export_tflite, tflite_parity
     from trn.sim.embedders import TfliteEmbedder
@@ -157,11 +157,47 @@ def test_tflite_runs_the_part_head_and_bundles_are_refused(tmp_path):
     Head(head.weight, head.bias, head.prelu, head.p, head.eps, head.input_norm, head.crop_margin).save(tmp_path / "h.npz")
     with pytest.raises(DataError, match="disagree on part tokens"):
         TfliteRunner(tmp_path / "x" / "model_int8.tflite", tmp_path / "h.npz")
+    # a board answers the same tokens through PARTS, from a signed bundle whose manifest names them
     pytest.importorskip("cryptography")
-    from trn.export.bundle import keygen, make_bundle
+    from trn.export.bundle import keygen, make_bundle, read_public_key
+    from trn.hw.client import BoardClient
+    from trn_board.agent import Agent, BoardModel
+    from trn_board.protocol import ProtocolError
 
-    priv, _ = keygen(tmp_path / "keys")
-    with pytest.raises(DataError, match="part tokens"):
-        make_bundle(tmp_path / "x", tmp_path / "bundle", priv, "parts", SIZE, 16, 0.9, input_norm="disk",
+    priv, pub = keygen(tmp_path / "keys")
+    b = make_bundle(tmp_path / "x", tmp_path / "bundle", priv, "parts", SIZE, 16, 0.9, input_norm="disk",
                     crop_margin=1.25)
-    assert not (tmp_path / "bundle").exists()
+    assert b.manifest["parts"] == {"output": "part_map", "tokens": m.part_count, "dim": 8, **SETTINGS}
+    assert b.manifest["tflite"]["part_output"]["shape"] == [1, 3, 3, 8]
+    agent = Agent(BoardModel(b.directory, read_public_key(pub), backend="tflite"), "127.0.0.1", 0)
+    t = agent.start()
+    try:
+        with BoardClient(agent.address) as c:
+            assert c.info()["parts"] == b.manifest["parts"]
+            got = c.parts(x)
+            np.testing.assert_allclose(got.embeddings, out.global_, atol=1e-5)
+            np.testing.assert_allclose(got.tokens, out.tokens, atol=1e-5)
+            np.testing.assert_allclose(c.infer(x).embeddings, out.global_, atol=1e-5)
+    finally:
+        agent.shutdown()
+        t.join(5)
+    # a bundle without part tokens answers INFER only
+    export_tflite(part_model(6, part_dim=0), tmp_path / "y", _crops(48, 6), "random crater-free crops", float_model=False)
+    b2 = make_bundle(tmp_path / "y", tmp_path / "bundle2", priv, "plain", SIZE, 16, 0.9, input_norm="disk",
+                     crop_margin=1.25)
+    assert "parts" not in b2.manifest
+    agent = Agent(BoardModel(b2.directory, read_public_key(pub), backend="tflite"), "127.0.0.1", 0)
+    t = agent.start()
+    try:
+        with BoardClient(agent.address) as c:
+            assert c.info()["parts"] is None
+            with pytest.raises(ProtocolError, match="no part tokens"):
+                c.parts(x)
+    finally:
+        agent.shutdown()
+        t.join(5)
+    # files of two models in one export directory: refused, not bundled
+    (tmp_path / "y" / "head.npz").write_bytes((tmp_path / "x" / "head.npz").read_bytes())
+    with pytest.raises(DataError, match="disagree on part tokens"):
+        make_bundle(tmp_path / "y", tmp_path / "bundle3", priv, "mixed", SIZE, 16, 0.9)
+    assert not (tmp_path / "bundle3").exists()

@@ -136,36 +136,60 @@ def _versions() -> dict:
     return out
 
 
-def _refuse_parts(export_dir: Path) -> None:
-    """A part model's export is refused: the board's protocol returns embeddings only, so a board
-    would decide without the part tokens the model's operating point was chosen with."""
+def _parts_spec(export_dir: Path) -> dict | None:
+    """The manifest's ``parts`` for the export of a model with learned part tokens (None for any
+    other): the output that carries the part map, the tokens per crop and their size, and how the
+    database mixes them in. The TFLite head, the TFLite backbone and the ONNX graphs must agree."""
     import numpy as np
 
-    from trn_board.preprocess import PART_SETTINGS
+    from trn_board.preprocess import PART_OUTPUT, PART_SETTINGS, disk_cells
 
+    found: list[tuple[str, dict | None, tuple[int, int, int] | None]] = []  # (file, settings, (h, w, dim))
     head = export_dir / "head.npz"
-    parts = False
     if head.is_file():
         try:
             with np.load(head, allow_pickle=False) as z:
-                parts = any(k in z.files for k in PART_SETTINGS)
-        except (OSError, ValueError):  # not an archive: the TFLite specification refuses it by name
+                found.append(("head.npz", {k: float(z[k]) for k in PART_SETTINGS} if PART_SETTINGS[0] in z.files
+                              else None, None))
+        except (OSError, ValueError, KeyError):  # not an archive: the TFLite specification refuses it by name
             pass
+    if (export_dir / "model_int8.tflite").is_file():
+        from trn.export.tflite_format import read_tflite
+
+        info = read_tflite(export_dir / "model_int8.tflite")
+        outs = {info.tensors[i].name: info.tensors[i].shape for i in info.outputs}
+        shape = outs.get(PART_OUTPUT)
+        found.append(("model_int8.tflite", {} if shape else None, (shape[1], shape[2], shape[3]) if shape else None))
     for f in ("model.onnx", "model_int8.onnx"):
-        if parts or not (export_dir / f).is_file():
+        if not (export_dir / f).is_file():
             continue
         try:
             import onnx
             from google.protobuf.message import DecodeError
 
-            keys = {m.key for m in onnx.load(str(export_dir / f), load_external_data=False).metadata_props}
+            m = onnx.load(str(export_dir / f), load_external_data=False)
         except (ImportError, DecodeError):  # no onnx here, or not a graph onnx reads: nothing to tell
             continue
-        parts = "trn.part_weight" in keys
-    if parts:
-        raise DataError("this export carries learned part tokens, which the board's protocol does not return yet; "
-                        "bundle the descriptor the part head was trained on (trn-export --model of its "
-                        "trn-train-parts --model)", export_dir)
+        meta = {p.key: p.value for p in m.metadata_props}
+        out = next((o for o in m.graph.output if o.name == PART_OUTPUT), None)
+        dims = tuple(d.dim_value for d in out.type.tensor_type.shape.dim) if out is not None else None
+        settings = {k: float(meta[f"trn.{k}"]) for k in PART_SETTINGS if f"trn.{k}" in meta}
+        found.append((f, settings if out is not None else None, (dims[2], dims[3], dims[1]) if dims else None))
+    has = {f for f, st, _ in found if st is not None}
+    if has and len(has) != len(found):
+        raise DataError(f"the export's files disagree on part tokens ({', '.join(sorted(has))} carry them, "
+                        f"{', '.join(sorted(f for f, _, _ in found if f not in has))} not); export all of them again "
+                        "from one model", export_dir)
+    if not has:
+        return None
+    settings = [st for _, st, _ in found if st]
+    shapes = {sh for _, _, sh in found if sh}
+    if not settings or any(st != settings[0] for st in settings) or len(settings[0]) != len(PART_SETTINGS) \
+            or len(shapes) != 1:
+        raise DataError("the export's files disagree on the part head's settings or shape; export them again from "
+                        "one model", export_dir)
+    h, w, dim = shapes.pop()
+    return {"output": PART_OUTPUT, "tokens": int(disk_cells(h, w).sum()), "dim": int(dim), **settings[0]}
 
 
 def _tflite_spec(export_dir: Path) -> dict | None:
@@ -180,13 +204,20 @@ def _tflite_spec(export_dir: Path) -> dict | None:
 
     info = read_tflite(path)
     i, o = info.tensors[info.inputs[0]], info.tensors[info.outputs[0]]
-    return {"file": path.name, "head": "head.npz",
+    spec = {"file": path.name, "head": "head.npz",
             "input": {"shape": list(i.shape), "layout": "NHWC", "dtype": i.dtype.lower(), "scale": list(i.scale),
                       "zero_point": list(i.zero_point), "from": "the preprocessed image in [0, 1]: "
                       "q = clip(round(x / scale) + zero_point, -128, 127)"},
             "output": {"name": "feature map", "shape": list(o.shape), "dtype": o.dtype.lower(), "scale": list(o.scale),
                        "zero_point": list(o.zero_point),
                        "then": "dequantise, GeM (clamp eps, power p, mean, root), head.npz Linear, PReLU, L2"}}
+    for k in info.outputs[1:]:
+        pt = info.tensors[k]
+        if pt.name == "part_map":
+            spec["part_output"] = {"name": "part map", "shape": list(pt.shape), "dtype": pt.dtype.lower(),
+                                   "scale": list(pt.scale), "zero_point": list(pt.zero_point),
+                                   "then": "dequantise, the cells inside the inscribed disk, each token L2-normalised"}
+    return spec
 
 
 DETECTOR_FILE = "detector_int8.tflite"
@@ -290,7 +321,7 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     if not any(f.suffix in (".onnx", ".tflite") for f in files):
         raise DataError("no exported model (model.onnx, model_int8.onnx, *.tflite) to bundle; run trn-export first",
                         export_dir)
-    _refuse_parts(export_dir)
+    parts = _parts_spec(export_dir)
     tfl = _tflite_spec(export_dir)
     det = detector_spec(detector) if detector is not None else None
     board_map = map_spec(map_dir, model_name, embedding_dim) if map_dir is not None else None
@@ -324,6 +355,9 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     }
     if tfl:
         manifest["tflite"] = tfl
+    if parts is not None:
+        manifest["parts"] = parts
+        manifest["outputs"]["part_map"] = "[1, part_dim, h, w]"
     if det is not None:
         manifest["detector"] = det
     if board_map is not None:

@@ -32,13 +32,18 @@ class InferResult:
     round_trip_ms: float  # request sent -> answer read, on the ground
 
 
-_IDEMPOTENT = frozenset({P.INFO, P.HEALTH, P.INFER, P.DETECT})
+@dataclass(frozen=True)
+class PartsResult(InferResult):
+    tokens: np.ndarray  # [n, L, Dt] part tokens, L2-normalised
+
+
+_IDEMPOTENT = frozenset({P.INFO, P.HEALTH, P.INFER, P.DETECT, P.PARTS})
 
 
 class BoardClient:
     """One connection to a board agent. A request that finds the connection closed by the agent
     (an idle connection it evicted or timed out) is sent again once on a new connection, when it
-    is idempotent (INFO, HEALTH, INFER; never SHUTDOWN)."""
+    is idempotent (INFO, HEALTH, INFER, PARTS, DETECT; never SHUTDOWN)."""
 
     def __init__(self, board: str | tuple[str, int], timeout: float = 30.0):
         self.host, self.port = parse_board(board) if isinstance(board, str) else board
@@ -105,16 +110,32 @@ class BoardClient:
         self.request(P.SHUTDOWN, token or b"")
 
     def infer(self, crops: np.ndarray) -> InferResult:
+        t_rx, t_start, t_end, rt, body = self._crops_request(P.INFER, crops)
+        n, dim = P.INFER_REPLY.unpack_from(body)[3:]
+        emb = np.frombuffer(body, ">f4", offset=P.INFER_REPLY.size).astype(np.float32).reshape(n, dim)
+        return InferResult(emb, (t_end - t_start) / 1e6, (t_end - t_rx) / 1e6, rt)
+
+    def parts(self, crops: np.ndarray) -> PartsResult:
+        """Embeddings and part tokens of a bundle whose model has learned part tokens (INFO's parts)."""
+        t_rx, t_start, t_end, rt, body = self._crops_request(P.PARTS, crops)
+        n, dim, k, kd = P.PARTS_REPLY.unpack_from(body)[3:]
+        if len(body) != P.PARTS_REPLY.size + 4 * (n * dim + n * k * kd):
+            raise P.ProtocolError(f"PARTS answer of {len(body)} bytes for {n} x {dim} embeddings and {n} x {k} x {kd} "
+                                  "tokens")
+        vals = np.frombuffer(body, ">f4", offset=P.PARTS_REPLY.size).astype(np.float32)
+        return PartsResult(vals[:n * dim].reshape(n, dim), (t_end - t_start) / 1e6, (t_end - t_rx) / 1e6, rt,
+                           vals[n * dim:].reshape(n, k, kd))
+
+    def _crops_request(self, mtype: int, crops: np.ndarray) -> tuple[int, int, int, float, bytes]:
         crops = np.asarray(crops, np.float32)
         if crops.ndim != 3 or crops.shape[1] != crops.shape[2]:
             raise DataError(f"crops have shape {crops.shape}; expected [n, S, S]")
         payload = P.INFER_HEAD.pack(crops.shape[0], crops.shape[1]) + np.ascontiguousarray(crops, ">f4").tobytes()
         t0 = time.perf_counter()
-        body = self.request(P.INFER, payload)
+        body = self.request(mtype, payload)
         rt = (time.perf_counter() - t0) * 1e3
-        t_rx, t_start, t_end, n, dim = P.INFER_REPLY.unpack_from(body)
-        emb = np.frombuffer(body, ">f4", offset=P.INFER_REPLY.size).astype(np.float32).reshape(n, dim)
-        return InferResult(emb, (t_end - t_start) / 1e6, (t_end - t_rx) / 1e6, rt)
+        t_rx, t_start, t_end = P.INFER_REPLY.unpack_from(body)[:3]
+        return t_rx, t_start, t_end, rt, body
 
     def detect(self, frame_input: np.ndarray) -> DetectResult:
         """Craters in one frame already resized to the board detector's input and standardised

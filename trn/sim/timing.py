@@ -167,8 +167,10 @@ class BoardTiming:
                 det_ms.append(self.client.detect(preprocess_frame(images(i), int(self.info["detector"]["input_size"])
                                                                   )).board_total_ms)
                 t_board += det_ms[-1]
+            # a bundle with part tokens answers them too (PARTS): what the database needs per crop
+            embed = self.client.parts if self.info.get("parts") else self.client.infer
             for j in range(0, n, limit):
-                t_board += self.client.infer(x[j:j + limit]).board_total_ms
+                t_board += embed(x[j:j + limit]).board_total_ms
             q = rng.standard_normal((n, emb.dim)).astype(np.float32)
             t0 = time.perf_counter()
             if m and n:

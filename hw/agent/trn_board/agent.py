@@ -56,7 +56,7 @@ from trn_board import trust  # noqa: E402
 from trn_board.install import check_runnable  # noqa: E402
 from trn_board.detect import decode_input  # noqa: E402
 from trn_board.mapindex import BoardMap, MapError  # noqa: E402
-from trn_board.preprocess import standardize_disk  # noqa: E402
+from trn_board.preprocess import PART_OUTPUT, PART_SETTINGS, part_tokens, standardize_disk  # noqa: E402
 from trn_board.options import ranged_int, seconds  # noqa: E402
 from trn_board.bundle import BundleError, manifest_sha256, verify_bundle  # noqa: E402
 
@@ -210,6 +210,7 @@ class BoardModel:
                              + (f"use --backend {' or '.join(usable)} or auto" if usable else "re-make the bundle"))
         self.backend = backend
         self.model_file = _needs(backend, files)[0]
+        self.parts = self._parts_section(self.manifest.get("parts"))
         self.detector = self.manifest.get("detector")
         self.detector_error = None
         self.map = None
@@ -230,6 +231,17 @@ class BoardModel:
             raise ModelError(f"{self.dir / self.model_file}: the {backend} runtime cannot load it "
                              f"({type(exc).__name__}: {exc})"[:600]) from None
 
+    def _parts_section(self, sec) -> dict | None:
+        """The manifest's ``parts`` (a model with learned part tokens), typed; None without one."""
+        if sec is None:
+            return None
+        keys = ("tokens", "dim", *PART_SETTINGS)
+        if not isinstance(sec, dict) or sec.get("output") != PART_OUTPUT or not all(
+                isinstance(sec.get(k), (int, float)) and not isinstance(sec.get(k), bool) for k in keys):
+            raise ModelError(f"{self.dir}: the manifest's parts section is not one this agent reads (output "
+                             f"{PART_OUTPUT!r} and numbers {', '.join(keys)}); re-make the bundle")
+        return {"output": PART_OUTPUT, **{k: sec[k] for k in keys}}
+
     def _load(self, backend: str) -> None:
         if self.detector is not None:
             try:  # the detector is an int8 TFLite graph (compiled for the Edge TPU: a later step)
@@ -244,6 +256,10 @@ class BoardModel:
             self.inp = self.it.get_input_details()[0]
             outs = self.it.get_output_details()
             self.out = next((d for d in outs if d["name"] == "feature_map"), outs[0])
+            self.part_out = next((d for d in outs if d["name"] == PART_OUTPUT), None)
+            if (self.part_out is None) != (self.parts is None):
+                raise ModelError(f"{self.dir / self.model_file}: the manifest and the model disagree on part tokens; "
+                                 "re-make the bundle")
             with np.load(self.dir / "head.npz", allow_pickle=False) as z:
                 self.w, self.b = z["weight"].astype(np.float32), z["bias"].astype(np.float32)
                 self.prelu = z["prelu"].astype(np.float32)
@@ -265,6 +281,10 @@ class BoardModel:
             so.inter_op_num_threads = 1
             self.sess = ort.InferenceSession(str(self.dir / self.model_file), so, providers=["CPUExecutionProvider"])
             self.in_name = self.sess.get_inputs()[0].name
+            names = [o.name for o in self.sess.get_outputs()]
+            if (PART_OUTPUT in names) != (self.parts is not None):
+                raise ModelError(f"{self.dir / self.model_file}: the manifest and the model disagree on part tokens; "
+                                 "re-make the bundle")
 
     def info(self) -> dict:
         m, files = self.manifest, self.manifest["files"]
@@ -274,7 +294,7 @@ class BoardModel:
                 "model_card_sha256": card.get("sha256"),
                 "backend": self.backend, "file": self.model_file, "file_sha256": files[self.model_file]["sha256"],
                 "input_size": self.input_size, "embedding_dim": self.embedding_dim,
-                "match_threshold": m.get("match_threshold"), "trust": self.trust,
+                "match_threshold": m.get("match_threshold"), "trust": self.trust, "parts": self.parts,
                 "detector": None if self.detector is None else {
                     "file": self.detector["file"], "file_sha256": files[self.detector["file"]]["sha256"],
                     "input_size": self.detector_size, "score_threshold": self.detector["score_threshold"],
@@ -309,20 +329,37 @@ class BoardModel:
         return y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-12)
 
     def embed(self, crops: np.ndarray) -> np.ndarray:
+        return self._run(crops)[0]
+
+    def embed_parts(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(embeddings [n, D], part tokens [n, L, Dt]) of a bundle with part tokens."""
+        emb, part_map = self._run(crops)
+        if part_map is None:
+            raise ModelError("this bundle's model has no part tokens (INFO's parts is null)")
+        return emb, part_tokens(part_map)
+
+    def _run(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(embeddings [n, D], the part head's map [n, Dt, h, w] channels first, or None)."""
         if self.backend == "onnx":
-            out = self.sess.run(None, {self.in_name: crops[:, None].astype(np.float32)})[0]
-            return np.asarray(out, np.float32)
-        feats = []
+            outs = self.sess.run(None, {self.in_name: crops[:, None].astype(np.float32)})
+            return np.asarray(outs[0], np.float32), (np.asarray(outs[3], np.float32) if self.parts else None)
+        feats, parts = [], []
         s, z = self.inp["quantization"]
-        so, zo = self.out["quantization"]
         if self.input_norm == "disk":
             crops = standardize_disk(crops)
         for im in crops:
             q = np.clip(np.round(im[None, :, :, None] / s) + z, -128, 127).astype(self.inp["dtype"])
             self.it.set_tensor(self.inp["index"], q)
             self.it.invoke()
-            feats.append((self.it.get_tensor(self.out["index"])[0].astype(np.float32) - zo) * so)
-        return self._head(np.stack(feats)).astype(np.float32)
+            feats.append(self._output(self.out))
+            if self.part_out is not None:
+                parts.append(self._output(self.part_out))
+        emb = self._head(np.stack(feats)).astype(np.float32)
+        return emb, (np.moveaxis(np.stack(parts), -1, 1) if parts else None)
+
+    def _output(self, detail: dict) -> np.ndarray:
+        so, zo = detail["quantization"]
+        return (self.it.get_tensor(detail["index"])[0].astype(np.float32) - zo) * so
 
 
 # -- the server
@@ -408,9 +445,13 @@ class Agent:
                             "trn_loaded": any(m == "trn" or m.startswith("trn.") for m in mods)}}
 
     # -- requests
-    def _infer(self, conn: socket.socket, rid: int, payload: bytes, t_received: int) -> None:
+    def _infer(self, conn: socket.socket, rid: int, payload: bytes, t_received: int, parts: bool = False) -> None:
+        what = "PARTS" if parts else "INFER"
+        if parts and self.model.parts is None:
+            return self._error(conn, rid, P.BAD_PAYLOAD, "this bundle's model has no part tokens (INFO's parts is "
+                                                          "null); send INFER")
         if len(payload) < P.INFER_HEAD.size:
-            return self._error(conn, rid, P.BAD_PAYLOAD, "INFER payload shorter than its 4-byte head (n, size)")
+            return self._error(conn, rid, P.BAD_PAYLOAD, f"{what} payload shorter than its 4-byte head (n, size)")
         n, size = P.INFER_HEAD.unpack_from(payload)
         s = self.model.input_size
         if not 1 <= n <= self.max_batch:
@@ -419,11 +460,16 @@ class Agent:
             return self._error(conn, rid, P.BAD_PAYLOAD, f"crop size {size}; this model takes {s} x {s} (INFO says)")
         want = P.INFER_HEAD.size + n * s * s * 4
         if len(payload) != want:
-            return self._error(conn, rid, P.BAD_PAYLOAD, f"INFER payload has {len(payload)} bytes; {n} crops of "
+            return self._error(conn, rid, P.BAD_PAYLOAD, f"{what} payload has {len(payload)} bytes; {n} crops of "
                                                           f"{s} x {s} float32 take {want}")
         crops = np.frombuffer(payload, dtype=">f4", offset=P.INFER_HEAD.size).astype(np.float32).reshape(n, s, s)
         if not np.isfinite(crops).all():
             return self._error(conn, rid, P.NON_FINITE, "crops contain NaN or infinite values")
+        if parts:
+            t0, t1, (emb, toks) = self._timed(self.model.embed_parts, crops)
+            emb, toks = np.ascontiguousarray(emb, dtype=">f4"), np.ascontiguousarray(toks, dtype=">f4")
+            body = P.PARTS_REPLY.pack(t_received, t0, t1, *emb.shape, *toks.shape[1:]) + emb.tobytes() + toks.tobytes()
+            return self._send(conn, P.PARTS | P.REPLY, rid, body)
         t0, t1, emb = self._timed(self.model.embed, crops)
         emb = np.ascontiguousarray(emb, dtype=">f4")
         body = P.INFER_REPLY.pack(t_received, t0, t1, emb.shape[0], emb.shape[1]) + emb.tobytes()
@@ -570,8 +616,8 @@ class Agent:
                         self._send(conn, P.INFO | P.REPLY, rid, json.dumps(info).encode())
                     elif mtype == P.HEALTH:
                         self._send(conn, P.HEALTH | P.REPLY, rid, json.dumps(self.health()).encode())
-                    elif mtype == P.INFER:
-                        self._infer(conn, rid, payload, t_received)
+                    elif mtype in (P.INFER, P.PARTS):
+                        self._infer(conn, rid, payload, t_received, parts=mtype == P.PARTS)
                     elif mtype == P.DETECT:
                         self._detect(conn, rid, payload, t_received)
                     elif mtype == P.SEARCH:

@@ -23,6 +23,11 @@ Every message, both ways, is a 16-byte header and a payload::
   [0, 1], row-major -> ``t_received``, ``t_start``, ``t_end`` (u64 nanoseconds of the board's
   monotonic clock: the request fully read, inference started, inference done), ``n`` (u16),
   ``dim`` (u16), then n x dim float32 L2-normalised embeddings.
+- PARTS (a bundle of a model with learned part tokens: INFO's ``parts``): the INFER payload ->
+  ``t_received``, ``t_start``, ``t_end`` (u64 ns), ``n``, ``dim``, ``tokens``, ``token_dim`` (u16
+  each), then n x dim float32 embeddings and n x tokens x token_dim float32 part tokens, each
+  L2-normalised: what the database's late interaction scores (INFO's ``parts`` names its weight,
+  edge rule and offset).
 - DETECT (a bundle with a crater detector): ``size`` (u16), then size x size float32, one frame
   resized to the detector's input and standardised (INFO's ``detector``) -> ``t_received``,
   ``t_start``, ``t_end`` (u64 ns, as INFER), ``n`` (u16), then n x 5 float32: l, r, t, b (pixels of
@@ -52,13 +57,14 @@ import struct
 MAGIC = b"TRNB"
 PROTOCOL_VERSION = 1
 HEADER = struct.Struct("!4sBBHII")
-INFO, HEALTH, INFER, SHUTDOWN, DETECT, SEARCH, SCORE = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07
+INFO, HEALTH, INFER, SHUTDOWN, DETECT, SEARCH, SCORE, PARTS = 0x01, 0x02, 0x03, 0x04, 0x05, 0x06, 0x07, 0x08
 REPLY = 0x80
 ERROR = 0x7F
 REQUESTS = {INFO: "INFO", HEALTH: "HEALTH", INFER: "INFER", SHUTDOWN: "SHUTDOWN", DETECT: "DETECT", SEARCH: "SEARCH",
-            SCORE: "SCORE"}
+            SCORE: "SCORE", PARTS: "PARTS"}
 INFER_HEAD = struct.Struct("!HH")
 INFER_REPLY = struct.Struct("!QQQHH")
+PARTS_REPLY = struct.Struct("!QQQHHHH")
 DETECT_HEAD = struct.Struct("!H")
 DETECT_REPLY = struct.Struct("!QQQH")
 SEARCH_HEAD = struct.Struct("!HHH")
