@@ -214,3 +214,15 @@ def test_reference_numerics_compute_the_qdq_arithmetic_exactly(tmp_path):
     assert kernels.shape == want.shape  # the fast path runs; on CPUs without VNNI it may saturate
     with pytest.raises(DataError, match="numerics"):
         onnx_session(tmp_path / "q.onnx", numerics="fast")
+
+
+def test_parity_crops_of_a_build_without_frames_are_landmark_images(boxed_world, tmp_path):
+    from trn.data.datasets.annotate import AnnotateConfig
+    from trn.data.datasets.build import BuildConfig, build_luna1
+    from trn.data.worlds.render import RenderConfig
+    from trn.export.to_onnx import real_crops
+
+    build_luna1(BuildConfig(out=tmp_path / "main", source=boxed_world, workers=1, render_frames=False,
+                            render=RenderConfig(nav_size=64, crater_size=48), annotate=AnnotateConfig(min_box_px=4)))
+    crops, source = real_crops(tmp_path / "main", SIZE, n=12)
+    assert crops.shape == (12, SIZE, SIZE) and "0 frame crops, 12 landmark images" in source

@@ -237,8 +237,8 @@ def write_report(out: Path, export: OnnxExport, model_spec: str, par: Parity | N
 
 def real_crops(root: str | Path, size: int, n: int = 1000, seed: int = 0) -> tuple[np.ndarray, str]:
     """Up to ``n`` preprocessed real crater crops [N, size, size] from a dataset: for a Luna-1
-    build, half from the navigation frames' boxes (the crops a board sees in flight) and the rest
-    landmark renders; for other layouts, landmark images. Seeded. Returns (crops, description)."""
+    build, half from the navigation frames' boxes (the crops a board sees in flight; those whose
+    frame is rendered) and the rest landmark renders; for other layouts, landmark images. Seeded. Returns (crops, description)."""
     from trn.data.datasets.landmarks import detect_kind, read_landmarks
     from trn.data.datasets.luna1 import read_luna1
     from trn.data.files import read_gray
@@ -250,7 +250,8 @@ def real_crops(root: str | Path, size: int, n: int = 1000, seed: int = 0) -> tup
     frames_used = 0
     if detect_kind(root) == "luna1":
         ds = read_luna1(root)
-        boxes = [(f.frame, b) for f in ds.frames if f.boxes for b in f.boxes]
+        # a build without its frames rendered (--no-frames) gives landmark images only
+        boxes = [(f.frame, b) for f in ds.frames if f.boxes and ds.frame_path(f.frame).is_file() for b in f.boxes]
         if boxes:
             pick = sorted(rng.permutation(len(boxes))[: n // 2].tolist())
             for fr, b in (boxes[i] for i in pick):
