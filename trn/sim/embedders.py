@@ -23,6 +23,7 @@ from trn.db.tokens import TokenConfig, instance_tokens
 from trn.errors import ConfigError, DataError
 from trn.models.descriptor import Descriptor
 from trn.models.registry import DEFAULT_MODEL, MODELS_DIR, resolve_model  # noqa: F401  (re-exported)
+from trn_board.preprocess import disk_cells, part_tokens
 
 
 @dataclass(frozen=True)
@@ -57,12 +58,13 @@ def _check_images(images: np.ndarray, size: int) -> np.ndarray:
     return x
 
 
-def _set_parts(emb, settings: dict[str, float], count: int, dim: int, token_cfg: TokenConfig | None) -> None:
-    """An exported part model's tokens and how the database mixes them in (as the torch model's)."""
+def _set_parts(emb, settings: dict[str, float], h: int, w: int, dim: int, token_cfg: TokenConfig | None) -> None:
+    """An exported part model's tokens (its part map is h x w x dim) and how the database mixes
+    them in (as the torch model's)."""
     if token_cfg is not None:
         raise ConfigError(f"{emb.name} carries learned part tokens; instance tokens (--tokens) are for models without "
                           "them")
-    emb.tokens, emb.token_dim = count, dim
+    emb.tokens, emb.token_dim = int(disk_cells(h, w).sum()), dim
     emb.token_weight, emb.token_offset = settings["part_weight"], settings["part_offset"]
     emb.token_edge_px = int(settings["part_edge_px"])
 
@@ -70,8 +72,6 @@ def _set_parts(emb, settings: dict[str, float], count: int, dim: int, token_cfg:
 def _exported_parts(emb, glob: np.ndarray, part_map: list[np.ndarray]) -> Embeddings:
     """Embeddings of an exported part model: the host's part tokens of its part maps, and with an
     edge rule every crop scored by its cosine until its box says otherwise (as :class:`TorchEmbedder`)."""
-    from trn_board.preprocess import part_tokens
-
     toks = part_tokens(np.concatenate(part_map)) if part_map else np.zeros((0, emb.tokens, emb.token_dim), np.float32)
     return Embeddings(glob, toks, np.zeros(len(glob), bool) if emb.token_edge_px else None)
 
@@ -174,11 +174,8 @@ class OnnxEmbedder:
         parts = read_part_settings(self.session, path)
         self.n_out = 4 if parts else 3
         if parts:
-            pm = self.session.get_outputs()[3].shape
-            side_h, side_w = int(pm[2]), int(pm[3])
-            from trn_board.preprocess import disk_cells
-
-            _set_parts(self, parts, int(disk_cells(side_h, side_w).sum()), int(pm[1]), token_cfg)
+            d, h, w = (int(v) for v in self.session.get_outputs()[3].shape[1:])  # the batch may be dynamic
+            _set_parts(self, parts, h, w, d, token_cfg)
 
     def __call__(self, images: np.ndarray) -> Embeddings:
         x = _check_images(images, self.input_size)[:, None]
@@ -273,10 +270,8 @@ class TfliteEmbedder:
         self.crop_margin = float(self.runner.head.crop_margin)
         self.token_weight, self.token_offset, self.token_edge_px = 1.0, 0.0, 0
         if self.runner.part_out is not None:
-            from trn_board.preprocess import disk_cells
-
             _, h, w, d = (int(v) for v in self.runner.part_out["shape"])
-            _set_parts(self, dict(self.runner.head.parts), int(disk_cells(h, w).sum()), d, token_cfg)
+            _set_parts(self, dict(self.runner.head.parts), h, w, d, token_cfg)
 
     def __call__(self, images: np.ndarray) -> Embeddings:
         x = _check_images(images, self.input_size)
