@@ -18,10 +18,9 @@ from trn.export.to_onnx import check_standard_ops, export_onnx, onnx_session, pa
 SIZE = 32
 
 
-def trained_looking(conv: str, attention: str, seed: int = 0):
-    """A small flight model whose BatchNorms carry non-trivial statistics (as a trained one does)."""
-    torch.manual_seed(seed)
-    m = create_model("flight", conv=conv, attention=attention, input_size=SIZE)
+def with_trained_batchnorm(m):
+    """``m`` in eval mode, its BatchNorms given non-trivial statistics and affine parameters (as a
+    trained model's are), drawn from torch's generator."""
     for mod in m.modules():
         if isinstance(mod, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
             mod.running_mean.uniform_(-0.2, 0.2)
@@ -29,6 +28,12 @@ def trained_looking(conv: str, attention: str, seed: int = 0):
             mod.weight.data.uniform_(0.5, 1.5)
             mod.bias.data.uniform_(-0.1, 0.1)
     return m.eval()
+
+
+def trained_looking(conv: str, attention: str, seed: int = 0):
+    """A small flight model whose BatchNorms carry non-trivial statistics (as a trained one does)."""
+    torch.manual_seed(seed)
+    return with_trained_batchnorm(create_model("flight", conv=conv, attention=attention, input_size=SIZE))
 
 
 @pytest.mark.parametrize("conv,attention", [("conv2d", "se"), ("ric", "ca")])

@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 
+from tests.export.test_onnx import with_trained_batchnorm  # noqa: E402
 from trn.errors import ConfigError, DataError  # noqa: E402
 from trn.export.graph import ExportGraph, reference_outputs  # noqa: E402
 from trn.export.tflite_ir import lower_backbone, run_float_outputs  # noqa: E402
@@ -30,14 +31,7 @@ def part_model(seed: int = 0, part_dim: int = 8) -> Descriptor:
                        planes=(16, 16, 32, 32), cardinality=2, stem_channels=8, embed_dim=16, input_norm="disk",
                        crop_margin=1.25, part_dim=part_dim, part_hidden=12, part_stage=-2, part_weight=0.5,
                        part_edge_px=20, part_offset=0.1)
-    m = Descriptor(cfg)
-    for mod in m.modules():
-        if isinstance(mod, (torch.nn.BatchNorm1d, torch.nn.BatchNorm2d)):
-            mod.running_mean.uniform_(-0.2, 0.2)
-            mod.running_var.uniform_(0.5, 2.0)
-            mod.weight.data.uniform_(0.5, 1.5)
-            mod.bias.data.uniform_(-0.1, 0.1)
-    return m.eval()
+    return with_trained_batchnorm(Descriptor(cfg))
 
 
 def _crops(n: int, seed: int) -> np.ndarray:

@@ -136,29 +136,21 @@ def _versions() -> dict:
     return out
 
 
-def _parts_spec(export_dir: Path) -> dict | None:
+def _parts_spec(export_dir: Path, tflite: dict | None) -> dict | None:
     """The manifest's ``parts`` for the export of a model with learned part tokens (None for any
     other): the output that carries the part map, the tokens per crop and their size, and how the
-    database mixes them in. The TFLite head, the TFLite backbone and the ONNX graphs must agree."""
-    import numpy as np
-
+    database mixes them in. The TFLite head, the TFLite backbone (``tflite``: its specification,
+    :func:`_tflite_spec`) and the ONNX graphs must agree."""
+    from trn.export.tflite import Head
     from trn_board.preprocess import PART_OUTPUT, PART_SETTINGS, disk_cells
 
     found: list[tuple[str, dict | None, tuple[int, int, int] | None]] = []  # (file, settings, (h, w, dim))
-    head = export_dir / "head.npz"
-    if head.is_file():
+    if tflite is not None:  # its specification has read the backbone and required head.npz beside it
         try:
-            with np.load(head, allow_pickle=False) as z:
-                found.append(("head.npz", {k: float(z[k]) for k in PART_SETTINGS} if PART_SETTINGS[0] in z.files
-                              else None, None))
-        except (OSError, ValueError, KeyError):  # not an archive: the TFLite specification refuses it by name
+            found.append(("head.npz", dict(Head.load(export_dir / "head.npz").parts) or None, None))
+        except DataError:  # an unreadable head: left to the board's check of the files' hashes and shapes
             pass
-    if (export_dir / "model_int8.tflite").is_file():
-        from trn.export.tflite_format import read_tflite
-
-        info = read_tflite(export_dir / "model_int8.tflite")
-        outs = {info.tensors[i].name: info.tensors[i].shape for i in info.outputs}
-        shape = outs.get(PART_OUTPUT)
+        shape = (tflite.get("part_output") or {}).get("shape")
         found.append(("model_int8.tflite", {} if shape else None, (shape[1], shape[2], shape[3]) if shape else None))
     for f in ("model.onnx", "model_int8.onnx"):
         if not (export_dir / f).is_file():
@@ -321,8 +313,8 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     if not any(f.suffix in (".onnx", ".tflite") for f in files):
         raise DataError("no exported model (model.onnx, model_int8.onnx, *.tflite) to bundle; run trn-export first",
                         export_dir)
-    parts = _parts_spec(export_dir)
     tfl = _tflite_spec(export_dir)
+    parts = _parts_spec(export_dir, tfl)
     det = detector_spec(detector) if detector is not None else None
     board_map = map_spec(map_dir, model_name, embedding_dim) if map_dir is not None else None
     tmp = out.with_name(f".{out.name}.tmp")

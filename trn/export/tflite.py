@@ -280,8 +280,7 @@ def tflite_parity(model, runner: TfliteRunner, images: np.ndarray, kind: str) ->
     import torch
 
     from trn.export.graph import reference_outputs
-    from trn.export.to_onnx import _cos_rows
-    from trn_board.preprocess import part_tokens
+    from trn.export.to_onnx import _cos_rows, part_token_cosines
 
     got = runner(images)
     with torch.no_grad():
@@ -298,8 +297,7 @@ def tflite_parity(model, runner: TfliteRunner, images: np.ndarray, kind: str) ->
         nn.append(sim.argmax(1))
     parts: tuple[float | None, float | None] = (None, None)
     if len(got) > 3:
-        tg, tr = part_tokens(got[3]), part_tokens(ref[3])
-        pc = _cos_rows(tg.reshape(-1, tg.shape[-1]), tr.reshape(-1, tr.shape[-1]))
+        pc = part_token_cosines(got[3], ref[3])
         parts = (float(pc.min()), float(np.median(pc)))
     return TfliteParity(len(images), kind, float(cos.min()), float(np.median(cos)), float(np.abs(got[0] - ref[0]).max()),
                         float(_cos_rows(loc(got[1]), loc(ref[1])).min()), float((nn[0] == nn[1]).mean()), *parts)

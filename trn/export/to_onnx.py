@@ -186,13 +186,20 @@ def _cos_rows(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return (a * b).sum(1) / np.maximum(np.linalg.norm(a, axis=1) * np.linalg.norm(b, axis=1), 1e-30)
 
 
+def part_token_cosines(got_map: np.ndarray, ref_map: np.ndarray) -> np.ndarray:
+    """Cosine of every part token of two part maps [N, D, h, w], after the host's step (disk cells,
+    L2): how an exported part head agrees with the torch one, token by token."""
+    from trn_board.preprocess import part_tokens
+
+    tg, tr = part_tokens(got_map), part_tokens(ref_map)
+    return _cos_rows(tg.reshape(-1, tg.shape[-1]), tr.reshape(-1, tr.shape[-1]))
+
+
 def parity(model: Descriptor, onnx_path: str | Path, images: np.ndarray, threads: int = 1) -> Parity:
     """Run ``images`` float32 [N, S, S] through both; the token map is compared per location."""
     if images.ndim != 3 or images.shape[1:] != (model.cfg.input_size,) * 2:
         raise DataError(f"parity images have shape {images.shape}; expected [N, {model.cfg.input_size}, "
                         f"{model.cfg.input_size}]")
-    from trn_board.preprocess import part_tokens
-
     sess = onnx_session(onnx_path, threads)
     batch = sess.get_inputs()[0].shape[0]
     step = batch if isinstance(batch, int) else 64
@@ -216,10 +223,7 @@ def parity(model: Descriptor, onnx_path: str | Path, images: np.ndarray, threads
     g = [np.concatenate(v) for v in got]
     r = [np.concatenate(v) for v in ref]
     loc = lambda t: np.moveaxis(t, 1, -1).reshape(-1, t.shape[1])  # noqa: E731
-    parts = None
-    if k_out > 3:
-        tg, tr = part_tokens(g[3]), part_tokens(r[3])
-        parts = float(_cos_rows(tg.reshape(-1, tg.shape[-1]), tr.reshape(-1, tr.shape[-1])).min())
+    parts = float(part_token_cosines(g[3], r[3]).min()) if k_out > 3 else None
     return Parity(len(images), float(np.abs(g[0] - r[0]).max()), float(_cos_rows(g[0], r[0]).min()),
                   float(np.abs(g[1] - r[1]).max()), float(_cos_rows(loc(g[1]), loc(r[1])).min()),
                   float(np.abs(g[2] - r[2]).max()), parts)

@@ -257,9 +257,7 @@ class BoardModel:
             outs = self.it.get_output_details()
             self.out = next((d for d in outs if d["name"] == "feature_map"), outs[0])
             self.part_out = next((d for d in outs if d["name"] == PART_OUTPUT), None)
-            if (self.part_out is None) != (self.parts is None):
-                raise ModelError(f"{self.dir / self.model_file}: the manifest and the model disagree on part tokens; "
-                                 "re-make the bundle")
+            has_parts = self.part_out is not None
             with np.load(self.dir / "head.npz", allow_pickle=False) as z:
                 self.w, self.b = z["weight"].astype(np.float32), z["bias"].astype(np.float32)
                 self.prelu = z["prelu"].astype(np.float32)
@@ -281,10 +279,10 @@ class BoardModel:
             so.inter_op_num_threads = 1
             self.sess = ort.InferenceSession(str(self.dir / self.model_file), so, providers=["CPUExecutionProvider"])
             self.in_name = self.sess.get_inputs()[0].name
-            names = [o.name for o in self.sess.get_outputs()]
-            if (PART_OUTPUT in names) != (self.parts is not None):
-                raise ModelError(f"{self.dir / self.model_file}: the manifest and the model disagree on part tokens; "
-                                 "re-make the bundle")
+            has_parts = PART_OUTPUT in [o.name for o in self.sess.get_outputs()]
+        if has_parts != (self.parts is not None):
+            raise ModelError(f"{self.dir / self.model_file}: the manifest and the model disagree on part tokens; "
+                             "re-make the bundle")
 
     def info(self) -> dict:
         m, files = self.manifest, self.manifest["files"]
