@@ -1,6 +1,7 @@
 """Part tokens trained on a frozen descriptor with training-orbit crops (trn-train-parts)."""
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -69,6 +70,16 @@ def test_part_head_trains_deterministically_on_training_orbits_only(boxed_world,
         train_parts(base, [val_orbit], tmp_path / "p3", s)
     with pytest.raises(ConfigError, match="already carries part tokens"):
         train_parts(path, [train_orbit], tmp_path / "p4", s)
+    # a new head in place of a model's own (one trained with the descriptor): the same frozen
+    # descriptor, a head of the new settings
+    torch.set_num_threads(1)
+    try:
+        swapped = load_descriptor(train_parts(path, [train_orbit], tmp_path / "p5", replace(s, dim=4), replace_head=True))
+    finally:
+        torch.set_num_threads(threads)
+    assert swapped.cfg.part_dim == 4 and json.loads((tmp_path / "p5" / "parts.json").read_text())["replaced_head"]
+    for k, v in d.state_dict().items():
+        assert torch.equal(v, swapped.state_dict()[k]), k
     with pytest.raises(ConfigError, match="batch"):
         PartSettings(batch=1)
     # the landmark renders of a config's training identities join half of every batch

@@ -45,6 +45,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lr", type=float_between(0.0, 1.0, low_open=True), default=d.lr, help=f"default {d.lr}")
     ap.add_argument("--seed", type=seed_number, default=d.seed, help=f"default {d.seed}")
     ap.add_argument("--threads", type=int_at_least(1), default=1, help="torch threads (default 1)")
+    ap.add_argument("--replace-head", action="store_true",
+                    help="MODEL already carries part tokens (trained with them): train a new head on its frozen "
+                         "features in place of its own")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args(argv)
     setup_logging(args.verbose)
@@ -60,7 +63,7 @@ def main(argv: list[str] | None = None) -> int:
                          offset=args.offset, draws=args.draws,
                          epochs=args.epochs, batch=args.batch, lr=args.lr, seed=args.seed,
                          renders=str(args.renders) if args.renders else "")
-        path = train_parts(resolve_model(args.model), args.orbit, args.out, s)
+        path = train_parts(resolve_model(args.model), args.orbit, args.out, s, replace_head=args.replace_head)
         print(f"wrote {path} and {path.parent / 'parts.json'}")
         return 0
 

@@ -141,6 +141,24 @@ class DistillSection:
 
 
 @dataclass(frozen=True)
+class PartsSection:
+    """Part tokens trained with the descriptor (:class:`trn.train.losses.PartPairLoss`): the two
+    navigation crops of each training-orbit identity in a batch, their part tokens' late
+    interaction put above the batch's other orbit craters', added with ``weight`` (0: off) at
+    ``temperature``. Needs a model with a part head (``model.part_dim``) and ``data.orbits``; a run
+    may start (``init``) from a descriptor without a part head, which then starts at random.
+    (``trn-train-parts`` trains the same head on a frozen descriptor instead.)"""
+
+    weight: float = 0.0
+    temperature: float = 0.05
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.weight <= 100 or not 0 < self.temperature <= 10:
+            raise ConfigError(f"parts.weight={self.weight}, parts.temperature={self.temperature}: expected a weight "
+                              "from 0 (off) to 100 and a temperature in (0, 10]")
+
+
+@dataclass(frozen=True)
 class TrainConfig:
     """Everything a training run depends on; saved, resolved, beside its checkpoint.
 
@@ -176,6 +194,7 @@ class TrainConfig:
     as Moon Navigation sees a crater entering and leaving the frame. 0: views as the orbit has them.
     decision: the decision term (:class:`DecisionSection`).
     distill: distillation from a teacher descriptor (:class:`DistillSection`).
+    parts: part tokens trained with the descriptor (:class:`PartsSection`).
     metric_weight: the metric loss's weight (0: off, the decision term alone; a proxy loss wants the
     identities spread to negative cosines, far below what the match threshold needs, and pulls a
     fine-tuned embedding apart to get there).
@@ -214,6 +233,7 @@ class TrainConfig:
     orbit_edge_cut: float = 0.0
     decision: DecisionSection = field(default_factory=DecisionSection)
     distill: DistillSection = field(default_factory=DistillSection)
+    parts: PartsSection = field(default_factory=PartsSection)
     init_proxies: bool = False
     metric_weight: float = 1.0
 
@@ -244,6 +264,9 @@ class TrainConfig:
             raise ConfigError(f"orbit_edge_cut={self.orbit_edge_cut}: expected a share from 0 to 1")
         if self.orbit_edge_cut and not self.data.orbits:
             raise ConfigError("orbit_edge_cut cuts training-orbit views: set data.orbits")
+        if self.parts.weight and not (self.model.part_dim and self.data.orbits):
+            raise ConfigError(f"parts.weight={self.parts.weight} trains part tokens on navigation pairs: it needs "
+                              "model.part_dim > 0 (a part head) and data.orbits (training orbits)")
         if self.data.orbits and self.views_per_identity != 2:
             raise ConfigError("data.orbits trains pairs of navigation crops: set views_per_identity: 2")
         if not -1.0 <= self.select_threshold <= 1.0:
@@ -306,13 +329,14 @@ def from_dict(doc: dict) -> TrainConfig:
     mars = MarsSection(**_strict(MarsSection, "mars", doc.pop("mars", {})))
     decision = DecisionSection(**_strict(DecisionSection, "decision", doc.pop("decision", {})))
     distill = DistillSection(**_strict(DistillSection, "distill", doc.pop("distill", {})))
+    parts = PartsSection(**_strict(PartsSection, "parts", doc.pop("parts", {})))
     aug = dict(_strict(AugmentConfig, "augment", doc.pop("augment", {})))
     for k in [f.name for f in dataclasses.fields(AugmentConfig) if f.default.__class__ is tuple]:
         if k in aug and len(aug[k]) != 2:
             raise ConfigError(f"augment.{k}: expected [low, high], got {list(aug[k])}")
     try:
         return TrainConfig(data=data, model=model, mars=mars, augment=AugmentConfig(**aug), decision=decision,
-                           distill=distill, **doc)
+                           distill=distill, parts=parts, **doc)
     except TypeError as exc:
         raise ConfigError(f"bad config value: {exc}") from None
 
@@ -350,6 +374,16 @@ def resolve_kind(cfg: TrainConfig) -> TrainConfig:
     return dataclasses.replace(cfg, data=dataclasses.replace(cfg.data, kind=kind))
 
 
+def init_fits(start: DescriptorConfig, model: DescriptorConfig) -> bool:
+    """Whether a descriptor of config ``start`` can start a run of ``model``: the same weights'
+    shapes, but for a part head that ``start`` lacks (it then starts at random)."""
+    mine, theirs = model.weights_layout(), start.weights_layout()
+    if start.part_dim == 0 and model.part_dim:
+        for k in ("part_dim", "part_hidden", "part_stage"):
+            mine.pop(k), theirs.pop(k)
+    return mine == theirs
+
+
 def check_before_training(cfg: TrainConfig, train_identities: int) -> None:
     """What training refuses only once it has loaded its images, checked without training (for
     ``trn-train --check`` and before a run starts): enough training identities for one batch, and
@@ -361,8 +395,7 @@ def check_before_training(cfg: TrainConfig, train_identities: int) -> None:
     if cfg.init:
         from trn.models.checkpoint import load_descriptor
 
-        start = load_descriptor(cfg.init)
-        if start.cfg.weights_layout() != cfg.model.weights_layout():
+        if not init_fits(load_descriptor(cfg.init).cfg, cfg.model):
             raise ConfigError(f"init={cfg.init}: that descriptor's architecture differs from model: in the config")
 
 

@@ -35,9 +35,9 @@ from trn.models.checkpoint import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, load_c
                                    save_checked)
 from trn.models.descriptor import Descriptor
 from trn.sim.metrics import match_or_insert, separation
-from trn.train.config import TrainConfig, from_dict, resolve_kind
+from trn.train.config import TrainConfig, from_dict, init_fits, resolve_kind
 from trn.train.data import ImageBank, make_views, orbit_batches, pair_batches, training_set
-from trn.train.losses import DecisionLoss, DistillLoss, MetricLoss
+from trn.train.losses import DecisionLoss, DistillLoss, MetricLoss, PartPairLoss
 from trn.train.mars import Mars, positive_pairs
 
 log = logging.getLogger(__name__)
@@ -242,6 +242,25 @@ def render_rows(batch_ids: int, views: int, orbit_rows: int) -> torch.Tensor:
     return torch.cat([torch.arange(v * batch_ids, v * batch_ids + keep) for v in range(views)])
 
 
+def orbit_row_pairs(batch_ids: int, orbit_rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Rows of a view-major two-view batch (:func:`make_views`) that hold the first and the second
+    navigation crop of each training-orbit identity: the last ``orbit_rows`` of each view."""
+    first = torch.arange(batch_ids - orbit_rows, batch_ids)
+    return first, first + batch_ids
+
+
+def _init_weights(model: Descriptor, cfg: TrainConfig) -> None:
+    """Load ``cfg.init`` into ``model``. A part head the init descriptor lacks starts at random; any
+    other difference in the weights' shapes is refused."""
+    start = load_descriptor(cfg.init)
+    head_only = start.parts is None and model.parts is not None
+    if not init_fits(start.cfg, cfg.model):
+        raise ConfigError(f"init={cfg.init}: that descriptor's architecture differs from model: in the config")
+    missing, unexpected = model.load_state_dict(start.state_dict(), strict=not head_only)
+    if unexpected or any(not k.startswith("parts.") for k in missing):
+        raise ConfigError(f"init={cfg.init}: weights {sorted(unexpected) + sorted(missing)} do not fit the model")
+
+
 def _same_config(stored: dict, cfg: TrainConfig) -> bool:
     """Whether a checkpoint's training configuration is ``cfg`` (settings added to the format
     since the checkpoint was written count at their defaults)."""
@@ -314,7 +333,7 @@ def _plot(history: list[dict], path: Path) -> None:
 
     ep = [h["epoch"] for h in history]
     fig, ax = plt.subplots(1, 2, figsize=(10, 3.6))
-    for key in ("metric_loss", "decision_loss", "distill_loss"):
+    for key in ("metric_loss", "decision_loss", "distill_loss", "part_loss"):
         if key in history[0]:
             ax[0].plot(ep, [h[key] for h in history], label=key.replace("_", " "))
     stages = sorted(k for k in history[0] if k.startswith("mars_stage"))
@@ -380,15 +399,13 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
                           f"the train split has {len(train_bank)}")
     model = Descriptor(cfg.model)
     if cfg.init:
-        start = load_descriptor(cfg.init)
-        if start.cfg.weights_layout() != cfg.model.weights_layout():
-            raise ConfigError(f"init={cfg.init}: that descriptor's architecture differs from model: in the config")
-        model.load_state_dict(start.state_dict())
+        _init_weights(model, cfg)
     orbit = _orbits(cfg, split.train)
     val_orbit = _val_orbit(cfg)
     loss = MetricLoss(cfg.loss, num_classes=len(train_bank), embedding_size=cfg.model.embed_dim)
     decision = DecisionLoss(cfg.decision.threshold, cfg.decision.margin) if cfg.decision.weight > 0 else None
     distill, teacher_sha = _teacher(cfg, device)
+    part_loss = PartPairLoss(cfg.parts.temperature) if cfg.parts.weight > 0 else None
     mars = Mars(cfg.model.stage_channels, cfg.mars.build()) if cfg.mars.enabled else None
     if cfg.init_proxies and not resume:
         _proxies_from_model(model, train_bank, loss)
@@ -457,13 +474,19 @@ def train(cfg: TrainConfig, out: str | Path, resume: bool = False, stop_after: i
             for g in opt.param_groups:
                 g["lr"] = g["base_lr"] * factor
             step += 1
-            emb = forward(x)
+            if part_loss is not None:  # the part head reads a middle stage: not through a compiled forward
+                emb, tokens = model.forward_parts(x)
+            else:
+                emb = forward(x)
             terms = {"metric_loss": cfg.metric_weight * loss(emb, labels)} if cfg.metric_weight > 0 else {}
             if decision is not None:
                 terms["decision_loss"] = cfg.decision.weight * decision(emb, labels)
             if distill is not None:
                 keep = render_rows(len(ids), cfg.views_per_identity, per).to(device)
                 terms["distill_loss"] = cfg.distill.weight * distill(emb[keep], x[keep])
+            if part_loss is not None:
+                a, b = orbit_row_pairs(len(ids), per)
+                terms["part_loss"] = cfg.parts.weight * part_loss(tokens[a.to(device)], tokens[b.to(device)])
             if mars is not None:
                 stage_losses = mars(model.backbone.stage_attention(), draws, positive_pairs(labels))
                 terms.update({f"mars_{k}": v for k, v in stage_losses.items()})

@@ -229,3 +229,26 @@ class DistillLoss(nn.Module):
         with torch.no_grad():
             target = F.normalize(self.teacher(images).float(), dim=1)
         return (1.0 - (F.normalize(student, dim=1) * target).sum(dim=1)).mean()
+
+
+def late_interaction_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """[Na, Nb]: for each crop of ``a`` and of ``b`` (tokens [N, L, d], L2-normalised), the mean
+    over a's tokens of the best cosine with b's (CraterBench-R Eq. 1, query a)."""
+    return torch.einsum("iqd,jkd->ijqk", a, b).amax(dim=3).mean(dim=2)
+
+
+class PartPairLoss(nn.Module):
+    """Part tokens of two views of each of N craters (row i of ``a`` and of ``b``): the symmetric
+    InfoNCE loss of their late-interaction scores at ``temperature``, the other craters of the
+    batch being the negatives."""
+
+    def __init__(self, temperature: float = 0.05):
+        super().__init__()
+        if not temperature > 0:
+            raise ConfigError(f"part-token temperature={temperature}: expected > 0")
+        self.temperature = temperature
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        target = torch.arange(a.shape[0], device=a.device)
+        return 0.5 * (F.cross_entropy(late_interaction_matrix(a, b) / self.temperature, target)
+                      + F.cross_entropy(late_interaction_matrix(b, a) / self.temperature, target))

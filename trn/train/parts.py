@@ -46,6 +46,7 @@ from trn.models.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, file_sh
 from trn.models.descriptor import Descriptor, PartTokens, disk_cells
 from trn.sim import scenarios as sc
 from trn.sim.pairs import PERTURBATIONS, navigation_boxes, perturbed
+from trn.train.losses import PartPairLoss, late_interaction_matrix  # noqa: F401 (late_interaction_matrix: public here)
 
 log = logging.getLogger(__name__)
 
@@ -174,12 +175,6 @@ def _bare(label: str) -> str:
     return label.rsplit(":", 1)[-1]
 
 
-def late_interaction_matrix(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """[Na, Nb]: for each crop of ``a`` and of ``b`` (tokens [N, L, d], L2-normalised), the mean
-    over a's tokens of the best cosine with b's (CraterBench-R Eq. 1, query a)."""
-    return torch.einsum("iqd,jkd->ijqk", a, b).amax(dim=3).mean(dim=2)
-
-
 def _tokens(head: PartTokens, feats: np.ndarray) -> torch.Tensor:
     """The head on cached disk-location features [N, L, C] (a 1x1 convolution is per location)."""
     x = torch.from_numpy(feats.astype(np.float32)).permute(0, 2, 1).unsqueeze(-1)
@@ -217,21 +212,24 @@ class _Pairs:
 
 
 def train_parts(model_path: Path, orbits: list[Path], out: Path, s: PartSettings,
-                settings: sc.ScenarioSettings | None = None) -> Path:
+                settings: sc.ScenarioSettings | None = None, replace_head: bool = False) -> Path:
     """Train a part head on the frozen descriptor at ``model_path`` with the training ``orbits``;
     write ``out/weights.pt`` (the descriptor with its head, checksummed) and ``out/parts.json``
-    (settings, data, loss per epoch, time). Returns the weights' path."""
+    (settings, data, loss per epoch, time). Returns the weights' path. A descriptor that already
+    carries a part head (one trained with it, ``parts.weight`` in ``trn-train``) is refused unless
+    ``replace_head``: a new head is then trained on its frozen features in place of its own."""
     if not orbits:
         raise ConfigError("no training orbit given: pass --orbit DIR (built with --annotate-training-of)")
     settings = settings or sc.ScenarioSettings()
     torch.manual_seed(s.seed)
     base = load_descriptor(model_path)
-    if base.parts is not None:
-        raise ConfigError(f"{model_path} already carries part tokens; start from the descriptor without them")
+    if base.parts is not None and not replace_head:
+        raise ConfigError(f"{model_path} already carries part tokens; start from the descriptor without them, or "
+                          "pass --replace-head to train a new head in place of its own")
     cfg = replace(base.cfg, part_dim=s.dim, part_hidden=s.hidden, part_stage=s.stage, part_weight=s.weight,
                   part_edge_px=s.edge_px, part_offset=s.offset)
     model = Descriptor(cfg).eval()
-    model.load_state_dict(base.state_dict(), strict=False)
+    model.load_state_dict({k: v for k, v in base.state_dict().items() if not k.startswith("parts.")}, strict=False)
     t0 = time.perf_counter()
     feats = [orbit_features(model, Path(p), s, k, settings) for k, p in enumerate(orbits)]
     pairs = _Pairs(feats, s.max_gap)
@@ -248,6 +246,7 @@ def train_parts(model_path: Path, orbits: list[Path], out: Path, s: PartSettings
     head.train()
     opt = torch.optim.AdamW(head.parameters(), lr=s.lr, weight_decay=1e-4)
     rng = np.random.default_rng([s.seed, 104_729])
+    pair_loss = PartPairLoss(s.temperature)
     losses = []
     for epoch in range(s.epochs):
         order = rng.permutation(len(pairs.identities))
@@ -260,10 +259,7 @@ def train_parts(model_path: Path, orbits: list[Path], out: Path, s: PartSettings
                         if _bare(renders.identities[int(i)]) not in batch_ids][:s.batch - n_orbit]
                 views += [renders.draw(i, rng) for i in pick]
             a, b = zip(*views)
-            target = torch.arange(len(views))
-            ta, tb = _tokens(head, np.stack(a)), _tokens(head, np.stack(b))
-            loss = 0.5 * (F.cross_entropy(late_interaction_matrix(ta, tb) / s.temperature, target)
-                          + F.cross_entropy(late_interaction_matrix(tb, ta) / s.temperature, target))
+            loss = pair_loss(_tokens(head, np.stack(a)), _tokens(head, np.stack(b)))
             opt.zero_grad()
             loss.backward()
             opt.step()
@@ -274,7 +270,7 @@ def train_parts(model_path: Path, orbits: list[Path], out: Path, s: PartSettings
     out.mkdir(parents=True, exist_ok=True)
     path = save_checked({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model_config": cfg.to_dict(),
                          "model": model.state_dict()}, out / "weights.pt")
-    record = {"settings": asdict(s), "descriptor": str(model_path), "descriptor_sha256": file_sha256(Path(model_path)),
+    record = {"settings": asdict(s), "descriptor": str(model_path), "replaced_head": base.parts is not None, "descriptor_sha256": file_sha256(Path(model_path)),
               "orbits": [str(p) for p in orbits], "views": int(sum(len(f.labels) for f in feats)),
               "render_identities": len(renders.identities) if renders is not None else 0,
               "craters": len(pairs.identities), "loss": losses, "seconds": round(time.perf_counter() - t0, 1),
