@@ -140,6 +140,23 @@ def test_model_card(tmp_path):
     assert "10 train / 2 validation / 12 test" in text and "`weights.pt` (epoch 2" in text
     last = write_model_card(run, "Test model", "x", "tiny", weights_epoch="last").read_text()
     assert "70.00% on the validation gallery at epoch 3" in last
+    assert "Part tokens" not in last
+    # a part model's card names its head and the rule that decides where its tokens are scored
+    (run / "parts.json").write_text(json.dumps({
+        "settings": {"dim": 128, "hidden": 512, "stage": -2, "weight": 0.5, "edge_px": 20, "offset": 0.1, "epochs": 30},
+        "views": 2855, "craters": 352, "orbits": ["data/o1", "data/o2"], "loss": [3.0, 1.25], "seconds": 171.0}))
+    parts = write_model_card(run, "Test model", "x", "tiny").read_text()
+    assert "Part tokens" in parts and "128-d from stage -2" in parts and "within 20 px" in parts and "offset 0.1" in parts
+    assert "2855 views of 352 training-orbit craters (o1, o2)" in parts and "`parts.json`" in parts
+    # a head trained with the descriptor is read from the run's config
+    (run / "parts.json").unlink()
+    doc = yaml.safe_load((run / "config.yaml").read_text())
+    doc["model"].update(part_dim=16, part_edge_px=20, part_offset=0.1)
+    doc["parts"] = {"weight": 1.0, "temperature": 0.05}
+    (run / "config.yaml").write_text(yaml.safe_dump(doc))
+    joint = write_model_card(run, "Test model", "x", "tiny").read_text()
+    assert "Part tokens trained with the descriptor (`parts.weight` 1.0" in joint and "16-d from stage -2" in joint
+    assert "within 20 px" in joint
 
 
 def test_union_training_set_keeps_every_test_half_out(tmp_path):
@@ -318,6 +335,18 @@ def test_training_orbits_give_navigation_pairs_and_validate_on_the_validation_or
     assert m.cfg.input_norm == "disk" and m.cfg.crop_margin == 1.25
     with pytest.raises(ConfigError, match="val_orbit"):
         from_dict(dict(doc, data=dict(doc["data"], val_orbit="")))
+    # part tokens trained with the descriptor, from that descriptor (which has no part head)
+    joint = dict(doc, epochs=1, init=str(tmp_path / "run" / "weights.pt"),
+                 model=dict(doc["model"], part_dim=8, part_hidden=16, part_edge_px=20, part_offset=0.1),
+                 parts={"weight": 1.0})
+    state = train(from_dict(joint), tmp_path / "joint")
+    assert np.isfinite(state.history[-1]["part_loss"]) and state.history[-1]["part_loss"] > 0
+    jm = load_descriptor(tmp_path / "joint" / "weights.pt")
+    assert jm.parts is not None and jm.cfg.part_edge_px == 20 and jm.cfg.part_offset == 0.1
+    with pytest.raises(ConfigError, match="part_dim"):
+        from_dict(dict(doc, parts={"weight": 1.0}))  # no part head to train
+    with pytest.raises(ConfigError, match="architecture differs"):
+        train(from_dict(dict(joint, model=dict(joint["model"], embed_dim=16))), tmp_path / "other")
 
 
 def test_orbit_batches_add_the_orbit_identities_in_shuffled_passes():

@@ -38,8 +38,35 @@ def _operating_point(run: Path) -> str:
     return f"- Match threshold: {op.match_threshold} (operating point, chosen on {op.chosen_on}; written into bundles)"
 
 
+def _rule(m: dict) -> str:
+    return (f"scored where the detector's box comes within {m['part_edge_px']} px of the frame's border, offset "
+            f"{m['part_offset']}" if m.get("part_edge_px") else "scored for every crop")
+
+
+def _parts(run: Path, cfg: dict) -> list[str]:
+    """The part head's line: from the ``parts.json`` that ``trn-train-parts`` writes, or from the
+    config of a run that trained the head with the descriptor (none without a part head)."""
+    path = run / "parts.json"
+    m = cfg["model"]
+    if not path.exists():
+        if not (cfg.get("parts") or {}).get("weight"):
+            return []
+        return [f"- Part tokens trained with the descriptor (`parts.weight` {cfg['parts']['weight']}, temperature "
+                f"{cfg['parts']['temperature']}, on the training orbits' navigation pairs): {m['part_dim']}-d from stage "
+                f"{m['part_stage']}, hidden {m['part_hidden']}, weight {m['part_weight']} in the decision score, "
+                f"{_rule(m)}"]
+    p = json.loads(path.read_text(encoding="utf-8"))
+    s = p["settings"]
+    rule = _rule({"part_edge_px": s["edge_px"], "part_offset": s["offset"]})
+    return [f"- Part tokens (`trn-train-parts`, the descriptor frozen): {s['dim']}-d from stage {s['stage']}, hidden "
+            f"{s['hidden']}, weight {s['weight']}, {rule}; trained {s['epochs']} epochs on {p['views']} views of "
+            f"{p['craters']} training-orbit craters ({', '.join(Path(o).name for o in p['orbits'])}), final loss "
+            f"{p['loss'][-1]:.4f}, {p['seconds'] / 60:.1f} min; settings in `parts.json`"]
+
+
 def write_model_card(run: Path, title: str, command: str, data_note: str, weights_epoch: str = "best") -> Path:
-    """Write ``run/MODEL_CARD.md`` from the run's config.yaml and log.jsonl."""
+    """Write ``run/MODEL_CARD.md`` from the run's config.yaml and log.jsonl (and its part head's
+    parts.json, where the weights carry one)."""
     cfg = yaml.safe_load((run / "config.yaml").read_text(encoding="utf-8"))
     log = [json.loads(x) for x in (run / "log.jsonl").read_text(encoding="utf-8").splitlines() if x.strip()]
     from trn.train.loop import selected_epoch
@@ -69,12 +96,13 @@ def write_model_card(run: Path, title: str, command: str, data_note: str, weight
            f"{best['val_frame_different_p999']:.3f}, render-to-frame top-1 "
            f"{100 * best.get('val_frame_render_top1', float('nan')):.1f} %"] if "val_frame_ra" in best else []),
         *([f"- Started from: `{cfg['init']}`"] if cfg.get("init") else []),
+        *_parts(run, cfg),
         _operating_point(run),
         *([f"- Pairs (render-render / render-frame / frame-frame): {cfg['pair_mix']}"] if cfg.get("data", {}).get(
             "frame_views") else []),
         f"- Files: `weights.pt` (epoch {best['epoch']}, with `weights.pt.sha256`; `trn.train.loop.load_descriptor`), "
         "`config.yaml`, `log.jsonl`, "
-        "`split.json`, `curves.png`",
+        "`split.json`, `curves.png`" + (", `parts.json`" if (run / "parts.json").exists() else ""),
         "", "Reproduce:", "", "```bash", command, "```", "",
     ]
     path = run / "MODEL_CARD.md"
