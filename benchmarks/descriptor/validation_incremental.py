@@ -1,6 +1,7 @@
 """Incremental Recall@1 on the validation identities' landmark renders, at several thresholds.
 
-    python benchmarks/descriptor/validation_incremental.py MODEL [MODEL ...] [--config models/flight_conv2d_se_frames.yaml]
+    python benchmarks/descriptor/validation_incremental.py MODEL [MODEL ...] [--config models/flight_conv2d_se_frames.yaml] \
+        [--backend tflite]
 
 The landmark side of choosing a model's operating point on validation data: the validation
 identities of the config's split (both worlds for the union configs), each render under two
@@ -19,6 +20,10 @@ A model with learned part tokens (``trn-train-parts``) is decided as the scenari
 the landmark database with its tokens, scoring ``(1 - part_weight) * cosine + part_weight * late
 interaction + part_offset`` over the global shortlist (by cosine alone where the model mixes its
 tokens in only near a frame's border: a render never is).
+
+``--backend`` (onnx, onnx-int8, tflite, ...) runs each MODEL as a trn-export directory through that
+runtime, decided through the same database, so an int8 artefact's landmark side can be set beside
+float's on validation renders.
 """
 
 from __future__ import annotations
@@ -42,11 +47,14 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--distractors", choices=("train", "none"), default="train",
                     help="train: the training identities' renders enter the database unscored (test-scale gallery)")
+    ap.add_argument("--backend", default="torch",
+                    help="torch, or an export backend (onnx, onnx-int8, tflite, ...): MODEL is then a trn-export directory")
     args = ap.parse_args()
     import torch
 
     from trn.models.checkpoint import load_descriptor
     from trn.models.registry import resolve_model
+    from trn.sim.embedders import TorchEmbedder, make_embedder
     from trn.sim.metrics import match_or_insert
     from trn.train.config import load_config
     from trn.train.data import ImageBank, make_views, training_set
@@ -68,9 +76,14 @@ def main() -> int:
     print("| model | " + " | ".join(f"{t:g}" for t in THRESHOLDS) + " |")
     print("| --- |" + " --- |" * len(THRESHOLDS))
     for spec in args.models:
+        if args.backend != "torch":
+            ras = through_database(make_embedder(spec, threads=args.threads, backend=args.backend), x, order, lab,
+                                   scored)
+            print(f"| {spec} ({args.backend}) | " + " | ".join(f"{ra:.2f}" for ra in ras) + " |", flush=True)
+            continue
         model = load_descriptor(resolve_model(spec))
         if model.parts is not None:
-            ras = with_parts(model, x, order, lab, scored)
+            ras = through_database(TorchEmbedder(model, "parts", batch=256), x, order, lab, scored)
         else:
             e = embed(model, x).numpy()[order]
             ras = [match_or_insert(e, lab, t, scored).ra for t in THRESHOLDS]
@@ -78,17 +91,16 @@ def main() -> int:
     return 0
 
 
-def with_parts(model, x, order: np.ndarray, lab: np.ndarray, scored: np.ndarray) -> list[float]:
-    """RA at each threshold for a model with part tokens, through the landmark database as the
-    scenarios configure it (:func:`trn.sim.scenarios._db_config`; a render is never cut by a frame's
-    edge, so with an edge rule the embedder scores it by cosine)."""
+def through_database(emb, x, order: np.ndarray, lab: np.ndarray, scored: np.ndarray) -> list[float]:
+    """RA at each threshold for an embedder (a part model's, or an export backend's), through the
+    landmark database as the scenarios configure it (:func:`trn.sim.scenarios._db_config`; a render
+    is never cut by a frame's edge, so with an edge rule the embedder scores it by cosine)."""
     from trn.db import LandmarkDB
-    from trn.sim.embedders import TorchEmbedder
     from trn.sim.scenarios import ScenarioSettings, _db_config
 
-    emb = TorchEmbedder(model, "parts", batch=256)
     e = emb(x[:, 0].numpy())
-    g, t = e.global_[order], e.tokens[order]
+    g = e.global_[order]
+    t = None if e.tokens is None else e.tokens[order]
     mix = None if e.mix is None else e.mix[order]
     names = [str(v) for v in lab]
     out = []
