@@ -39,6 +39,7 @@ def _operating_point(run: Path) -> str:
 
 
 def _rule(m: dict) -> str:
+    """Where a model's part tokens enter its decision, from its part_edge_px and part_offset."""
     return (f"scored where the detector's box comes within {m['part_edge_px']} px of the frame's border, offset "
             f"{m['part_offset']}" if m.get("part_edge_px") else "scored for every crop")
 
