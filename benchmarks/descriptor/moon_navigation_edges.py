@@ -31,7 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from _hw import hardware  # noqa: E402
 
 
-def edge_breakdown(ds, emb, s, thresholds: list[float]) -> list[str]:
+def edge_breakdown(ds, emb, s, thresholds: list[float]) -> tuple[list[str], list[float]]:
+    """The breakdown's table lines, and the RA at each threshold."""
     from dataclasses import replace
 
     from trn.db.database import LandmarkDB
@@ -48,6 +49,7 @@ def edge_breakdown(ds, emb, s, thresholds: list[float]) -> list[str]:
              "| threshold | RA | first seen (cut) | correct | wrong | missed | missed: first cut, now cut | "
              "missed: first cut, now whole | missed: first whole |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    ras: list[float] = []
     for thr in thresholds:
         db = LandmarkDB(sc._db_config(emb, replace(s, threshold=thr)))
         dec = db.match_or_insert(embedded.global_, labels=labels, tokens=embedded.tokens, mix=embedded.mix)
@@ -66,13 +68,10 @@ def edge_breakdown(ds, emb, s, thresholds: list[float]) -> list[str]:
                 n["first cut"] += bool(cut[i])
         scored = n["correct"] + n["wrong"] + n["missed"]
         ra = 100.0 * n["correct"] / scored if scored else float("nan")
+        ras.append(ra)
         lines.append(f"| {thr:g} | {ra:.2f} | {n['first']} ({n['first cut']}) | {n['correct']} | {n['wrong']} | "
                      f"{n['missed']} | {n['missed cut cut']} | {n['missed cut whole']} | {n['missed first whole']} |")
-    return lines
-
-
-def _ra(line: str) -> float:
-    return float(line.split("|")[2])
+    return lines, ras
 
 
 def report(data: Path, models: list[str], thresholds: list[float] | None, threads: int, note: str = "",
@@ -95,9 +94,9 @@ def report(data: Path, models: list[str], thresholds: list[float] | None, thread
             emb = make_embedder(spec, threads=threads, backend=backend)
             for seed in seeds:
                 print(f"\n## {spec}" + (f", seed {seed}" if len(seeds) > 1 else "") + "\n")
-                lines = edge_breakdown(ds, emb, ScenarioSettings(seed=seed), thresholds)
+                lines, per_threshold = edge_breakdown(ds, emb, ScenarioSettings(seed=seed), thresholds)
                 print("\n".join(lines), flush=True)
-                ras.setdefault(spec, []).append([_ra(x) for x in lines[3:]])
+                ras.setdefault(spec, []).append(per_threshold)
         if len(seeds) > 1:
             print("\n## Moon Navigation RA per seed\n")
             print("| model | threshold | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |")

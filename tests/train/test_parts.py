@@ -12,7 +12,8 @@ from trn.cli.train_parts import main as train_parts_cli
 from trn.errors import ConfigError
 from trn.models.checkpoint import CHECKPOINT_FORMAT, load_descriptor, save_checked
 from trn.models.descriptor import Descriptor, model_config
-from trn.train.parts import PartSettings, late_interaction_matrix, train_parts
+from trn.train.losses import late_interaction_matrix
+from trn.train.parts import PartSettings, train_parts
 
 
 def _descriptor(path):

@@ -46,7 +46,7 @@ from trn.models.checkpoint import CHECKPOINT_FORMAT, CHECKPOINT_VERSION, file_sh
 from trn.models.descriptor import Descriptor, PartTokens, disk_cells
 from trn.sim import scenarios as sc
 from trn.sim.pairs import PERTURBATIONS, navigation_boxes, perturbed
-from trn.train.losses import PartPairLoss, late_interaction_matrix  # noqa: F401 (late_interaction_matrix: public here)
+from trn.train.losses import PartPairLoss
 
 log = logging.getLogger(__name__)
 
