@@ -27,7 +27,7 @@ from trn.sim import scenarios as sc
 from trn.sim.embedders import BACKENDS, make_embedder
 from trn.sim.prepare import QUICK_CRATERS, QUICK_PPD, QUICK_STEP_S, cache_root, prepare_luna1, summarize
 
-ABLATION = ["flight_conv2d_se_union", "flight_conv2d_se_frames", "flight_conv2d_se", "flight_ric_ca", "flight_ric_ca_mars", "ncc"]
+ABLATION = ["flight_conv2d_se_union", "flight_conv2d_se_frames", "flight_conv2d_se_nav", "flight_conv2d_se", "flight_ric_ca", "flight_ric_ca_mars", "ncc"]
 QUICK_LANDMARKS = 300
 
 
