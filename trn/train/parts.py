@@ -270,7 +270,8 @@ def train_parts(model_path: Path, orbits: list[Path], out: Path, s: PartSettings
     out.mkdir(parents=True, exist_ok=True)
     path = save_checked({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model_config": cfg.to_dict(),
                          "model": model.state_dict()}, out / "weights.pt")
-    record = {"settings": asdict(s), "descriptor": str(model_path), "replaced_head": base.parts is not None, "descriptor_sha256": file_sha256(Path(model_path)),
+    record = {"settings": asdict(s), "descriptor": str(model_path), "replaced_head": base.parts is not None,
+              "descriptor_sha256": file_sha256(Path(model_path)),
               "orbits": [str(p) for p in orbits], "views": int(sum(len(f.labels) for f in feats)),
               "render_identities": len(renders.identities) if renders is not None else 0,
               "craters": len(pairs.identities), "loss": losses, "seconds": round(time.perf_counter() - t0, 1),
