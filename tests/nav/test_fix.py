@@ -7,7 +7,8 @@ import pytest
 
 from trn.errors import DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose, ray_sphere_intersection
-from trn.nav.fix import angular_sigma, pixel_bearings, ransac_bearings, solve_bearings, solve_pnp, solve_range
+from trn.nav.fix import (angular_sigma, pixel_bearings, ransac_bearings, solve_bearings, solve_bearings_many, solve_pnp,
+                         solve_range)
 
 CAM = PinholeCamera(512, 512, 39.6)
 
@@ -40,6 +41,27 @@ def test_parallel_lines_of_sight_are_refused():
         solve_bearings(np.stack([lm[0], lm[0] + 10 * b[0]]), np.stack([b[0], b[0]]), 1e-4)
     with pytest.raises(DataError, match="two or more"):
         solve_bearings(lm[:1], b[:1], 1e-4)
+
+
+def test_fixes_solved_together_are_those_solved_alone_and_a_bad_one_spoils_no_other():
+    """Several fixes in one call: each equals its own call; a fix whose lines of sight all point at
+    one landmark, or are parallel, is flagged as such and the others are solved as usual."""
+    rng = np.random.default_rng(5)
+    lms, bs, sigmas = [], [], []
+    for seed in range(4):
+        p, rot, px, lm = scene(3, seed=seed)
+        lms.append(lm)
+        bs.append(pixel_bearings(px + rng.normal(0, 0.5, px.shape), CAM, rot))
+        sigmas.append(rng.uniform(1e-5, 1e-4, 3))
+    lms[1] = np.repeat(lms[1][:1], 3, axis=0)  # one landmark seen three times
+    lms[2] = lms[2][0] + np.outer([0.0, 10.0, 20.0], bs[2][0])  # parallel lines through one landmark's line
+    bs[2] = np.repeat(bs[2][:1], 3, axis=0)
+    got, cov, why = solve_bearings_many(np.array(lms), np.array(bs), np.array(sigmas), 0.05)
+    assert why.tolist() == [0, 1, 2, 0]
+    for g in (0, 3):
+        p1, c1 = solve_bearings(lms[g], bs[g], sigmas[g], 0.05)
+        np.testing.assert_allclose(got[g], p1, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(cov[g], c1, rtol=1e-9, atol=1e-15)
 
 
 def test_range_fix_is_exact_without_noise():

@@ -18,8 +18,8 @@ from trn.nav.ekf import MU_KM3_S2
 from trn.nav.constellation import Constellation, joint_fit
 from trn.nav.fix import solve_bearings
 from trn.nav.lost import (REASONS, CraterMap, Hypothesis, Join, LostConfig, LostFix, Sigmas, WindowFixer,
-                          _with_altimeter, box_geometry, frame_hypotheses, frame_view, fuse_fixes,
-                          horizontal_sigma_km)
+                          _settled_many, _with_altimeter, box_geometry, frame_hypotheses, frame_view, fuse_fixes,
+                          horizontal_sigma_km, predicted_view, predicted_views, score, score_many)
 from trn.nav.motion import Displacement
 
 CAM = PinholeCamera(512, 512, 39.6)
@@ -109,6 +109,60 @@ def test_the_fix_is_exact_without_noise():
     assert np.linalg.norm(fx.position - sc) < 0.05
     assert sorted(r for _, r in fx.inliers) == sorted(rows.tolist()) and fx.support == len(rows)
     assert fx.llr - fx.runner_up >= LostConfig().min_margin and fx.candidates > 1000
+
+
+def test_places_scored_together_score_as_each_alone():
+    """The search scores a frame's candidate places in one call: each place's prediction, score,
+    assignment, misses and corrected centres are those it gets alone, with and without a measured
+    displacement's covariance, and a place that predicts nothing scores zero."""
+    lat, lon, dia, cmap = world(seed=6)
+    sc, rot = pose(-20.0, 75.0)
+    boxes, rows = boxes_of(sc, rot, lat, lon, dia, cmap)
+    assert len(rows) >= 3
+    rng = np.random.default_rng(7)
+    noisy = boxes + np.repeat(rng.normal(0, 1.5, (len(boxes), 2)), 2, axis=1)
+    places = np.array([sc, sc + [0.4, -0.3, 0.1], sc + [30.0, 5.0, 0.0], -sc])  # the last sees no map crater
+    for motion_cov in (None, np.diag([0.3, 0.2, 0.05])):
+        view = frame_view(noisy, rot, radius_of(sc), None, CAM, Sigmas(1.5, 1e-5, 0.05, 0.05), LostConfig())
+        view.motion_cov = motion_cov
+        together = score_many(view, cmap, places)
+        seg, *_ = predicted_views(view, cmap, places)
+        for i, p in enumerate(places):
+            alone = score(view, cmap, p)
+            assert together[i][0] == pytest.approx(alone[0], abs=1e-9)
+            assert together[i][1] == alone[1] and together[i][5] == alone[5]
+            assert together[i][2].keys() == alone[2].keys() and together[i][3].keys() == alone[3].keys()
+            for j in alone[4]:
+                np.testing.assert_allclose(together[i][4][j], alone[4][j], atol=1e-9)
+            assert (seg == i).sum() == len(predicted_view(view, cmap, p)[0])
+        assert together[0][1] and sorted(r for _, r in together[0][1]) == sorted(rows.tolist())
+        assert together[3][0] == 0.0 and not together[3][1] and not together[3][3]
+
+
+def test_hypotheses_settled_in_step_settle_as_each_alone():
+    """Refits run in step for many hypotheses: each takes the rounds it would alone (it goes on
+    while its score rises and its refit succeeds, at most four evaluations), however many others
+    are still going. Each fit here is its own score; a refit gives the next one of its script."""
+    script = {0: [0.0], 1: [1.0, 2.0, 3.0], 2: [2.0, 4.0, 6.0, 8.0, 10.0], 3: [5.0, 5.0], 4: None}
+    step = {i: 1 for i in script}
+    calls = []
+
+    def evaluate(fits):
+        calls.append(len(fits))
+        return [(Hypothesis(np.zeros(3), np.eye(3), f, [(0, 1), (1, 2)], {}, {}, frozenset()), None) for f in fits]
+
+    def refit(todo):
+        out = []
+        for i, _, _ in todo:
+            out.append(script[i][step[i]] if step[i] < len(script[i]) else None)
+            step[i] += 1
+        return out
+
+    got = _settled_many([script[i][0] if script[i] else None for i in range(5)], evaluate, refit)
+    # 0: its refit fails; 1: rises twice, then its refit fails; 2: still rising after four
+    # evaluations; 3: its second score does not rise, so the first stays; 4: no first fit
+    assert [h.llr if h else None for h in got] == [0.0, 3.0, 8.0, 5.0, None]
+    assert calls == [4, 3, 2, 1]
 
 
 def test_one_detection_and_no_detection_are_refused_with_their_reason():

@@ -42,8 +42,8 @@ import numpy as np
 from trn.errors import DataError
 from trn.geometry import MOON_RADIUS_KM
 from trn.nav.fix import pixel_bearings
-from trn.nav.lost import (REASONS, CraterMap, Hypothesis, LostFix, Member, _Frame, _seeded, _settled,
-                          _with_altimeter, decide, joined_evidence, score)
+from trn.nav.lost import (REASONS, CraterMap, Hypothesis, LostFix, Member, _Frame, _seeded, _settled_many,
+                          _with_altimeter, decide, joined_evidence, score_many)
 
 
 @dataclass(frozen=True)
@@ -126,18 +126,17 @@ def joint_fit(con: Constellation, cmap: CraterMap, pairs: list[tuple[int, int]],
     det = np.array([a for a, _ in pairs])
     member = con.member_of[det]
     lm = cmap.positions[[r for _, r in pairs]]
-    b = np.zeros((len(pairs), 3))
-    sig_rad = np.zeros(len(pairs))
-    for i, a in enumerate(det):
-        v = con.views[member[i]]
-        if corrected and a in corrected:
-            b[i] = pixel_bearings(corrected[a][None], v.camera, v.rot)[0]
-            # the box's own centre sigma: a box cut by the frame's edge keeps its wider one (a crater
-            # filling the frame is often a joined frame's only detection)
-            sig_rad[i] = np.hypot(con.merged.sig_px[a] / v.camera.focal_px, sig.attitude_rad)
-        else:
-            b[i] = con.merged.b[a]
-            sig_rad[i] = con.merged.sig_rad[a]
+    b = con.merged.b[det].copy()
+    sig_rad = con.merged.sig_rad[det].copy()
+    if corrected:
+        for m in np.unique(member):
+            v = con.views[m]
+            mine = np.flatnonzero((member == m) & np.array([a in corrected for a in det.tolist()]))
+            if len(mine):
+                b[mine] = pixel_bearings(np.array([corrected[a] for a in det[mine].tolist()]), v.camera, v.rot)
+                # the box's own centre sigma: a box cut by the frame's edge keeps its wider one (a
+                # crater filling the frame is often a joined frame's only detection)
+                sig_rad[mine] = np.hypot(con.merged.sig_px[det[mine]] / v.camera.focal_px, sig.attitude_rad)
     fitted = sorted({int(m) for m in member if m != 0})
     slot = {m: 3 * (k + 1) for k, m in enumerate(fitted)}
     size = 3 * (len(fitted) + 1)
@@ -151,13 +150,15 @@ def joint_fit(con: Constellation, cmap: CraterMap, pairs: list[tuple[int, int]],
         w = 1.0 / ((r * sig_rad) ** 2 + sig.landmark_km ** 2)
         a = np.zeros((size, size))
         y = np.zeros(size)
-        for i in range(len(pairs)):
-            proj = w[i] * (np.eye(3) - np.outer(b[i], b[i]))
-            idx = [0] if member[i] == 0 else [0, slot[member[i]]]
-            for s0 in idx:
-                y[s0:s0 + 3] += proj @ target[i]
-                for s1 in idx:
-                    a[s0:s0 + 3, s1:s1 + 3] += proj
+        proj = w[:, None, None] * (np.eye(3) - b[:, :, None] * b[:, None, :])
+        pull = np.einsum("nij,nj->ni", proj, target)
+        # every line of sight constrains p; one of a joined frame also that frame's error e_m
+        a[:3, :3] = proj.sum(0)
+        y[:3] = pull.sum(0)
+        for m in fitted:
+            s0 = slot[m]
+            a[s0:s0 + 3, s0:s0 + 3] = a[:3, s0:s0 + 3] = a[s0:s0 + 3, :3] = proj[member == m].sum(0)
+            y[s0:s0 + 3] = pull[member == m].sum(0)
         for m in fitted:
             a[slot[m]:slot[m] + 3, slot[m]:slot[m] + 3] += prior[m]
         if np.linalg.cond(a) > 1e12:
@@ -180,19 +181,25 @@ def joint_fit(con: Constellation, cmap: CraterMap, pairs: list[tuple[int, int]],
     return _Fit(p, cov_p, tuple(members))
 
 
-def evaluate(con: Constellation, cmap: CraterMap, fit: _Fit) -> tuple[Hypothesis, dict]:
-    """Module docstring, step 4: the constellation's hypothesis at ``fit`` (each frame scored where
-    the reference position and its offset put it) and the corrected centres of its merged
-    detections."""
-    parts, corrected, pairs, members = [], {}, [], []
-    for m, v in enumerate(con.moved):
-        llr, own, contrib, missed, cor, inside = score(v, cmap, con.placed(fit.position, m))
-        parts.append(Hypothesis(fit.members[m][0], fit.members[m][1], llr, own, contrib, missed, inside))
-        pairs += [(con.merged_index(m, j), r) for j, r in own]
-        corrected |= {con.merged_index(m, j): c for j, c in cor.items()}
-        members.append(Member(m, parts[-1]))
-    llr, window, missed, inside = joined_evidence(parts)
-    return Hypothesis(fit.position, fit.cov, llr, pairs, window, missed, inside, members=tuple(members)), corrected
+def evaluate(con: Constellation, cmap: CraterMap, fits: list[_Fit]) -> list[tuple[Hypothesis, dict]]:
+    """Module docstring, step 4: the constellation's hypothesis at each of ``fits`` (each frame
+    scored where the reference position and its offset put it; a frame's places scored together)
+    and the corrected centres of its merged detections."""
+    per_frame = [score_many(v, cmap, np.array([con.placed(f.position, m) for f in fits]))
+                 for m, v in enumerate(con.moved)]
+    out = []
+    for i, fit in enumerate(fits):
+        parts, corrected, pairs, members = [], {}, [], []
+        for m in range(len(con.moved)):
+            llr, own, contrib, missed, cor, inside = per_frame[m][i]
+            parts.append(Hypothesis(fit.members[m][0], fit.members[m][1], llr, own, contrib, missed, inside))
+            pairs += [(con.merged_index(m, j), r) for j, r in own]
+            corrected |= {con.merged_index(m, j): c for j, c in cor.items()}
+            members.append(Member(m, parts[-1]))
+        llr, window, missed, inside = joined_evidence(parts)
+        out.append((Hypothesis(fit.position, fit.cov, llr, pairs, window, missed, inside, members=tuple(members)),
+                    corrected))
+    return out
 
 
 def search(con: Constellation, cmap: CraterMap) -> LostFix:
@@ -203,15 +210,12 @@ def search(con: Constellation, cmap: CraterMap) -> LostFix:
     hyps_p, hyps_pairs, kept, n_cand = _seeded(fr, cmap, fr.sims, None)
     if n_cand == 0:
         return LostFix(False, REASONS[4])
-    if not hyps_p:
+    if not len(hyps_p):
         return LostFix(False, REASONS[5], hypotheses=0, candidates=n_cand)
-    scored = []
-    for k in kept:
-        fit = joint_fit(con, cmap, hyps_pairs[k], hyps_p[k])
-        h = _settled(fit, lambda f: evaluate(con, cmap, f),
-                     lambda pairs, cor, p0=hyps_p[k]: joint_fit(con, cmap, pairs, p0, cor))
-        if h is not None:
-            scored.append(h)
+    first = [joint_fit(con, cmap, hyps_pairs[k], hyps_p[k]) for k in kept]
+    settled = _settled_many(first, lambda fits: evaluate(con, cmap, fits),
+                            lambda todo: [joint_fit(con, cmap, pairs, hyps_p[kept[i]], cor) for i, pairs, cor in todo])
+    scored = [h for h in settled if h is not None]
     return decide(scored, fr.cfg, hypotheses=len(hyps_p), candidates=n_cand, frames=len(con))
 
 
@@ -221,5 +225,5 @@ def carried(con: Constellation, cmap: CraterMap, position: np.ndarray, cov: np.n
     assigned and refitted until it settles (module docstring, step 5). None when nothing is
     assigned."""
     start = _Fit(position, cov, tuple((con.placed(position, m), cov + con.covs[m]) for m in range(len(con))))
-    return _settled(start, lambda f: evaluate(con, cmap, f),
-                    lambda pairs, cor: joint_fit(con, cmap, pairs, position, cor))
+    return _settled_many([start], lambda fits: evaluate(con, cmap, fits),
+                         lambda todo: [joint_fit(con, cmap, pairs, position, cor) for _, pairs, cor in todo])[0]

@@ -53,9 +53,10 @@ def angular_sigma(camera: PinholeCamera, pixel_sigma: float, attitude_sigma_arcs
 
 
 def _normal(landmarks: np.ndarray, b: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    proj = np.eye(3)[None] - b[:, :, None] * b[:, None, :]
-    a = np.einsum("n,nij->ij", w, proj)
-    y = np.einsum("n,nij,nj->i", w, proj, landmarks)
+    """The normal equations of fixes [..., n] at once: (A [..., 3, 3], y [..., 3])."""
+    proj = np.eye(3) - b[..., :, None] * b[..., None, :]
+    a = np.einsum("...n,...nij->...ij", w, proj)
+    y = np.einsum("...n,...nij,...nj->...i", w, proj, landmarks)
     return a, y
 
 
@@ -84,19 +85,40 @@ def solve_bearings(landmarks: np.ndarray, b: np.ndarray, sigma_rad: float, landm
     if len(landmarks) < 2 or landmarks.shape != b.shape:
         raise DataError(f"a bearing fix needs two or more landmarks with one line of sight each "
                         f"(got {landmarks.shape} and {b.shape})")
-    if _one_landmark(landmarks):  # e.g. two boxes of one crater (a detector's duplicate)
+    p, cov, why = solve_bearings_many(landmarks[None], b[None], np.broadcast_to(sigma_rad, (1, len(b))),
+                                      landmark_sigma_km, iterations)
+    if why[0] == 1:  # e.g. two boxes of one crater (a detector's duplicate)
         raise DataError("the lines of sight all point at one landmark: they cross there, which fixes no position")
-    w = np.ones(len(b))
-    p = None
+    if why[0] == 2:
+        raise DataError("the lines of sight are parallel: their landmarks do not fix a position")
+    return p[0], cov[0]
+
+
+def solve_bearings_many(landmarks: np.ndarray, b: np.ndarray, sigma_rad: np.ndarray, landmark_sigma_km: float = 0.0,
+                        iterations: int = 3) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`solve_bearings` of G fixes of n lines of sight each at once: ``landmarks`` and ``b``
+    [G, n, 3], ``sigma_rad`` [G, n]; (positions [G, 3], covariances [G, 3, 3], why [G]: 0 solved,
+    1 every line of sight points at one landmark, 2 the lines are parallel; the positions and
+    covariances of the unsolved are meaningless)."""
+    landmarks, b = np.asarray(landmarks, np.float64), np.asarray(b, np.float64)
+    sigma_rad = np.asarray(sigma_rad, np.float64)
+    why = np.where(np.ptp(landmarks, axis=1).max(axis=1) < 1e-6, 1, 0)
+    w = np.ones(b.shape[:2])
+    p = np.zeros((len(b), 3))
+    eye = np.eye(3)
     for _ in range(iterations):
         a, y = _normal(landmarks, b, w)
-        if np.linalg.cond(a) > 1e12:
-            raise DataError("the lines of sight are parallel: their landmarks do not fix a position")
-        p = np.linalg.solve(a, y)
-        r = np.maximum(np.linalg.norm(landmarks - p, axis=1), 1e-6)
+        s = np.linalg.svd(a, compute_uv=False)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            why = np.where((why == 0) & ~(s[:, 0] / s[:, -1] <= 1e12), 2, why)
+        bad = why != 0
+        a[bad], y[bad] = eye, 0.0  # solved as anything, then discarded
+        p = np.linalg.solve(a, y[..., None])[..., 0]
+        r = np.maximum(np.linalg.norm(landmarks - p[:, None], axis=2), 1e-6)
         w = 1.0 / ((r * sigma_rad) ** 2 + landmark_sigma_km ** 2)
     a, _ = _normal(landmarks, b, w)
-    return p, np.linalg.inv(a)
+    a[why != 0] = eye
+    return p, np.linalg.inv(a), why
 
 
 def range_points(landmarks: np.ndarray, b: np.ndarray, radius_km: float) -> tuple[np.ndarray, np.ndarray]:

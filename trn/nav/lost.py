@@ -74,7 +74,7 @@ from trn.data.datasets.annotate import rim_points
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, xyz_to_latlon
 from trn.nav.ekf import MU_KM3_S2
-from trn.nav.fix import pixel_bearings, range_points, residuals, solve_bearings
+from trn.nav.fix import pixel_bearings, range_points, residuals, solve_bearings_many
 from trn.nav.spatial import CraterIndex
 
 REASONS = ("verified", "verified with earlier frames", "no detection",
@@ -433,15 +433,18 @@ def _ground_points(p: np.ndarray, b: np.ndarray, radius_km: np.ndarray) -> tuple
     return p + t[:, None] * b[None], ok & (t > 0)
 
 
-def _with_altimeter(p: np.ndarray, cov: np.ndarray, radius_km: float, range_sigma_km: float
+def _with_altimeter(p: np.ndarray, cov: np.ndarray, radius_km, range_sigma_km: float
                     ) -> tuple[np.ndarray, np.ndarray]:
-    """One Kalman update of a position fix with the altimeter's distance from the Moon's centre."""
-    u = p / np.linalg.norm(p)
-    s = float(u @ cov @ u) + range_sigma_km ** 2
-    k = cov @ u / s
-    p = p + k * (radius_km - float(np.linalg.norm(p)))
-    cov = (np.eye(3) - np.outer(k, u)) @ cov
-    return p, (cov + cov.T) / 2.0
+    """One Kalman update of a position fix with the altimeter's distance from the Moon's centre;
+    ``p`` [..., 3], ``cov`` [..., 3, 3] (several fixes at once), ``radius_km`` a scalar or [...]."""
+    p, cov = np.asarray(p, np.float64), np.asarray(cov, np.float64)
+    d = np.linalg.norm(p, axis=-1)
+    u = p / d[..., None]
+    s = np.einsum("...i,...ij,...j->...", u, cov, u) + range_sigma_km ** 2
+    k = np.einsum("...ij,...j->...i", cov, u) / s[..., None]
+    p = p + k * (np.asarray(radius_km, np.float64) - d)[..., None]
+    cov = (np.eye(3) - k[..., :, None] * u[..., None, :]) @ cov
+    return p, (cov + np.swapaxes(cov, -1, -2)) / 2.0
 
 
 @dataclass
@@ -494,10 +497,11 @@ class _Frame:
 
 
 def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
-             ) -> tuple[np.ndarray, np.ndarray, list, np.ndarray]:
-    """Hypotheses from one anchor and its candidate rows: (positions [H, 3], support [H], per
-    hypothesis the (detection, row) pairs that agree, chi-square [H] of the agreeing detections'
-    bearing residuals and size ratios, which orders hypotheses of equal support for scoring). In a
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Hypotheses from one anchor and its candidate rows: (positions [H, 3], support [H], the map
+    row each detection agrees with [n, H] (the anchor's own, -1 where none; :func:`_pairs`),
+    chi-square [H] of the agreeing detections' bearing residuals and size ratios, which orders
+    hypotheses of equal support for scoring). In a
     constellation (``fr.off``) the positions are the reference frame's, and each detection is seen
     from its own frame's place, its tolerance widened by the offsets' sigmas."""
     x = cmap.positions[rows]
@@ -510,7 +514,8 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
     if fr.off is not None:
         p = p - fr.off[anchor]  # the constellation's reference position
     support = np.ones(len(p), int)
-    pairs: list[list[tuple[int, int]]] = [[(anchor, int(r))] for r in rows]
+    agree = np.full((len(fr.b), len(p)), -1)
+    agree[anchor] = rows
     # bearing and size chi-square, less twice the descriptor's evidence (a log-likelihood)
     chi2 = fr.size_chi2(np.full(len(rows), anchor), cmap.diameter_km[rows], rng_a) - 2.0 * fr.evidence(anchor, rows)
     alt = fr.radius_km - MOON_RADIUS_KM
@@ -549,25 +554,43 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
                 + fr.size_chi2(np.full(len(h), j), cmap.diameter_km[rr], rng_j)[good] - 2.0 * fr.evidence(j, rr[good])
         support += found
         chi2 += best_chi2
-        for h in np.flatnonzero(found):
-            pairs[h].append((j, int(best_row[h])))
-    return p, support, pairs, chi2
+        agree[j, found] = best_row[found]
+    return p, support, agree, chi2
 
 
-def _refit(fr: _Frame, cmap: CraterMap, pairs: list[tuple[int, int]], corrected: dict | None = None
-           ) -> tuple[np.ndarray, np.ndarray] | None:
-    """Bearings fit (then the altimeter) on the (detection, row) pairs; ``corrected``: detection ->
-    its corrected centre px (:func:`score`), else the first guesses."""
-    det = [a for a, _ in pairs]
-    px = np.array([corrected[a] if corrected and a in corrected else fr.centres[a] for a in det])
-    b = pixel_bearings(px, fr.camera, fr.rot)
-    lm = cmap.positions[[r for _, r in pairs]]
-    sig = np.hypot(fr.sig.pixel / fr.camera.focal_px, fr.sig.attitude_rad) if corrected else fr.sig_rad[det]
-    try:
-        p, cov = solve_bearings(lm, b, sig, fr.sig.landmark_km)
-    except DataError:
-        return None
-    return _with_altimeter(p, cov, fr.radius_km, fr.sig.range_km)
+def _pairs(agree: np.ndarray, anchor: int, h: int) -> list[tuple[int, int]]:
+    """Hypothesis ``h``'s (detection, row) pairs from :func:`_support`'s rows: the anchor's first,
+    then the other agreeing detections in order."""
+    col = agree[:, h].tolist()
+    return [(anchor, col[anchor])] + [(j, r) for j, r in enumerate(col) if j != anchor and r >= 0]
+
+
+def _refit_many(fr: _Frame, cmap: CraterMap, items: list[tuple[list[tuple[int, int]], dict | None]]
+                ) -> list[tuple[np.ndarray, np.ndarray] | None]:
+    """Bearings fits (then the altimeter) of several (pairs, corrected): the (detection, row) pairs,
+    and detection -> its corrected centre px (:func:`score`) or None for the first guesses; those
+    of as many pairs solved together. None where the pairs fix no position."""
+    out: list[tuple[np.ndarray, np.ndarray] | None] = [None] * len(items)
+    groups: dict[int, list[int]] = {}
+    for i, (pairs, _) in enumerate(items):
+        if len(pairs) >= 2:
+            groups.setdefault(len(pairs), []).append(i)
+    scalar = math.hypot(fr.sig.pixel / fr.camera.focal_px, fr.sig.attitude_rad)
+    for n, idx in groups.items():
+        px, sig, rows = np.zeros((len(idx), n, 2)), np.zeros((len(idx), n)), np.zeros((len(idx), n), int)
+        for g, i in enumerate(idx):
+            pairs, corrected = items[i]
+            det = [a for a, _ in pairs]
+            px[g] = [corrected[a] if corrected and a in corrected else fr.centres[a] for a in det]
+            sig[g] = scalar if corrected else fr.sig_rad[det]
+            rows[g] = [r for _, r in pairs]
+        b = pixel_bearings(px.reshape(-1, 2), fr.camera, fr.rot).reshape(len(idx), n, 3)
+        p, cov, why = solve_bearings_many(cmap.positions[rows], b, sig, fr.sig.landmark_km)
+        p, cov = _with_altimeter(p, cov, fr.radius_km, fr.sig.range_km)
+        for g, i in enumerate(idx):
+            if why[g] == 0:
+                out[i] = (p[g], cov[g])
+    return out
 
 
 def predicted_view(fr: _Frame, cmap: CraterMap, p: np.ndarray, rim_points_n: int = 24
@@ -577,17 +600,27 @@ def predicted_view(fr: _Frame, cmap: CraterMap, p: np.ndarray, rim_points_n: int
     (l, r, t, b: the rim circle at the centre's radius projected and clipped to the frame), ranges
     [K] km, certain [K] bool). Uncertain predictions sit at the rule's edge (box size, frame border
     or Sun within their margins): they may or may not be boxed."""
+    return predicted_views(fr, cmap, np.asarray(p, np.float64)[None], rim_points_n)[1:]
+
+
+def predicted_views(fr: _Frame, cmap: CraterMap, positions: np.ndarray, rim_points_n: int = 24
+                    ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`predicted_view` from several positions [H, 3] at once, their predictions concatenated
+    in the order of the positions: (position index [K], then :func:`predicted_view`'s five)."""
     cam, rule = fr.camera, fr.rule
+    pos = np.asarray(positions, np.float64).reshape(-1, 3)
     boresight = fr.rot[:, 2]
-    g, hit = _ground_points(p[None], boresight, np.array([MOON_RADIUS_KM]))
-    centre = g[0] if hit[0] else p / np.linalg.norm(p) * MOON_RADIUS_KM
-    slant = float(np.linalg.norm(centre - p))
+    g, hit = _ground_points(pos, boresight, np.full(len(pos), MOON_RADIUS_KM))
+    centre = np.where(hit[:, None], g, pos / np.linalg.norm(pos, axis=1, keepdims=True) * MOON_RADIUS_KM)
+    slant = np.linalg.norm(centre - pos, axis=1)
     reach = slant * math.tan(math.radians(cam.fov_deg) / 2.0) * math.sqrt(2.0) * 1.3 + 10.0
-    rows = cmap.index.within(centre, reach)
-    empty = (np.zeros(0, int), np.zeros((0, 2)), np.zeros((0, 4)), np.zeros(0), np.zeros(0, bool))
+    found = cmap.index.within_many(centre, reach)
+    seg = np.repeat(np.arange(len(pos)), [len(f) for f in found])
+    rows = np.concatenate(found) if len(found) else np.zeros(0, int)
+    empty = (np.zeros(0, int), np.zeros(0, int), np.zeros((0, 2)), np.zeros((0, 4)), np.zeros(0), np.zeros(0, bool))
     if not len(rows):
         return empty
-    rel = cmap.positions[rows] - p
+    rel = cmap.positions[rows] - pos[seg]
     u, v, z = cam.project(rel @ fr.rot)
     facing = np.einsum("ij,ij->i", -rel, cmap.up[rows]) > 0
     ok = facing & (z > 1e-6) & (u >= -rule.edge_px) & (u < cam.width + rule.edge_px) \
@@ -595,13 +628,13 @@ def predicted_view(fr: _Frame, cmap: CraterMap, p: np.ndarray, rim_points_n: int
     elev = np.degrees(np.arcsin(np.clip(cmap.up[rows] @ fr.sun, -1.0, 1.0))) if fr.sun is not None \
         else np.full(len(rows), 90.0)
     ok &= elev >= rule.min_sun_elevation_deg - rule.sun_margin_deg
-    rows, u, v, elev = rows[ok], u[ok], v[ok], elev[ok]
+    seg, rows, u, v, elev = seg[ok], rows[ok], u[ok], v[ok], elev[ok]
     if not len(rows):
         return empty
     # the rim as the annotation rule draws it, at the centre's radius (the rule uses the rim's own heights)
     rim = rim_points(cmap.lat[rows], cmap.lon[rows], cmap.diameter_km[rows], rim_points_n) \
         * cmap.radius_km[rows][:, None, None]
-    ru, rv, rz = cam.project((rim - p) @ fr.rot)
+    ru, rv, rz = cam.project((rim - pos[seg][:, None]) @ fr.rot)
     front = (rz > 1e-6).all(1)
     box = np.stack([np.clip(ru.min(1), 0, cam.width), np.clip(ru.max(1), 0, cam.width),
                     np.clip(rv.min(1), 0, cam.height), np.clip(rv.max(1), 0, cam.height)], 1)
@@ -611,8 +644,8 @@ def predicted_view(fr: _Frame, cmap: CraterMap, p: np.ndarray, rim_points_n: int
         & (v < cam.height - rule.edge_px) & (side >= rule.min_box_px * rule.size_margin) \
         & (elev >= rule.min_sun_elevation_deg + rule.sun_margin_deg)
     k = np.flatnonzero(keep)
-    rng = np.linalg.norm(cmap.positions[rows[k]] - p, axis=1)
-    return rows[k], np.stack([u[k], v[k]], 1), box[k], rng, sure[k]
+    rng = np.linalg.norm(cmap.positions[rows[k]] - pos[seg[k]], axis=1)
+    return seg[k], rows[k], np.stack([u[k], v[k]], 1), box[k], rng, sure[k]
 
 
 def score(fr: _Frame, cmap: CraterMap, p: np.ndarray
@@ -627,58 +660,73 @@ def score(fr: _Frame, cmap: CraterMap, p: np.ndarray
     projection and the predicted box's centre (perspective, foreshortening and the frame edge). A
     frame placed by a measured displacement (``fr.motion_cov``) adds that displacement's error,
     projected into the frame, to each predicted crater's pixel error."""
+    return score_many(fr, cmap, np.asarray(p, np.float64)[None])[0]
+
+
+def score_many(fr: _Frame, cmap: CraterMap, positions: np.ndarray
+               ) -> list[tuple[float, list[tuple[int, int]], dict, dict, dict, frozenset[int]]]:
+    """:func:`score` at several positions [H, 3] at once (their predictions and candidate pairs
+    computed together, each position's assignment on its own), in their order."""
     cfg = fr.cfg
-    rows, uv, pbox, rng, sure = predicted_view(fr, cmap, p)
-    n = len(fr.b)
+    pos = np.asarray(positions, np.float64).reshape(-1, 3)
+    seg, rows, uv, pbox, rng, sure = predicted_views(fr, cmap, pos)
     lam = cfg.clutter_per_frame / (fr.camera.width * fr.camera.height)  # clutter per px^2
     log_size_range = math.log(fr.camera.width / fr.rule.min_box_px)  # clutter sizes: uniform in log
     q = np.where(sure, cfg.detection_probability, 0.5 * cfg.detection_probability)
     s_tot = np.sqrt(fr.sig.pixel ** 2 + (fr.sig.attitude_rad * fr.camera.focal_px) ** 2
                     + (fr.sig.landmark_km * fr.camera.focal_px / np.maximum(rng, 1e-6)) ** 2)
-    inv_cov, log_norm, reach = (None, None, s_tot) if fr.motion_cov is None \
-        else _moved_pixel_cov(fr, cmap, rows, p, s_tot)
+    inv_cov, log_norm, reach = (None, np.log(2 * math.pi * s_tot ** 2), s_tot) if fr.motion_cov is None \
+        else _moved_pixel_cov(fr, cmap, rows, pos[seg], s_tot)
     depth = np.minimum(np.minimum(uv[:, 0], fr.camera.width - uv[:, 0]),
-                       np.minimum(uv[:, 1], fr.camera.height - uv[:, 1])) if len(rows) else np.zeros(0)
-    inside = frozenset(int(r) for r in rows[sure & (depth >= fr.rule.edge_px + cfg.threshold_sigma * reach)])
+                       np.minimum(uv[:, 1], fr.camera.height - uv[:, 1]))
+    inside = sure & (depth >= fr.rule.edge_px + cfg.threshold_sigma * reach)
     pc = np.stack([(pbox[:, 0] + pbox[:, 1]) / 2, (pbox[:, 2] + pbox[:, 3]) / 2], 1)
     pside = np.maximum(np.maximum(pbox[:, 1] - pbox[:, 0], pbox[:, 3] - pbox[:, 2]), 1e-3)
-    costs = []
-    for j in range(n):
-        if not len(rows):
-            break
-        l, r, t, b = fr.boxes[j]
-        oc = np.array([(l + r) / 2, (t + b) / 2])
-        d2 = ((pc - oc) ** 2).sum(1) / s_tot ** 2 if inv_cov is None \
-            else np.einsum("ki,kij,kj->k", pc - oc, inv_cov, pc - oc)
-        lr = np.log(max(r - l, b - t) / pside)
-        ok = (d2 <= cfg.threshold_sigma ** 2) & (np.abs(lr) <= math.log(cfg.size_ratio))
-        desc = fr.evidence(j, rows)
-        for k in np.flatnonzero(ok):
-            norm = math.log(2 * math.pi * s_tot[k] ** 2) if log_norm is None else float(log_norm[k])
-            pos_term = -0.5 * d2[k] - norm - math.log(lam)
-            size_term = -0.5 * (lr[k] / cfg.size_sigma) ** 2 - math.log(cfg.size_sigma * math.sqrt(2 * math.pi)) \
-                + log_size_range
-            term = math.log(q[k]) + pos_term + size_term + float(desc[k])
-            costs.append((-(term - math.log(1.0 - q[k])), j, k, term))
-    costs.sort()
-    used_d, used_k = set(), set()
-    pairs, contrib, corrected = [], {}, {}
-    for neg_gain, j, k, term in costs:
-        if neg_gain > 0 or j in used_d or k in used_k:
-            continue
-        used_d.add(j)
-        used_k.add(k)
-        pairs.append((j, int(rows[k])))
-        contrib[int(rows[k])] = term
-        l, r, t, b = fr.boxes[j]
-        corrected[j] = np.array([(l + r) / 2, (t + b) / 2]) + uv[k] - pc[k]
-    missed = {int(rows[k]): math.log(1.0 - q[k]) for k in range(len(rows)) if k not in used_k}
-    return float(sum(contrib.values()) + sum(missed.values())), pairs, contrib, missed, corrected, inside
+    oc = np.stack([(fr.boxes[:, 0] + fr.boxes[:, 1]) / 2, (fr.boxes[:, 2] + fr.boxes[:, 3]) / 2], 1)  # [n, 2]
+    diff = pc[None] - oc[:, None]  # [n, K, 2]
+    d2 = (diff ** 2).sum(2) / s_tot ** 2 if inv_cov is None else np.einsum("jki,kil,jkl->jk", diff, inv_cov, diff)
+    side = np.maximum(fr.boxes[:, 1] - fr.boxes[:, 0], fr.boxes[:, 3] - fr.boxes[:, 2])
+    lr = np.log(side[:, None] / pside[None])
+    jj, kk = np.nonzero((d2 <= cfg.threshold_sigma ** 2) & (np.abs(lr) <= math.log(cfg.size_ratio)))
+    desc = fr.evidence(jj, rows[kk]) if len(jj) else np.zeros(0)
+    pos_term = -0.5 * d2[jj, kk] - log_norm[kk] - math.log(lam)
+    size_term = -0.5 * (lr[jj, kk] / cfg.size_sigma) ** 2 - math.log(cfg.size_sigma * math.sqrt(2 * math.pi)) \
+        + log_size_range
+    term = np.log(q[kk]) + pos_term + size_term + desc
+    log_miss = np.log(1.0 - q)
+    gain = term - log_miss[kk]
+    # each position's candidate pairs, the best gain first (then by detection and predicted crater)
+    keep = gain >= 0
+    jj, kk, term, gain = jj[keep], kk[keep], term[keep], gain[keep]
+    order = np.lexsort((kk, jj, -gain, seg[kk]))
+    starts = np.searchsorted(seg, np.arange(len(pos) + 1))
+    cand = np.searchsorted(seg[kk[order]], np.arange(len(pos) + 1))
+    rows_l, log_miss_l, inside_l = rows.tolist(), log_miss.tolist(), inside.tolist()
+    jj_l, kk_l, term_l = jj[order].tolist(), kk[order].tolist(), term[order].tolist()
+    out = []
+    for h in range(len(pos)):
+        used_d, used_k = set(), set()
+        pairs, contrib, corrected = [], {}, {}
+        for c in range(cand[h], cand[h + 1]):
+            j, k = jj_l[c], kk_l[c]
+            if j in used_d or k in used_k:
+                continue
+            used_d.add(j)
+            used_k.add(k)
+            pairs.append((j, rows_l[k]))
+            contrib[rows_l[k]] = term_l[c]
+            corrected[j] = oc[j] + uv[k] - pc[k]
+        lo, hi = starts[h], starts[h + 1]
+        missed = {rows_l[k]: log_miss_l[k] for k in range(lo, hi) if k not in used_k}
+        out.append((float(sum(contrib.values()) + sum(missed.values())), pairs, contrib, missed, corrected,
+                    frozenset(rows_l[k] for k in range(lo, hi) if inside_l[k])))
+    return out
 
 
 def _moved_pixel_cov(fr: _Frame, cmap: CraterMap, rows: np.ndarray, p: np.ndarray, s_tot: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Each predicted crater's pixel covariance when the camera's place ``p`` is uncertain by
+    """Each predicted crater's pixel covariance when the camera's place ``p`` ([3], or [K, 3]: one
+    per crater) is uncertain by
     ``fr.motion_cov`` (a measured displacement's error) besides the isotropic ``s_tot`` [K] px:
     (inverse covariances [K, 2, 2], log of the Gaussian's normaliser log(2 pi sqrt(det)) [K], the
     1-sigma reach along the worst axis [K] px). The camera moving by e shifts a point at camera
@@ -800,31 +848,31 @@ def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, 
     hyps_p, hyps_pairs, kept, n_cand = _seeded(fr, cmap, sims, allowed)
     if n_cand == 0:
         return LostFix(False, REASONS[4])
-    if not hyps_p:
+    if not len(hyps_p):
         return LostFix(False, REASONS[5], hypotheses=0, candidates=n_cand)
 
-    def evaluate(fit: tuple[np.ndarray, np.ndarray]) -> tuple[Hypothesis, dict]:
-        llr, pairs, contrib, missed, corrected, inside = score(fr, cmap, fit[0])
-        return Hypothesis(fit[0], fit[1], llr, pairs, contrib, missed, inside), corrected
+    def evaluate(fits: list[tuple[np.ndarray, np.ndarray]]) -> list[tuple[Hypothesis, dict]]:
+        scores = score_many(fr, cmap, np.array([f[0] for f in fits]))
+        return [(Hypothesis(f[0], f[1], llr, pairs, contrib, missed, inside), corrected)
+                for f, (llr, pairs, contrib, missed, corrected, inside) in zip(fits, scores)]
 
-    scored = [h for h in (_settled(_refit(fr, cmap, hyps_pairs[k]), evaluate,
-                                   lambda pairs, corrected: _refit(fr, cmap, pairs, corrected)) for k in kept)
-              if h is not None]
-    return decide(scored, cfg, hypotheses=len(hyps_p), candidates=n_cand)
+    first = _refit_many(fr, cmap, [(hyps_pairs[k], None) for k in kept])
+    settled = _settled_many(first, evaluate, lambda todo: _refit_many(fr, cmap, [(pc[1], pc[2]) for pc in todo]))
+    return decide([h for h in settled if h is not None], cfg, hypotheses=len(hyps_p), candidates=n_cand)
 
 
 def _seeded(fr: _Frame, cmap: CraterMap, sims: np.ndarray | None, allowed: np.ndarray | None
-            ) -> tuple[list[np.ndarray], list[list[tuple[int, int]]], list[int], int]:
+            ) -> tuple[np.ndarray, dict[int, list[tuple[int, int]]], list[int], int]:
     """Steps 2 and 3 of the module docstring: every hypothesis with two or more agreeing
-    detections, (positions, their pairs, the indices of those to score: the best supported per
-    place, the best fitting first among equal support, at most ``max_scored``, map craters tried).
-    ``allowed``: bool [M], the map craters that may seed (None: all)."""
+    detections, (positions [N, 3], the pairs of those to score, the indices of those to score: the
+    best supported per place, the best fitting first among equal support, at most ``max_scored``,
+    map craters tried). ``allowed``: bool [M], the map craters that may seed (None: all)."""
     cfg, camera = fr.cfg, fr.camera
     n = len(fr.b)
     alt = fr.radius_km - MOON_RADIUS_KM
     boresight = fr.rot[:, 2]
     order = sorted(range(n), key=lambda i: (bool(fr.lower[i]), -float(fr.diam_px[i])))[:cfg.anchors]
-    hyps_p, hyps_pairs, hyps_chi2, n_cand = [], [], [], 0
+    found, n_cand = [], 0  # per anchor: (anchor, positions, support, agreeing rows, chi-square)
     for a in order:
         # the loose prefilter assumes a near-nadir camera: the range to the crater about the
         # altitude over the cosine of its angle from the boresight
@@ -841,39 +889,59 @@ def _seeded(fr: _Frame, cmap: CraterMap, sims: np.ndarray | None, allowed: np.nd
         n_cand += len(rows)
         if not len(rows):
             continue
-        p, support, pairs, chi2 = _support(fr, cmap, a, rows)
-        for h in np.flatnonzero(support >= 2):
-            hyps_p.append(p[h])
-            hyps_pairs.append(pairs[h])
-            hyps_chi2.append(float(chi2[h]) / len(pairs[h]))
+        p, support, agree, chi2 = _support(fr, cmap, a, rows)
+        h = np.flatnonzero(support >= 2)
+        found.append((a, h, p[h], support[h], agree, chi2[h] / support[h]))
+    if not found:
+        return np.zeros((0, 3)), {}, [], n_cand
+    hyps_p = np.concatenate([f[2] for f in found])
+    support = np.concatenate([f[3] for f in found])
     # the same position is found from several anchors: keep the best-supported per place, the
     # best-fitting first among equal support (only max_scored are scored)
-    idx = sorted(range(len(hyps_p)), key=lambda h: (-len(hyps_pairs[h]), hyps_chi2[h]))
+    idx = np.lexsort((np.concatenate([f[5] for f in found]), -support))
     kept: list[int] = []
-    for h in idx:
-        if not kept or np.min(np.linalg.norm(np.asarray([hyps_p[k] for k in kept]) - hyps_p[h], axis=1)) \
-                > cfg.separation_km / 2:
-            kept.append(h)
+    at = np.zeros((cfg.max_scored, 3))
+    for h in idx.tolist():
         if len(kept) >= cfg.max_scored:
             break
-    return hyps_p, hyps_pairs, kept, n_cand
+        if not kept or np.min(np.linalg.norm(at[:len(kept)] - hyps_p[h], axis=1)) > cfg.separation_km / 2:
+            at[len(kept)] = hyps_p[h]
+            kept.append(h)
+    # the kept hypotheses' pairs, from the anchor that found each
+    first = np.cumsum([0] + [len(f[1]) for f in found])
+    pairs = {}
+    for k in kept:
+        i = int(np.searchsorted(first, k, "right")) - 1
+        a, h, _, _, agree, _ = found[i]
+        pairs[k] = _pairs(agree, a, int(h[k - first[i]]))
+    return hyps_p, pairs, kept, n_cand
 
 
-def _settled(fit, evaluate, refit) -> Hypothesis | None:
-    """A hypothesis from its first ``fit`` (None: none): assign (``evaluate(fit)`` -> (hypothesis,
-    corrected centres)), refit on the assignment's corrected centres (``refit(pairs, corrected)``
-    -> a fit or None), keep the best, until it settles (at most 4 rounds)."""
-    best = None
+def _settled_many(fits: list, evaluate, refit) -> list[Hypothesis | None]:
+    """Hypotheses from their first ``fits`` (None: none), in step: assign, refit on the
+    assignment's corrected centres, keep the best, until each settles (at most 4 rounds, a
+    hypothesis whose score does not rise is settled). Each round evaluates every unsettled fit at
+    once (``evaluate(fits)`` -> [(hypothesis, corrected centres)]) and refits them at once
+    (``refit([(index, pairs, corrected)])`` -> [fit or None], ``index`` the fit's place in
+    ``fits``); each hypothesis settles exactly as it would alone."""
+    best: list[Hypothesis | None] = [None] * len(fits)
+    current = list(fits)
+    active = [i for i, f in enumerate(fits) if f is not None]
     for _ in range(4):
-        if fit is None:
+        if not active:
             break
-        h, corrected = evaluate(fit)
-        if best is not None and h.llr <= best.llr:
-            break
-        best = h
-        if len(h.pairs) < 2:
-            break
-        fit = refit(h.pairs, corrected)
+        todo = []
+        for i, (h, corrected) in zip(active, evaluate([current[i] for i in active])):
+            if best[i] is not None and h.llr <= best[i].llr:
+                continue
+            best[i] = h
+            if len(h.pairs) >= 2:
+                todo.append((i, h.pairs, corrected))
+        active = []
+        for (i, _, _), fit in zip(todo, refit(todo) if todo else []):
+            if fit is not None:
+                current[i] = fit
+                active.append(i)
     return best
 
 

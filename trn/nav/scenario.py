@@ -183,6 +183,7 @@ class SequenceMotion:
         self.pairs: dict[int, Displacement | None] = {}
         self.images: dict[int, np.ndarray | None] = {}
         self.ms: list[float] = []
+        self.pair_ms: dict[int, float] = {}  # each measured pair's time, by its first frame
         self.counts = {"measured": 0, "refused": 0, "dark": 0, "not_on_disk": 0}
 
     def read(self, frame: int, rotation: np.ndarray, radius_km: float) -> None:
@@ -219,6 +220,7 @@ class SequenceMotion:
                 m = terrain_displacement(a, b, float(self.t[k]), float(self.t[k + 1]), r1, r2, d1, d2, self.cam,
                                          self.sensors.altimeter_sigma_km, self.cfg)
                 self.ms.append(1e3 * (clock() - t0))
+                self.pair_ms[k] = self.ms[-1]
                 self.counts["measured" if m is not None else "refused"] += 1
             self.pairs[k] = m
         return self.pairs[k]
@@ -692,7 +694,9 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     consecutive frames is measured from the frames on disk (:class:`SequenceMotion`) and joins
     them (:class:`trn.nav.lost.WindowFixer`). Per frame: detections, declared or not and why,
     frames the fix needed and the joins it used, the fix's error and sigma, candidates and
-    hypotheses examined, score, time; summaries by detections per frame (a declared fix farther
+    hypotheses examined, score, time (``ms``: search and window; ``motion_ms``: every pair measured
+    for the frame, back to the previous frame with boxes; ``own_pair_ms``: the pair from the frame
+    just before it, the one a board measures when the frame arrives); summaries by detections per frame (a declared fix farther
     than 2 km from the truth is a wrong fix)."""
     import functools
 
@@ -755,7 +759,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         t1 = clock()
         inputs = (boxes, rot_est, radius, sun, cam, cmap, sig, cfg, rule, None if sims is None else sims[ks])
         alone = frame_hypotheses(*inputs)
-        view, link, motion_ms = None, None, 0.0
+        view, link, motion_ms, own_pair_ms = None, None, 0.0, 0.0
         if motion is not None:
             view = frame_view(boxes, rot_est, radius, sun, cam, sig, cfg, rule, inputs[-1])
             motion.read(fr, rot_est, radius)
@@ -763,6 +767,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                 spent = sum(motion.ms)  # not ``before``: that is the detections' count before the size gate
                 link = motion.between(prev, fr)
                 motion_ms = sum(motion.ms) - spent
+                own_pair_ms = motion.pair_ms.get(fr - 1, 0.0)  # the pair this frame completes
         fx = window.add(float(t_all[fr]), radius, alone,
                         functools.partial(frame_hypotheses, *inputs) if cfg.search_near_declared else None, view, link,
                         len(ks))
@@ -771,6 +776,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         rows.append({"frame": int(fr), "time_s": float(t_all[fr]), "detections": len(ks),
                      "in_map": int(np.isin([int(flat[k].label) for k in ks], cmap.ids).sum()),
                      "candidates": fx.candidates, "hypotheses": fx.hypotheses, "ms": ms, "motion_ms": motion_ms,
+                     "own_pair_ms": own_pair_ms,
                      "boxes": boxes.round(2).tolist(), "labels": [flat[k].label for k in ks]}
                     | _fix_fields(fx, truth, [flat[k].label for k in ks], cmap, frame_at, float(t_all[fr])))
         row_at[float(t_all[fr])] = rows[-1]

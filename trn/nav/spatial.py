@@ -64,6 +64,14 @@ class CraterIndex:
         """Rows of the craters within ``radius_km`` of one point [3], sorted."""
         return np.sort(np.asarray(self._tree.query_ball_point(np.asarray(point_km, np.float64), radius_km), int))
 
+    def within_many(self, points_km: np.ndarray, radius_km: np.ndarray) -> list[np.ndarray]:
+        """:meth:`within` of several points [P, 3], each with its radius [P], in one query."""
+        pts = np.asarray(points_km, np.float64).reshape(-1, 3)
+        if not len(pts):
+            return []
+        found = self._tree.query_ball_point(pts, np.asarray(radius_km, np.float64), return_sorted=True)
+        return [np.asarray(f, int) for f in found]
+
     def within_at(self, point_km: np.ndarray, radius_km: float) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`within` and the positions [n, 3] km of its rows."""
         rows = self.within(point_km, radius_km)
