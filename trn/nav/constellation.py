@@ -87,6 +87,10 @@ class Constellation:
             sig_rad=cat([v.sig_rad for v in views]), sims=None if any(x is None for x in sims) else cat(sims),
             off=np.repeat(np.array(self.offsets), sizes, axis=0), off_sigma_km=np.repeat(sigma, sizes),
             radii_km=np.repeat([v.radius_km for v in views], sizes))
+        self.offset_array = np.array(self.offsets)
+        self.radii = np.array([v.radius_km for v in views])
+        # each joined frame's prior on its offset's error: the inverse of the offset's covariance
+        self.priors = [np.linalg.inv(c + 1e-9 * np.eye(3)) for c in self.covs]
         alt = ref.radius_km - MOON_RADIUS_KM
         self.moved = [v if m == 0 else replace(
             v, motion_cov=self.covs[m],
@@ -129,7 +133,7 @@ def joint_fit(con: Constellation, cmap: CraterMap, pairs: list[tuple[int, int]],
     b = con.merged.b[det].copy()
     sig_rad = con.merged.sig_rad[det].copy()
     if corrected:
-        for m in np.unique(member):
+        for m in sorted(set(member.tolist())):
             v = con.views[m]
             mine = np.flatnonzero((member == m) & np.array([a in corrected for a in det.tolist()]))
             if len(mine):
@@ -140,12 +144,14 @@ def joint_fit(con: Constellation, cmap: CraterMap, pairs: list[tuple[int, int]],
     fitted = sorted({int(m) for m in member if m != 0})
     slot = {m: 3 * (k + 1) for k, m in enumerate(fitted)}
     size = 3 * (len(fitted) + 1)
-    target = lm - np.array([con.offsets[m] for m in member])  # where p must see each landmark from
-    prior = {m: np.linalg.inv(con.covs[m] + 1e-9 * np.eye(3)) for m in fitted}
+    target = lm - con.offset_array[member]  # where p must see each landmark from
+    # each line of sight's place in x: its frame's error e_m (a frame's own slot; the reference's
+    # e_0 = 0 is read from a zero appended to x)
+    at = np.array([np.arange(slot[m], slot[m] + 3) if m else np.full(3, size) for m in member.tolist()])
     x = np.zeros(size)
     x[:3] = start
     for _ in range(iterations):
-        here = x[:3] + np.array([x[slot[m]:slot[m] + 3] if m else np.zeros(3) for m in member])
+        here = x[:3] + np.append(x, 0.0)[at]
         r = np.maximum(np.linalg.norm(target - here, axis=1), 1e-6)
         w = 1.0 / ((r * sig_rad) ** 2 + sig.landmark_km ** 2)
         a = np.zeros((size, size))
@@ -160,25 +166,25 @@ def joint_fit(con: Constellation, cmap: CraterMap, pairs: list[tuple[int, int]],
             a[s0:s0 + 3, s0:s0 + 3] = a[:3, s0:s0 + 3] = a[s0:s0 + 3, :3] = proj[member == m].sum(0)
             y[s0:s0 + 3] = pull[member == m].sum(0)
         for m in fitted:
-            a[slot[m]:slot[m] + 3, slot[m]:slot[m] + 3] += prior[m]
+            a[slot[m]:slot[m] + 3, slot[m]:slot[m] + 3] += con.priors[m]
         if np.linalg.cond(a) > 1e12:
             return None
         x = np.linalg.solve(a, y)
     cov = np.linalg.inv(a)
-    p, cov_p = _with_altimeter(x[:3], (cov[:3, :3] + cov[:3, :3].T) / 2.0, con.views[0].radius_km, sig.range_km)
-    members = []
-    for m, v in enumerate(con.views):
-        if m == 0:
-            members.append((p, cov_p))
-            continue
+    pos, covs = [x[:3]], [cov[:3, :3]]
+    for m in range(1, len(con.views)):
         if m in slot:
             s = slot[m]
-            pos = x[:3] + x[s:s + 3] + con.offsets[m]
-            c = cov[:3, :3] + cov[:3, s:s + 3] + cov[s:s + 3, :3] + cov[s:s + 3, s:s + 3]
+            pos.append(x[:3] + x[s:s + 3] + con.offsets[m])
+            covs.append(cov[:3, :3] + cov[:3, s:s + 3] + cov[s:s + 3, :3] + cov[s:s + 3, s:s + 3])
         else:
-            pos, c = x[:3] + con.offsets[m], cov[:3, :3] + con.covs[m]
-        members.append(_with_altimeter(pos, (c + c.T) / 2.0, v.radius_km, sig.range_km))
-    return _Fit(p, cov_p, tuple(members))
+            pos.append(x[:3] + con.offsets[m])
+            covs.append(cov[:3, :3] + con.covs[m])
+    c = np.array(covs)
+    # every frame's place, each updated with its own altimeter, in one step
+    p, c = _with_altimeter(np.array(pos), (c + c.transpose(0, 2, 1)) / 2.0, con.radii, sig.range_km)
+    members = tuple(zip(p, c))
+    return _Fit(members[0][0], members[0][1], members)
 
 
 def evaluate(con: Constellation, cmap: CraterMap, fits: list[_Fit]) -> list[tuple[Hypothesis, dict]]:
