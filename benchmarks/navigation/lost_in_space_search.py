@@ -1,6 +1,6 @@
 """Search cost of lost-in-space fixes (``trn.nav.lost``) against the whole union catalogue, one
 thread: the map's build time and size, ms per detection, per frame and per declared fix (p50 /
-p99), on a Luna-1 build's union boxes; and a prediction for a board profile's host CPU.
+p99), on a Luna-1 build's union boxes (or a detector's); and a prediction for a board profile's host CPU.
 
 The search is Python and numpy on the host (k-d tree queries, small arrays): its cost is dominated
 by interpreter and dispatch work, not by floating-point throughput. The prediction therefore
@@ -19,6 +19,9 @@ measures every pair back to the previous frame with boxes, those of the frames b
 that charge (every pair on the frame with boxes) is printed too, as an upper bound. The percentiles
 of the frame time are taken over the frames with boxes (a frame without measures one pair only).
 
+``--boxes detector --detector CKPT --map-gate G`` times the search on a detector's boxes (with the
+settings of the detected-box runs, ``--set``), whose clutter adds hypotheses.
+
 ``--clock cpu`` reads the per-frame and per-pair times from the process's CPU time instead of the
 wall clock: on cores that other jobs share, the wall clock counts the time spent waiting for a core.
 
@@ -36,6 +39,7 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
+from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -68,6 +72,10 @@ def main() -> int:
                     help="LostConfig settings (default detection_probability=0.97, as the reported runs)")
     ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                     help="per-frame times from the wall clock or from the process's CPU time (shared cores)")
+    ap.add_argument("--boxes", choices=("union", "detector"), default="union",
+                    help="the frames' boxes: union labels, or a detector's (then --detector, and --map-gate as run)")
+    ap.add_argument("--detector", type=Path, help="detector checkpoint for --boxes detector")
+    ap.add_argument("--map-gate", type=float, help="size gate before the search, in the map's smallest diameters")
     args = ap.parse_args()
     if args.clock == "cpu":
         scenario.clock = time.process_time
@@ -78,10 +86,17 @@ def main() -> int:
     nbytes = cmap.positions.nbytes + cmap.diameter_km.nbytes + cmap.ids.nbytes
     print(f"union catalogue map: {len(cmap)} craters, built in {build_s:.1f} s (elevation lookup and k-d tree), "
           f"{nbytes / 2 ** 20:.2f} MiB of positions, diameters and ids ({nbytes / len(cmap):.0f} B per crater)")
-    ds, _ = with_boxes(read_luna1(args.data), "union")
+    ds, summary = with_boxes(read_luna1(args.data), args.boxes, args.detector)
     cfg = LostConfig(**parse_settings(LostConfig, args.set, "--set"))
     s = ScenarioSettings(max_frames=args.max_frames or None)
-    rep = lost_in_space_fixes(ds, cmap, s, cfg=cfg, seed=s.seed)
+    if args.boxes == "detector":  # as trn-sim runs them: no emulated noise, the detector's own centre sigma
+        s = replace(s, shrink_px=0, shift_px=0)
+    gate_km = None if args.map_gate is None else args.map_gate * float(cmap.diameter_km.min())
+    rep = lost_in_space_fixes(ds, cmap, s, cfg=cfg, seed=s.seed, gate_km=gate_km,
+                              box_sigma_px=summary.get("centre_sigma_px") if args.boxes == "detector" else None)
+    if args.boxes == "detector":
+        print(f"detected boxes ({args.detector}), size gate {gate_km} km: {rep['detections']} of "
+              f"{rep['detections_before_gate']} kept")
     t = rep["time"]
     dec = [r["ms"] for r in rep["frames"] if r["declared"]]
     print(f"{len(rep['frames'])} frames with boxes, {rep['detections']} detections, {len(dec)} fixes declared")
