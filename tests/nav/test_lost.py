@@ -15,7 +15,7 @@ from trn.data.datasets.annotate import AnnotateConfig, crater_box
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose, xyz_to_latlon
 from trn.nav.ekf import MU_KM3_S2
-from trn.nav.constellation import Constellation, joint_fit
+from trn.nav.constellation import Constellation, joint_fit, joint_fit_many
 from trn.nav.fix import solve_bearings
 from trn.nav.lost import (REASONS, CraterMap, Hypothesis, Join, LostConfig, LostFix, Sigmas, WindowFixer,
                           _settled_many, _with_altimeter, box_geometry, frame_hypotheses, frame_view, fuse_fixes,
@@ -574,6 +574,37 @@ def test_the_displacements_covariance_is_carried_into_the_fix():
         assert second.declared
         traces.append(np.trace(second.cov))
     assert traces[1] > 1.2 * traces[0]  # not carried, the two would be alike
+
+
+def test_joint_fits_solved_together_are_those_solved_alone():
+    """The constellation's fits of many hypotheses in one call: each equals its own call, whether
+    its lines of sight lie in one frame or both, with corrected centres or without; a fit whose
+    lines of sight are parallel is None and spoils no other."""
+    cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r0) >= 2 and len(r1) >= 2 and not r0 & r1)
+    cfg = LostConfig()
+    con = Constellation([frame_view(b, rot, radius_of(sc), None, CAM, EXACT, cfg) for sc, rot, b in
+                         ((sc0, rot0, b0), (sc1, rot1, b1))], [np.zeros(3), sc1 - sc0],
+                        [np.zeros((3, 3)), np.diag([0.5, 0.2, 0.1]) ** 2])
+    rows = [[int(np.argmin(np.linalg.norm(cmap.positions - g, axis=1))) for g in _ground_of(con.views[m], sc)]
+            for m, sc in ((0, sc0), (1, sc1))]
+    both = [(con.merged_index(0, 0), rows[0][0]), (con.merged_index(1, 0), rows[1][0]),
+            (con.merged_index(1, 1), rows[1][1])]
+    mine = [(con.merged_index(0, j), r) for j, r in enumerate(rows[0])]
+    moved = {con.merged_index(1, 0): con.views[1].centres[0] + [1.5, -0.5]}
+    items = [(both, sc0, None), (mine, sc0 + [0.3, 0.0, 0.0], None), (both, sc0, moved),
+             ([(con.merged_index(0, 0), rows[0][0])] * 2, sc0, None),
+             (both[:1], sc0, None)]
+    together = joint_fit_many(con, cmap, items)
+    assert together[3] is None and together[4] is None  # one line of sight twice; one alone
+    for fit, (pairs, start, cor) in zip(together[:3], items[:3]):
+        alone = joint_fit(con, cmap, pairs, start, cor)
+        np.testing.assert_allclose(fit.position, alone.position, rtol=0, atol=1e-9)
+        np.testing.assert_allclose(fit.cov, alone.cov, rtol=1e-9, atol=1e-15)
+        for (p1, c1), (p2, c2) in zip(fit.members, alone.members):
+            np.testing.assert_allclose(p1, p2, rtol=0, atol=1e-9)
+            np.testing.assert_allclose(c1, c2, rtol=1e-9, atol=1e-15)
+    assert np.linalg.norm(together[0].position - sc0) < 0.1
+    assert np.linalg.norm(together[2].position - together[0].position) > 1e-3  # the corrected centre counts
 
 
 def _declared_alone(position, cov, llr: float, runner_up: float) -> LostFix:

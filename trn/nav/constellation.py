@@ -124,67 +124,94 @@ def joint_fit(con: Constellation, cmap: CraterMap, pairs: list[tuple[int, int]],
     every e_m of a frame with pairs. Frames without pairs are placed by their offset alone. The
     positions are then updated with each frame's altimeter. None when the lines of sight do not fix
     a position."""
-    if len(pairs) < 2:
-        return None
+    return joint_fit_many(con, cmap, [(pairs, start, corrected)], iterations)[0]
+
+
+def joint_fit_many(con: Constellation, cmap: CraterMap,
+                   items: list[tuple[list[tuple[int, int]], np.ndarray, dict | None]], iterations: int = 3
+                   ) -> list[_Fit | None]:
+    """:func:`joint_fit` of several (pairs, start, corrected) at once: those whose pairs fall in
+    the same frames in the same order share the normal equations' layout and are solved together."""
+    out: list[_Fit | None] = [None] * len(items)
+    groups: dict[tuple[int, ...], list[int]] = {}
+    for i, (pairs, _, _) in enumerate(items):
+        if len(pairs) >= 2:
+            groups.setdefault(tuple(con.member_of[[a for a, _ in pairs]].tolist()), []).append(i)
     sig = con.views[0].sig
-    det = np.array([a for a, _ in pairs])
-    member = con.member_of[det]
-    lm = cmap.positions[[r for _, r in pairs]]
-    b = con.merged.b[det].copy()
-    sig_rad = con.merged.sig_rad[det].copy()
-    if corrected:
-        for m in sorted(set(member.tolist())):
+    for layout, idx in groups.items():
+        member = np.array(layout)
+        n, g_n = len(member), len(idx)
+        det = np.array([[a for a, _ in items[i][0]] for i in idx]).reshape(g_n, n)
+        lm = cmap.positions[np.array([[r for _, r in items[i][0]] for i in idx]).reshape(g_n, n)]
+        b = con.merged.b[det]
+        sig_rad = con.merged.sig_rad[det]
+        for m in sorted(set(layout)):
+            # the corrected centres of frame m's detections, every fit's at once; a box keeps its own
+            # centre sigma (a box cut by the frame's edge its wider one: a crater filling the frame is
+            # often a joined frame's only detection)
             v = con.views[m]
-            mine = np.flatnonzero((member == m) & np.array([a in corrected for a in det.tolist()]))
-            if len(mine):
-                b[mine] = pixel_bearings(np.array([corrected[a] for a in det[mine].tolist()]), v.camera, v.rot)
-                # the box's own centre sigma: a box cut by the frame's edge keeps its wider one (a
-                # crater filling the frame is often a joined frame's only detection)
-                sig_rad[mine] = np.hypot(con.merged.sig_px[det[mine]] / v.camera.focal_px, sig.attitude_rad)
-    fitted = sorted({int(m) for m in member if m != 0})
-    slot = {m: 3 * (k + 1) for k, m in enumerate(fitted)}
-    size = 3 * (len(fitted) + 1)
-    target = lm - con.offset_array[member]  # where p must see each landmark from
-    # each line of sight's place in x: its frame's error e_m (a frame's own slot; the reference's
-    # e_0 = 0 is read from a zero appended to x)
-    at = np.array([np.arange(slot[m], slot[m] + 3) if m else np.full(3, size) for m in member.tolist()])
-    x = np.zeros(size)
-    x[:3] = start
-    for _ in range(iterations):
-        here = x[:3] + np.append(x, 0.0)[at]
-        r = np.maximum(np.linalg.norm(target - here, axis=1), 1e-6)
-        w = 1.0 / ((r * sig_rad) ** 2 + sig.landmark_km ** 2)
-        a = np.zeros((size, size))
-        y = np.zeros(size)
-        proj = w[:, None, None] * (np.eye(3) - b[:, :, None] * b[:, None, :])
-        pull = np.einsum("nij,nj->ni", proj, target)
-        # every line of sight constrains p; one of a joined frame also that frame's error e_m
-        a[:3, :3] = proj.sum(0)
-        y[:3] = pull.sum(0)
-        for m in fitted:
-            s0 = slot[m]
-            a[s0:s0 + 3, s0:s0 + 3] = a[:3, s0:s0 + 3] = a[s0:s0 + 3, :3] = proj[member == m].sum(0)
-            y[s0:s0 + 3] = pull[member == m].sum(0)
-        for m in fitted:
-            a[slot[m]:slot[m] + 3, slot[m]:slot[m] + 3] += con.priors[m]
-        if np.linalg.cond(a) > 1e12:
-            return None
-        x = np.linalg.solve(a, y)
-    cov = np.linalg.inv(a)
-    pos, covs = [x[:3]], [cov[:3, :3]]
-    for m in range(1, len(con.views)):
-        if m in slot:
-            s = slot[m]
-            pos.append(x[:3] + x[s:s + 3] + con.offsets[m])
-            covs.append(cov[:3, :3] + cov[:3, s:s + 3] + cov[s:s + 3, :3] + cov[s:s + 3, s:s + 3])
-        else:
-            pos.append(x[:3] + con.offsets[m])
-            covs.append(cov[:3, :3] + con.covs[m])
-    c = np.array(covs)
-    # every frame's place, each updated with its own altimeter, in one step
-    p, c = _with_altimeter(np.array(pos), (c + c.transpose(0, 2, 1)) / 2.0, con.radii, sig.range_km)
-    members = tuple(zip(p, c))
-    return _Fit(members[0][0], members[0][1], members)
+            at, px = [], []
+            for g, i in enumerate(idx):
+                cor = items[i][2] or {}
+                for q in np.flatnonzero(member == m).tolist():
+                    if int(det[g, q]) in cor:
+                        at.append((g, q))
+                        px.append(cor[int(det[g, q])])
+            if at:
+                gg, qq = np.array(at).T
+                b[gg, qq] = pixel_bearings(np.array(px), v.camera, v.rot)
+                sig_rad[gg, qq] = np.hypot(con.merged.sig_px[det[gg, qq]] / v.camera.focal_px, sig.attitude_rad)
+        fitted = sorted({m for m in layout if m != 0})
+        slot = {m: 3 * (k + 1) for k, m in enumerate(fitted)}
+        size = 3 * (len(fitted) + 1)
+        target = lm - con.offset_array[member]  # where p must see each landmark from
+        # each line of sight's place in x: its frame's error e_m (a frame's own slot; the reference's
+        # e_0 = 0 is read from a zero appended to x)
+        at_x = np.array([np.arange(slot[m], slot[m] + 3) if m else np.full(3, size) for m in layout])
+        x = np.zeros((g_n, size))
+        x[:, :3] = np.array([items[i][1] for i in idx])
+        bad = np.zeros(g_n, bool)
+        eye = np.eye(size)
+        for _ in range(iterations):
+            here = x[:, None, :3] + np.concatenate([x, np.zeros((g_n, 1))], 1)[:, at_x]
+            r = np.maximum(np.linalg.norm(target - here, axis=2), 1e-6)
+            w = 1.0 / ((r * sig_rad) ** 2 + sig.landmark_km ** 2)
+            proj = w[..., None, None] * (np.eye(3) - b[..., :, None] * b[..., None, :])
+            pull = np.einsum("gnij,gnj->gni", proj, target)
+            a = np.zeros((g_n, size, size))
+            y = np.zeros((g_n, size))
+            # every line of sight constrains p; one of a joined frame also that frame's error e_m
+            a[:, :3, :3] = proj.sum(1)
+            y[:, :3] = pull.sum(1)
+            for m in fitted:
+                s0 = slot[m]
+                a[:, s0:s0 + 3, s0:s0 + 3] = a[:, :3, s0:s0 + 3] = a[:, s0:s0 + 3, :3] = proj[:, member == m].sum(1)
+                y[:, s0:s0 + 3] = pull[:, member == m].sum(1)
+            for m in fitted:
+                a[:, slot[m]:slot[m] + 3, slot[m]:slot[m] + 3] += con.priors[m]
+            sv = np.linalg.svd(a, compute_uv=False)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                bad |= ~(sv[:, 0] / sv[:, -1] <= 1e12)  # the lines of sight do not fix a position
+            a[bad], y[bad] = eye, x[bad]  # kept where they were, then dropped
+            x = np.linalg.solve(a, y[..., None])[..., 0]
+        cov = np.linalg.inv(a)
+        pos, covs = [x[:, :3]], [cov[:, :3, :3]]
+        for m in range(1, len(con.views)):
+            if m in slot:
+                s0 = slot[m]
+                pos.append(x[:, :3] + x[:, s0:s0 + 3] + con.offsets[m])
+                covs.append(cov[:, :3, :3] + cov[:, :3, s0:s0 + 3] + cov[:, s0:s0 + 3, :3]
+                            + cov[:, s0:s0 + 3, s0:s0 + 3])
+            else:
+                pos.append(x[:, :3] + con.offsets[m])
+                covs.append(cov[:, :3, :3] + con.covs[m])
+        c = np.stack(covs, 1)
+        # every frame's place, each updated with its own altimeter, in one step
+        p, c = _with_altimeter(np.stack(pos, 1), (c + np.swapaxes(c, -1, -2)) / 2.0, con.radii, sig.range_km)
+        for g, i in enumerate(idx):
+            if not bad[g]:
+                out[i] = _Fit(p[g, 0], c[g, 0], tuple(zip(p[g], c[g])))
+    return out
 
 
 def evaluate(con: Constellation, cmap: CraterMap, fits: list[_Fit]) -> list[tuple[Hypothesis, dict]]:
@@ -218,9 +245,10 @@ def search(con: Constellation, cmap: CraterMap) -> LostFix:
         return LostFix(False, REASONS[4])
     if not len(hyps_p):
         return LostFix(False, REASONS[5], hypotheses=0, candidates=n_cand)
-    first = [joint_fit(con, cmap, hyps_pairs[k], hyps_p[k]) for k in kept]
+    first = joint_fit_many(con, cmap, [(hyps_pairs[k], hyps_p[k], None) for k in kept])
     settled = _settled_many(first, lambda fits: evaluate(con, cmap, fits),
-                            lambda todo: [joint_fit(con, cmap, pairs, hyps_p[kept[i]], cor) for i, pairs, cor in todo])
+                            lambda todo: joint_fit_many(con, cmap, [(pairs, hyps_p[kept[i]], cor)
+                                                                    for i, pairs, cor in todo]))
     scored = [h for h in settled if h is not None]
     return decide(scored, fr.cfg, hypotheses=len(hyps_p), candidates=n_cand, frames=len(con))
 

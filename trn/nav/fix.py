@@ -112,7 +112,7 @@ def solve_bearings_many(landmarks: np.ndarray, b: np.ndarray, sigma_rad: np.ndar
         with np.errstate(divide="ignore", invalid="ignore"):
             why = np.where((why == 0) & ~(s[:, 0] / s[:, -1] <= 1e12), 2, why)
         bad = why != 0
-        a[bad], y[bad] = eye, 0.0  # solved as anything, then discarded
+        a[bad], y[bad] = eye, 1.0  # solved as anything away from the origin, then discarded
         p = np.linalg.solve(a, y[..., None])[..., 0]
         r = np.maximum(np.linalg.norm(landmarks - p[:, None], axis=2), 1e-6)
         w = 1.0 / ((r * sigma_rad) ** 2 + landmark_sigma_km ** 2)
