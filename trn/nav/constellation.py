@@ -145,22 +145,25 @@ def joint_fit_many(con: Constellation, cmap: CraterMap,
         lm = cmap.positions[np.array([[r for _, r in items[i][0]] for i in idx]).reshape(g_n, n)]
         b = con.merged.b[det]
         sig_rad = con.merged.sig_rad[det]
-        for m in sorted(set(layout)):
-            # the corrected centres of frame m's detections, every fit's at once; a box keeps its own
-            # centre sigma (a box cut by the frame's edge its wider one: a crater filling the frame is
-            # often a joined frame's only detection)
-            v = con.views[m]
-            at, px = [], []
-            for g, i in enumerate(idx):
-                cor = items[i][2] or {}
-                for q in np.flatnonzero(member == m).tolist():
-                    if int(det[g, q]) in cor:
+        # the corrected centres, every fit's at once, by frame; a box keeps its own centre sigma (a
+        # box cut by the frame's edge its wider one: a crater filling the frame is often a joined
+        # frame's only detection)
+        at, px = [], []
+        for g, (i, dets) in enumerate(zip(idx, det.tolist())):
+            cor = items[i][2]
+            if cor:
+                for q, d in enumerate(dets):
+                    if d in cor:
                         at.append((g, q))
-                        px.append(cor[int(det[g, q])])
-            if at:
-                gg, qq = np.array(at).T
-                b[gg, qq] = pixel_bearings(np.array(px), v.camera, v.rot)
-                sig_rad[gg, qq] = np.hypot(con.merged.sig_px[det[gg, qq]] / v.camera.focal_px, sig.attitude_rad)
+                        px.append(cor[d])
+        if at:
+            gg, qq = np.array(at).T
+            px = np.array(px)
+            for m in sorted(set(member[qq].tolist())):
+                v, sel = con.views[m], member[qq] == m
+                b[gg[sel], qq[sel]] = pixel_bearings(px[sel], v.camera, v.rot)
+                sig_rad[gg[sel], qq[sel]] = np.hypot(con.merged.sig_px[det[gg[sel], qq[sel]]] / v.camera.focal_px,
+                                                     sig.attitude_rad)
         fitted = sorted({m for m in layout if m != 0})
         slot = {m: 3 * (k + 1) for k, m in enumerate(fitted)}
         size = 3 * (len(fitted) + 1)

@@ -318,9 +318,24 @@ class CraterMap:
         self.up = self.positions / self.radius_km[:, None]
         self.lat, self.lon, _ = xyz_to_latlon(self.positions)
         self._by_size = np.argsort(self.diameter_km, kind="stable")
+        self._rims: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # points per rim -> (rims, computed)
 
     def __len__(self) -> int:
         return len(self.ids)
+
+    def rims(self, rows: np.ndarray, n: int) -> np.ndarray:
+        """The rims of map craters ``rows`` as the annotation rule draws them [K, n, 3] km: ``n``
+        points at the crater centre's distance from the Moon's centre. Each crater's rim is computed
+        once and kept (n x 24 bytes a crater, for the craters that frames have predicted)."""
+        if n not in self._rims:
+            self._rims[n] = (np.zeros((len(self), n, 3)), np.zeros(len(self), bool))
+        rim, done = self._rims[n]
+        todo = np.unique(rows[~done[rows]])
+        if len(todo):
+            rim[todo] = rim_points(self.lat[todo], self.lon[todo], self.diameter_km[todo], n) \
+                * self.radius_km[todo][:, None, None]
+            done[todo] = True
+        return rim[rows]
 
     def rows_of_size(self, lo_km: float, hi_km: float) -> np.ndarray:
         """Rows whose diameter lies in [lo_km, hi_km]."""
@@ -632,8 +647,7 @@ def predicted_views(fr: _Frame, cmap: CraterMap, positions: np.ndarray, rim_poin
     if not len(rows):
         return empty
     # the rim as the annotation rule draws it, at the centre's radius (the rule uses the rim's own heights)
-    rim = rim_points(cmap.lat[rows], cmap.lon[rows], cmap.diameter_km[rows], rim_points_n) \
-        * cmap.radius_km[rows][:, None, None]
+    rim = cmap.rims(rows, rim_points_n)
     ru, rv, rz = cam.project((rim - pos[seg][:, None]) @ fr.rot)
     front = (rz > 1e-6).all(1)
     box = np.stack([np.clip(ru.min(1), 0, cam.width), np.clip(ru.max(1), 0, cam.width),
