@@ -546,30 +546,25 @@ def _support(fr: _Frame, cmap: CraterMap, anchor: int, rows: np.ndarray
         tol = fr.cfg.threshold_sigma * math.sqrt(2 * (alt * max(fr.sig_rad[j], fr.sig_rad[anchor])) ** 2
                                                  + 2 * fr.sig.landmark_km ** 2 + moved) + 3.0 * 0.6
         dist, idx = cmap.index.nearest(np.where(hit[:, None], g, 0.0), 4, tol)
-        found = np.zeros(len(p), bool)
-        best_row = np.full(len(p), -1)
-        best_chi2 = np.zeros(len(p))
-        for k in range(idx.shape[1]):
-            cand = hit & np.isfinite(dist[:, k]) & ~found
-            if not cand.any():
-                continue
-            h = np.flatnonzero(cand)
-            rr = idx[h, k]
-            lm = cmap.positions[rr]
-            rng_j = np.linalg.norm(lm - o[h], axis=1)
-            res = residuals(lm, np.repeat(fr.b[j][None], len(h), 0), o[h])
-            res_sig = np.sqrt(fr.sig_rad[j] ** 2 + fr.sig_rad[anchor] ** 2 + 2 * (fr.sig.landmark_km / rng_j) ** 2
-                              + moved / rng_j ** 2)
-            gate = fr.cfg.threshold_sigma * res_sig
-            good = (res <= gate) & fr.size_ok(np.full(len(h), j), cmap.diameter_km[rr], rng_j, fr.cfg.size_ratio) \
-                & (rr != rows[h])
-            found[h[good]] = True
-            best_row[h[good]] = rr[good]
-            best_chi2[h[good]] = (res / res_sig)[good] ** 2 \
-                + fr.size_chi2(np.full(len(h), j), cmap.diameter_km[rr], rng_j)[good] - 2.0 * fr.evidence(j, rr[good])
-        support += found
-        chi2 += best_chi2
-        agree[j, found] = best_row[found]
+        # every (hypothesis, neighbour) within the tolerance at once; each hypothesis takes its
+        # nearest neighbour that passes the bearing gate and the size check
+        h, k = np.nonzero(hit[:, None] & np.isfinite(dist))
+        rr = idx[h, k]
+        lm = cmap.positions[rr]
+        rng_j = np.linalg.norm(lm - o[h], axis=1)
+        res = residuals(lm, np.repeat(fr.b[j][None], len(h), 0), o[h])
+        res_sig = np.sqrt(fr.sig_rad[j] ** 2 + fr.sig_rad[anchor] ** 2 + 2 * (fr.sig.landmark_km / rng_j) ** 2
+                          + moved / rng_j ** 2)
+        good = (res <= fr.cfg.threshold_sigma * res_sig) \
+            & fr.size_ok(np.full(len(h), j), cmap.diameter_km[rr], rng_j, fr.cfg.size_ratio) & (rr != rows[h])
+        h, k, rr, rng_j, res, res_sig = h[good], k[good], rr[good], rng_j[good], res[good], res_sig[good]
+        first = np.ones(len(h), bool)
+        first[1:] = h[1:] != h[:-1]  # (h, k) come in order: a hypothesis's nearest good neighbour first
+        h, rr, rng_j, res, res_sig = h[first], rr[first], rng_j[first], res[first], res_sig[first]
+        support[h] += 1
+        chi2[h] += (res / res_sig) ** 2 + fr.size_chi2(np.full(len(h), j), cmap.diameter_km[rr], rng_j) \
+            - 2.0 * fr.evidence(j, rr)
+        agree[j, h] = rr
     return p, support, agree, chi2
 
 
