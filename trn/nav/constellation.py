@@ -63,7 +63,9 @@ class Constellation:
     covariance (the first: zeros). ``merged``: all detections as one frame (each with its frame's
     offset, offset sigma and altimeter), ``member_of`` / ``local``: each merged detection's frame
     and its index there; ``moved``: each frame's view with its offset's covariance, the edge
-    margin of its predictions widened by two pixel sigmas of it."""
+    margin of its predictions widened by two pixel sigmas of it; ``offset_array`` [M, 3],
+    ``radii`` [M] (each frame's altimeter distance) and ``priors`` (each offset's inverse
+    covariance), computed once for :func:`joint_fit_many`."""
 
     def __init__(self, views: list[_Frame], offsets: list[np.ndarray], covs: list[np.ndarray]):
         if not views or not len(views) == len(offsets) == len(covs):

@@ -735,8 +735,8 @@ def score_many(fr: _Frame, cmap: CraterMap, positions: np.ndarray
 def _moved_pixel_cov(fr: _Frame, cmap: CraterMap, rows: np.ndarray, p: np.ndarray, s_tot: np.ndarray
                      ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each predicted crater's pixel covariance when the camera's place ``p`` ([3], or [K, 3]: one
-    per crater) is uncertain by
-    ``fr.motion_cov`` (a measured displacement's error) besides the isotropic ``s_tot`` [K] px:
+    per crater) is uncertain by ``fr.motion_cov`` (a measured displacement's error) besides the
+    isotropic ``s_tot`` [K] px:
     (inverse covariances [K, 2, 2], log of the Gaussian's normaliser log(2 pi sqrt(det)) [K], the
     1-sigma reach along the worst axis [K] px). The camera moving by e shifts a point at camera
     coordinates (x, y, z) by (f / z) (e_x - x e_z / z, e_y - y e_z / z), e in the camera frame."""
