@@ -132,19 +132,21 @@ def joint_fit(con: Constellation, cmap: CraterMap, pairs: list[tuple[int, int]],
 def joint_fit_many(con: Constellation, cmap: CraterMap,
                    items: list[tuple[list[tuple[int, int]], np.ndarray, dict | None]], iterations: int = 3
                    ) -> list[_Fit | None]:
-    """:func:`joint_fit` of several (pairs, start, corrected) at once: those whose pairs fall in
-    the same frames in the same order share the normal equations' layout and are solved together."""
+    """:func:`joint_fit` of several (pairs, start, corrected) at once: those with as many pairs in
+    each frame share the normal equations' layout and are solved together."""
     out: list[_Fit | None] = [None] * len(items)
     groups: dict[tuple[int, ...], list[int]] = {}
+    ordered = {}  # each fit's pairs by frame (the fit does not depend on their order)
     for i, (pairs, _, _) in enumerate(items):
         if len(pairs) >= 2:
-            groups.setdefault(tuple(con.member_of[[a for a, _ in pairs]].tolist()), []).append(i)
+            ordered[i] = sorted(pairs, key=lambda pr: int(con.member_of[pr[0]]))
+            groups.setdefault(tuple(con.member_of[[a for a, _ in ordered[i]]].tolist()), []).append(i)
     sig = con.views[0].sig
     for layout, idx in groups.items():
         member = np.array(layout)
         n, g_n = len(member), len(idx)
-        det = np.array([[a for a, _ in items[i][0]] for i in idx]).reshape(g_n, n)
-        lm = cmap.positions[np.array([[r for _, r in items[i][0]] for i in idx]).reshape(g_n, n)]
+        det = np.array([[a for a, _ in ordered[i]] for i in idx]).reshape(g_n, n)
+        lm = cmap.positions[np.array([[r for _, r in ordered[i]] for i in idx]).reshape(g_n, n)]
         b = con.merged.b[det]
         sig_rad = con.merged.sig_rad[det]
         # the corrected centres, every fit's at once, by frame; a box keeps its own centre sigma (a
