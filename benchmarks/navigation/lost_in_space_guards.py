@@ -32,7 +32,6 @@ import json  # noqa: E402
 import logging  # noqa: E402
 import pickle  # noqa: E402
 import time  # noqa: E402
-from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -42,7 +41,7 @@ import trn.nav.scenario as scenario  # noqa: E402
 from trn.cli.common import parse_settings  # noqa: E402
 from trn.data.datasets.luna1 import read_luna1  # noqa: E402
 from trn.nav.onboard_map import catalogue_crater_map  # noqa: E402
-from trn.sim.boxes import with_boxes  # noqa: E402
+from trn.sim.boxes import scenario_box_settings, with_boxes  # noqa: E402
 from trn.sim.scenarios import ScenarioSettings  # noqa: E402
 
 log = logging.getLogger("lost_in_space_guards")
@@ -156,18 +155,15 @@ def main() -> None:
     ds = read_luna1(args.data)
     dsk, summary = with_boxes(ds, args.boxes, args.detector if args.boxes == "detector" else None)
     cmap = catalogue_crater_map(args.source)
-    s = ScenarioSettings()
-    if args.boxes == "detector":
-        s = replace(s, shrink_px=0, shift_px=0)  # a detector's boxes carry no emulated detector noise
-    sigma = summary.get("centre_sigma_px") if args.boxes == "detector" else None
-    gate_km = None if args.map_gate is None else args.map_gate * float(cmap.diameter_km.min())
+    s, sigma = scenario_box_settings(args.boxes, summary, ScenarioSettings())
+    gate = scenario.gate_km(args.map_gate, cmap)
     args.out.mkdir(parents=True, exist_ok=True)
     rows = []
     for n, (v, cfg) in enumerate(zip(variants, configs)):
         memo = Memo(args.cache, args.data, args.boxes, args.map_gate, cfg)
         memo.install(cfg)
         t0 = time.perf_counter()
-        rep = scenario.lost_in_space_fixes(dsk, cmap, s, cfg=cfg, box_sigma_px=sigma, seed=s.seed, gate_km=gate_km)
+        rep = scenario.lost_in_space_fixes(dsk, cmap, s, cfg=cfg, box_sigma_px=sigma, seed=s.seed, gate_km=gate)
         memo.save(cfg)
         (args.out / f"{n}.json").write_text(json.dumps({"variant": v, "settings": args.lis_set, "boxes": summary,
                                                         "report": rep}, default=float))

@@ -39,7 +39,6 @@ for _v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
 import argparse  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
-from dataclasses import replace  # noqa: E402
 from pathlib import Path  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -55,8 +54,8 @@ from trn.hw.profiles import load_profile  # noqa: E402
 from trn.nav.lost import LostConfig  # noqa: E402
 from trn.nav.onboard_map import catalogue_crater_map  # noqa: E402
 import trn.nav.scenario as scenario  # noqa: E402
-from trn.nav.scenario import lost_in_space_fixes  # noqa: E402
-from trn.sim.boxes import with_boxes  # noqa: E402
+from trn.nav.scenario import gate_km, lost_in_space_fixes  # noqa: E402
+from trn.sim.boxes import scenario_box_settings, with_boxes  # noqa: E402
 from trn.sim.scenarios import ScenarioSettings  # noqa: E402
 
 DESKTOP = "x86-coral-usb3"
@@ -88,14 +87,12 @@ def main() -> int:
           f"{nbytes / 2 ** 20:.2f} MiB of positions, diameters and ids ({nbytes / len(cmap):.0f} B per crater)")
     ds, summary = with_boxes(read_luna1(args.data), args.boxes, args.detector)
     cfg = LostConfig(**parse_settings(LostConfig, args.set, "--set"))
-    s = ScenarioSettings(max_frames=args.max_frames or None)
-    if args.boxes == "detector":  # as trn-sim runs them: no emulated noise, the detector's own centre sigma
-        s = replace(s, shrink_px=0, shift_px=0)
-    gate_km = None if args.map_gate is None else args.map_gate * float(cmap.diameter_km.min())
-    rep = lost_in_space_fixes(ds, cmap, s, cfg=cfg, seed=s.seed, gate_km=gate_km,
-                              box_sigma_px=summary.get("centre_sigma_px") if args.boxes == "detector" else None)
+    # as trn-sim runs them (a detector's boxes: no emulated noise, their own centre sigma)
+    s, sigma = scenario_box_settings(args.boxes, summary, ScenarioSettings(max_frames=args.max_frames or None))
+    gate = gate_km(args.map_gate, cmap)
+    rep = lost_in_space_fixes(ds, cmap, s, cfg=cfg, seed=s.seed, gate_km=gate, box_sigma_px=sigma)
     if args.boxes == "detector":
-        print(f"detected boxes ({args.detector}), size gate {gate_km} km: {rep['detections']} of "
+        print(f"detected boxes ({args.detector}), size gate {gate} km: {rep['detections']} of "
               f"{rep['detections_before_gate']} kept")
     t = rep["time"]
     dec = [r["ms"] for r in rep["frames"] if r["declared"]]
@@ -118,8 +115,8 @@ def main() -> int:
     print(f"  per detection {k * t['ms_per_detection']:.0f} ms; per frame p99 {k * t['fix_ms_per_frame_p99'] / 1e3:.2f} s; "
           f"per declared fix p99 {k * p99 / 1e3:.2f} s")
     if rep["motion"] is not None and np.isfinite(pair[1]):
-        # a frame's time on the board is its own search and window plus the motion it measured itself (a frame
-        # with no neighbour in the window measures none); the percentiles are over those per-frame sums
+        # a frame's time on the board: its own search and window plus the pair it completes (the lazy chain's
+        # charge beside it, as a bound); the percentiles are over those per-frame sums
         bound = k * t["fix_ms_per_frame_p99"] + kf * pair[1]
         print(f"  terrain motion per frame pair p50 {kf * pair[0] / 1e3:.2f} s, p99 {kf * pair[1] / 1e3:.2f} s")
         for what, key in (("its search and window plus the pair it completes", "own_pair_ms"),

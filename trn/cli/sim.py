@@ -15,7 +15,6 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import replace
 from pathlib import Path
 
 from trn.cli.common import (Parser, float_between, int_at_least, int_between, parse_settings, run_main, seed_number,
@@ -266,12 +265,12 @@ def _box_sources(ds, settings, args) -> list[tuple[str, object, dict, object]]:
     """Each --boxes source, prepared once for every scenario of the run (a detector runs over the
     frames once): (kind, the dataset with those boxes, its summary, its scenario settings; a
     detector's boxes carry no emulated detector noise)."""
-    from trn.sim.boxes import with_boxes
+    from trn.sim.boxes import scenario_box_settings, with_boxes
 
     out = []
     for kind in _box_kinds(args):
         dsk, summary = with_boxes(ds, kind, _detector_path(args) if kind == "detector" else None)
-        out.append((kind, dsk, summary, replace(settings, shrink_px=0, shift_px=0) if kind == "detector" else settings))
+        out.append((kind, dsk, summary, scenario_box_settings(kind, summary, settings)[0]))
     return out
 
 
@@ -290,7 +289,8 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
     import json
 
     from trn.nav.onboard_map import OnboardMap, build_map
-    from trn.nav.scenario import lost_in_space_fixes, map_navigation, plot_navigation
+    from trn.nav.scenario import gate_km, lost_in_space_fixes, map_navigation, plot_navigation
+    from trn.sim.boxes import scenario_box_settings
     out.mkdir(parents=True, exist_ok=True)
     doc, lis_doc = {}, {}
     source = args.map_source
@@ -308,12 +308,11 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
         return maps[emb.name]
 
     for kind, dsk, summary, sk in sources:
-        sigma = summary.get("centre_sigma_px") if kind == "detector" else None
+        sigma = scenario_box_settings(kind, summary, sk)[1]
         if "lost_in_space_fix" in which and lis_map is not None:  # geometry first: no descriptor, one run
             name = f"union catalogue map [{kind} boxes]"
-            gate_km = None if args.map_gate is None else args.map_gate * float(lis_map.diameter_km.min())
             lis = lost_in_space_fixes(dsk, lis_map, sk, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed,
-                                      gate_km=gate_km)
+                                      gate_km=gate_km(args.map_gate, lis_map))
             lis |= {"boxes": summary, "map": "union catalogue of " + str(source)}
             _print_lost_fixes(name, lis)
             _draw_lost(dsk, lis_map, lis, out / f"lost_in_space__{kind}_boxes.jpg")

@@ -73,9 +73,10 @@ def residual_sigmas(landmarks: np.ndarray, p: np.ndarray, sigma_rad: float, land
     return np.sqrt(sigma_rad ** 2 + (landmark_sigma_km / r) ** 2)
 
 
-def _one_landmark(landmarks: np.ndarray) -> bool:
-    """All the lines of sight point at one landmark: they cross there, which fixes no position."""
-    return float(np.ptp(landmarks, axis=0).max()) < 1e-6
+def _one_landmark(landmarks: np.ndarray) -> np.ndarray:
+    """All the lines of sight point at one landmark: they cross there, which fixes no position
+    (``landmarks`` [..., n, 3]: one answer per fix)."""
+    return np.ptp(landmarks, axis=-2).max(axis=-1) < 1e-6
 
 
 def solve_bearings(landmarks: np.ndarray, b: np.ndarray, sigma_rad: float, landmark_sigma_km: float = 0.0,
@@ -102,7 +103,7 @@ def solve_bearings_many(landmarks: np.ndarray, b: np.ndarray, sigma_rad: np.ndar
     covariances of the unsolved are meaningless)."""
     landmarks, b = np.asarray(landmarks, np.float64), np.asarray(b, np.float64)
     sigma_rad = np.asarray(sigma_rad, np.float64)
-    why = np.where(np.ptp(landmarks, axis=1).max(axis=1) < 1e-6, 1, 0)
+    why = np.where(_one_landmark(landmarks), 1, 0)
     w = np.ones(b.shape[:2])
     p = np.zeros((len(b), 3))
     eye = np.eye(3)

@@ -697,7 +697,7 @@ def score_many(fr: _Frame, cmap: CraterMap, positions: np.ndarray
     side = np.maximum(fr.boxes[:, 1] - fr.boxes[:, 0], fr.boxes[:, 3] - fr.boxes[:, 2])
     lr = np.log(side[:, None] / pside[None])
     jj, kk = np.nonzero((d2 <= cfg.threshold_sigma ** 2) & (np.abs(lr) <= math.log(cfg.size_ratio)))
-    desc = fr.evidence(jj, rows[kk]) if len(jj) else np.zeros(0)
+    desc = fr.evidence(jj, rows[kk])
     pos_term = -0.5 * d2[jj, kk] - log_norm[kk] - math.log(lam)
     size_term = -0.5 * (lr[jj, kk] / cfg.size_sigma) ** 2 - math.log(cfg.size_sigma * math.sqrt(2 * math.pi)) \
         + log_size_range

@@ -581,6 +581,11 @@ class SearchWindow:
         return out
 
 
+def gate_km(gate: float | None, cmap) -> float | None:
+    """A size gate given in the map's smallest crater diameters (``--map-gate``), in km (None: no gate)."""
+    return None if gate is None else gate * float(np.min(cmap.diameter_km))
+
+
 def map_size_gate(ds: Luna1Dataset, flat: list, min_km: float, altimeter_sigma_km: float, seed: int) -> np.ndarray:
     """bool [detections]: the detections whose box, seen from the altimeter's height, spans at
     least ``min_km`` (the longer side, nadir approximation; a box clipped by the frame edge is
@@ -696,8 +701,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     frames the fix needed and the joins it used, the fix's error and sigma, candidates and
     hypotheses examined, score, time (``ms``: search and window; ``motion_ms``: every pair measured
     for the frame, back to the previous frame with boxes; ``own_pair_ms``: the pair from the frame
-    just before it, the one a board measures when the frame arrives); summaries by detections per frame (a declared fix farther
-    than 2 km from the truth is a wrong fix)."""
+    just before it, the one a board measures when the frame arrives); summaries by detections per
+    frame (a declared fix farther than 2 km from the truth is a wrong fix)."""
     import functools
 
     from trn.nav.lost import LostConfig, Sigmas, VisibilityRule, WindowFixer, frame_hypotheses, frame_view

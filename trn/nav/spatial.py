@@ -62,10 +62,11 @@ class CraterIndex:
 
     def within(self, point_km: np.ndarray, radius_km: float) -> np.ndarray:
         """Rows of the craters within ``radius_km`` of one point [3], sorted."""
-        return np.sort(np.asarray(self._tree.query_ball_point(np.asarray(point_km, np.float64), radius_km), int))
+        return self.within_many(point_km, np.array([radius_km]))[0]
 
     def within_many(self, points_km: np.ndarray, radius_km: np.ndarray) -> list[np.ndarray]:
-        """:meth:`within` of several points [P, 3], each with its radius [P], in one query."""
+        """Rows of the craters within each radius [P] of several points [P, 3], each sorted, in one
+        query."""
         pts = np.asarray(points_km, np.float64).reshape(-1, 3)
         if not len(pts):
             return []

@@ -30,6 +30,15 @@ BOX_SOURCES = ("annotations", "union", "detector")
 FALSE_ID_BASE = 9_000_000
 
 
+def scenario_box_settings(source: str, summary: dict, settings):
+    """The scenario settings and the box centres' sigma (px, None: the settings' emulated noise)
+    for boxes from ``source`` (``summary``: :func:`with_boxes`'s): a detector's boxes carry no
+    emulated detector noise and have their own measured centre sigma."""
+    if source == "detector":
+        return replace(settings, shrink_px=0, shift_px=0), summary.get("centre_sigma_px")
+    return settings, None
+
+
 def with_boxes(ds: luna1.Luna1Dataset, source: str, detector: Path | None = None) -> tuple[luna1.Luna1Dataset, dict]:
     """``ds`` with its frames' boxes from ``source`` (module docstring), and a summary for the
     report (for a detector: its precision and recall against the union labels at IoU 0.5)."""
