@@ -45,9 +45,19 @@ def _rotations(text: str) -> list[float]:
 
 
 def _label(args) -> int:
-    from trn.data.datasets.detection import label_build
+    from trn.data.datasets.detection import label_build, label_subset
     from trn.data.datasets.labels import UNION_ANNOTATIONS
 
+    if args.out is not None:
+        if args.all_frames:
+            raise ConfigError("--all-frames labels poses without images; a training set (--out) needs rendered frames")
+        labels = label_subset(args.build, args.source, args.out, args.every, args.val_frames)
+        for split in ("train", "val"):
+            fr = labels.split(split)
+            print(f"{args.out} {split}: {len(fr)} frames, {sum(len(f.boxes) for f in fr)} boxes")
+        return 0
+    if args.every != 1 or args.val_frames:
+        raise ConfigError("--every and --val-frames make a training set: give its --out directory")
     labels = label_build(args.build, args.source, all_frames=args.all_frames)
     boxes = [b for f in labels.frames for b in f.boxes]
     print(f"{args.build}: {len(labels.frames)} frames, {sum(1 for f in labels.frames if f.boxes)} with boxes, "
@@ -89,9 +99,13 @@ def _train(args) -> int:
         raise ConfigError(f"--resume: {args.out / 'last.pt'} does not exist; run without --resume to start")
     history = train_detector(cfg, args.out, resume=args.resume, stop_after=args.stop_after)
     if history:
-        best = max(history, key=lambda r: r["val_ap50"])
-        print(f"trained {history[-1]['epoch']} of {cfg.epochs} epochs; best validation AP@0.5 {best['val_ap50']:.4f} "
-              f"(epoch {best['epoch']}, F1 {best['val_f1']:.4f} at score {best['val_threshold']}); run in {args.out}")
+        from trn.detect.model import best_epoch
+
+        best = best_epoch(history)
+        sets = "".join(f"; {k} {v:.4f}" for k, v in best.get("val_sets_ap50", {}).items())
+        print(f"trained {history[-1]['epoch']} of {cfg.epochs} epochs; chosen epoch {best['epoch']} ({cfg.select}): "
+              f"validation AP@0.5 {best['val_ap50']:.4f}{sets}, F1 {best['val_f1']:.4f} at score "
+              f"{best['val_threshold']}; run in {args.out}")
     return 0
 
 
@@ -467,6 +481,12 @@ def main(argv: list[str] | None = None) -> int:
     lb.add_argument("--all-frames", action="store_true",
                     help="label every pose, rendered or not (for lost-in-space fixes on the union boxes, which read "
                          "no pixels)")
+    lb.add_argument("--out", type=Path, default=None,
+                    help="write a detector's training set here instead: every --every-th rendered frame copied with "
+                         "its labels, the last --val-frames of them for validation; the build is left as it is")
+    lb.add_argument("--every", type=int_between(1, 1000), default=1, help="with --out: keep every N-th rendered frame")
+    lb.add_argument("--val-frames", type=int_between(0, 1_000_000), default=0,
+                    help="with --out: the last N kept frames are the validation split")
     lb.set_defaults(fn=_label)
 
     sh = sub.add_parser("sheet", help="contact sheet of labelled frames")

@@ -21,7 +21,8 @@ import hashlib
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+import shutil
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -152,7 +153,16 @@ def label_build(build: str | Path, source: str | Path, rule: UnionRule | None = 
     ``all_frames``: label every pose of the build, rendered or not (for the geometric scenarios,
     which read boxes but no pixels: lost-in-space fixes on the union boxes)."""
     root = Path(build)
-    rule = rule or UnionRule()
+    settings, frames = _labelled(root, source, rule or UnionRule(), all_frames)
+    write_labels(root, settings, frames)
+    write_union_annotations(root, frames, "nav_images")
+    return read_labels(root)
+
+
+def _labelled(root: Path, source: str | Path, rule: UnionRule, all_frames: bool = False, every: int = 1
+              ) -> tuple[dict, list[LabelledFrame]]:
+    """The settings and the labelled frames (split "test") of a build: every ``every``-th of its
+    rendered frames (with ``all_frames``, of its poses)."""
     ds = luna1.read_luna1(root)
     if ds.kitti is None or ds.metadata is None or not ds.metadata.frames:
         raise DataError("needs a Luna-1 build with poses and metadata.json (frames with their Sun)", root)
@@ -162,6 +172,7 @@ def label_build(build: str | Path, source: str | Path, rule: UnionRule | None = 
     rendered = [i for i in rendered if i < len(ds.kitti) and i < len(sun)]
     if all_frames:
         rendered = list(range(min(len(ds.kitti), len(sun))))
+    rendered = rendered[::every]
     if not rendered:
         raise DataError("has no rendered navigation frames to label", root / luna1.NAV_IMAGES)
     cfg = built_render_config(meta)
@@ -173,9 +184,36 @@ def label_build(build: str | Path, source: str | Path, rule: UnionRule | None = 
     frames = [_frame(i, "test", 0, ds.kitti, sun, boxes[i]) for i in rendered]
     settings = {"kind": "build", "source": str(Path(source).name), "rule": asdict(rule), "annotate": asdict(annotate),
                 "catalogue_craters": len(cat), "catalogue_registration_km": list(catalogue_registration(source))}
-    write_labels(root, settings, frames)
-    write_union_annotations(root, frames, "nav_images")
-    return read_labels(root)
+    return settings, frames
+
+
+
+def label_subset(build: str | Path, source: str | Path, out: str | Path, every: int, val_frames: int,
+                 rule: UnionRule | None = None) -> DetectionLabels:
+    """A detector's training set from an existing Luna-1 build: every ``every``-th rendered frame
+    (consecutive frames 10 s apart share most of their ground, so a stride thins them), labelled
+    from ``source``'s union catalogue and copied with its image into ``out``; the last
+    ``val_frames`` of them (the end of the build's pass) are its validation split, the rest train.
+    The build itself is left as it was. Refuses an ``out`` that already holds labels."""
+    root, dst = Path(build), Path(out)
+    if every < 1 or val_frames < 0:
+        raise ConfigError(f"every={every}, val_frames={val_frames}: expected a stride of 1 or more and 0 or more "
+                          "validation frames")
+    if (dst / LABELS).exists():
+        raise DataError("already holds detection labels; give a new --out directory or remove it", dst)
+    settings, frames = _labelled(root, source, rule or UnionRule(), every=every)
+    if val_frames >= len(frames):
+        raise ConfigError(f"val_frames={val_frames}: the stride keeps {len(frames)} frames of {root}; leave some "
+                          "for training")
+    cut = len(frames) - val_frames
+    frames = [replace(f, split="train" if k < cut else "val") for k, f in enumerate(frames)]
+    images = dst / luna1.NAV_IMAGES
+    images.mkdir(parents=True, exist_ok=True)
+    for f in frames:
+        shutil.copyfile(root / luna1.NAV_IMAGES / f"{f.frame}.png", images / f"{f.frame}.png")
+    write_labels(dst, {**settings, "kind": "subset", "build": root.name, "every": every, "val_frames": val_frames},
+                 frames)
+    return read_labels(dst)
 
 
 def union_labels(build: str | Path) -> DetectionLabels:
