@@ -279,3 +279,62 @@ def test_best_epoch_is_chosen_by_the_recorded_ap_as_the_threshold_is():
     assert is_best(h) and chosen_threshold({"history": h}) == 0.35
     assert is_best(h + [{"epoch": 3, "val_ap50": 0.6376, "val_threshold": 0.3}])
     assert not is_best(h + [{"epoch": 3, "val_ap50": 0.6375, "val_threshold": 0.3}])
+
+
+def test_the_selection_rule_can_weigh_each_set_alike():
+    """Under select="mean_of_sets" an epoch is chosen by the mean of its sets' AP, not the pooled
+    AP that the set with more labels rules; the threshold follows the chosen epoch."""
+    from trn.detect.model import chosen_threshold
+    from trn.detect.train import is_best
+
+    h = [{"epoch": 1, "val_ap50": 0.60, "val_select": 0.55, "val_threshold": 0.3},
+         {"epoch": 2, "val_ap50": 0.62, "val_select": 0.50, "val_threshold": 0.4}]
+    assert not is_best(h) and chosen_threshold({"history": h}) == 0.3
+    assert is_best(h[:1] + [{**h[1], "val_select": 0.56}])
+    with pytest.raises(ConfigError, match="select='best'"):
+        DetectTrainConfig(data=("a",), select="best")
+    cfg = DetectTrainConfig.from_dict({"data": ["a", "b"], "select": "mean_of_sets"})
+    assert DetectTrainConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_a_run_over_several_sets_records_each_sets_ap(det_run, boxed_world, tmp_path):
+    root, _, cfg, _ = det_run
+    build_luna1(BuildConfig(source=boxed_world, out=tmp_path / "b", limit_frames=8, limit_craters=4, workers=1,
+                            render=SMALL, annotate=RULE))
+    from trn.data.datasets.detection import label_subset
+
+    label_subset(tmp_path / "b", boxed_world, tmp_path / "sub", every=2, val_frames=1)
+    two = DetectTrainConfig(**{**cfg.__dict__, "data": (str(root / "data"), str(tmp_path / "sub")),
+                               "select": "mean_of_sets", "epochs": 1})
+    rec = train_detector(two, tmp_path / "run")[0]
+    per = rec["val_sets_ap50"]
+    assert set(per) <= {"data", "sub"} and "data" in per
+    assert rec["val_select"] == pytest.approx(float(np.mean(list(per.values()))), abs=1e-4)
+
+
+def test_a_training_set_from_a_build_keeps_every_nth_frame_and_splits_its_tail(boxed_world, tmp_path, capsys):
+    build_luna1(BuildConfig(source=boxed_world, out=tmp_path / "b", limit_frames=8, limit_craters=4, workers=1,
+                            render=SMALL, annotate=RULE))
+    images = tmp_path / "b" / "lro_navigation" / "nav_images"
+    rendered = sorted(int(p.stem) for p in images.glob("*.png"))
+    before = sorted(p.name for p in (tmp_path / "b").rglob("*"))
+    assert detect_main(["label", str(tmp_path / "b"), "--source", str(boxed_world), "--out", str(tmp_path / "sub"),
+                        "--every", "3", "--val-frames", "1"]) == 0
+    labels = read_labels(tmp_path / "sub")
+    kept = rendered[::3]
+    assert [f.frame for f in labels.frames] == kept
+    assert [f.split for f in labels.frames] == ["train"] * (len(kept) - 1) + ["val"]
+    assert all(labels.image_path(k).is_file() for k in kept)
+    # the same boxes as labelling the whole build; the build itself is left as it was
+    assert sorted(p.name for p in (tmp_path / "b").rglob("*")) == before
+    whole = {f.frame: f.boxes for f in label_build(tmp_path / "b", boxed_world).frames}
+    assert all(f.boxes == whole[f.frame] for f in labels.frames)
+    # an existing set is not overwritten; a stride that leaves no training frame is refused
+    assert detect_main(["label", str(tmp_path / "b"), "--source", str(boxed_world), "--out", str(tmp_path / "sub"),
+                        "--every", "3"]) == 2
+    assert "already holds detection labels" in capsys.readouterr().err
+    assert detect_main(["label", str(tmp_path / "b"), "--source", str(boxed_world), "--out", str(tmp_path / "s2"),
+                        "--every", "3", "--val-frames", str(len(kept))]) == 2
+    assert "leave some for training" in capsys.readouterr().err
+    assert detect_main(["label", str(tmp_path / "b"), "--source", str(boxed_world), "--every", "3"]) == 2
+    assert "give its --out directory" in capsys.readouterr().err

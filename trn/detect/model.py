@@ -120,13 +120,24 @@ def load_detector(path: str | Path) -> tuple[CraterDetector, dict]:
     return model.eval(), {k: v for k, v in ck.items() if k not in ("model", "optimizer")}
 
 
+def epoch_score(rec: dict) -> float:
+    """The figure an epoch is chosen by: its ``val_select`` (a training run's selection rule, e.g. the
+    mean of its validation sets' AP@0.5) where recorded, else its pooled validation AP@0.5."""
+    v = rec.get("val_select")
+    return float(rec["val_ap50"] if v is None else v)
+
+
+def best_epoch(history: list[dict]) -> dict:
+    """The chosen epoch of a run's history: highest :func:`epoch_score`, later epochs winning ties."""
+    return max(history, key=lambda r: (epoch_score(r), r["epoch"]))
+
+
 def chosen_threshold(meta: dict) -> float:
     """The score threshold of a checkpoint: the best-F1 threshold on validation frames of the epoch
-    of highest validation AP@0.5 (a shipped detector carries it as ``score_threshold``)."""
+    chosen by :func:`best_epoch` (a shipped detector carries it as ``score_threshold``)."""
     if "score_threshold" in meta:
         return float(meta["score_threshold"])
     history = meta.get("history") or []
     if not history:
         raise DataError("this detector checkpoint has no validated epoch, so no chosen score threshold; give --threshold")
-    best = max(history, key=lambda r: (r["val_ap50"], r["epoch"]))
-    return float(best["val_threshold"])
+    return float(best_epoch(history)["val_threshold"])

@@ -39,7 +39,7 @@ from trn.data.datasets.labels import LabelledFrame, catalogue_complete, read_lab
 from trn.detect.boxes import resize_frame, standardise
 from trn.detect.evaluate import best_f1_threshold, match_frame, summarise
 from trn.detect.model import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, STRIDE, CraterDetector, DetectorConfig,
-                              chosen_threshold, parameter_count)
+                              best_epoch, chosen_threshold, epoch_score, parameter_count)
 from trn.detect.run import detect_inputs
 from trn.errors import ConfigError, DataError
 from trn.models.checkpoint import load_checked, load_state, save_checked
@@ -50,13 +50,21 @@ log = logging.getLogger(__name__)
 
 
 
+# how a training run chooses its epoch (DetectTrainConfig.select)
+SELECT_RULES = ("pooled", "mean_of_sets")
+
+
 @dataclass(frozen=True)
 class DetectTrainConfig:
     """data: detector data directories (``trn-detect build``); their "train" frames train, their
     "val" frames choose the epoch and the score threshold. crop: side of the training crops (px of
     the network input). min_box: least side of a box kept in a crop (px of the network input).
     init: a detector checkpoint (a run's ``best.pt`` or a shipped ``detector.pt``) whose weights
-    start the run (fine-tuning, e.g. on relabelled data); its architecture must equal ``model``."""
+    start the run (fine-tuning, e.g. on relabelled data); its architecture must equal ``model``.
+    select: how the epoch (and its score threshold) is chosen: "pooled", the AP@0.5 over every
+    validation frame together; "mean_of_sets", the mean of each data directory's own validation
+    AP@0.5, so that a set with many labels (real image tiles) cannot outvote one with few (rendered
+    frames) when several kinds of image train one detector."""
 
     data: tuple[str, ...]
     model: DetectorConfig = field(default_factory=DetectorConfig)
@@ -73,6 +81,7 @@ class DetectTrainConfig:
     sources: tuple[str, ...] = ()
     ignore_relief_below: float = 0.0
     init: str = ""
+    select: str = "pooled"
     seed: int = 0
     threads: int = 2
 
@@ -89,6 +98,8 @@ class DetectTrainConfig:
                               "expected 0 < lr < 1, weight_decay >= 0, 0 <= min_lr_ratio <= 1")
         if not 1 <= self.threads <= 256:
             raise ConfigError(f"threads={self.threads}: expected 1 to 256")
+        if self.select not in SELECT_RULES:
+            raise ConfigError(f"select={self.select!r}: expected one of {', '.join(SELECT_RULES)}")
         if not 0.0 <= self.ignore_relief_below < 1.0:
             raise ConfigError(f"ignore_relief_below={self.ignore_relief_below}: expected 0 (off) to below 1 "
                               "(depth / diameter)")
@@ -129,7 +140,8 @@ class FrameSet:
     (l, r, t, b) px of the network input; frames: their labels; complete: bool [N], the union
     catalogue covers every size over the whole frame (poleward of the small-crater catalogue's
     band, small craters are real but unlabelled, so such a frame supervises only its boxes);
-    ignore: per frame bool [k], the box is neither a positive nor a negative (module docstring)."""
+    ignore: per frame bool [k], the box is neither a positive nor a negative (module docstring);
+    sets: int [N], the index of each frame's data directory."""
 
     images: np.ndarray
     boxes: list[np.ndarray]
@@ -137,13 +149,14 @@ class FrameSet:
     shapes: list[tuple[int, int]]
     complete: np.ndarray
     ignore: list[np.ndarray]
+    sets: np.ndarray | None = None
 
 
 def load_frames(dirs: tuple[str, ...] | list[str], split: str, size: int, limit: int | None = None,
                 sources: tuple[str, ...] = (), ignore_relief_below: float = 0.0) -> FrameSet:
     """The ``split`` frames of ``dirs``; with ``ignore_relief_below``, each box whose crater's relief
     in ``sources`` (one per directory) is below it is flagged to be ignored."""
-    imgs, boxes, frames, shapes, complete, ignore = [], [], [], [], [], []
+    imgs, boxes, frames, shapes, complete, ignore, sets = [], [], [], [], [], [], []
     for j, d in enumerate(dirs):
         labels = read_labels(d)
         band = labels.rule().small_max_abs_lat
@@ -165,9 +178,10 @@ def load_frames(dirs: tuple[str, ...] | list[str], split: str, size: int, limit:
             shapes.append((h, w))
             complete.append(catalogue_complete(f, band))
             ignore.append(np.array([relief is not None and relief[x.id] < ignore_relief_below for x in f.boxes], bool))
+            sets.append(j)
     if not imgs:
         raise DataError(f"no {split} frames in {list(dirs)}; build detector data with trn-detect build")
-    return FrameSet(np.stack(imgs), boxes, frames, shapes, np.array(complete, bool), ignore)
+    return FrameSet(np.stack(imgs), boxes, frames, shapes, np.array(complete, bool), ignore, np.array(sets, int))
 
 
 def augment(img: np.ndarray, boxes: np.ndarray, crop: int, min_box: int, rng: np.random.Generator,
@@ -274,13 +288,29 @@ def _finite(d: dict) -> dict:
     return {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in d.items()}
 
 
+def _set_scores(matches: list, sets: np.ndarray, cfg: DetectTrainConfig) -> dict:
+    """With several data directories, each one's validation AP@0.5 (``val_sets_ap50``, by
+    directory name; a directory without validation frames has none) and, under
+    ``select="mean_of_sets"``, their mean as the epoch's selection figure (``val_select``)."""
+    if len(cfg.data) < 2:
+        return {}
+    per = {}
+    for j, d in enumerate(cfg.data):
+        own = [m for m, k in zip(matches, sets) if k == j]
+        if own and sum(m.gt_hit.size for m in own):
+            per[Path(d).name] = round(float(summarise(own, 0.0).ap50 or 0.0), 4)
+    out: dict = {"val_sets_ap50": per}
+    if cfg.select == "mean_of_sets" and per:
+        out["val_select"] = round(float(np.mean(list(per.values()))), 4)
+    return out
+
+
 def is_best(history: list[dict]) -> bool:
-    """The last epoch is the best so far by the recorded validation AP@0.5 (later epochs win ties),
+    """The last epoch is the best so far by its recorded selection figure (later epochs win ties),
     the same rule :func:`trn.detect.model.chosen_threshold` reads the history by, so that
     ``best.pt`` always holds the epoch whose threshold it carries. (Comparing the unrounded AP
     with the recorded, rounded ones once let an epoch that rounded up lose to itself.)"""
-    last = history[-1]
-    return max(history, key=lambda r: (r["val_ap50"], r["epoch"])) is last
+    return best_epoch(history) is history[-1]
 
 
 def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False, stop_after: int | None = None,
@@ -352,6 +382,7 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
                **{f"val_{k}": v for k, v in _finite(sm.to_dict()).items() if k in ("ap50", "precision", "recall", "f1")},
                "val_threshold": thr, "seconds": round(time.perf_counter() - t0, 1)}
         rec["val_ap50"] = rec["val_ap50"] or 0.0
+        rec.update(_set_scores(matches, val.sets, cfg))
         history.append(rec)
         log.info("%s", rec)
         ck = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model_config": cfg.model.to_dict(),
@@ -364,6 +395,10 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
             f.write(json.dumps(rec) + "\n")
     return history
 
+
+
+def _select_words(select: str) -> str:
+    return "AP@0.5" if select == "pooled" else "mean of the sets' AP@0.5"
 
 
 def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, command: str,
@@ -379,7 +414,7 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
                   "centre_sigma_px": centre_sigma_px}, out / "detector.pt")
     history = ck["history"]
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
-    best = max(history, key=lambda r: (r["val_ap50"], r["epoch"]))
+    best = best_epoch(history)
     _plot_curves(history, out / "curves.png")
     cfg = DetectTrainConfig.from_dict(ck["train_config"])
     m = cfg.model
@@ -391,7 +426,8 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
         f"- Data: {', '.join(cfg.data)} (frames clear of the test passes' ground; union-catalogue labels)",
         f"- Training: {len(history)} of {cfg.epochs} epochs, batch {cfg.batch_size}, crops {cfg.crop} px, AdamW lr "
         f"{cfg.lr}, cosine to {cfg.min_lr_ratio} x, {sum(r['seconds'] for r in history) / 60:.0f} min on this CPU",
-        f"- Selected epoch {best['epoch']} (highest validation AP@0.5 {best['val_ap50']:.4f}); score threshold "
+        f"- Selected epoch {best['epoch']} (highest validation {_select_words(cfg.select)} "
+        f"{epoch_score(best):.4f}; pooled AP@0.5 {best['val_ap50']:.4f}); score threshold "
         f"{threshold} (highest validation F1: precision {best['val_precision']}, recall {best['val_recall']})",
         f"- Size gate: {'none' if gate_km is None else f'{gate_km} km (chosen on validation frames)'}",
         f"- Box centre error (validation, per axis RMS): "
