@@ -338,3 +338,17 @@ def test_a_training_set_from_a_build_keeps_every_nth_frame_and_splits_its_tail(b
     assert "leave some for training" in capsys.readouterr().err
     assert detect_main(["label", str(tmp_path / "b"), "--source", str(boxed_world), "--every", "3"]) == 2
     assert "give its --out directory" in capsys.readouterr().err
+
+
+def test_ship_takes_a_named_checkpoint_and_a_threshold_chosen_elsewhere(det_run, tmp_path, capsys):
+    from trn.detect.model import load_detector
+
+    root, _, _, _ = det_run
+    ck = root / "run" / "last.pt"
+    assert detect_main(["ship", str(ck), "--out", str(tmp_path / "m"), "--threshold", "0.42"]) == 0
+    _, meta = load_detector(tmp_path / "m" / "detector.pt")
+    assert meta["score_threshold"] == 0.42 and meta["epoch"] == load_detector(ck)[1]["epoch"]
+    card = (tmp_path / "m" / "MODEL_CARD.md").read_text()
+    assert f"Selected epoch {meta['epoch']}" in card and "chosen on validation images" in card
+    assert detect_main(["ship", str(tmp_path / "nothing"), "--out", str(tmp_path / "m2")]) == 2
+    assert "holds no best.pt" in capsys.readouterr().err

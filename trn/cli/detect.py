@@ -385,23 +385,23 @@ def _ship(args) -> int:
 
     import numpy as np
 
-    from trn.detect.train import ship_detector
+    from trn.detect.train import ship_detector, shipped_checkpoint
 
-    if not (args.run / "best.pt").is_file():
-        raise ConfigError(f"{args.run} holds no best.pt; give a detector run directory")
+    ck = shipped_checkpoint(args.run)
     from trn.data.datasets.labels import read_labels
-    from trn.detect.model import chosen_threshold, load_detector
+    from trn.detect.model import load_detector
     from trn.detect.run import centre_sigma_px, evaluate
 
-    model, meta = load_detector(args.run / "best.pt")
-    thr = chosen_threshold(meta)
+    model, meta = load_detector(ck)
+    own = next(r for r in meta["history"] if r["epoch"] == meta["epoch"])
+    thr = args.threshold if args.threshold is not None else float(own["val_threshold"])
     errs = [centre_sigma_px(evaluate(model, read_labels(d), "val", thr, gate_km=args.gate_km))
             for d in meta["train_config"]["data"]]
     finite = [e for e in errs if np.isfinite(e)]
     sigma = float(np.sqrt(np.mean(np.square(finite)))) if finite else None  # no matched detection: not measured
     out = ship_detector(args.run, args.out, args.gate_km, "trn-detect " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                        sigma)
-    print(f"shipped {args.run / 'best.pt'} to {out}")
+                        sigma, args.threshold)
+    print(f"shipped {ck} to {out}")
     return 0
 
 
@@ -567,10 +567,12 @@ def main(argv: list[str] | None = None) -> int:
     rs.set_defaults(fn=_real_set)
 
     sp = sub.add_parser("ship", help="copy a run's best epoch to a model directory with its card")
-    sp.add_argument("run", type=Path, help="detector run directory")
+    sp.add_argument("run", type=Path, help="detector run directory (its best.pt), or one of its checkpoints")
     sp.add_argument("--out", type=Path, required=True, help="model directory (e.g. models/detector)")
     sp.add_argument("--gate-km", type=float_between(0.0, 1000.0), default=None, metavar="KM",
                     help="size gate chosen on validation frames (trn-detect eval --gate-km)")
+    sp.add_argument("--threshold", type=float_between(0.0, 1.0), default=None,
+                    help="score threshold chosen on validation images (default: the epoch's best-F1 one)")
     sp.set_defaults(fn=_ship)
 
     x = sub.add_parser("export", help="fp32 and int8 ONNX, full-integer int8 TFLite with its Edge TPU report; parity "

@@ -397,24 +397,46 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
 
 
 
+def cfg_select(ck: dict) -> str:
+    return DetectTrainConfig.from_dict(ck["train_config"]).select
+
+
 def _select_words(select: str) -> str:
     return "AP@0.5" if select == "pooled" else "mean of the sets' AP@0.5"
 
 
+def shipped_checkpoint(run: str | Path) -> Path:
+    """The checkpoint ``trn-detect ship`` copies: a run directory's ``best.pt``, or a checkpoint file
+    given itself (an epoch chosen by another rule, e.g. on one kind of validation image)."""
+    run = Path(run)
+    if run.is_file():
+        return run
+    if not (run / "best.pt").is_file():
+        raise ConfigError(f"{run} holds no best.pt; give a detector run directory or one of its checkpoints")
+    return run / "best.pt"
+
+
 def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, command: str,
-                  centre_sigma_px: float | None = None) -> Path:
-    """Copy a run's best epoch to a model directory: ``detector.pt`` (weights, configs, history, the
-    score threshold and size gate chosen on validation frames), ``log.jsonl``, ``curves.png`` and
-    ``MODEL_CARD.md``."""
-    run, out = Path(run), Path(out)
-    ck = load_checked(run / "best.pt", fmt=CHECKPOINT_FORMAT, what="detector")
-    threshold = chosen_threshold(ck)
+                  centre_sigma_px: float | None = None, threshold: float | None = None) -> Path:
+    """Copy a run's best epoch (or the checkpoint ``run`` names, :func:`shipped_checkpoint`) to a
+    model directory: ``detector.pt`` (weights, configs, history, the score threshold and size gate
+    chosen on validation frames; ``threshold`` replaces the epoch's own best-F1 one where it was
+    chosen on other validation images), ``log.jsonl``, ``curves.png`` and ``MODEL_CARD.md``."""
+    out = Path(out)
+    ck = load_checked(shipped_checkpoint(run), fmt=CHECKPOINT_FORMAT, what="detector")
+    own = next(r for r in ck["history"] if r["epoch"] == ck["epoch"])
+    chosen = threshold is not None
+    threshold = float(threshold) if chosen else float(own["val_threshold"])
     out.mkdir(parents=True, exist_ok=True)
     save_checked({**ck, "optimizer": {}, "score_threshold": threshold, "gate_km": gate_km,
                   "centre_sigma_px": centre_sigma_px}, out / "detector.pt")
     history = ck["history"]
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
     best = best_epoch(history)
+    why = (f"highest validation {_select_words(cfg_select(ck))} {epoch_score(best):.4f}; pooled AP@0.5 "
+           f"{best['val_ap50']:.4f}" if best is own else
+           f"chosen by another rule; the run's own rule would choose epoch {best['epoch']}")
+    sets = "".join(f", {k} {v:.4f}" for k, v in own.get("val_sets_ap50", {}).items())
     _plot_curves(history, out / "curves.png")
     cfg = DetectTrainConfig.from_dict(ck["train_config"])
     m = cfg.model
@@ -426,9 +448,10 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
         f"- Data: {', '.join(cfg.data)} (frames clear of the test passes' ground; union-catalogue labels)",
         f"- Training: {len(history)} of {cfg.epochs} epochs, batch {cfg.batch_size}, crops {cfg.crop} px, AdamW lr "
         f"{cfg.lr}, cosine to {cfg.min_lr_ratio} x, {sum(r['seconds'] for r in history) / 60:.0f} min on this CPU",
-        f"- Selected epoch {best['epoch']} (highest validation {_select_words(cfg.select)} "
-        f"{epoch_score(best):.4f}; pooled AP@0.5 {best['val_ap50']:.4f}); score threshold "
-        f"{threshold} (highest validation F1: precision {best['val_precision']}, recall {best['val_recall']})",
+        f"- Selected epoch {own['epoch']} ({why}); validation AP@0.5 of each set{sets or ': one set'}",
+        f"- Score threshold {threshold} (" + ("chosen on validation images when shipped" if chosen else
+                                             f"highest validation F1: precision {own['val_precision']}, recall "
+                                             f"{own['val_recall']}") + ")",
         f"- Size gate: {'none' if gate_km is None else f'{gate_km} km (chosen on validation frames)'}",
         f"- Box centre error (validation, per axis RMS): "
         f"{'not measured' if centre_sigma_px is None else f'{centre_sigma_px:.2f} px'}",
