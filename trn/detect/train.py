@@ -39,7 +39,7 @@ from trn.data.datasets.labels import LabelledFrame, catalogue_complete, read_lab
 from trn.detect.boxes import resize_frame, standardise
 from trn.detect.evaluate import best_f1_threshold, match_frame, summarise
 from trn.detect.model import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, STRIDE, CraterDetector, DetectorConfig,
-                              best_epoch, chosen_threshold, epoch_score, parameter_count)
+                              best_epoch, epoch_score, parameter_count)
 from trn.detect.run import detect_inputs
 from trn.errors import ConfigError, DataError
 from trn.models.checkpoint import load_checked, load_state, save_checked
@@ -397,10 +397,6 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
 
 
 
-def cfg_select(ck: dict) -> str:
-    return DetectTrainConfig.from_dict(ck["train_config"]).select
-
-
 def _select_words(select: str) -> str:
     return "AP@0.5" if select == "pooled" else "mean of the sets' AP@0.5"
 
@@ -433,12 +429,12 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
     history = ck["history"]
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
     best = best_epoch(history)
-    why = (f"highest validation {_select_words(cfg_select(ck))} {epoch_score(best):.4f}; pooled AP@0.5 "
+    cfg = DetectTrainConfig.from_dict(ck["train_config"])
+    why = (f"highest validation {_select_words(cfg.select)} {epoch_score(best):.4f}; pooled AP@0.5 "
            f"{best['val_ap50']:.4f}" if best is own else
            f"chosen by another rule; the run's own rule would choose epoch {best['epoch']}")
-    sets = "".join(f", {k} {v:.4f}" for k, v in own.get("val_sets_ap50", {}).items())
+    sets = ", ".join(f"{k} {v:.4f}" for k, v in own.get("val_sets_ap50", {}).items())
     _plot_curves(history, out / "curves.png")
-    cfg = DetectTrainConfig.from_dict(ck["train_config"])
     m = cfg.model
     lines = [
         "# Crater detector", "",
@@ -448,7 +444,7 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
         f"- Data: {', '.join(cfg.data)} (frames clear of the test passes' ground; union-catalogue labels)",
         f"- Training: {len(history)} of {cfg.epochs} epochs, batch {cfg.batch_size}, crops {cfg.crop} px, AdamW lr "
         f"{cfg.lr}, cosine to {cfg.min_lr_ratio} x, {sum(r['seconds'] for r in history) / 60:.0f} min on this CPU",
-        f"- Selected epoch {own['epoch']} ({why}); validation AP@0.5 of each set{sets or ': one set'}",
+        f"- Selected epoch {own['epoch']} ({why})" + (f"; each set's validation AP@0.5: {sets}" if sets else ""),
         f"- Score threshold {threshold} (" + ("chosen on validation images when shipped" if chosen else
                                              f"highest validation F1: precision {own['val_precision']}, recall "
                                              f"{own['val_recall']}") + ")",

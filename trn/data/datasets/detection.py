@@ -187,7 +187,6 @@ def _labelled(root: Path, source: str | Path, rule: UnionRule, all_frames: bool 
     return settings, frames
 
 
-
 def label_subset(build: str | Path, source: str | Path, out: str | Path, every: int, val_frames: int,
                  rule: UnionRule | None = None) -> DetectionLabels:
     """A detector's training set from an existing Luna-1 build: every ``every``-th rendered frame
