@@ -345,10 +345,11 @@ def test_ship_takes_a_named_checkpoint_and_a_threshold_chosen_elsewhere(det_run,
 
     root, _, _, _ = det_run
     ck = root / "run" / "last.pt"
-    assert detect_main(["ship", str(ck), "--out", str(tmp_path / "m"), "--threshold", "0.42"]) == 0
+    assert detect_main(["ship", str(ck), "--out", str(tmp_path / "m"), "--threshold", "0.42",
+                        "--chosen-by", "highest AP on the real tiles"]) == 0
     _, meta = load_detector(tmp_path / "m" / "detector.pt")
     assert meta["score_threshold"] == 0.42 and meta["epoch"] == load_detector(ck)[1]["epoch"]
     card = (tmp_path / "m" / "MODEL_CARD.md").read_text()
-    assert f"Selected epoch {meta['epoch']}" in card and "chosen on validation images" in card
+    assert f"Selected epoch {meta['epoch']} (highest AP on the real tiles)" in card and "chosen on validation images" in card
     assert detect_main(["ship", str(tmp_path / "nothing"), "--out", str(tmp_path / "m2")]) == 2
     assert "holds no best.pt" in capsys.readouterr().err

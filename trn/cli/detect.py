@@ -400,7 +400,7 @@ def _ship(args) -> int:
     finite = [e for e in errs if np.isfinite(e)]
     sigma = float(np.sqrt(np.mean(np.square(finite)))) if finite else None  # no matched detection: not measured
     out = ship_detector(args.run, args.out, args.gate_km, "trn-detect " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                        sigma, args.threshold)
+                        sigma, args.threshold, args.chosen_by)
     print(f"shipped {ck} to {out}")
     return 0
 
@@ -573,6 +573,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="size gate chosen on validation frames (trn-detect eval --gate-km)")
     sp.add_argument("--threshold", type=float_between(0.0, 1.0), default=None,
                     help="score threshold chosen on validation images (default: the epoch's best-F1 one)")
+    sp.add_argument("--chosen-by", default=None, metavar="TEXT",
+                    help="how the given checkpoint's epoch was chosen, for the model card")
     sp.set_defaults(fn=_ship)
 
     x = sub.add_parser("export", help="fp32 and int8 ONNX, full-integer int8 TFLite with its Edge TPU report; parity "

@@ -413,11 +413,13 @@ def shipped_checkpoint(run: str | Path) -> Path:
 
 
 def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, command: str,
-                  centre_sigma_px: float | None = None, threshold: float | None = None) -> Path:
+                  centre_sigma_px: float | None = None, threshold: float | None = None,
+                  chosen_by: str | None = None) -> Path:
     """Copy a run's best epoch (or the checkpoint ``run`` names, :func:`shipped_checkpoint`) to a
     model directory: ``detector.pt`` (weights, configs, history, the score threshold and size gate
     chosen on validation frames; ``threshold`` replaces the epoch's own best-F1 one where it was
-    chosen on other validation images), ``log.jsonl``, ``curves.png`` and ``MODEL_CARD.md``."""
+    chosen on other validation images; ``chosen_by`` says on the card how a named checkpoint's epoch
+    was chosen), ``log.jsonl``, ``curves.png`` and ``MODEL_CARD.md``."""
     out = Path(out)
     ck = load_checked(shipped_checkpoint(run), fmt=CHECKPOINT_FORMAT, what="detector")
     own = next(r for r in ck["history"] if r["epoch"] == ck["epoch"])
@@ -430,7 +432,8 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
     best = best_epoch(history)
     cfg = DetectTrainConfig.from_dict(ck["train_config"])
-    why = (f"highest validation {_select_words(cfg.select)} {epoch_score(best):.4f}; pooled AP@0.5 "
+    why = (chosen_by if chosen_by else
+           f"highest validation {_select_words(cfg.select)} {epoch_score(best):.4f}; pooled AP@0.5 "
            f"{best['val_ap50']:.4f}" if best is own else
            f"chosen by another rule; the run's own rule would choose epoch {best['epoch']}")
     sets = ", ".join(f"{k} {v:.4f}" for k, v in own.get("val_sets_ap50", {}).items())
@@ -441,7 +444,8 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
         f"- Architecture: centre-point detector (heat map, log box size, centre offset at stride {STRIDE}), residual "
         f"backbone widths {list(m.widths)}, depths {list(m.depths)}, pyramid and heads {m.neck} channels, input "
         f"{m.input_size} px grey, {parameter_count(CraterDetector(m)):,} parameters",
-        f"- Data: {', '.join(cfg.data)} (frames clear of the test passes' ground; union-catalogue labels)",
+        f"- Data: {', '.join(cfg.data)} (each directory's detection_labels.json; rendered frames clear of the test "
+        "passes' ground, labelled from the union catalogue)",
         f"- Training: {len(history)} of {cfg.epochs} epochs, batch {cfg.batch_size}, crops {cfg.crop} px, AdamW lr "
         f"{cfg.lr}, cosine to {cfg.min_lr_ratio} x, {sum(r['seconds'] for r in history) / 60:.0f} min on this CPU",
         f"- Selected epoch {own['epoch']} ({why})" + (f"; each set's validation AP@0.5: {sets}" if sets else ""),
