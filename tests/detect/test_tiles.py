@@ -283,3 +283,22 @@ def test_one_band_of_every_size_gives_the_one_scale_run():
     a = detect_tiled(torch_maps(model), ArraySource(img), ImageScale(0.8, "test"), 256, STRIDE, 0.05).detections
     b = detect_multiscale(torch_maps(model), ArraySource(img), [ScaleBand(0.8)], 256, STRIDE, 0.05).detections
     assert len(a) > 0 and np.array_equal(a.boxes, b.boxes) and np.array_equal(a.scores, b.scores)
+
+
+def test_the_real_image_detector_finds_constructed_craters_at_its_chosen_scales():
+    """models/detector_real (checked by its hash on loading) at the scales and bands chosen on the
+    real validation images and its shipped threshold: clear bowls of 12-80 px are each found once,
+    with few boxes besides."""
+    from trn.detect.model import chosen_threshold, load_detector
+    from trn.detect.tiles import detect_multiscale, parse_bands
+
+    model, meta = load_detector("models/detector_real/detector.pt")
+    rng = np.random.default_rng(3)
+    centres, radii = rng.uniform(80, 920, (16, 2)), rng.uniform(6, 40, 16)
+    img = bowls((1000, 1000), centres, radii)
+    run = detect_multiscale(torch_maps(model), ArraySource(img), parse_bands("2.5,0.7", "0-24,24-inf"), 256, STRIDE,
+                            chosen_threshold(meta))
+    truth = np.stack([centres[:, 0] - radii, centres[:, 0] + radii, centres[:, 1] - radii, centres[:, 1] + radii], 1)
+    iou = iou_matrix(truth.astype(np.float32), run.detections.boxes)
+    found = (iou >= 0.5).any(axis=1)
+    assert found.sum() >= 14 and len(run.detections.boxes) <= found.sum() + 2
