@@ -353,3 +353,23 @@ def test_ship_takes_a_named_checkpoint_and_a_threshold_chosen_elsewhere(det_run,
     assert f"Selected epoch {meta['epoch']} (highest AP on the real tiles)" in card and "chosen on validation images" in card
     assert detect_main(["ship", str(tmp_path / "nothing"), "--out", str(tmp_path / "m2")]) == 2
     assert "holds no best.pt" in capsys.readouterr().err
+    assert detect_main(["ship", str(ck), "--out", str(tmp_path / "m3"), "--scales", "2,0.5", "--bands", "0-20"]) == 2
+    assert "one MIN-MAX band" in capsys.readouterr().err
+
+
+def test_a_model_shipped_with_its_scales_runs_at_them_unless_told_otherwise(det_run, tmp_path, capsys):
+    root, labels, _, _ = det_run
+    m = tmp_path / "m"
+    assert detect_main(["ship", str(root / "run" / "last.pt"), "--out", str(m), "--scales", "2,0.5",
+                        "--bands", "0-20,20-inf"]) == 0
+    assert "Scales for trn-detect run: 2,0.5, bands 0-20,20-inf" in (m / "MODEL_CARD.md").read_text()
+    frames = str(labels.image_path(labels.frames[0].frame).parent)
+    capsys.readouterr()
+    assert detect_main(["run", str(m), frames, "--out", str(tmp_path / "o"), "--threshold", "0.01"]) == 0
+    assert "the model's own" in capsys.readouterr().out
+    rec = json.loads((tmp_path / "o" / "detections.json").read_text())["images"][0]
+    assert [s["factor"] for s in rec["scales"]] == [2.0, 0.5] and rec["scale_source"].startswith("the model's own")
+    # a scale on the command line wins; a model shipped without scales keeps the one-scale rules
+    assert detect_main(["run", str(m), frames, "--out", str(tmp_path / "o2"), "--scale", "1"]) == 0
+    rec = json.loads((tmp_path / "o2" / "detections.json").read_text())["images"][0]
+    assert "scales" not in rec and rec["scale"] == 1.0

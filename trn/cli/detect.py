@@ -114,7 +114,8 @@ IMAGE_SUFFIXES = (".png", ".jpg", ".jpeg", ".tif", ".tiff", ".bmp", ".pgm", ".jp
 
 def _load_model(spec: Path):
     """A detector from a run directory (its best.pt), a checkpoint file or a shipped model
-    directory (its detector.pt), and the score threshold chosen on validation frames."""
+    directory (its detector.pt), the score threshold chosen on validation frames, its path, its
+    size gate and its metadata."""
     from trn.detect.model import chosen_threshold, load_detector
 
     if spec.is_dir():
@@ -127,7 +128,7 @@ def _load_model(spec: Path):
     if not spec.is_file():
         raise ConfigError(f"detector {spec} does not exist; give a run directory, a checkpoint or models/NAME")
     model, meta = load_detector(spec)
-    return model, chosen_threshold(meta), spec, meta.get("gate_km")
+    return model, chosen_threshold(meta), spec, meta.get("gate_km"), meta
 
 
 def _eval(args) -> int:
@@ -136,7 +137,7 @@ def _eval(args) -> int:
     from trn.data.datasets.labels import read_labels
     from trn.detect.run import evaluate, report
 
-    model, chosen, path, gate = _load_model(args.model)
+    model, chosen, path, gate, _ = _load_model(args.model)
     threshold = chosen if args.threshold is None else args.threshold
     gate = gate if args.gate_km is None else (args.gate_km or None)
     bands = _bands(args)
@@ -238,6 +239,14 @@ def _check_scale_and_georef(img, args, catalogue: bool, bands=None):
     return image_scale(img, args.gsd, args.crater_px, args.scale, args.altitude_km, args.fov_deg)
 
 
+def _model_bands(meta: dict):
+    """The scales and size bands a shipped model carries (``trn-detect ship --scales``), None when
+    it carries none."""
+    from trn.detect.tiles import parse_bands
+
+    return parse_bands(meta["run_scales"], meta.get("run_bands")) if meta.get("run_scales") else None
+
+
 def _bands(args):
     """The scales and size bands of ``--scales`` / ``--bands`` (None: one scale, as chosen)."""
     from trn.detect.tiles import parse_bands
@@ -274,6 +283,11 @@ def _run(args) -> int:
 
     paths = _images(args.inputs)
     bands = _bands(args)
+    own, from_model = None, False  # the model is loaded early when its own scales are to be read
+    if bands is None and all(getattr(args, k) is None for k in ("scale", "crater_px", "gsd", "altitude_km")):
+        own = _load_model(args.model)
+        bands = _model_bands(own[4])
+        from_model = bands is not None
     cat = read_catalogue(args.catalogue, args.catalogue_columns) if args.catalogue is not None else None
     for p in paths:  # rasters refused before the model loads: a header read each, no pixels
         if not is_picture(p):
@@ -282,7 +296,10 @@ def _run(args) -> int:
                 _check_scale_and_georef(img, args, cat is not None, bands)
             finally:
                 img.close()
-    model, chosen, _, gate = _load_model(args.model)
+    model, chosen, _, gate, _ = own or _load_model(args.model)
+    if from_model:
+        print(f"scales {', '.join(b.describe() for b in bands)}: the model's own, chosen on its validation images "
+              "(give --scales, --scale, --crater-px, --gsd or --altitude-km for others)")
     threshold = chosen if args.threshold is None else args.threshold
     (args.out / "overlays").mkdir(parents=True, exist_ok=True)
     maps = torch_maps(model)
@@ -322,7 +339,8 @@ def _run(args) -> int:
             multi = {} if bands is None else {"scales": [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px),
                                                           "tiles": n} for b, n in zip(bands, res.tiles)]}
             records.append({"image": str(p), "shape": list(shape), "read": img.what, "scale": round(scale.factor, 6),
-                            "scale_source": "--scales (the finest)" if bands else scale.source, "gsd_km": scale.gsd_km, "tiles": tiles, **multi,
+                            "scale_source": ("the model's own scales (the finest)" if from_model else "--scales (the finest)")
+                            if bands else scale.source, "gsd_km": scale.gsd_km, "tiles": tiles, **multi,
                             "georeferenced": img.georef is not None, "boxes": [list(b) for b in boxes],
                             "scores": [round(float(s), 4) for s in det.scores[keep]]})
             scales.setdefault(said, []).append(p)
@@ -388,6 +406,12 @@ def _ship(args) -> int:
     from trn.detect.train import ship_detector, shipped_checkpoint
 
     ck = shipped_checkpoint(args.run)
+    if args.bands is not None and args.scales is None:
+        raise ConfigError("--bands needs --scales: one MIN-MAX band of image px for each scale")
+    if args.scales is not None:
+        from trn.detect.tiles import parse_bands
+
+        parse_bands(args.scales, args.bands)  # refused here, not when the model is first run
     from trn.data.datasets.labels import read_labels
     from trn.detect.model import load_detector
     from trn.detect.run import centre_sigma_px, evaluate
@@ -400,7 +424,7 @@ def _ship(args) -> int:
     finite = [e for e in errs if np.isfinite(e)]
     sigma = float(np.sqrt(np.mean(np.square(finite)))) if finite else None  # no matched detection: not measured
     out = ship_detector(args.run, args.out, args.gate_km, "trn-detect " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                        sigma, args.threshold, args.chosen_by)
+                        sigma, args.threshold, args.chosen_by, args.scales, args.bands)
     print(f"shipped {ck} to {out}")
     return 0
 
@@ -415,7 +439,7 @@ def _export(args) -> int:
                                      quantize_detector, score, write_report)
     from trn.export.edgetpu import edgetpu_report, write_report as write_tpu_report
 
-    model, threshold, path, gate = _load_model(args.model)
+    model, threshold, path, gate, _ = _load_model(args.model)
     args.out.mkdir(parents=True, exist_ok=True)
     fp32 = export_detector_onnx(model, args.out / "detector.onnx")
     sets = [read_labels(d) for d in args.data]
@@ -575,6 +599,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="score threshold chosen on validation images (default: the epoch's best-F1 one)")
     sp.add_argument("--chosen-by", default=None, metavar="TEXT",
                     help="how the given checkpoint's epoch was chosen, for the model card")
+    sp.add_argument("--scales", default=None, metavar="F,F,...",
+                    help="scales (network px per image px) that trn-detect run uses when given no scale of its own, "
+                         "chosen on validation images; with --bands, one MIN-MAX band of image px each")
+    sp.add_argument("--bands", default=None, metavar="MIN-MAX,...")
     sp.set_defaults(fn=_ship)
 
     x = sub.add_parser("export", help="fp32 and int8 ONNX, full-integer int8 TFLite with its Edge TPU report; parity "

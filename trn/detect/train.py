@@ -414,12 +414,15 @@ def shipped_checkpoint(run: str | Path) -> Path:
 
 def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, command: str,
                   centre_sigma_px: float | None = None, threshold: float | None = None,
-                  chosen_by: str | None = None) -> Path:
+                  chosen_by: str | None = None, run_scales: str | None = None, run_bands: str | None = None
+                  ) -> Path:
     """Copy a run's best epoch (or the checkpoint ``run`` names, :func:`shipped_checkpoint`) to a
     model directory: ``detector.pt`` (weights, configs, history, the score threshold and size gate
     chosen on validation frames; ``threshold`` replaces the epoch's own best-F1 one where it was
     chosen on other validation images; ``chosen_by`` says on the card how a named checkpoint's epoch
-    was chosen), ``log.jsonl``, ``curves.png`` and ``MODEL_CARD.md``."""
+    was chosen; ``run_scales`` / ``run_bands``, as ``trn-detect run --scales / --bands`` takes them,
+    the scales that command uses when given none), ``log.jsonl``, ``curves.png`` and
+    ``MODEL_CARD.md``."""
     out = Path(out)
     ck = load_checked(shipped_checkpoint(run), fmt=CHECKPOINT_FORMAT, what="detector")
     own = next(r for r in ck["history"] if r["epoch"] == ck["epoch"])
@@ -427,7 +430,8 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
     threshold = float(threshold) if chosen else float(own["val_threshold"])
     out.mkdir(parents=True, exist_ok=True)
     save_checked({**ck, "optimizer": {}, "score_threshold": threshold, "gate_km": gate_km,
-                  "centre_sigma_px": centre_sigma_px}, out / "detector.pt")
+                  "centre_sigma_px": centre_sigma_px, "run_scales": run_scales, "run_bands": run_bands},
+                 out / "detector.pt")
     history = ck["history"]
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
     best = best_epoch(history)
@@ -453,6 +457,9 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
                                              f"highest validation F1: precision {own['val_precision']}, recall "
                                              f"{own['val_recall']}") + ")",
         f"- Size gate: {'none' if gate_km is None else f'{gate_km} km (chosen on validation frames)'}",
+        "- Scales for trn-detect run: " + (f"{run_scales}" + (f", bands {run_bands} image px" if run_bands else "") +
+                                            " (chosen on validation images)" if run_scales else
+                                            "from the image's ground sampling or the command line"),
         f"- Box centre error (validation, per axis RMS): "
         f"{'not measured' if centre_sigma_px is None else f'{centre_sigma_px:.2f} px'}",
         f"- Command: `{command}`", "",
