@@ -413,12 +413,11 @@ def _ship(args) -> int:
 
         parse_bands(args.scales, args.bands)  # refused here, not when the model is first run
     from trn.data.datasets.labels import read_labels
-    from trn.detect.model import load_detector
+    from trn.detect.model import epoch_record, load_detector
     from trn.detect.run import centre_sigma_px, evaluate
 
     model, meta = load_detector(ck)
-    own = next(r for r in meta["history"] if r["epoch"] == meta["epoch"])
-    thr = args.threshold if args.threshold is not None else float(own["val_threshold"])
+    thr = args.threshold if args.threshold is not None else float(epoch_record(meta)["val_threshold"])
     errs = [centre_sigma_px(evaluate(model, read_labels(d), "val", thr, gate_km=args.gate_km))
             for d in meta["train_config"]["data"]]
     finite = [e for e in errs if np.isfinite(e)]

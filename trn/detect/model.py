@@ -132,6 +132,15 @@ def best_epoch(history: list[dict]) -> dict:
     return max(history, key=lambda r: (epoch_score(r), r["epoch"]))
 
 
+def epoch_record(meta: dict) -> dict:
+    """A checkpoint's own epoch in its history (the epoch its weights are from)."""
+    rec = next((r for r in meta.get("history") or [] if r.get("epoch") == meta.get("epoch")), None)
+    if rec is None:
+        raise DataError(f"this detector checkpoint's history has no record of its epoch {meta.get('epoch')}; ship a "
+                        "checkpoint written by trn-detect train")
+    return rec
+
+
 def chosen_threshold(meta: dict) -> float:
     """The score threshold of a checkpoint: the best-F1 threshold on validation frames of the epoch
     chosen by :func:`best_epoch` (a shipped detector carries it as ``score_threshold``)."""

@@ -39,7 +39,7 @@ from trn.data.datasets.labels import LabelledFrame, catalogue_complete, read_lab
 from trn.detect.boxes import resize_frame, standardise
 from trn.detect.evaluate import best_f1_threshold, match_frame, summarise
 from trn.detect.model import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, STRIDE, CraterDetector, DetectorConfig,
-                              best_epoch, epoch_score, parameter_count)
+                              best_epoch, epoch_record, epoch_score, parameter_count)
 from trn.detect.run import detect_inputs
 from trn.errors import ConfigError, DataError
 from trn.models.checkpoint import load_checked, load_state, save_checked
@@ -425,7 +425,7 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
     ``MODEL_CARD.md``."""
     out = Path(out)
     ck = load_checked(shipped_checkpoint(run), fmt=CHECKPOINT_FORMAT, what="detector")
-    own = next(r for r in ck["history"] if r["epoch"] == ck["epoch"])
+    own = epoch_record(ck)
     chosen = threshold is not None
     threshold = float(threshold) if chosen else float(own["val_threshold"])
     out.mkdir(parents=True, exist_ok=True)
