@@ -47,7 +47,7 @@ from trn.detect.evaluate import best_f1_threshold, match_frame, match_frame_min_
 from trn.detect.model import STRIDE, chosen_threshold, load_detector  # noqa: E402
 from trn.detect.realsets import real_images, write_tile_frames  # noqa: E402
 from trn.detect.tiles import (ArraySource, ScaleBand, detect_multiscale, merge_bands, parse_bands,  # noqa: E402
-                              tile_boxes, torch_maps)
+                              mirror_averaged, tile_boxes, torch_maps)
 
 SET = "craterdanet-nac"
 SIZE_EDGES = [0.0, 10.0, 20.0, 40.0, 80.0, float("inf")]  # box side (geometric mean), image px
@@ -73,7 +73,7 @@ def _per_tile(run):
     return maps
 
 
-def runners(names: list[str], model, export: Path | None) -> dict:
+def runners(names: list[str], model, export: Path | None, mirror: bool = False) -> dict:
     out = {}
     for name in names:
         if name == "torch":
@@ -86,7 +86,7 @@ def runners(names: list[str], model, export: Path | None) -> dict:
             out[name] = _per_tile(TfliteDetector(export / "detector_int8.tflite"))
         else:
             raise SystemExit(f"unknown runner {name!r}: torch, onnx-int8, tflite-int8")
-    return out
+    return {k: mirror_averaged(v) for k, v in out.items()} if mirror else out
 
 
 def score_split(maps, images, bands: list[ScaleBand], input_size: int, min_side: float = MIN_LABELLED_SIDE_PX
@@ -192,9 +192,9 @@ def cmd_score(args) -> int:
            "labels": int(sum(len(im.boxes) for im in images)), "factor": args.factor,
            "bands": [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px)} for b in bands],
            "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
-           "shipped_threshold": chosen_threshold(meta), "runners": {}}
+           "shipped_threshold": chosen_threshold(meta), "mirror": bool(args.mirror), "runners": {}}
     print("scales " + ", ".join(b.describe() for b in bands))
-    for name, maps in runners(args.runners.split(","), model, args.export).items():
+    for name, maps in runners(args.runners.split(","), model, args.export, args.mirror).items():
         matches, ranged, dets, secs = score_split(maps, images, bands, model.cfg.input_size, args.min_side)
         best, range_best = best_f1_threshold(matches), best_f1_threshold(ranged)
         here = f"best F1 on this {args.split} split"
@@ -327,6 +327,7 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--runners", default="torch", help="torch, onnx-int8, tflite-int8 (comma-separated)")
     s.add_argument("--export", type=Path, help="trn-detect export directory for the int8 runners")
     s.add_argument("--threads", type=int, default=1)
+    s.add_argument("--mirror", action="store_true", help="test-time mirroring (trn.detect.tiles.mirror_averaged)")
     s.add_argument("--json", type=Path)
     s.set_defaults(fn=cmd_score)
     w = sub.add_parser("sweep", help="validation: scales and band boundaries scored from one run of each scale")

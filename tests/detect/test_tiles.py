@@ -302,3 +302,25 @@ def test_the_real_image_detector_finds_constructed_craters_at_its_chosen_scales(
     iou = iou_matrix(truth.astype(np.float32), run.detections.boxes)
     found = (iou >= 0.5).any(axis=1)
     assert found.sum() >= 14 and len(run.detections.boxes) <= found.sum() + 2
+
+
+def test_mirroring_keeps_an_equivariant_map_and_evens_out_one_that_is_not():
+    from trn.detect.tiles import mirror_averaged
+
+    def pooled(x):  # heat: each 4 x 4 cell's mean; mirror-equivariant since the stride divides the input
+        n, s = x.shape[0], x.shape[1] // 4
+        h = x.reshape(n, s, 4, s, 4).mean(axis=(2, 4))[:, None]
+        return h, np.concatenate([h, 2 * h], 1), np.zeros((n, 2, s, s), np.float32)
+
+    x = np.random.default_rng(0).random((3, 32, 32)).astype(np.float32)
+    h, s, o = mirror_averaged(pooled)(x)
+    ref = pooled(x)
+    assert np.allclose(h, ref[0]) and np.allclose(s, ref[1]) and np.array_equal(o, ref[2])
+
+    def ramp(x):  # a map that grows to the right whatever the input: mirrored and averaged, it is flat
+        n = x.shape[0]
+        h = np.broadcast_to(np.arange(8, dtype=np.float32), (n, 1, 8, 8)).copy()
+        return h, np.zeros((n, 2, 8, 8), np.float32), np.zeros((n, 2, 8, 8), np.float32)
+
+    h, _, _ = mirror_averaged(ramp)(x)
+    assert np.allclose(h, 3.5)
