@@ -448,8 +448,8 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
         f"- Architecture: centre-point detector (heat map, log box size, centre offset at stride {STRIDE}), residual "
         f"backbone widths {list(m.widths)}, depths {list(m.depths)}, pyramid and heads {m.neck} channels, input "
         f"{m.input_size} px grey, {parameter_count(CraterDetector(m)):,} parameters",
-        f"- Data: {', '.join(cfg.data)} (each directory's detection_labels.json; rendered frames clear of the test "
-        "passes' ground, labelled from the union catalogue)",
+        f"- Data: {', '.join(cfg.data)} (each directory's detection_labels.json; see docs/detector.md for how "
+        "each was made and which ground it images)",
         f"- Training: {len(history)} of {cfg.epochs} epochs, batch {cfg.batch_size}, crops {cfg.crop} px, AdamW lr "
         f"{cfg.lr}, cosine to {cfg.min_lr_ratio} x, {sum(r['seconds'] for r in history) / 60:.0f} min on this CPU",
         f"- Selected epoch {own['epoch']} ({why})" + (f"; each set's validation AP@0.5: {sets}" if sets else ""),
