@@ -406,12 +406,7 @@ def _ship(args) -> int:
     from trn.detect.train import ship_detector, shipped_checkpoint
 
     ck = shipped_checkpoint(args.run)
-    if args.bands is not None and args.scales is None:
-        raise ConfigError("--bands needs --scales: one MIN-MAX band of image px for each scale")
-    if args.scales is not None:
-        from trn.detect.tiles import parse_bands
-
-        parse_bands(args.scales, args.bands)  # refused here, not when the model is first run
+    _bands(args)  # scales and bands refused here, by run's own rules, not when the model is first run
     from trn.data.datasets.labels import read_labels
     from trn.detect.model import epoch_record, load_detector
     from trn.detect.run import centre_sigma_px, evaluate

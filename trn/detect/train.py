@@ -436,10 +436,13 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
     best = best_epoch(history)
     cfg = DetectTrainConfig.from_dict(ck["train_config"])
-    why = (chosen_by if chosen_by else
-           f"highest validation {_select_words(cfg.select)} {epoch_score(best):.4f}; pooled AP@0.5 "
-           f"{best['val_ap50']:.4f}" if best is own else
-           f"chosen by another rule; the run's own rule would choose epoch {best['epoch']}")
+    if chosen_by:
+        why = chosen_by
+    elif best is own:
+        why = (f"highest validation {_select_words(cfg.select)} {epoch_score(best):.4f}; "
+               f"pooled AP@0.5 {best['val_ap50']:.4f}")
+    else:
+        why = f"chosen by another rule; the run's own rule would choose epoch {best['epoch']}"
     sets = ", ".join(f"{k} {v:.4f}" for k, v in own.get("val_sets_ap50", {}).items())
     _plot_curves(history, out / "curves.png")
     m = cfg.model
