@@ -77,6 +77,40 @@ def test_ignoring_by_relief_needs_a_source_per_directory():
     assert cfg.sources == ("s",) and DetectTrainConfig.from_dict(cfg.to_dict()) == cfg
 
 
+def test_invisible_labels_are_ignored_by_the_test_sequences_rule():
+    from trn.data.datasets.detection import RELIEF_VISIBLE_CONTRAST
+    from trn.data.datasets.labels import LabelledBox, LabelledFrame
+    from trn.detect.train import ignored_boxes
+
+    # relief 0.02 under a Sun of 40 deg: contrast 4 * 0.02 / tan 40 = 0.095, below the 0.10 rule;
+    # 0.03 at 40 deg: 0.143, kept; 0.002 under a Sun of 3 deg: 0.153, kept (low Sun shows any relief)
+    boxes = tuple(LabelledBox(i, (0, 10, 0, 10), 5.0, sun, False) for i, sun in ((1, 40.0), (2, 40.0), (3, 3.0)))
+    f = LabelledFrame(0, "train", 1, 100.0, 40.0, 0.0, 0.0, boxes)
+    relief = {1: 0.02, 2: 0.03, 3: 0.002}
+    assert RELIEF_VISIBLE_CONTRAST == 0.10
+    assert ignored_boxes(f, relief, invisible=True).tolist() == [True, False, False]
+    assert ignored_boxes(f, relief, below=0.025).tolist() == [True, False, True]
+    assert ignored_boxes(f, relief, below=0.025, invisible=True).tolist() == [True, False, True]
+    assert ignored_boxes(f, None, invisible=True).tolist() == [False, False, False]  # a real image: all kept
+    with pytest.raises(ConfigError, match="ignore_invisible needs one elevation source per data directory"):
+        DetectTrainConfig(data=("a", "b"), sources=("s",), ignore_invisible=True)
+    cfg = DetectTrainConfig.from_dict({"data": ["a", "b"], "sources": ["none", "s"], "ignore_invisible": True})
+    assert DetectTrainConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_validation_under_the_rule_counts_only_the_kept_labels():
+    from trn.data.datasets.labels import LabelledBox, LabelledFrame
+    from trn.detect.train import FrameSet, evaluate_set
+
+    boxes = tuple(LabelledBox(i, (8 + 40 * i, 40 + 40 * i, 8, 40), 5.0, 30.0, False) for i in range(3))
+    f = LabelledFrame(0, "val", 1, 100.0, 30.0, 0.0, 0.0, boxes)
+    fs = FrameSet(np.full((1, 128, 128), 90, np.uint8), [np.array([b.box for b in boxes], np.float32)], [f],
+                  [(128, 128)], np.array([True]), [np.array([False, True, False])])
+    model = CraterDetector(DetectorConfig(input_size=128)).eval()
+    assert evaluate_set(model, fs)[0].gt_hit.size == 3
+    assert evaluate_set(model, fs, use_ignore=True)[0].gt_hit.size == 2
+
+
 def test_focal_loss_ignores_negatives_where_told():
     heat = torch.zeros(2, 4, 4)
     heat[:, 1, 1] = 1.0
@@ -373,3 +407,46 @@ def test_a_model_shipped_with_its_scales_runs_at_them_unless_told_otherwise(det_
     assert detect_main(["run", str(m), frames, "--out", str(tmp_path / "o2"), "--scale", "1"]) == 0
     rec = json.loads((tmp_path / "o2" / "detections.json").read_text())["images"][0]
     assert "scales" not in rec and rec["scale"] == 1.0
+
+
+def test_running_mean_is_the_plain_mean_of_the_weight_sets():
+    from trn.detect.train import running_mean
+
+    states = [{"w": torch.tensor([float(i), 2.0 * i]), "n": torch.tensor(i)} for i in range(1, 5)]
+    mean = None
+    for k, s in enumerate(states):
+        mean = running_mean(mean, s, k)
+    assert torch.allclose(mean["w"], torch.tensor([2.5, 5.0])) and int(mean["n"]) == 4
+    assert states[0]["w"].tolist() == [1.0, 2.0]  # the first set is copied, not aliased
+
+
+def test_averaged_weights_survive_a_resume_are_validated_and_shipped(det_run, tmp_path):
+    root, _, cfg, _ = det_run
+    avg = DetectTrainConfig(**{**cfg.__dict__, "epochs": 3, "average_from": 2, "bn_batches": 3})
+    with pytest.raises(ConfigError, match="average_from"):
+        DetectTrainConfig(**{**avg.__dict__, "average_from": 4})
+    train_detector(avg, tmp_path / "a")  # uninterrupted
+    train_detector(avg, tmp_path / "b", stop_after=2)  # stopped after epoch 2, inside the window
+    assert "average" in torch.load(tmp_path / "b" / "last.pt", weights_only=False)
+    assert not (tmp_path / "b" / "averaged.pt").exists()
+    train_detector(avg, tmp_path / "b", resume=True)
+    a, b = (torch.load(tmp_path / r / "averaged.pt", weights_only=False) for r in ("a", "b"))
+    assert all(torch.equal(a["model"][k], b["model"][k]) for k in a["model"])  # resuming changes nothing
+    assert a["averaged"]["averaged_epochs"] == [2, 3] and 0.0 <= a["averaged"]["val_ap50"] <= 1.0
+    last, e2 = a["model"], torch.load(tmp_path / "a" / "last.pt", weights_only=False)["model"]
+    conv = next(k for k in last if k.endswith("weight") and last[k].dim() == 4)
+    assert not torch.equal(last[conv], e2[conv])  # the average is not the last epoch's weights
+    model, meta = load_detector(tmp_path / "a" / "averaged.pt")
+    assert meta["averaged"]["val_threshold"] == a["averaged"]["val_threshold"]
+    assert detect_main(["ship", str(tmp_path / "a" / "averaged.pt"), "--out", str(tmp_path / "m")]) == 0
+    card = (tmp_path / "m" / "MODEL_CARD.md").read_text()
+    assert "Weights averaged over epochs 2-3, BatchNorm statistics re-estimated on 3 training batches" in card
+    assert load_detector(tmp_path / "m" / "detector.pt")[1]["score_threshold"] == a["averaged"]["val_threshold"]
+    from trn.detect.train import shipped_checkpoint
+    from trn.detect.model import CHECKPOINT_FORMAT as DETECTOR
+    from trn.models.checkpoint import load_checked, save_checked
+
+    for score, chosen in ((1.0, "averaged.pt"), (-1.0, "best.pt")):
+        ck = load_checked(tmp_path / "a" / "averaged.pt", fmt=DETECTOR)
+        save_checked({**ck, "averaged": {**ck["averaged"], "val_ap50": score}}, tmp_path / "a" / "averaged.pt")
+        assert shipped_checkpoint(tmp_path / "a").name == chosen  # the run's rule decides

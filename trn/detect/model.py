@@ -133,7 +133,10 @@ def best_epoch(history: list[dict]) -> dict:
 
 
 def epoch_record(meta: dict) -> dict:
-    """A checkpoint's own epoch in its history (the epoch its weights are from)."""
+    """A checkpoint's own epoch in its history (the epoch its weights are from), or, for averaged
+    weights (a run's ``averaged.pt``), the record of their own validation."""
+    if meta.get("averaged"):
+        return meta["averaged"]
     rec = next((r for r in meta.get("history") or [] if r.get("epoch") == meta.get("epoch")), None)
     if rec is None:
         raise DataError(f"this detector checkpoint's history has no record of its epoch {meta.get('epoch')}; ship a "

@@ -12,7 +12,21 @@ source in ``sources``), a labelled crater whose relief (depth / diameter, :func:
 crater_relief`) in the elevation the frames were rendered from is below it is neither a positive
 nor a negative: no peak, and no loss inside its box. The catalogues list craters seen in images
 and topography finer than our elevation model; such a crater is flat in the render, and teaching the
-network to fire on flat ground costs precision elsewhere. Evaluation still counts every label.
+network to fire on flat ground costs precision elsewhere; validation still counts every label.
+
+With ``ignore_invisible`` the rule is the one the rendered test labels follow (docs/detector.md,
+"Relief-visible labels for rendered frames"): a box is ignored where its walls' contrast under the
+Sun over it (:func:`trn.data.datasets.detection.relief_contrast`) is below
+:data:`trn.data.datasets.detection.RELIEF_VISIBLE_CONTRAST`. A directory of real images has no
+elevation: its source is ``none`` and its labels are kept as they are. Validation then scores as
+the test sequences' relief-visible figure does: a label the rule drops counts neither way
+(:func:`trn.detect.evaluate.match_frame_ignoring`).
+
+Weight averaging: with ``average_from`` set, the weights at the end of every epoch from that one
+on are averaged (stochastic weight averaging, Izmailov et al. 2018, arXiv 1803.05407); after the
+last epoch the average's BatchNorm statistics are re-estimated on ``bn_batches`` augmented training
+batches, and it is validated as an epoch is and written as ``averaged.pt``. ``trn-detect ship RUN``
+takes it over ``best.pt`` where it scores at least as high by the run's selection rule.
 
 Augmentations, for real imaging and not only for our renderer: the eight flips and quarter turns,
 scale 0.75-1.33 and a random crop, gain (exposure) 0.5-1.6 with saturation, gamma 0.6-1.6,
@@ -32,12 +46,13 @@ from pathlib import Path
 import cv2
 import numpy as np
 import torch
+from torch import nn
 from torch.nn import functional as F
 from tqdm import tqdm
 
 from trn.data.datasets.labels import LabelledFrame, catalogue_complete, read_labels
 from trn.detect.boxes import resize_frame, standardise
-from trn.detect.evaluate import best_f1_threshold, match_frame, summarise
+from trn.detect.evaluate import best_f1_threshold, match_frame, match_frame_ignoring, summarise
 from trn.detect.model import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, STRIDE, CraterDetector, DetectorConfig,
                               best_epoch, epoch_record, epoch_score, parameter_count)
 from trn.detect.run import detect_inputs
@@ -52,6 +67,8 @@ log = logging.getLogger(__name__)
 
 # how a training run chooses its epoch (DetectTrainConfig.select)
 SELECT_RULES = ("pooled", "mean_of_sets")
+# the elevation source of a data directory of real images (no elevation: its labels are kept)
+NO_ELEVATION = "none"
 
 
 @dataclass(frozen=True)
@@ -80,8 +97,11 @@ class DetectTrainConfig:
     min_box: int = 6
     sources: tuple[str, ...] = ()
     ignore_relief_below: float = 0.0
+    ignore_invisible: bool = False
     init: str = ""
     select: str = "pooled"
+    average_from: int = 0
+    bn_batches: int = 64
     seed: int = 0
     threads: int = 2
 
@@ -98,6 +118,9 @@ class DetectTrainConfig:
                               "expected 0 < lr < 1, weight_decay >= 0, 0 <= min_lr_ratio <= 1")
         if not 1 <= self.threads <= 256:
             raise ConfigError(f"threads={self.threads}: expected 1 to 256")
+        if not 0 <= self.average_from <= self.epochs or not 1 <= self.bn_batches <= 10000:
+            raise ConfigError(f"average_from={self.average_from}, bn_batches={self.bn_batches}: expected an epoch "
+                              f"from 1 to epochs={self.epochs} (0: no averaging) and 1 to 10000 batches")
         if self.select not in SELECT_RULES:
             raise ConfigError(f"select={self.select!r}: expected one of {', '.join(SELECT_RULES)}")
         if not 0.0 <= self.ignore_relief_below < 1.0:
@@ -106,10 +129,12 @@ class DetectTrainConfig:
         if self.init and not Path(self.init).is_file():
             raise ConfigError(f"init={self.init!r}: no such detector checkpoint; give a run's best.pt or a shipped "
                               "detector.pt, or leave init empty to train from scratch")
-        if self.ignore_relief_below and len(self.sources) != len(self.data):
-            raise ConfigError(f"ignore_relief_below={self.ignore_relief_below} needs one elevation source per data "
-                              f"directory in sources (got {len(self.sources)} for {len(self.data)}), e.g. "
-                              "../shared/data/moon or a built-in world's .world")
+        rule = (f"ignore_relief_below={self.ignore_relief_below}" if self.ignore_relief_below else
+                "ignore_invisible" if self.ignore_invisible else "")
+        if rule and len(self.sources) != len(self.data):
+            raise ConfigError(f"{rule} needs one elevation source per data directory in sources (got "
+                              f"{len(self.sources)} for {len(self.data)}), e.g. ../shared/data/moon, a built-in "
+                              f"world's .world, or {NO_ELEVATION} for a directory of real images")
 
     def to_dict(self) -> dict:
         d = asdict(self)
@@ -152,10 +177,30 @@ class FrameSet:
     sets: np.ndarray | None = None
 
 
+def ignored_boxes(frame: LabelledFrame, relief: dict[int, float] | None, below: float = 0.0,
+                  invisible: bool = False) -> np.ndarray:
+    """bool [k]: the boxes of ``frame`` training ignores (module docstring): relief (``relief``, per
+    crater id) below ``below`` when it is set, walls' contrast under the Sun below the relief-visible
+    threshold when ``invisible``; none without ``relief``."""
+    flags = np.zeros(len(frame.boxes), bool)
+    if relief is None or not frame.boxes:
+        return flags
+    from trn.data.datasets.detection import RELIEF_VISIBLE_CONTRAST, relief_contrast
+
+    r = np.array([relief[x.id] for x in frame.boxes], np.float64)
+    if below:
+        flags |= r < below
+    if invisible:
+        flags |= relief_contrast(r, np.array([x.sun_elevation_deg for x in frame.boxes])) < RELIEF_VISIBLE_CONTRAST
+    return flags
+
+
 def load_frames(dirs: tuple[str, ...] | list[str], split: str, size: int, limit: int | None = None,
-                sources: tuple[str, ...] = (), ignore_relief_below: float = 0.0) -> FrameSet:
-    """The ``split`` frames of ``dirs``; with ``ignore_relief_below``, each box whose crater's relief
-    in ``sources`` (one per directory) is below it is flagged to be ignored."""
+                sources: tuple[str, ...] = (), ignore_relief_below: float = 0.0,
+                ignore_invisible: bool = False) -> FrameSet:
+    """The ``split`` frames of ``dirs``; with ``ignore_relief_below`` or ``ignore_invisible``, the
+    boxes :func:`ignored_boxes` picks from each crater's relief in ``sources`` (one per directory;
+    ``none`` for real images, whose boxes are all kept) are flagged to be ignored."""
     imgs, boxes, frames, shapes, complete, ignore, sets = [], [], [], [], [], [], []
     for j, d in enumerate(dirs):
         labels = read_labels(d)
@@ -163,7 +208,7 @@ def load_frames(dirs: tuple[str, ...] | list[str], split: str, size: int, limit:
         chosen = labels.split(split)
         chosen = chosen[:limit] if limit else chosen
         relief = None
-        if ignore_relief_below:
+        if (ignore_relief_below or ignore_invisible) and sources[j] != NO_ELEVATION:
             from trn.data.datasets.detection import label_relief
 
             relief = label_relief(chosen, sources[j], labels.rule())
@@ -177,7 +222,7 @@ def load_frames(dirs: tuple[str, ...] | list[str], split: str, size: int, limit:
             frames.append(f)
             shapes.append((h, w))
             complete.append(catalogue_complete(f, band))
-            ignore.append(np.array([relief is not None and relief[x.id] < ignore_relief_below for x in f.boxes], bool))
+            ignore.append(ignored_boxes(f, relief, ignore_relief_below, ignore_invisible))
             sets.append(j)
     if not imgs:
         raise DataError(f"no {split} frames in {list(dirs)}; build detector data with trn-detect build")
@@ -277,10 +322,16 @@ def detection_loss(out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], heat: t
     return lh + ls + lo, {"heat": lh.item(), "size": ls.item(), "offset": lo.item()}
 
 
-def evaluate_set(model: CraterDetector, fs: FrameSet) -> list:
+def evaluate_set(model: CraterDetector, fs: FrameSet, use_ignore: bool = False) -> list:
+    """Matches of each frame of ``fs`` at IoU 0.5; with ``use_ignore``, its flagged boxes count
+    neither way (:func:`trn.detect.evaluate.match_frame_ignoring`)."""
     dets = detect_inputs(model, np.stack([standardise(im) for im in fs.images]), fs.shapes, 0.01)
-    return [match_frame(d.boxes, d.scores, np.array([b.box for b in f.boxes], np.float32).reshape(-1, 4))
-            for d, f in zip(dets, fs.frames)]
+    out = []
+    for d, f, g in zip(dets, fs.frames, fs.ignore):
+        gt = np.array([b.box for b in f.boxes], np.float32).reshape(-1, 4)
+        out.append(match_frame_ignoring(d.boxes, d.scores, gt[~g], gt[g]) if use_ignore and g.any()
+                   else match_frame(d.boxes, d.scores, gt))
+    return out
 
 
 def _finite(d: dict) -> dict:
@@ -316,7 +367,8 @@ def is_best(history: list[dict]) -> bool:
 def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False, stop_after: int | None = None,
                    limit: int | None = None) -> list[dict]:
     """Train (or resume) into ``out``: ``last.pt`` every epoch, ``best.pt`` at the best validation
-    AP@0.5, ``log.jsonl`` (losses, AP, precision/recall/F1 at the best-F1 threshold, wall time)."""
+    AP@0.5, ``log.jsonl`` (losses, AP, precision/recall/F1 at the best-F1 threshold, wall time); with
+    ``average_from``, ``averaged.pt`` and ``averaged.json`` after the last epoch (module docstring)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     torch.set_num_threads(cfg.threads)
@@ -325,6 +377,7 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
     history: list[dict] = []
     start = 0
+    average, averaged = None, 0  # the running mean of the weights from epoch cfg.average_from on
     if resume and (out / "last.pt").is_file():
         ck = load_checked(out / "last.pt", fmt=CHECKPOINT_FORMAT, what="detector")
         if DetectTrainConfig.from_dict(ck["train_config"]) != cfg:
@@ -333,6 +386,8 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
         load_state(model, ck["model"], out / "last.pt", "detector")
         opt.load_state_dict(ck["optimizer"])
         history, start = ck["history"], ck["epoch"]
+        if "average" in ck:
+            average, averaged = ck["average"]["state"], int(ck["average"]["count"])
     elif (out / "last.pt").is_file():
         raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
     elif cfg.init:
@@ -342,12 +397,14 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
                               f"model {cfg.model.to_dict()}; copy the checkpoint's model settings into the config")
         load_state(model, ck["model"], cfg.init, "detector")
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n", encoding="utf-8")
-    train = load_frames(cfg.data, "train", cfg.model.input_size, limit, cfg.sources, cfg.ignore_relief_below)
-    val = load_frames(cfg.data, "val", cfg.model.input_size, limit)  # validation counts every label
-    log.info("detector %d parameters; %d training frames (%d boxes, %d ignored for relief below %g), %d validation "
-             "frames (%d boxes)", parameter_count(model), len(train.frames), sum(len(b) for b in train.boxes),
-             sum(int(g.sum()) for g in train.ignore), cfg.ignore_relief_below, len(val.frames),
-             sum(len(b) for b in val.boxes))
+    train = load_frames(cfg.data, "train", cfg.model.input_size, limit, cfg.sources, cfg.ignore_relief_below,
+                        cfg.ignore_invisible)
+    # validation counts every label, or, under ignore_invisible, the labels the rendered test frames keep
+    val = load_frames(cfg.data, "val", cfg.model.input_size, limit, cfg.sources, 0.0, cfg.ignore_invisible)
+    log.info("detector %d parameters; %d training frames (%d boxes, %d ignored: relief below %g, invisible %s), %d "
+             "validation frames (%d boxes, %d ignored)", parameter_count(model), len(train.frames),
+             sum(len(b) for b in train.boxes), sum(int(g.sum()) for g in train.ignore), cfg.ignore_relief_below,
+             cfg.ignore_invisible, len(val.frames), sum(len(b) for b in val.boxes), sum(int(g.sum()) for g in val.ignore))
     steps_per_epoch = max(1, len(train.frames) // cfg.batch_size)
     total, warm = cfg.epochs * steps_per_epoch, cfg.warmup_epochs * steps_per_epoch
     end = cfg.epochs if stop_after is None else min(cfg.epochs, start + stop_after)
@@ -375,25 +432,87 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
             opt.step()
             for key, v in parts.items():
                 sums[key] = sums.get(key, 0.0) + v / steps_per_epoch
-        matches = evaluate_set(model, val)
-        thr = best_f1_threshold(matches)
-        sm = summarise(matches, thr)
         rec = {"epoch": epoch + 1, **{f"loss_{k}": round(v, 4) for k, v in sums.items()},
-               **{f"val_{k}": v for k, v in _finite(sm.to_dict()).items() if k in ("ap50", "precision", "recall", "f1")},
-               "val_threshold": thr, "seconds": round(time.perf_counter() - t0, 1)}
-        rec["val_ap50"] = rec["val_ap50"] or 0.0
-        rec.update(_set_scores(matches, val.sets, cfg))
+               **_validation_record(model, val, cfg), "seconds": round(time.perf_counter() - t0, 1)}
         history.append(rec)
         log.info("%s", rec)
+        if cfg.average_from and epoch + 1 >= cfg.average_from:
+            average = running_mean(average, model.state_dict(), averaged)
+            averaged += 1
         ck = {"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model_config": cfg.model.to_dict(),
               "train_config": cfg.to_dict(), "model": model.state_dict(), "optimizer": opt.state_dict(),
               "epoch": epoch + 1, "history": history}
-        save_checked(ck, out / "last.pt")
+        save_checked({**ck, "average": {"state": average, "count": averaged}} if average is not None else ck,
+                     out / "last.pt")
         if is_best(history):
             save_checked({**ck, "optimizer": {}}, out / "best.pt")
         with open(out / "log.jsonl", "a", encoding="utf-8") as f:
             f.write(json.dumps(rec) + "\n")
+    if average is not None and end == cfg.epochs:
+        _write_averaged(model, average, train, val, cfg, history, out)
     return history
+
+
+def _validation_record(model: CraterDetector, val: FrameSet, cfg: DetectTrainConfig) -> dict:
+    """An epoch's validation figures: AP@0.5, precision, recall and F1 at the best-F1 threshold,
+    the threshold, and each set's AP (:func:`_set_scores`)."""
+    matches = evaluate_set(model, val, cfg.ignore_invisible)
+    thr = best_f1_threshold(matches)
+    sm = summarise(matches, thr)
+    rec = {**{f"val_{k}": v for k, v in _finite(sm.to_dict()).items() if k in ("ap50", "precision", "recall", "f1")},
+           "val_threshold": thr}
+    rec["val_ap50"] = rec["val_ap50"] or 0.0
+    rec.update(_set_scores(matches, val.sets, cfg))
+    return rec
+
+
+def running_mean(mean: dict | None, state: dict, count: int) -> dict:
+    """The mean of ``count`` weight sets (``mean``; None before the first) and ``state``: floating
+    tensors averaged, the others (BatchNorm's batch counter) taken from ``state``."""
+    if mean is None:
+        return {k: v.detach().clone() for k, v in state.items()}
+    return {k: mean[k] + (v.detach() - mean[k]) / (count + 1) if v.is_floating_point() else v.detach().clone()
+            for k, v in state.items()}
+
+
+def recalibrate_batchnorm(model: CraterDetector, train: FrameSet, cfg: DetectTrainConfig) -> None:
+    """Re-estimate every BatchNorm layer's running statistics of ``model`` as the plain mean over
+    ``cfg.bn_batches`` augmented training batches (averaged weights have no statistics of their
+    own: the average of the epochs' statistics belongs to none of them). Deterministic in
+    ``cfg.seed``; leaves the model in eval mode."""
+    norms = [m for m in model.modules() if isinstance(m, nn.BatchNorm2d)]
+    momenta = [m.momentum for m in norms]
+    for m in norms:
+        m.reset_running_stats()
+        m.momentum = None  # cumulative mean over the batches
+    rng = np.random.default_rng([cfg.seed, 1 << 20])
+    model.train()
+    with torch.no_grad():
+        for _ in range(cfg.bn_batches):
+            idx = rng.choice(len(train.frames), min(cfg.batch_size, len(train.frames)), replace=False)
+            xs = [augment(train.images[i], train.boxes[i], cfg.crop, cfg.min_box, rng)[0] for i in idx]
+            model(torch.from_numpy(np.stack(xs))[:, None])
+    for m, mo in zip(norms, momenta):
+        m.momentum = mo
+    model.eval()
+
+
+def _write_averaged(model: CraterDetector, average: dict, train: FrameSet, val: FrameSet, cfg: DetectTrainConfig,
+                    history: list[dict], out: Path) -> None:
+    """``averaged.pt`` and ``averaged.json``: the weights averaged over epochs ``cfg.average_from``
+    to the last (stochastic weight averaging, Izmailov et al. 2018, arXiv 1803.05407), BatchNorm
+    statistics re-estimated, validated as an epoch is; its record is the checkpoint's ``averaged``."""
+    t0 = time.perf_counter()
+    model.load_state_dict(average)
+    recalibrate_batchnorm(model, train, cfg)
+    rec = {"epoch": cfg.epochs, "averaged_epochs": [cfg.average_from, cfg.epochs], "bn_batches": cfg.bn_batches,
+           **_validation_record(model, val, cfg)}
+    rec["seconds"] = round(time.perf_counter() - t0, 1)
+    log.info("averaged weights: %s", rec)
+    save_checked({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model_config": cfg.model.to_dict(),
+                  "train_config": cfg.to_dict(), "model": model.state_dict(), "optimizer": {}, "epoch": cfg.epochs,
+                  "history": history, "averaged": rec}, out / "averaged.pt")
+    (out / "averaged.json").write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
 
 
 
@@ -402,13 +521,18 @@ def _select_words(select: str) -> str:
 
 
 def shipped_checkpoint(run: str | Path) -> Path:
-    """The checkpoint ``trn-detect ship`` copies: a run directory's ``best.pt``, or a checkpoint file
-    given itself (an epoch chosen by another rule, e.g. on one kind of validation image)."""
+    """The checkpoint ``trn-detect ship`` copies: a run directory's ``best.pt``, or its ``averaged.pt``
+    where the averaged weights score at least as high by the run's selection rule; or a checkpoint
+    file given itself (an epoch chosen by another rule, e.g. on one kind of validation image)."""
     run = Path(run)
     if run.is_file():
         return run
     if not (run / "best.pt").is_file():
         raise ConfigError(f"{run} holds no best.pt; give a detector run directory or one of its checkpoints")
+    if (run / "averaged.pt").is_file():
+        avg = load_checked(run / "averaged.pt", fmt=CHECKPOINT_FORMAT, what="detector")
+        if epoch_score(avg["averaged"]) >= epoch_score(best_epoch(avg["history"])):
+            return run / "averaged.pt"
     return run / "best.pt"
 
 
@@ -438,6 +562,9 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
     cfg = DetectTrainConfig.from_dict(ck["train_config"])
     if chosen_by:
         why = chosen_by
+    elif "averaged_epochs" in own:
+        why = (f"validation {_select_words(cfg.select)} {epoch_score(own):.4f} against {epoch_score(best):.4f} for "
+               f"the best single epoch, {best['epoch']}")
     elif best is own:
         why = (f"highest validation {_select_words(cfg.select)} {epoch_score(best):.4f}; "
                f"pooled AP@0.5 {best['val_ap50']:.4f}")
@@ -455,7 +582,9 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
         "each was made and which ground it images)",
         f"- Training: {len(history)} of {cfg.epochs} epochs, batch {cfg.batch_size}, crops {cfg.crop} px, AdamW lr "
         f"{cfg.lr}, cosine to {cfg.min_lr_ratio} x, {sum(r['seconds'] for r in history) / 60:.0f} min on this CPU",
-        f"- Selected epoch {own['epoch']} ({why})" + (f"; each set's validation AP@0.5: {sets}" if sets else ""),
+        (f"- Weights averaged over epochs {own['averaged_epochs'][0]}-{own['averaged_epochs'][1]}, BatchNorm statistics "
+         f"re-estimated on {own['bn_batches']} training batches ({why})" if "averaged_epochs" in own else
+         f"- Selected epoch {own['epoch']} ({why})") + (f"; each set's validation AP@0.5: {sets}" if sets else ""),
         f"- Score threshold {threshold} (" + ("chosen on validation images when shipped" if chosen else
                                              f"highest validation F1: precision {own['val_precision']}, recall "
                                              f"{own['val_recall']}") + ")",
