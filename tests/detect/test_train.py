@@ -450,3 +450,27 @@ def test_averaged_weights_survive_a_resume_are_validated_and_shipped(det_run, tm
         ck = load_checked(tmp_path / "a" / "averaged.pt", fmt=DETECTOR)
         save_checked({**ck, "averaged": {**ck["averaged"], "val_ap50": score}}, tmp_path / "a" / "averaged.pt")
         assert shipped_checkpoint(tmp_path / "a").name == chosen  # the run's rule decides
+
+
+def test_kept_epochs_averaged_afterwards_equal_the_average_made_in_training(det_run, tmp_path, capsys):
+    import shutil
+
+    root, _, cfg, _ = det_run
+    plain = DetectTrainConfig(**{**cfg.__dict__, "epochs": 3, "bn_batches": 3})
+    kept = []
+    for e in range(3):  # a run whose every epoch was kept
+        train_detector(plain, tmp_path / "run", resume=e > 0, stop_after=1)
+        kept.append(str(shutil.copy(tmp_path / "run" / "last.pt", tmp_path / f"epoch_{e + 1}.pt")))
+        shutil.copy(tmp_path / "run" / "last.pt.sha256", tmp_path / f"epoch_{e + 1}.pt.sha256")
+    inline = DetectTrainConfig(**{**plain.__dict__, "average_from": 2})
+    train_detector(inline, tmp_path / "inline")
+    assert detect_main(["average", kept[2], kept[1], "--out", str(tmp_path / "after")]) == 0
+    assert "averaged epochs 2-3" in capsys.readouterr().out
+    a = torch.load(tmp_path / "inline" / "averaged.pt", weights_only=False)
+    b = torch.load(tmp_path / "after" / "averaged.pt", weights_only=False)
+    assert all(torch.allclose(a["model"][k].float(), b["model"][k].float(), atol=1e-6) for k in a["model"])
+    assert b["averaged"]["averaged_epochs"] == [2, 3] and b["averaged"]["val_ap50"] == pytest.approx(a["averaged"]["val_ap50"])
+    assert detect_main(["average", kept[0], kept[2], "--out", str(tmp_path / "gap")]) == 2
+    assert "consecutive" in capsys.readouterr().err
+    assert detect_main(["average", kept[0], "--out", str(tmp_path / "one")]) == 2
+    assert "two or more" in capsys.readouterr().err

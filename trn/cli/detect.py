@@ -423,6 +423,17 @@ def _ship(args) -> int:
     return 0
 
 
+def _average(args) -> int:
+    from trn.detect.model import epoch_score
+    from trn.detect.train import average_checkpoints
+
+    rec = average_checkpoints(args.checkpoints, args.out, args.bn_batches)
+    print(f"averaged epochs {rec['averaged_epochs'][0]}-{rec['averaged_epochs'][1]} into {args.out / 'averaged.pt'}: "
+          f"validation AP@0.5 {rec['val_ap50']:.4f}, selection figure {epoch_score(rec):.4f}, F1 {rec['val_f1']} at "
+          f"score {rec['val_threshold']}")
+    return 0
+
+
 def _export(args) -> int:
     import numpy as np
 
@@ -601,6 +612,14 @@ def main(argv: list[str] | None = None) -> int:
                          "chosen on validation images; with --bands, one MIN-MAX band of image px each")
     sp.add_argument("--bands", default=None, metavar="MIN-MAX,...")
     sp.set_defaults(fn=_ship)
+
+    av = sub.add_parser("average", help="average kept epoch checkpoints of one run (weight averaging, BatchNorm "
+                                        "re-estimated, validated) into OUT/averaged.pt")
+    av.add_argument("checkpoints", type=Path, nargs="+", help="consecutive epoch checkpoints of one run")
+    av.add_argument("--out", type=Path, required=True, help="directory for averaged.pt and averaged.json")
+    av.add_argument("--bn-batches", type=int_between(1, 10000), default=None,
+                    help="training batches that re-estimate BatchNorm (default: the run's bn_batches)")
+    av.set_defaults(fn=_average)
 
     x = sub.add_parser("export", help="fp32 and int8 ONNX, full-integer int8 TFLite with its Edge TPU report; parity "
                                       "and validation scores of each")

@@ -498,21 +498,56 @@ def recalibrate_batchnorm(model: CraterDetector, train: FrameSet, cfg: DetectTra
 
 
 def _write_averaged(model: CraterDetector, average: dict, train: FrameSet, val: FrameSet, cfg: DetectTrainConfig,
-                    history: list[dict], out: Path) -> None:
-    """``averaged.pt`` and ``averaged.json``: the weights averaged over epochs ``cfg.average_from``
-    to the last (stochastic weight averaging, Izmailov et al. 2018, arXiv 1803.05407), BatchNorm
-    statistics re-estimated, validated as an epoch is; its record is the checkpoint's ``averaged``."""
+                    history: list[dict], out: Path, epochs: tuple[int, int] | None = None) -> dict:
+    """``averaged.pt`` and ``averaged.json`` in ``out``: the weights ``average`` (of epochs ``epochs``,
+    default ``cfg.average_from`` to the last; stochastic weight averaging, Izmailov et al. 2018, arXiv
+    1803.05407), BatchNorm statistics re-estimated, validated as an epoch is; its record is the
+    checkpoint's ``averaged``, and returned."""
     t0 = time.perf_counter()
     model.load_state_dict(average)
     recalibrate_batchnorm(model, train, cfg)
-    rec = {"epoch": cfg.epochs, "averaged_epochs": [cfg.average_from, cfg.epochs], "bn_batches": cfg.bn_batches,
+    first, last = epochs or (cfg.average_from, cfg.epochs)
+    rec = {"epoch": last, "averaged_epochs": [first, last], "bn_batches": cfg.bn_batches,
            **_validation_record(model, val, cfg)}
     rec["seconds"] = round(time.perf_counter() - t0, 1)
     log.info("averaged weights: %s", rec)
+    out.mkdir(parents=True, exist_ok=True)
     save_checked({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model_config": cfg.model.to_dict(),
-                  "train_config": cfg.to_dict(), "model": model.state_dict(), "optimizer": {}, "epoch": cfg.epochs,
+                  "train_config": cfg.to_dict(), "model": model.state_dict(), "optimizer": {}, "epoch": last,
                   "history": history, "averaged": rec}, out / "averaged.pt")
     (out / "averaged.json").write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
+    return rec
+
+
+def average_checkpoints(paths: list[str | Path], out: str | Path, bn_batches: int | None = None) -> dict:
+    """Average kept epoch checkpoints of one run (consecutive epochs, any order) as training's
+    ``average_from`` does at its end (:func:`_write_averaged`, into directory ``out``): for a run
+    whose epochs were kept, or a window chosen on validation after the run. ``bn_batches``
+    replaces the run's own. Returns the averaged record."""
+    if len(paths) < 2:
+        raise ConfigError(f"{len(paths)} checkpoint given: averaging needs two or more epochs of one run")
+    cks = [load_checked(p, fmt=CHECKPOINT_FORMAT, what="detector") for p in paths]
+    if any(ck.get("averaged") for ck in cks):
+        raise ConfigError("an averaged checkpoint was given; give the run's epoch checkpoints")
+    cfg0 = cks[0]["train_config"]
+    for p, ck in zip(paths, cks):
+        if ck["train_config"] != cfg0:
+            raise ConfigError(f"{p} was trained with other settings than {paths[0]}: give epochs of one run")
+    order = sorted(range(len(cks)), key=lambda k: cks[k]["epoch"])
+    epochs = [int(cks[k]["epoch"]) for k in order]
+    if epochs != list(range(epochs[0], epochs[0] + len(epochs))):
+        raise ConfigError(f"epochs {epochs}: expected consecutive epochs, each once")
+    cfg = DetectTrainConfig.from_dict({**cfg0, **({"bn_batches": bn_batches} if bn_batches else {})})
+    average = None
+    for n, k in enumerate(order):
+        average = running_mean(average, cks[k]["model"], n)
+    train = load_frames(cfg.data, "train", cfg.model.input_size, None, cfg.sources, cfg.ignore_relief_below,
+                        cfg.ignore_invisible)
+    val = load_frames(cfg.data, "val", cfg.model.input_size, None, cfg.sources, 0.0, cfg.ignore_invisible)
+    torch.set_num_threads(cfg.threads)
+    history = cks[order[-1]]["history"]
+    return _write_averaged(CraterDetector(cfg.model), average, train, val, cfg, history, Path(out),
+                           (epochs[0], epochs[-1]))
 
 
 
