@@ -324,3 +324,15 @@ def test_mirroring_keeps_an_equivariant_map_and_evens_out_one_that_is_not():
 
     h, _, _ = mirror_averaged(ramp)(x)
     assert np.allclose(h, 3.5)
+
+
+def test_freed_heap_memory_is_handed_back_every_few_batches(monkeypatch):
+    import trn.detect.tiles as tiles
+
+    calls = []
+    monkeypatch.setattr(tiles, "release_freed_memory", lambda: calls.append(1) or True)
+    img = bowls((512, 512), np.array([[100.0, 100.0]]), np.array([20.0]))
+    maps = lambda x: (np.zeros((len(x), 1, 64, 64), np.float32), np.zeros((len(x), 2, 64, 64), np.float32),  # noqa: E731
+                      np.zeros((len(x), 2, 64, 64), np.float32))
+    run = tiles.tile_boxes(maps, ArraySource(img), 2.0, 256, STRIDE, 0.5, batch=1)
+    assert run.tiles >= 2 * tiles.TRIM_EVERY and len(calls) == run.tiles // tiles.TRIM_EVERY

@@ -11,7 +11,9 @@ or from the range of crater diameters the user expects in image pixels, and says
 
 Memory: tiles are read from the raster as windows of the source image and resized one at a time;
 only one batch of tiles (``batch`` x S x S float32) and its detections are held at once, never the
-rescaled image.
+rescaled image. glibc keeps the network's freed activation buffers in its heap (its mmap threshold
+rises to the largest freed block), and over thousands of tiles the resident size grows with them;
+every :data:`TRIM_EVERY` batches :func:`release_freed_memory` hands them back to the system.
 
 Merging: a crater cut by a seam between two tiles is seen whole by the neighbouring tile when its
 part inside the cut tile spans no more than the overlap (the neighbour starts ``overlap`` pixels
@@ -56,6 +58,7 @@ REFERENCE_CRATER_PX = (16.0, 96.0)
 DEFAULT_OVERLAP = 96        # input px shared by neighbouring tiles
 DEFAULT_TOP_K = 256         # peaks decoded per tile
 PROGRESS_TILES = 16         # a progress bar from this many tiles on (quiet when not on a terminal)
+TRIM_EVERY = 8              # tile batches between two hand-backs of freed heap memory (module docstring)
 
 
 def camera_focal_px(width_px: int = CAMERA_PX, fov_deg: float = CAMERA_FOV_DEG) -> float:
@@ -257,6 +260,23 @@ class TiledRun:
     batch_bytes: int
 
 
+def release_freed_memory() -> bool:
+    """Hand memory freed inside the C heap back to the system (glibc's ``malloc_trim``); whether it
+    ran (False where the C library has no such call, e.g. musl or macOS: nothing to do there)."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        trim = ctypes.CDLL(name).malloc_trim if name else None
+    except (OSError, AttributeError):
+        trim = None
+    if trim is None:
+        return False
+    trim(0)
+    return True
+
+
 def _batches(tiles: list[Tile], batch: int) -> Iterator[list[Tile]]:
     for i in range(0, len(tiles), batch):
         yield tiles[i:i + batch]
@@ -307,6 +327,8 @@ def tile_boxes(maps: MapsFn, source: WindowSource, factor: float, input_size: in
         tile_no += len(group)
         bar.update(len(group))
         del x, heat, size, off
+        if (tile_no // batch) % TRIM_EVERY == 0:
+            release_freed_memory()
     bar.close()
     b = np.concatenate(boxes).astype(np.float32).reshape(-1, 4) if boxes else np.zeros((0, 4), np.float32)
     s = np.concatenate(scores).astype(np.float32) if scores else np.zeros(0, np.float32)
