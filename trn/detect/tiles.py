@@ -33,6 +33,7 @@ x = column, y = row, pixel (c, r) covering [c, c + 1) x [r, r + 1).
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
 from collections.abc import Callable, Iterator
@@ -260,17 +261,20 @@ class TiledRun:
     batch_bytes: int
 
 
+@functools.cache
+def _malloc_trim():
+    import ctypes
+
+    try:
+        return ctypes.CDLL(None).malloc_trim  # the process's own symbols: glibc's, where it is the C library
+    except (OSError, AttributeError, TypeError):
+        return None
+
+
 def release_freed_memory() -> bool:
     """Hand memory freed inside the C heap back to the system (glibc's ``malloc_trim``); whether it
     ran (False where the C library has no such call, e.g. musl or macOS: nothing to do there)."""
-    import ctypes
-    import ctypes.util
-
-    name = ctypes.util.find_library("c")
-    try:
-        trim = ctypes.CDLL(name).malloc_trim if name else None
-    except (OSError, AttributeError):
-        trim = None
+    trim = _malloc_trim()
     if trim is None:
         return False
     trim(0)

@@ -550,7 +550,6 @@ def average_checkpoints(paths: list[str | Path], out: str | Path, bn_batches: in
                            (epochs[0], epochs[-1]))
 
 
-
 def _select_words(select: str) -> str:
     return "AP@0.5" if select == "pooled" else "mean of the sets' AP@0.5"
 
