@@ -104,11 +104,13 @@ def test_validation_under_the_rule_counts_only_the_kept_labels():
 
     boxes = tuple(LabelledBox(i, (8 + 40 * i, 40 + 40 * i, 8, 40), 5.0, 30.0, False) for i in range(3))
     f = LabelledFrame(0, "val", 1, 100.0, 30.0, 0.0, 0.0, boxes)
-    fs = FrameSet(np.full((1, 128, 128), 90, np.uint8), [np.array([b.box for b in boxes], np.float32)], [f],
-                  [(128, 128)], np.array([True]), [np.array([False, True, False])])
+    def frames(flags):
+        return FrameSet(np.full((1, 128, 128), 90, np.uint8), [np.array([b.box for b in boxes], np.float32)], [f],
+                        [(128, 128)], np.array([True]), [np.array(flags)])
+
     model = CraterDetector(DetectorConfig(input_size=128)).eval()
-    assert evaluate_set(model, fs)[0].gt_hit.size == 3
-    assert evaluate_set(model, fs, use_ignore=True)[0].gt_hit.size == 2
+    assert evaluate_set(model, frames([False, False, False]))[0].gt_hit.size == 3
+    assert evaluate_set(model, frames([False, True, False]))[0].gt_hit.size == 2
 
 
 def test_focal_loss_ignores_negatives_where_told():

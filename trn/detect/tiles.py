@@ -311,7 +311,7 @@ def tile_boxes(maps: MapsFn, source: WindowSource, factor: float, input_size: in
     boxes, scores, cuts, owner, biggest, tile_no = [], [], [], [], 0, 0
     show = (len(tiles) >= PROGRESS_TILES) if progress is None else progress
     bar = tqdm(total=len(tiles), desc="tiles", unit="tile", disable=None if show else True, mininterval=2.0)
-    for group in _batches(tiles, batch):
+    for k_batch, group in enumerate(_batches(tiles, batch), 1):
         x = np.stack([_read_tile(source, t, input_size) for t in group])
         biggest = max(biggest, x.nbytes)
         heat, size, off = maps(x)
@@ -331,7 +331,7 @@ def tile_boxes(maps: MapsFn, source: WindowSource, factor: float, input_size: in
         tile_no += len(group)
         bar.update(len(group))
         del x, heat, size, off
-        if (tile_no // batch) % TRIM_EVERY == 0:
+        if k_batch % TRIM_EVERY == 0:
             release_freed_memory()
     bar.close()
     b = np.concatenate(boxes).astype(np.float32).reshape(-1, 4) if boxes else np.zeros((0, 4), np.float32)

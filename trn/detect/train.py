@@ -52,7 +52,7 @@ from tqdm import tqdm
 
 from trn.data.datasets.labels import LabelledFrame, catalogue_complete, read_labels
 from trn.detect.boxes import resize_frame, standardise
-from trn.detect.evaluate import best_f1_threshold, match_frame, match_frame_ignoring, summarise
+from trn.detect.evaluate import best_f1_threshold, match_frame_ignoring, summarise
 from trn.detect.model import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, STRIDE, CraterDetector, DetectorConfig,
                               best_epoch, epoch_record, epoch_score, parameter_count)
 from trn.detect.run import detect_inputs
@@ -229,6 +229,16 @@ def load_frames(dirs: tuple[str, ...] | list[str], split: str, size: int, limit:
     return FrameSet(np.stack(imgs), boxes, frames, shapes, np.array(complete, bool), ignore, np.array(sets, int))
 
 
+def frame_sets(cfg: DetectTrainConfig, limit: int | None = None) -> tuple[FrameSet, FrameSet]:
+    """A run's training and validation frames, flagged by its rules: training by both, validation
+    only by ``ignore_invisible`` (the labels the rendered test frames keep); under
+    ``ignore_relief_below`` alone validation counts every label."""
+    train = load_frames(cfg.data, "train", cfg.model.input_size, limit, cfg.sources, cfg.ignore_relief_below,
+                        cfg.ignore_invisible)
+    val = load_frames(cfg.data, "val", cfg.model.input_size, limit, cfg.sources, 0.0, cfg.ignore_invisible)
+    return train, val
+
+
 def augment(img: np.ndarray, boxes: np.ndarray, crop: int, min_box: int, rng: np.random.Generator,
             flags: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One training sample: float32 [crop, crop] standardised and its boxes [k, 4] (see module);
@@ -322,15 +332,15 @@ def detection_loss(out: tuple[torch.Tensor, torch.Tensor, torch.Tensor], heat: t
     return lh + ls + lo, {"heat": lh.item(), "size": ls.item(), "offset": lo.item()}
 
 
-def evaluate_set(model: CraterDetector, fs: FrameSet, use_ignore: bool = False) -> list:
-    """Matches of each frame of ``fs`` at IoU 0.5; with ``use_ignore``, its flagged boxes count
-    neither way (:func:`trn.detect.evaluate.match_frame_ignoring`)."""
+def evaluate_set(model: CraterDetector, fs: FrameSet) -> list:
+    """Matches of each frame of ``fs`` at IoU 0.5, its flagged boxes (``fs.ignore``) counting
+    neither way (:func:`trn.detect.evaluate.match_frame_ignoring`; with none flagged, every label
+    counts)."""
     dets = detect_inputs(model, np.stack([standardise(im) for im in fs.images]), fs.shapes, 0.01)
     out = []
     for d, f, g in zip(dets, fs.frames, fs.ignore):
         gt = np.array([b.box for b in f.boxes], np.float32).reshape(-1, 4)
-        out.append(match_frame_ignoring(d.boxes, d.scores, gt[~g], gt[g]) if use_ignore and g.any()
-                   else match_frame(d.boxes, d.scores, gt))
+        out.append(match_frame_ignoring(d.boxes, d.scores, gt[~g], gt[g]))
     return out
 
 
@@ -397,10 +407,7 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
                               f"model {cfg.model.to_dict()}; copy the checkpoint's model settings into the config")
         load_state(model, ck["model"], cfg.init, "detector")
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n", encoding="utf-8")
-    train = load_frames(cfg.data, "train", cfg.model.input_size, limit, cfg.sources, cfg.ignore_relief_below,
-                        cfg.ignore_invisible)
-    # validation counts every label, or, under ignore_invisible, the labels the rendered test frames keep
-    val = load_frames(cfg.data, "val", cfg.model.input_size, limit, cfg.sources, 0.0, cfg.ignore_invisible)
+    train, val = frame_sets(cfg, limit)
     log.info("detector %d parameters; %d training frames (%d boxes, %d ignored: relief below %g, invisible %s), %d "
              "validation frames (%d boxes, %d ignored)", parameter_count(model), len(train.frames),
              sum(len(b) for b in train.boxes), sum(int(g.sum()) for g in train.ignore), cfg.ignore_relief_below,
@@ -456,7 +463,7 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
 def _validation_record(model: CraterDetector, val: FrameSet, cfg: DetectTrainConfig) -> dict:
     """An epoch's validation figures: AP@0.5, precision, recall and F1 at the best-F1 threshold,
     the threshold, and each set's AP (:func:`_set_scores`)."""
-    matches = evaluate_set(model, val, cfg.ignore_invisible)
+    matches = evaluate_set(model, val)
     thr = best_f1_threshold(matches)
     sm = summarise(matches, thr)
     rec = {**{f"val_{k}": v for k, v in _finite(sm.to_dict()).items() if k in ("ap50", "precision", "recall", "f1")},
@@ -507,7 +514,7 @@ def _write_averaged(model: CraterDetector, average: dict, train: FrameSet, val: 
     model.load_state_dict(average)
     recalibrate_batchnorm(model, train, cfg)
     first, last = epochs or (cfg.average_from, cfg.epochs)
-    rec = {"epoch": last, "averaged_epochs": [first, last], "bn_batches": cfg.bn_batches,
+    rec = {"averaged_epochs": [first, last], "bn_batches": cfg.bn_batches,
            **_validation_record(model, val, cfg)}
     rec["seconds"] = round(time.perf_counter() - t0, 1)
     log.info("averaged weights: %s", rec)
@@ -541,9 +548,7 @@ def average_checkpoints(paths: list[str | Path], out: str | Path, bn_batches: in
     average = None
     for n, k in enumerate(order):
         average = running_mean(average, cks[k]["model"], n)
-    train = load_frames(cfg.data, "train", cfg.model.input_size, None, cfg.sources, cfg.ignore_relief_below,
-                        cfg.ignore_invisible)
-    val = load_frames(cfg.data, "val", cfg.model.input_size, None, cfg.sources, 0.0, cfg.ignore_invisible)
+    train, val = frame_sets(cfg)
     torch.set_num_threads(cfg.threads)
     history = cks[order[-1]]["history"]
     return _write_averaged(CraterDetector(cfg.model), average, train, val, cfg, history, Path(out),
