@@ -47,7 +47,7 @@ from trn.detect.evaluate import best_f1_threshold, match_frame, match_frame_min_
 from trn.detect.model import STRIDE, chosen_threshold, load_detector  # noqa: E402
 from trn.detect.realsets import real_images, write_tile_frames  # noqa: E402
 from trn.detect.tiles import (ArraySource, ScaleBand, detect_multiscale, merge_bands, parse_bands,  # noqa: E402
-                              mirror_averaged, tile_boxes, torch_maps)
+                              TTA_VIEWS, symmetry_averaged, tile_boxes, torch_maps)
 
 SET = "craterdanet-nac"
 SIZE_EDGES = [0.0, 10.0, 20.0, 40.0, 80.0, float("inf")]  # box side (geometric mean), image px
@@ -73,7 +73,7 @@ def _per_tile(run):
     return maps
 
 
-def runners(names: list[str], model, export: Path | None, mirror: bool = False) -> dict:
+def runners(names: list[str], model, export: Path | None, tta: str | None = None) -> dict:
     out = {}
     for name in names:
         if name == "torch":
@@ -86,7 +86,7 @@ def runners(names: list[str], model, export: Path | None, mirror: bool = False) 
             out[name] = _per_tile(TfliteDetector(export / "detector_int8.tflite"))
         else:
             raise SystemExit(f"unknown runner {name!r}: torch, onnx-int8, tflite-int8")
-    return {k: mirror_averaged(v) for k, v in out.items()} if mirror else out
+    return {k: symmetry_averaged(v, TTA_VIEWS[tta]) for k, v in out.items()} if tta else out
 
 
 def score_split(maps, images, bands: list[ScaleBand], input_size: int, min_side: float = MIN_LABELLED_SIDE_PX
@@ -169,7 +169,19 @@ def _scored(images, matches, ranged, dets, thr: float, thr_from: str, range_thr:
                                "min_side_px": min_side, "threshold": range_thr,
                                "left_out": summarise(matches, range_thr).detections - r["detections"],
                                "threshold_from": range_from, "best_f1_threshold": range_best, **r,
-                               "recall_by_side": by_size(images, ranged, range_thr)}}
+                               "recall_by_side": by_size(images, ranged, range_thr),
+                               "curve": pr_curve(ranged)}}
+
+
+def pr_curve(matches, grid=None) -> list[list[float]]:
+    """[threshold, precision, recall] at thresholds 0.05, 0.06, ..., 0.95 (the grid of
+    best_f1_threshold): where a threshold for a precision or recall target would lie."""
+    grid = np.round(np.arange(0.05, 0.951, 0.01), 2) if grid is None else grid
+    rows = []
+    for t in grid:
+        m = summarise(matches, float(t))
+        rows.append([float(t), round(m.precision, 4), round(m.recall, 4)])
+    return rows
 
 
 def cmd_score(args) -> int:
@@ -192,9 +204,10 @@ def cmd_score(args) -> int:
            "labels": int(sum(len(im.boxes) for im in images)), "factor": args.factor,
            "bands": [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px)} for b in bands],
            "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
-           "shipped_threshold": chosen_threshold(meta), "mirror": bool(args.mirror), "runners": {}}
+           "shipped_threshold": chosen_threshold(meta), "mirror": args.tta == "mirror",
+           "tta": args.tta, "runners": {}}
     print("scales " + ", ".join(b.describe() for b in bands))
-    for name, maps in runners(args.runners.split(","), model, args.export, args.mirror).items():
+    for name, maps in runners(args.runners.split(","), model, args.export, args.tta).items():
         matches, ranged, dets, secs = score_split(maps, images, bands, model.cfg.input_size, args.min_side)
         best, range_best = best_f1_threshold(matches), best_f1_threshold(ranged)
         here = f"best F1 on this {args.split} split"
@@ -327,7 +340,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--runners", default="torch", help="torch, onnx-int8, tflite-int8 (comma-separated)")
     s.add_argument("--export", type=Path, help="trn-detect export directory for the int8 runners")
     s.add_argument("--threads", type=int, default=1)
-    s.add_argument("--mirror", action="store_true", help="test-time mirroring (trn.detect.tiles.mirror_averaged)")
+    s.add_argument("--tta", choices=tuple(TTA_VIEWS), default=None,
+                   help="test-time symmetry averaging (trn.detect.tiles.symmetry_averaged): mirror (2 views), flips "
+                        "(4) or dihedral (8)")
+    s.add_argument("--mirror", dest="tta", action="store_const", const="mirror", help="the same as --tta mirror")
     s.add_argument("--json", type=Path)
     s.set_defaults(fn=cmd_score)
     w = sub.add_parser("sweep", help="validation: scales and band boundaries scored from one run of each scale")

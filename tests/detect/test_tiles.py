@@ -326,6 +326,44 @@ def test_mirroring_keeps_an_equivariant_map_and_evens_out_one_that_is_not():
     assert np.allclose(h, 3.5)
 
 
+def test_symmetry_views_bring_each_map_back_and_swap_width_and_height_under_a_transpose():
+    from trn.detect.tiles import symmetry_averaged
+
+    x = np.random.default_rng(1).random((2, 32, 32)).astype(np.float32)
+
+    def pooled(x):  # as above: equivariant under every symmetry of the square; size channels w = h, h = 2 h
+        n, s = x.shape[0], x.shape[1] // 4
+        h = x.reshape(n, s, 4, s, 4).mean(axis=(2, 4))[:, None]
+        return h, np.concatenate([h, 2 * h], 1), np.zeros((n, 2, s, s), np.float32)
+
+    ref = pooled(x)
+    for views in (2, 4):
+        h, s, _ = symmetry_averaged(pooled, views)(x)
+        assert np.allclose(h, ref[0], atol=1e-6) and np.allclose(s, ref[1], atol=1e-6)
+    h, s, _ = symmetry_averaged(pooled, 8)(x)  # half the views are transposed: their w and h trade places
+    assert np.allclose(h, ref[0], atol=1e-6) and np.allclose(s, 1.5 * ref[0].repeat(2, axis=1), atol=1e-6)
+
+    def corner(x):  # a map lit at the top-left cell of whatever it is shown: averaged, all four corners
+        n = x.shape[0]
+        h = np.zeros((n, 1, 8, 8), np.float32)
+        h[:, :, 0, 0] = 1.0
+        return h, np.zeros((n, 2, 8, 8), np.float32), np.zeros((n, 2, 8, 8), np.float32)
+
+    h, _, _ = symmetry_averaged(corner, 4)(x)
+    assert np.allclose(h[:, 0, [0, 0, 7, 7], [0, 7, 0, 7]], 0.25) and np.isclose(h.sum(), 2 * 1.0)
+    h, _, _ = symmetry_averaged(corner, 8)(x)  # the top-left cell is on the diagonal: a transpose keeps it
+    assert np.allclose(h[:, 0, [0, 0, 7, 7], [0, 7, 0, 7]], 0.25)
+    with pytest.raises(ConfigError, match="views 3"):
+        symmetry_averaged(corner, 3)
+
+
+def test_the_command_line_offers_the_symmetry_sets_the_tiler_has():
+    from trn.cli.detect import TTA_VIEWS_N
+    from trn.detect.tiles import TTA_VIEWS
+
+    assert TTA_VIEWS_N == TTA_VIEWS
+
+
 def test_freed_heap_memory_is_handed_back_every_few_batches(monkeypatch):
     import trn.detect.tiles as tiles
 

@@ -216,7 +216,11 @@ def test_eval_and_run_at_several_scales_say_which_and_one_whole_band_is_the_fram
     out = capsys.readouterr().out
     assert "scales 1 (boxes of 0-30 image px), 0.5 (boxes of 30-inf image px)" in out
     doc = json.loads((root / "ms" / "detections.json").read_text())
-    assert [s["factor"] for s in doc["images"][0]["scales"]] == [1.0, 0.5]
+    assert [s["factor"] for s in doc["images"][0]["scales"]] == [1.0, 0.5] and doc["tta"] is None
+    assert detect_main(["run", str(root / "model"), str(frames), "--out", str(root / "tta"), "--threshold", "0.01",
+                        "--scales", "1,0.5", "--bands", "0-30,30-inf", "--tta", "flips"]) == 0
+    flipped = json.loads((root / "tta" / "detections.json").read_text())
+    assert flipped["tta"] == "flips" and flipped["images"][0]["tiles"] == doc["images"][0]["tiles"]
     assert doc["images"][0]["tiles"] == sum(s["tiles"] for s in doc["images"][0]["scales"])
     for argv, what in ((["--bands", "0-30"], "--bands needs --scales"),
                        (["--scales", "1,0.5", "--bands", "0-30"], "one MIN-MAX band for each of the 2 scales"),
@@ -409,6 +413,23 @@ def test_a_model_shipped_with_its_scales_runs_at_them_unless_told_otherwise(det_
     assert detect_main(["run", str(m), frames, "--out", str(tmp_path / "o2"), "--scale", "1"]) == 0
     rec = json.loads((tmp_path / "o2" / "detections.json").read_text())["images"][0]
     assert "scales" not in rec and rec["scale"] == 1.0
+
+
+def test_a_model_shipped_with_test_time_symmetry_uses_it_unless_told_none(det_run, tmp_path, capsys):
+    root, labels, _, _ = det_run
+    m = tmp_path / "m"
+    assert detect_main(["ship", str(root / "run" / "last.pt"), "--out", str(m), "--tta", "flips"]) == 0
+    assert "Test-time symmetry for trn-detect run: flips, 4 views" in (m / "MODEL_CARD.md").read_text()
+    frames = str(labels.image_path(labels.frames[0].frame).parent)
+    capsys.readouterr()
+    assert detect_main(["run", str(m), frames, "--out", str(tmp_path / "o"), "--scale", "1"]) == 0
+    assert "test-time symmetry flips (4 views of each tile): the model's own" in capsys.readouterr().out
+    assert json.loads((tmp_path / "o" / "detections.json").read_text())["tta"] == "flips"
+    assert detect_main(["run", str(m), frames, "--out", str(tmp_path / "o2"), "--scale", "1", "--tta", "none"]) == 0
+    assert json.loads((tmp_path / "o2" / "detections.json").read_text())["tta"] is None
+    with pytest.raises(SystemExit) as e:
+        detect_main(["ship", str(root / "run" / "last.pt"), "--out", str(tmp_path / "m2"), "--tta", "all"])
+    assert e.value.code == 2 and "invalid choice: 'all'" in capsys.readouterr().err
 
 
 def test_running_mean_is_the_plain_mean_of_the_weight_sets():

@@ -18,6 +18,9 @@ from trn.cli.common import (Parser, float_between, int_at_least, int_between, na
                             setup_logging)
 from trn.errors import ConfigError, DataError
 
+TTA_VIEWS_N = {"mirror": 2, "flips": 4, "dihedral": 8}  # trn.detect.tiles.TTA_VIEWS, named here without loading it
+TTA_CHOICES = tuple(TTA_VIEWS_N)
+
 
 def _build(args) -> int:
     from trn.data.datasets.detection import DetectionBuildConfig, build_detection_set
@@ -279,7 +282,7 @@ def _run(args) -> int:
     from trn.detect.model import STRIDE
     from trn.detect.raster import is_picture, open_image, preview
     from trn.detect.run import overlay, size_gate
-    from trn.detect.tiles import detect_multiscale, detect_tiled, mirror_averaged, torch_maps
+    from trn.detect.tiles import TTA_VIEWS, detect_multiscale, detect_tiled, symmetry_averaged, torch_maps
 
     paths = _images(args.inputs)
     bands = _bands(args)
@@ -296,13 +299,18 @@ def _run(args) -> int:
                 _check_scale_and_georef(img, args, cat is not None, bands)
             finally:
                 img.close()
-    model, chosen, _, gate, _ = own or _load_model(args.model)
+    model, chosen, _, gate, meta = own or _load_model(args.model)
+    tta = meta.get("run_tta") if args.tta is None else args.tta
+    tta = None if tta == "none" else tta
+    if args.tta is None and tta:
+        print(f"test-time symmetry {tta} ({TTA_VIEWS_N[tta]} views of each tile): the model's own, chosen on its "
+              "validation images (--tta none for one view)")
     if from_model:
         print(f"scales {', '.join(b.describe() for b in bands)}: the model's own, chosen on its validation images "
               "(give --scales, --scale, --crater-px, --gsd or --altitude-km for others)")
     threshold = chosen if args.threshold is None else args.threshold
     (args.out / "overlays").mkdir(parents=True, exist_ok=True)
-    maps = mirror_averaged(torch_maps(model)) if args.mirror else torch_maps(model)
+    maps = symmetry_averaged(torch_maps(model), TTA_VIEWS[tta]) if tta else torch_maps(model)
     floor = min(threshold, 0.05) if cat is not None else threshold  # lower scores too, for the catalogue's AP
     records, frames, rows, missed, reports, scales = [], [], [], [], [], {}
     radius = float("nan")
@@ -359,7 +367,7 @@ def _run(args) -> int:
         for text, ps in scales.items():
             print(f"{len(ps)} images at {text}")
     write_annotations(args.out / "annotations.txt", frames)
-    (args.out / "detections.json").write_text(json.dumps({"threshold": threshold, "images": records}, indent=1) + "\n",
+    (args.out / "detections.json").write_text(json.dumps({"threshold": threshold, "tta": tta, "images": records}, indent=1) + "\n",
                                               encoding="utf-8")
     write_csv(args.out / "detections.csv", rows)
     outputs = [args.out / "annotations.txt", args.out / "detections.json", args.out / "detections.csv"]
@@ -418,7 +426,7 @@ def _ship(args) -> int:
     finite = [e for e in errs if np.isfinite(e)]
     sigma = float(np.sqrt(np.mean(np.square(finite)))) if finite else None  # no matched detection: not measured
     out = ship_detector(args.run, args.out, args.gate_km, "trn-detect " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                        sigma, args.threshold, args.chosen_by, args.scales, args.bands)
+                        sigma, args.threshold, args.chosen_by, args.scales, args.bands, args.tta)
     print(f"shipped {ck} to {out}")
     return 0
 
@@ -578,9 +586,12 @@ def main(argv: list[str] | None = None) -> int:
                    help="network-input pixels shared by neighbouring tiles (default 96, at most 3/8 of a smaller "
                         "network input: a crater up to that size cut by a seam is whole in the next tile)")
     r.add_argument("--batch", type=int_between(1, 512), default=16, help="tiles run at once (default 16)")
-    r.add_argument("--mirror", action="store_true",
-                   help="also run each tile mirrored and average the maps (twice the time; on the real NAC validation "
-                        "images it raised precision over the labelled range, docs/detector.md)")
+    r.add_argument("--tta", choices=TTA_CHOICES + ("none",), default=None,
+                   help="test-time symmetry averaging: each tile also run mirrored (mirror, 2x the time), flipped "
+                        "both ways (flips, 4x) or under all eight symmetries of the square (dihedral, 8x), the maps "
+                        "averaged; none: one view (default: the model's own choice, if it was shipped with one; "
+                        "docs/detector.md gives what each did on the real NAC validation images)")
+    r.add_argument("--mirror", dest="tta", action="store_const", const="mirror", help="the same as --tta mirror")
     r.add_argument("--catalogue", type=Path, default=None, metavar="CSV",
                    help="a crater catalogue (CSV with latitude, longitude and diameter in km) to compare with over "
                         "each georeferenced image's footprint: matched, new and missed craters")
@@ -611,6 +622,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="scales (network px per image px) that trn-detect run uses when given no scale of its own, "
                          "chosen on validation images; with --bands, one MIN-MAX band of image px each")
     sp.add_argument("--bands", default=None, metavar="MIN-MAX,...")
+    sp.add_argument("--tta", choices=TTA_CHOICES, default=None,
+                    help="test-time symmetry averaging that trn-detect run uses when given no --tta, chosen on "
+                         "validation images (the threshold should be chosen with it)")
     sp.set_defaults(fn=_ship)
 
     av = sub.add_parser("average", help="average kept epoch checkpoints of one run (weight averaging, BatchNorm "

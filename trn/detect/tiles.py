@@ -236,18 +236,60 @@ def torch_maps(model) -> MapsFn:
     return run
 
 
-def mirror_averaged(maps: MapsFn) -> MapsFn:
-    """Test-time mirroring: each batch run as it is and mirrored left to right, the mirror's heat
-    and log-size maps mirrored back and averaged with the direct ones (the stride divides the
-    input, so cell j of the mirror is cell W - 1 - j; a box's width and height do not change under a
-    mirror); the centre offsets are the direct run's. Twice the network's time."""
+TTA_VIEWS = {"mirror": 2, "flips": 4, "dihedral": 8}
+"""Test-time symmetry sets by name: how many views of each tile the network sees."""
+
+
+def _view(x: np.ndarray, k: int) -> np.ndarray:
+    """View k of a batch [..., S, S] of the square's 8 symmetries: bit 0 mirrors left to right, bit
+    1 flips top to bottom, bit 2 transposes (applied in that order)."""
+    if k & 1:
+        x = x[..., ::-1]
+    if k & 2:
+        x = x[..., ::-1, :]
+    if k & 4:
+        x = np.swapaxes(x, -1, -2)
+    return x
+
+
+def _unview(m: np.ndarray, k: int) -> np.ndarray:
+    """A map of view k brought back to the tile's own frame (the inverse of :func:`_view`)."""
+    if k & 4:
+        m = np.swapaxes(m, -1, -2)
+    if k & 2:
+        m = m[..., ::-1, :]
+    if k & 1:
+        m = m[..., ::-1]
+    return m
+
+
+def symmetry_averaged(maps: MapsFn, views: int = 2) -> MapsFn:
+    """Test-time symmetry averaging: each batch run in ``views`` of the square's symmetries (2: as
+    it is and mirrored left to right; 4: and flipped top to bottom, and both; 8: and each of those
+    transposed), every view's heat and log-size maps brought back and averaged. The stride divides
+    the input, so cell j of a mirrored view is cell W - 1 - j; a box's width and height do not
+    change under a mirror or a flip and trade places under a transpose. The centre offsets are the
+    direct run's. ``views`` times the network's time."""
+    if views not in (2, 4, 8):
+        raise ConfigError(f"test-time symmetry views {views}: give 2 (mirror), 4 (flips) or 8 (dihedral)")
 
     def run(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         h, s, o = maps(x)
-        hm, sm, _ = maps(np.ascontiguousarray(x[..., ::-1]))
-        return (h + hm[..., ::-1]) / 2, (s + sm[..., ::-1]) / 2, o
+        h, s = h.astype(np.float32, copy=True), s.astype(np.float32, copy=True)
+        for k in range(1, views):
+            hk, sk, _ = maps(np.ascontiguousarray(_view(x, k)))
+            sk = _unview(sk, k)
+            h += _unview(hk, k)
+            s += sk[:, ::-1] if k & 4 else sk
+        return h / views, s / views, o
 
     return run
+
+
+def mirror_averaged(maps: MapsFn) -> MapsFn:
+    """Test-time mirroring (:func:`symmetry_averaged` with 2 views): each batch run as it is and
+    mirrored left to right, the maps averaged. Twice the network's time."""
+    return symmetry_averaged(maps, 2)
 
 
 @dataclass(frozen=True)

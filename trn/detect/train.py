@@ -56,6 +56,7 @@ from trn.detect.evaluate import best_f1_threshold, match_frame_ignoring, summari
 from trn.detect.model import (CHECKPOINT_FORMAT, CHECKPOINT_VERSION, STRIDE, CraterDetector, DetectorConfig,
                               best_epoch, epoch_record, epoch_score, parameter_count)
 from trn.detect.run import detect_inputs
+from trn.detect.tiles import TTA_VIEWS
 from trn.errors import ConfigError, DataError
 from trn.models.checkpoint import load_checked, load_state, save_checked
 from trn.train.loop import lr_factor
@@ -577,23 +578,27 @@ def shipped_checkpoint(run: str | Path) -> Path:
 
 def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, command: str,
                   centre_sigma_px: float | None = None, threshold: float | None = None,
-                  chosen_by: str | None = None, run_scales: str | None = None, run_bands: str | None = None
-                  ) -> Path:
+                  chosen_by: str | None = None, run_scales: str | None = None, run_bands: str | None = None,
+                  run_tta: str | None = None) -> Path:
     """Copy a run's best epoch (or the checkpoint ``run`` names, :func:`shipped_checkpoint`) to a
     model directory: ``detector.pt`` (weights, configs, history, the score threshold and size gate
     chosen on validation frames; ``threshold`` replaces the epoch's own best-F1 one where it was
     chosen on other validation images; ``chosen_by`` says on the card how a named checkpoint's epoch
     was chosen; ``run_scales`` / ``run_bands``, as ``trn-detect run --scales / --bands`` takes them,
-    the scales that command uses when given none), ``log.jsonl``, ``curves.png`` and
+    the scales that command uses when given none; ``run_tta``, the test-time symmetry averaging it
+    uses when given none, a name of :data:`trn.detect.tiles.TTA_VIEWS`), ``log.jsonl``, ``curves.png`` and
     ``MODEL_CARD.md``."""
     out = Path(out)
+    if run_tta is not None and run_tta not in TTA_VIEWS:
+        raise ConfigError(f"test-time symmetry {run_tta!r}: expected one of {', '.join(TTA_VIEWS)}")
     ck = load_checked(shipped_checkpoint(run), fmt=CHECKPOINT_FORMAT, what="detector")
     own = epoch_record(ck)
     chosen = threshold is not None
     threshold = float(threshold) if chosen else float(own["val_threshold"])
     out.mkdir(parents=True, exist_ok=True)
     save_checked({**ck, "optimizer": {}, "score_threshold": threshold, "gate_km": gate_km,
-                  "centre_sigma_px": centre_sigma_px, "run_scales": run_scales, "run_bands": run_bands},
+                  "centre_sigma_px": centre_sigma_px, "run_scales": run_scales, "run_bands": run_bands,
+                  "run_tta": run_tta},
                  out / "detector.pt")
     history = ck["history"]
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
@@ -631,6 +636,8 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
         "- Scales for trn-detect run: " + (f"{run_scales}" + (f", bands {run_bands} image px" if run_bands else "") +
                                             " (chosen on validation images)" if run_scales else
                                             "from the image's ground sampling or the command line"),
+        "- Test-time symmetry for trn-detect run: " + (f"{run_tta}, {TTA_VIEWS[run_tta]} views of each tile averaged "
+                                                      "(chosen on validation images)" if run_tta else "none"),
         f"- Box centre error (validation, per axis RMS): "
         f"{'not measured' if centre_sigma_px is None else f'{centre_sigma_px:.2f} px'}",
         f"- Command: `{command}`", "",
