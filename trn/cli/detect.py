@@ -367,8 +367,8 @@ def _run(args) -> int:
         for text, ps in scales.items():
             print(f"{len(ps)} images at {text}")
     write_annotations(args.out / "annotations.txt", frames)
-    (args.out / "detections.json").write_text(json.dumps({"threshold": threshold, "tta": tta, "images": records}, indent=1) + "\n",
-                                              encoding="utf-8")
+    doc = {"threshold": threshold, "tta": tta, "images": records}
+    (args.out / "detections.json").write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
     write_csv(args.out / "detections.csv", rows)
     outputs = [args.out / "annotations.txt", args.out / "detections.json", args.out / "detections.csv"]
     if rows and "lat" in rows[0]:
