@@ -43,7 +43,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
-from trn.detect.evaluate import best_f1_threshold, match_frame, match_frame_min_side, summarise  # noqa: E402
+from trn.detect.evaluate import (best_f1_threshold, match_frame, match_frame_min_side, pr_curve,  # noqa: E402
+                                 summarise)
 from trn.detect.model import STRIDE, chosen_threshold, load_detector  # noqa: E402
 from trn.detect.realsets import real_images, write_tile_frames  # noqa: E402
 from trn.detect.tiles import (ArraySource, ScaleBand, detect_multiscale, merge_bands, parse_bands,  # noqa: E402
@@ -173,17 +174,6 @@ def _scored(images, matches, ranged, dets, thr: float, thr_from: str, range_thr:
                                "curve": pr_curve(ranged)}}
 
 
-def pr_curve(matches, grid=None) -> list[list[float]]:
-    """[threshold, precision, recall] at thresholds 0.05, 0.06, ..., 0.95 (the grid of
-    best_f1_threshold): where a threshold for a precision or recall target would lie."""
-    grid = np.round(np.arange(0.05, 0.951, 0.01), 2) if grid is None else grid
-    rows = []
-    for t in grid:
-        m = summarise(matches, float(t))
-        rows.append([float(t), round(m.precision, 4), round(m.recall, 4)])
-    return rows
-
-
 def cmd_score(args) -> int:
     import torch
 
@@ -204,8 +194,7 @@ def cmd_score(args) -> int:
            "labels": int(sum(len(im.boxes) for im in images)), "factor": args.factor,
            "bands": [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px)} for b in bands],
            "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
-           "shipped_threshold": chosen_threshold(meta), "mirror": args.tta == "mirror",
-           "tta": args.tta, "runners": {}}
+           "shipped_threshold": chosen_threshold(meta), "tta": args.tta, "runners": {}}
     print("scales " + ", ".join(b.describe() for b in bands))
     for name, maps in runners(args.runners.split(","), model, args.export, args.tta).items():
         matches, ranged, dets, secs = score_split(maps, images, bands, model.cfg.input_size, args.min_side)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from trn.detect.boxes import iou_matrix, nms_boxes
-from trn.detect.evaluate import average_precision, best_f1_threshold, match_frame, summarise
+from trn.detect.evaluate import THRESHOLD_GRID, average_precision, best_f1_threshold, match_frame, pr_curve, summarise
 
 
 def test_iou_by_hand():
@@ -48,6 +48,10 @@ def test_precision_recall_f1_at_a_threshold():
     s = summarise([m], 0.2)
     assert s.precision == pytest.approx(2 / 3) and s.recall == 1.0
     assert best_f1_threshold([m], np.array([0.2, 0.5, 0.95])) == 0.2
+    curve = pr_curve([m], np.array([0.2, 0.5, 0.95]))
+    assert curve[:2] == [[0.2, 0.6667, 1.0], [0.5, 0.5, 0.5]]
+    assert curve[2][0] == 0.95 and np.isnan(curve[2][1]) and curve[2][2] == 0.0  # no detection left: no precision
+    assert [row[0] for row in pr_curve([m])] == THRESHOLD_GRID.tolist()
 
 
 def test_nms_keeps_the_best_of_overlapping_boxes():

@@ -305,7 +305,7 @@ def test_the_real_image_detector_finds_constructed_craters_at_its_chosen_scales(
 
 
 def test_mirroring_keeps_an_equivariant_map_and_evens_out_one_that_is_not():
-    from trn.detect.tiles import mirror_averaged
+    from trn.detect.tiles import symmetry_averaged
 
     def pooled(x):  # heat: each 4 x 4 cell's mean; mirror-equivariant since the stride divides the input
         n, s = x.shape[0], x.shape[1] // 4
@@ -313,7 +313,7 @@ def test_mirroring_keeps_an_equivariant_map_and_evens_out_one_that_is_not():
         return h, np.concatenate([h, 2 * h], 1), np.zeros((n, 2, s, s), np.float32)
 
     x = np.random.default_rng(0).random((3, 32, 32)).astype(np.float32)
-    h, s, o = mirror_averaged(pooled)(x)
+    h, s, o = symmetry_averaged(pooled, 2)(x)
     ref = pooled(x)
     assert np.allclose(h, ref[0]) and np.allclose(s, ref[1]) and np.array_equal(o, ref[2])
 
@@ -322,7 +322,7 @@ def test_mirroring_keeps_an_equivariant_map_and_evens_out_one_that_is_not():
         h = np.broadcast_to(np.arange(8, dtype=np.float32), (n, 1, 8, 8)).copy()
         return h, np.zeros((n, 2, 8, 8), np.float32), np.zeros((n, 2, 8, 8), np.float32)
 
-    h, _, _ = mirror_averaged(ramp)(x)
+    h, _, _ = symmetry_averaged(ramp, 2)(x)
     assert np.allclose(h, 3.5)
 
 
@@ -358,10 +358,10 @@ def test_symmetry_views_bring_each_map_back_and_swap_width_and_height_under_a_tr
 
 
 def test_the_command_line_offers_the_symmetry_sets_the_tiler_has():
-    from trn.cli.detect import TTA_VIEWS_N
+    from trn.cli.detect import TTA_CHOICES
     from trn.detect.tiles import TTA_VIEWS
 
-    assert TTA_VIEWS_N == TTA_VIEWS
+    assert TTA_CHOICES == tuple(TTA_VIEWS)
 
 
 def test_freed_heap_memory_is_handed_back_every_few_batches(monkeypatch):

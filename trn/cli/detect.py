@@ -18,8 +18,7 @@ from trn.cli.common import (Parser, float_between, int_at_least, int_between, na
                             setup_logging)
 from trn.errors import ConfigError, DataError
 
-TTA_VIEWS_N = {"mirror": 2, "flips": 4, "dihedral": 8}  # trn.detect.tiles.TTA_VIEWS, named here without loading it
-TTA_CHOICES = tuple(TTA_VIEWS_N)
+TTA_CHOICES = ("mirror", "flips", "dihedral")  # the names of trn.detect.tiles.TTA_VIEWS, without loading it
 
 
 def _build(args) -> int:
@@ -303,7 +302,7 @@ def _run(args) -> int:
     tta = meta.get("run_tta") if args.tta is None else args.tta
     tta = None if tta == "none" else tta
     if args.tta is None and tta:
-        print(f"test-time symmetry {tta} ({TTA_VIEWS_N[tta]} views of each tile): the model's own, chosen on its "
+        print(f"test-time symmetry {tta} ({TTA_VIEWS[tta]} views of each tile): the model's own, chosen on its "
               "validation images (--tta none for one view)")
     if from_model:
         print(f"scales {', '.join(b.describe() for b in bands)}: the model's own, chosen on its validation images "

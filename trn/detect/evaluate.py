@@ -122,12 +122,22 @@ def summarise(matches: list[FrameMatch], threshold: float) -> Summary:
     return Summary(float(threshold), n_labels, nd, tp, p, r, f1, average_precision(scores, hits, n_labels))
 
 
-def best_f1_threshold(matches: list[FrameMatch], grid: np.ndarray | None = None) -> float:
-    """The score threshold of highest F1 over ``grid`` (default 0.05, 0.06, ..., 0.95; ties: the
-    lowest). For choosing on validation frames only."""
-    grid = np.round(np.arange(0.05, 0.951, 0.01), 2) if grid is None else grid
+THRESHOLD_GRID = np.round(np.arange(0.05, 0.951, 0.01), 2)
+"""The score thresholds a threshold is chosen from: 0.05, 0.06, ..., 0.95."""
+
+
+def best_f1_threshold(matches: list[FrameMatch], grid: np.ndarray = THRESHOLD_GRID) -> float:
+    """The score threshold of highest F1 over ``grid`` (ties: the lowest). For choosing on
+    validation frames only."""
     f1 = [summarise(matches, float(t)).f1 for t in grid]
     return float(grid[int(np.argmax(f1))])
+
+
+def pr_curve(matches: list[FrameMatch], grid: np.ndarray = THRESHOLD_GRID) -> list[list[float]]:
+    """[threshold, precision, recall] at each threshold of ``grid``: where a threshold for a
+    precision or recall target would lie."""
+    return [[float(t), round(m.precision, 4), round(m.recall, 4)]
+            for t, m in ((t, summarise(matches, float(t))) for t in grid)]
 
 
 def label_hits(m: FrameMatch, threshold: float) -> np.ndarray:

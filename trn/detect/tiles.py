@@ -270,7 +270,7 @@ def symmetry_averaged(maps: MapsFn, views: int = 2) -> MapsFn:
     the input, so cell j of a mirrored view is cell W - 1 - j; a box's width and height do not
     change under a mirror or a flip and trade places under a transpose. The centre offsets are the
     direct run's. ``views`` times the network's time."""
-    if views not in (2, 4, 8):
+    if views not in TTA_VIEWS.values():
         raise ConfigError(f"test-time symmetry views {views}: give 2 (mirror), 4 (flips) or 8 (dihedral)")
 
     def run(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -284,12 +284,6 @@ def symmetry_averaged(maps: MapsFn, views: int = 2) -> MapsFn:
         return h / views, s / views, o
 
     return run
-
-
-def mirror_averaged(maps: MapsFn) -> MapsFn:
-    """Test-time mirroring (:func:`symmetry_averaged` with 2 views): each batch run as it is and
-    mirrored left to right, the maps averaged. Twice the network's time."""
-    return symmetry_averaged(maps, 2)
 
 
 @dataclass(frozen=True)
