@@ -158,12 +158,16 @@ def main() -> None:
     s, sigma = scenario_box_settings(args.boxes, summary, ScenarioSettings())
     gate = scenario.gate_km(args.map_gate, cmap)
     args.out.mkdir(parents=True, exist_ok=True)
-    rows = []
+    rows, terrains = [], {}
     for n, (v, cfg) in enumerate(zip(variants, configs)):
         memo = Memo(args.cache, args.data, args.boxes, args.map_gate, cfg)
         memo.install(cfg)
+        key = (cfg.terrain_check, cfg.terrain_size_px, cfg.terrain_max_ppd)
+        if key not in terrains:  # the elevation map is loaded once for the variants that share it
+            terrains[key] = scenario.dataset_terrain_check(ds, args.source, cfg)
         t0 = time.perf_counter()
-        rep = scenario.lost_in_space_fixes(dsk, cmap, s, cfg=cfg, box_sigma_px=sigma, seed=s.seed, gate_km=gate)
+        rep = scenario.lost_in_space_fixes(dsk, cmap, s, cfg=cfg, box_sigma_px=sigma, seed=s.seed, gate_km=gate,
+                                           terrain=terrains[key])
         memo.save(cfg)
         (args.out / f"{n}.json").write_text(json.dumps({"variant": v, "settings": args.lis_set, "boxes": summary,
                                                         "report": rep}, default=float))

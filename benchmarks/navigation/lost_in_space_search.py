@@ -90,7 +90,8 @@ def main() -> int:
     # as trn-sim runs them (a detector's boxes: no emulated noise, their own centre sigma)
     s, sigma = scenario_box_settings(args.boxes, summary, ScenarioSettings(max_frames=args.max_frames or None))
     gate = gate_km(args.map_gate, cmap)
-    rep = lost_in_space_fixes(ds, cmap, s, cfg=cfg, seed=s.seed, gate_km=gate, box_sigma_px=sigma)
+    rep = lost_in_space_fixes(ds, cmap, s, cfg=cfg, seed=s.seed, gate_km=gate, box_sigma_px=sigma,
+                              terrain=scenario.dataset_terrain_check(ds, args.source, cfg))
     if args.boxes == "detector":
         print(f"detected boxes ({args.detector}), size gate {gate} km: {rep['detections']} of "
               f"{rep['detections_before_gate']} kept")
@@ -101,6 +102,11 @@ def main() -> int:
     print(f"this CPU: {t['ms_per_detection']:.1f} ms per detection; per frame p50 {t['fix_ms_per_frame_p50']:.0f} ms, "
           f"p99 {t['fix_ms_per_frame_p99']:.0f} ms; per declared fix p50 {t['ms_per_declared_fix_p50']:.0f} ms, "
           f"p99 {t['ms_per_declared_fix_p99']:.0f} ms (search and window, the terrain's motion apart)")
+    if rep["terrain"] is not None:
+        tc = rep["terrain"]
+        print(f"terrain check: {tc['checks']} fixes checked ({tc['answered']} answered), "
+              f"p50 {tc['ms_per_check_p50']:.1f} ms, p99 {tc['ms_per_check_p99']:.1f} ms a check "
+              "(in the search and window times above)")
     if rep["motion"] is not None:
         print(f"terrain motion (frames x {cfg.motion_scale:g}): {rep['motion']}; per frame pair p50 {pair[0]:.1f} ms, "
               f"p99 {pair[1]:.1f} ms")

@@ -170,7 +170,8 @@ def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path,
     assert "predicted appearance" in capsys.readouterr().out
     assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--scenario", "map_navigation", "--scenario",
                          "lost_in_space_fix", "--map", str(tmp_path / "map"), "--lis-map", "map", "--model",
-                         str(tmp_path / "run"), "--threads", "1", "--no-progress", "--out", str(tmp_path / "r")]) == 0
+                         str(tmp_path / "run"), "--map-source", str(boxed_world), "--threads", "1", "--no-progress",
+                         "--out", str(tmp_path / "r")]) == 0
     assert "lost-in-space fixes" in capsys.readouterr().out
     lis = next(iter(json.loads((tmp_path / "r" / "lost_in_space_fix.json").read_text()).values()))
     frames = lis["frames"]
@@ -179,6 +180,10 @@ def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path,
         assert f["declared"] == f["reason"].startswith("verified") and (f["error_km"] is None) != f["declared"]
         assert f["detections"] >= 2 or not f["declared"]
     assert lis["by_detections"][">= 2"]["frames"] == sum(f["detections"] >= 2 for f in frames)
+    # every declared fix passed the terrain check (on by default) where its frame gave an answer
+    assert lis["terrain"] is not None and lis["terrain"]["answered"] <= lis["terrain"]["checks"]
+    assert all(f["terrain_ncc"] is None or f["terrain_ncc"] >= lis["config"]["terrain_min_ncc"]
+               for f in frames if f["declared"])
     # the terrain's motion was measured between the consecutive frames the build rendered, and every
     # join a fix names is a frame of the report
     assert lis["motion"] is not None and sum(lis["motion"].values()) > 0
@@ -200,7 +205,7 @@ def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path,
         assert "trn_day_after_first_fix" in n
     assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--scenario", "map_navigation", "--cold-start",
                          "--map", str(tmp_path / "map"), "--lis-map", "map", "--model", str(tmp_path / "run"), "--threads", "1",
-                         "--no-progress", "--out", str(tmp_path / "rc")]) == 0
+                         "--no-progress", "--out", str(tmp_path / "rc"), "--lis-set", "terrain_check=false"]) == 0
     cold = next(iter(json.loads((tmp_path / "rc" / "map_navigation.json").read_text()).values()))
     for r in cold["runs"].values():  # no state until two verified fixes: every figure says so
         n = r["navigation"]

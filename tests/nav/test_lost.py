@@ -8,6 +8,8 @@ into the fix's."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -64,6 +66,11 @@ EXACT = Sigmas(pixel=1.0, attitude_rad=1e-6, landmark_km=0.01, range_km=0.01)
 
 def radius_of(sc) -> float:
     return float(np.linalg.norm(sc))
+
+
+def fixer(cfg: LostConfig, cmap=None) -> WindowFixer:
+    """A window over frames that have boxes and no images: the terrain check off."""
+    return WindowFixer(replace(cfg, terrain_check=False), cmap)
 
 
 def test_box_geometry_recovers_the_centre_of_a_box_cut_by_one_edge():
@@ -314,10 +321,10 @@ def test_a_window_of_frames_decides_what_one_frame_cannot():
     sees other craters of the same ground, makes the pair's position the only one supported."""
     cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: r0 != r1)
     cfg = LostConfig(min_margin=1e6)  # no single frame is ever decided alone
-    win = WindowFixer(cfg)
+    win = fixer(cfg)
     first = win.add(0.0, radius_of(sc0), frame_hypotheses(b0, rot0, radius_of(sc0), None, CAM, cmap, EXACT, cfg))
     assert not first.declared
-    wcfg = LostConfig(min_margin=LostConfig().min_margin, late=False)
+    wcfg = LostConfig(min_margin=LostConfig().min_margin, late=False, terrain_check=False)
     win.cfg = wcfg
     second = win.add(20.0, radius_of(sc1), frame_hypotheses(b1, rot1, radius_of(sc1), None, CAM, cmap, EXACT, cfg))
     assert second.declared and second.frames == 2 and second.reason == REASONS[1]
@@ -330,7 +337,7 @@ def test_a_declared_frame_decides_an_earlier_frame_late():
     fixes the earlier one, at the earlier frame's position, declared at the later frame's time."""
     cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r1) >= 3 and set(r0) < set(r1))
     cfg = LostConfig(min_margin=1e6)
-    win = WindowFixer(LostConfig(late=True))
+    win = fixer(LostConfig(late=True))
     first = win.add(0.0, radius_of(sc0), frame_hypotheses(b0, rot0, radius_of(sc0), None, CAM, cmap, EXACT, cfg))
     assert not first.declared and not win.late
     second = win.add(20.0, radius_of(sc1), frame_hypotheses(b1, rot1, radius_of(sc1), None, CAM, cmap, EXACT))
@@ -366,17 +373,17 @@ def test_a_frame_is_searched_again_where_the_declared_frames_of_the_window_predi
     assert first.declared
     assert all(np.linalg.norm(h.position - sc1) > 100 for h in elsewhere().best)
     r = radius_of(sc0)
-    plain = WindowFixer(LostConfig(late=False, search_near_declared=True))
+    plain = fixer(LostConfig(late=False, search_near_declared=True))
     plain.add(0.0, r, first)
     assert not plain.add(20.0, r, elsewhere(), rescore).declared  # one declared frame: no prediction
-    win = WindowFixer(LostConfig(late=False, search_near_declared=True))
+    win = fixer(LostConfig(late=False, search_near_declared=True))
     win.add(-20.0, r, earlier)
     win.add(0.0, r, first)
-    assert not WindowFixer(LostConfig(late=False, search_near_declared=True)).add(20.0, r, elsewhere()).declared
+    assert not fixer(LostConfig(late=False, search_near_declared=True)).add(20.0, r, elsewhere()).declared
     second = win.add(20.0, r, elsewhere(), rescore)
     assert second.declared and second.frames == 2 and np.linalg.norm(second.position - sc1) < 0.1
     # backwards in time: the two-crater frame first, undecided; the two declared frames fix it late
-    win = WindowFixer(LostConfig(late=True, search_near_declared=True))
+    win = fixer(LostConfig(late=True, search_near_declared=True))
     assert not win.add(0.0, r, elsewhere(), rescore).declared
     win.add(20.0, r, first)
     assert not win.late
@@ -428,7 +435,7 @@ def test_the_window_fuses_a_declared_fix_with_the_earlier_ones_only_when_asked()
     for seed in range(60):
         noisy = truth + np.random.default_rng([15, seed]).normal(0.0, 0.6, truth.shape)
         for fuse in (False, True):
-            win = WindowFixer(LostConfig(fuse_declared=fuse))
+            win = fixer(LostConfig(fuse_declared=fuse))
             for t, x in zip(times, noisy):
                 out = win.add(float(t), float(np.linalg.norm(x)),
                               LostFix(True, REASONS[0], x.copy(), np.eye(3) * 0.36))
@@ -461,7 +468,7 @@ def test_a_crater_the_other_frame_should_show_and_does_not_is_no_window_crater(a
         hyp.llr = sum(hyp.contrib.values()) + sum(hyp.missed.values())
         return LostFix(False, REASONS[8], best=[hyp])
 
-    win = WindowFixer(LostConfig(late=False, fuse_declared=False))
+    win = fixer(LostConfig(late=False, fuse_declared=False))
     win.add(t0, float(np.linalg.norm(p0)), frame(p0, 2, a_predicts))
     out = win.add(t1, float(np.linalg.norm(p1)), frame(p1, 3, b_predicts))
     assert out.declared == declared
@@ -476,7 +483,7 @@ def _joined_pair(cmap, frames, link, cfg=None):
     """Frames (position, attitude, boxes) 20 s apart added to a window with their views and the
     displacement ``link`` between them: (each frame's fix as the window returned it, the late fixes)."""
     cfg = cfg or LostConfig()
-    win = WindowFixer(cfg, cmap)
+    win = fixer(cfg, cmap)
     out = []
     for k, (sc, rot, b) in enumerate(frames):
         alone = frame_hypotheses(b, rot, radius_of(sc), None, CAM, cmap, EXACT, cfg)
@@ -625,7 +632,7 @@ def test_the_margin_a_fix_needs_grows_with_its_detections(margin_per_detection, 
     cfg = LostConfig(margin_per_detection=margin_per_detection)
     need = cfg.min_margin + margin_per_detection * max(detections - 2, 0)
     assert (40.0 >= need) == declared  # the parametrisation is what it says
-    out = WindowFixer(cfg).add(0.0, radius_of(sc), fix, detections=detections)
+    out = fixer(cfg).add(0.0, radius_of(sc), fix, detections=detections)
     assert out.declared == declared
     if not declared:
         assert out.reason == REASONS[12] and out.position is None and out.best == fix.best
@@ -658,8 +665,8 @@ def test_a_fix_too_uncertain_for_the_limit_is_refused(sigma_h_km, sigma_v_km, de
     u = sc / np.linalg.norm(sc)
     cov = (np.eye(3) - np.outer(u, u)) * sigma_h_km ** 2 + np.outer(u, u) * sigma_v_km ** 2
     fix = _declared_alone(sc, cov, 60.0, 0.0)
-    assert WindowFixer(LostConfig()).add(0.0, radius_of(sc), fix, detections=3).declared
-    out = WindowFixer(LostConfig(max_error_2sigma_km=2.0)).add(0.0, radius_of(sc), fix, detections=3)
+    assert fixer(LostConfig()).add(0.0, radius_of(sc), fix, detections=3).declared
+    out = fixer(LostConfig(max_error_2sigma_km=2.0)).add(0.0, radius_of(sc), fix, detections=3)
     assert out.declared == declared
     if not declared:
         assert out.reason == REASONS[13]
@@ -678,7 +685,7 @@ def test_a_carried_fix_that_the_frames_own_craters_contradict_is_refused():
     assert np.linalg.norm(second.position - sc1) < 0.05
 
     def with_rival(cfg):
-        win = WindowFixer(cfg, cmap)
+        win = fixer(cfg, cmap)
         out = []
         for k, (sc, rot, b) in enumerate([(sc0, rot0, b0), (sc1, rot1, b1)]):
             alone = frame_hypotheses(b, rot, radius_of(sc), None, CAM, cmap, EXACT, cfg)
@@ -695,6 +702,36 @@ def test_a_carried_fix_that_the_frames_own_craters_contradict_is_refused():
     assert first.declared and second.declared and np.linalg.norm(second.position - sc1) < 0.05
     first, second = with_rival(guard)
     assert first.declared and not second.declared and second.reason == REASONS[14]
+
+
+@pytest.mark.parametrize("ncc, declared", [(0.95, True), (0.2, False), (None, True)])
+def test_a_fix_the_terrain_disagrees_with_is_refused(ncc, declared):
+    """With the terrain check on, a declared fix is checked at the frame's time and its position:
+    a correlation below ``terrain_min_ncc`` refuses it (the reason says so, the correlation is kept
+    and the hypotheses stay for the window); a frame that gives no answer (None: night, too few
+    lit pixels) is not refused by it. Off, the check is never asked."""
+    sc, _ = pose(12.0, -40.0)
+    asked = []
+
+    def verify(t_s, position):
+        asked.append((t_s, np.asarray(position).copy()))
+        return ncc
+
+    fix = _declared_alone(sc, np.eye(3) * 0.1, 60.0, 0.0)
+    out = WindowFixer(LostConfig(terrain_check=True, terrain_min_ncc=0.6), None, verify).add(
+        30.0, radius_of(sc), fix, detections=3)
+    assert len(asked) == 1 and asked[0][0] == 30.0 and np.allclose(asked[0][1], sc)
+    assert out.declared == declared and out.terrain_ncc == ncc
+    if not declared:
+        assert out.reason == REASONS[15] and out.position is None and out.best == fix.best
+    off = WindowFixer(LostConfig(terrain_check=False), None, verify)
+    assert off.add(30.0, radius_of(sc), fix, detections=3).declared
+    assert len(asked) == 1
+
+
+def test_the_terrain_check_needs_something_to_check_with():
+    with pytest.raises(ConfigError, match="terrain_check needs"):
+        WindowFixer(LostConfig(terrain_check=True))
 
 
 def _ground_of(view, sc):
@@ -719,7 +756,11 @@ def _ground_of(view, sc):
                                        ({"motion_scale": 0.0}, "motion_scale"),
                                        ({"carry_max_deficit": -1.0}, "carry_max_deficit"),
                                        ({"margin_per_detection": -0.5}, "margin_per_detection"),
-                                       ({"max_error_2sigma_km": 0.0}, "max_error_2sigma_km")])
+                                       ({"max_error_2sigma_km": 0.0}, "max_error_2sigma_km"),
+                                       ({"terrain_min_ncc": 1.0}, "terrain_min_ncc"),
+                                       ({"terrain_min_ncc": float("nan")}, "terrain_min_ncc"),
+                                       ({"terrain_size_px": 8}, "terrain_size_px"),
+                                       ({"terrain_max_ppd": 0}, "terrain_max_ppd")])
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         LostConfig(**kw)

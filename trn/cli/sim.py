@@ -289,7 +289,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
     import json
 
     from trn.nav.onboard_map import OnboardMap, build_map
-    from trn.nav.scenario import gate_km, lost_in_space_fixes, map_navigation, plot_navigation
+    from trn.nav.scenario import dataset_terrain_check, gate_km, lost_in_space_fixes, map_navigation, plot_navigation
     from trn.sim.boxes import scenario_box_settings
     out.mkdir(parents=True, exist_ok=True)
     doc, lis_doc = {}, {}
@@ -298,7 +298,9 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
         source = ds.root / ".world"  # the built-in world's terrain, from which its frames were rendered
     maps: dict = {}
     lost_cfg = _lost_config(args)
-    lis_map = _lost_map(args, source, lost_cfg, "lost_in_space_fix" in which or bool(args.cold_start))
+    lost = "lost_in_space_fix" in which or bool(args.cold_start)
+    lis_map = _lost_map(args, source, lost_cfg, lost)
+    terrain = dataset_terrain_check(ds, source, lost_cfg) if lost else None
 
     def onboard(emb):
         if emb.name not in maps:
@@ -312,7 +314,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
         if "lost_in_space_fix" in which and lis_map is not None:  # geometry first: no descriptor, one run
             name = f"union catalogue map [{kind} boxes]"
             lis = lost_in_space_fixes(dsk, lis_map, sk, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed,
-                                      gate_km=gate_km(args.map_gate, lis_map))
+                                      gate_km=gate_km(args.map_gate, lis_map), terrain=terrain)
             lis |= {"boxes": summary, "map": "union catalogue of " + str(source)}
             _print_lost_fixes(name, lis)
             _draw_lost(dsk, lis_map, lis, out / f"lost_in_space__{kind}_boxes.jpg")
@@ -325,7 +327,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
                 omap = onboard(emb)
                 dmap = descriptor_crater_map(omap)
                 lis = lost_in_space_fixes(dsk, dmap, sk, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed, emb=emb,
-                                          omap=omap, compressed=bool(args.map_index))
+                                          omap=omap, compressed=bool(args.map_index), terrain=terrain)
                 lis |= {"boxes": summary, "map": f"descriptor map {args.map or 'built from the dataset'}"}
                 _print_lost_fixes(name, lis)
                 _draw_lost(dsk, dmap, lis, out / f"lost_in_space__{emb.name}_{kind}_boxes.jpg")
@@ -335,7 +337,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
             omap = onboard(emb)
             rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate, cold_start=bool(args.cold_start),
                                  cold_velocity=args.cold_velocity or "image", lost_cfg=lost_cfg, lis_map=lis_map,
-                                 compressed=bool(args.map_index))
+                                 compressed=bool(args.map_index), terrain=terrain)
             rep["boxes"] = summary
             _print_map_navigation(name, rep)
             plot_navigation(rep, out / f"map_navigation__{name.replace(' ', '_')}.png",
@@ -487,11 +489,11 @@ def check_options(args: argparse.Namespace, scenarios: list[str]) -> None:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file; the report is a directory: give a new or existing directory")
     if getattr(args, "map", None) is not None:
-        # the lost-in-space map (the source's union catalogue) reads --map-source beside a built --map
-        union_lis = ("lost_in_space_fix" in scenarios or getattr(args, "cold_start", None)) \
-            and getattr(args, "lis_map", None) != "map"
+        # lost-in-space fixes read --map-source beside a built --map: its union catalogue (unless
+        # --lis-map map) and its elevation for the terrain check
+        lis = "lost_in_space_fix" in scenarios or getattr(args, "cold_start", None)
         for flag, attr in (("--map-source", "map_source"), ("--map-appearance", "map_appearance")):
-            if getattr(args, attr) is not None and not (attr == "map_source" and union_lis):
+            if getattr(args, attr) is not None and not (attr == "map_source" and lis):
                 raise ConfigError(f"{flag} shapes a map built on the fly, but --map {args.map} loads a built one: "
                                   f"drop {flag} or --map")
     if getattr(args, "map_appearance", None) == "predicted" and args.map_source is None and args.data is not None:

@@ -90,7 +90,8 @@ REASONS = ("verified", "verified with earlier frames", "no detection",
            "detections need",
            "too uncertain: the fix's horizontal 2-sigma error exceeds the limit",
            "inconsistent: the motion carries a neighbour's fix where the frame's own craters prefer "
-           "another position")
+           "another position",
+           "the terrain disagrees: the frame predicted at the fix does not correlate with the frame")
 
 
 @dataclass(frozen=True)
@@ -154,8 +155,8 @@ class LostConfig:
     motion_scale: the frames are resized by this factor before their displacement is measured
         (:class:`trn.nav.motion.MotionConfig` ``scale``): the measurement's cost on a board.
 
-    The wrong-fix guards (:class:`WindowFixer`, every fix before it is declared; all off by
-    default, measured in docs/lost_in_space.md):
+    The wrong-fix guards (:class:`WindowFixer`, every fix before it is declared; all but the
+    terrain check off by default, measured in docs/lost_in_space.md):
     carry_max_deficit: a frame fixed where a declared neighbour's fix, carried by the terrain's
         motion, puts it must be consistent on its own: its own score there may fall at most this
         many nats below the best of its own hypotheses at another place (farther than
@@ -168,6 +169,14 @@ class LostConfig:
     max_error_2sigma_km: a fix whose horizontal error at 2 sigma (twice the root of the largest
         eigenvalue of its covariance across the local vertical) exceeds this is refused as too
         uncertain, not declared with a covariance that cannot hold it to this distance; inf = off.
+    terrain_check: every fix is checked against the terrain it predicts (:mod:`trn.nav.terrain_check`,
+        given the frames and an elevation map): the frame rendered at the fix from the map, at
+        ``terrain_size_px`` pixels a side and at most ``terrain_max_ppd`` pixels per degree, must
+        correlate with the frame by at least ``terrain_min_ncc`` (normalised cross-correlation over
+        the pixels lit in both); a fix whose frame gives no answer (night, too few lit pixels) is
+        not refused by it. On by default at 0.8, chosen on the validation sequence
+        (docs/lost_in_space.md): it needs the frames and the map's elevation, so a caller with
+        boxes alone turns it off.
     """
 
     candidates: int = 0
@@ -201,6 +210,10 @@ class LostConfig:
     carry_max_deficit: float = math.inf
     margin_per_detection: float = 0.0
     max_error_2sigma_km: float = math.inf
+    terrain_check: bool = True
+    terrain_min_ncc: float = 0.8
+    terrain_size_px: int = 64
+    terrain_max_ppd: int = 32
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> None:
@@ -261,6 +274,12 @@ class LostConfig:
             bad("margin_per_detection", "0 to 100 nats per detection")
         if not (self.max_error_2sigma_km > 0 and not math.isnan(self.max_error_2sigma_km)):
             bad("max_error_2sigma_km", "above 0 km (inf = off)")
+        if not (math.isfinite(self.terrain_min_ncc) and -1.0 <= self.terrain_min_ncc < 1.0):
+            bad("terrain_min_ncc", "a correlation from -1 to below 1")
+        if not 16 <= self.terrain_size_px <= 512:
+            bad("terrain_size_px", "16 to 512 pixels a side")
+        if not 1 <= self.terrain_max_ppd <= 1024:
+            bad("terrain_max_ppd", "1 to 1024 pixels per degree")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -391,7 +410,8 @@ class LostFix:
     fix rests on; ``hypotheses``: positions examined; ``candidates``: map craters tried as anchors;
     ``support``: assigned detections of the best hypothesis; ``llr`` / ``runner_up``: its score and
     the best score at another position; ``frames``: frames the fix needed (1 alone); ``joins``:
-    how it joined each other frame it used (:class:`Join`)."""
+    how it joined each other frame it used (:class:`Join`); ``terrain_ncc``: its agreement with
+    the terrain it predicts, where the terrain check ran and the frame gave an answer."""
 
     declared: bool
     reason: str
@@ -406,6 +426,7 @@ class LostFix:
     frames: int = 1
     best: list[Hypothesis] = field(default_factory=list)
     joins: tuple[Join, ...] = ()
+    terrain_ncc: float | None = None
 
 
 def box_geometry(boxes: np.ndarray, camera: PinholeCamera, pixel_sigma: float, edge_px: float = 0.0
@@ -1116,20 +1137,28 @@ class WindowFixer:
     frames whose craters it used.
 
     Every fix passes the wrong-fix guards before it is declared (:class:`LostConfig`,
-    ``margin_per_detection``, ``max_error_2sigma_km``, ``carry_max_deficit``); a refused fix keeps
-    its hypotheses for the window and says why."""
+    ``margin_per_detection``, ``max_error_2sigma_km``, ``carry_max_deficit``, ``terrain_check``);
+    a refused fix keeps its hypotheses for the window and says why. ``verify``: with
+    ``cfg.terrain_check``, a callable of a frame's time (s) and a fixed position [3] km that gives
+    the frame's agreement with the terrain predicted there (:meth:`trn.nav.terrain_check.TerrainCheck.agreement`),
+    or None where the frame gives no answer."""
 
-    def __init__(self, cfg: LostConfig | None = None, cmap: CraterMap | None = None):
+    def __init__(self, cfg: LostConfig | None = None, cmap: CraterMap | None = None, verify=None):
         self.cfg = cfg or LostConfig()
+        if self.cfg.terrain_check and verify is None:
+            raise ConfigError("terrain_check needs the frames and an elevation map to check each fix against; "
+                              "give the scenario a map source, or set terrain_check=false")
         self.cmap = cmap
+        self.verify = verify
         self.history: list[_Entry] = []
         self.late: list[tuple[float, LostFix, float]] = []
         self._counts: dict[float, int] = {}  # detections per frame of the window, by time (ms)
 
-    def _guarded(self, fix: LostFix, detections: int, margin: bool = True, sigma: bool = True) -> LostFix:
+    def _guarded(self, fix: LostFix, detections: int, margin: bool = True, sigma: bool = True,
+                 t_s: float | None = None) -> LostFix:
         """``fix`` if it passes the guards, else refused (:func:`_refused`): the margin its
-        ``detections`` (over all the frames it uses) need (with ``margin``) and the horizontal
-        2-sigma limit (with ``sigma``)."""
+        ``detections`` (over all the frames it uses) need (with ``margin``), the horizontal
+        2-sigma limit (with ``sigma``) and, given the frame's time ``t_s``, the terrain check."""
         cfg = self.cfg
         if not fix.declared:
             return fix
@@ -1138,6 +1167,10 @@ class WindowFixer:
             return _refused(fix, REASONS[12])
         if sigma and 2.0 * horizontal_sigma_km(fix.position, fix.cov) > cfg.max_error_2sigma_km:
             return _refused(fix, REASONS[13])
+        if cfg.terrain_check and t_s is not None:
+            fix = replace(fix, terrain_ncc=self.verify(t_s, fix.position))
+            if fix.terrain_ncc is not None and fix.terrain_ncc < cfg.terrain_min_ncc:
+                return _refused(fix, REASONS[15])
         return fix
 
     def _count(self, t_s: float) -> int:
@@ -1181,7 +1214,7 @@ class WindowFixer:
         # the frame's own hypotheses compete too: a window pair must beat every other place
         pool = combos + [h for h in fix.best if all(np.linalg.norm(h.position - c.position) > 1e-9 for c in combos)]
         dec = decide(pool, cfg, fix.hypotheses, fix.candidates, frames=2)
-        dec = self._guarded(dec, self._count(t_s) + sum(self._count(t_s + j.dt_s) for j in dec.joins))
+        dec = self._guarded(dec, self._count(t_s) + sum(self._count(t_s + j.dt_s) for j in dec.joins), t_s=t_s)
         return dec if dec.declared else None
 
     def _predicted(self, declared: list[tuple[float, LostFix]], t_s: float) -> tuple[np.ndarray, float] | None:
@@ -1305,7 +1338,7 @@ class WindowFixer:
             fix = self._guarded(LostFix(True, REASONS[11] if late else REASONS[10], m.own.position, m.own.cov,
                                         sorted(m.own.pairs), e.fix.hypotheses + found[0],
                                         e.fix.candidates + found[1], len(m.own.pairs), best.llr, runner, len(used),
-                                        [m.own], joins), e.detections, margin=False)
+                                        [m.own], joins), e.detections, margin=False, t_s=e.t_s)
             if fix.declared:
                 out.append((e, fix))
             else:
@@ -1335,7 +1368,7 @@ class WindowFixer:
         self.history = [h for h in self.history if 0 < t_s - h.t_s <= cfg.window_s]
         n = detections if detections is not None else (len(view.b) if view is not None else 0)
         self._counts = {round(h.t_s, 3): h.detections for h in self.history} | {round(t_s, 3): n}
-        fix = self._guarded(fix, n)
+        fix = self._guarded(fix, n, t_s=t_s)
         result = fix
         if not fix.declared and cfg.window_s > 0:
             pred = self._predicted(self._declared(), t_s) if cfg.search_near_declared else None

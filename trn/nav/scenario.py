@@ -605,7 +605,8 @@ def map_size_gate(ds: Luna1Dataset, flat: list, min_km: float, altimeter_sigma_k
 def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None,
                    thresholds: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9, 0.95), n_sigma: float = 3.0,
                    box_sigma_px: float | None = None, gate: float | None = None, cold_start: bool = False,
-                   cold_velocity: str = "image", lost_cfg=None, lis_map=None, compressed: bool = False) -> dict:
+                   cold_velocity: str = "image", lost_cfg=None, lis_map=None, compressed: bool = False,
+                   terrain=None) -> dict:
     """Navigation with TRN at ``s.threshold`` and at each of ``thresholds``, against dead
     reckoning: each detection matched within its search window (:class:`SearchWindow`).
     Recognition against the whole map (no window) is reported beside it. ``box_sigma_px``: the
@@ -616,7 +617,8 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     frames' verified lost-in-space fixes (:class:`ColdStart`, :func:`lost_in_space_fixes`) against
     ``lis_map`` (a :class:`trn.nav.lost.CraterMap`; by default the craters of ``omap``), made on the
     whole set of boxes (before the size gate); ``cold_velocity``: how the first velocity is found
-    (:class:`ColdStart`). ``compressed``: every similarity from the map's compressed index (its
+    (:class:`ColdStart`); ``terrain``: the fixes' terrain check, with ``lost_cfg.terrain_check``
+    (:func:`lost_in_space_fixes`). ``compressed``: every similarity from the map's compressed index (its
     decoded codes, :meth:`OnboardMap.vectors`) in place of the exact vectors. The windows score
     their candidates only (:class:`CandidateScores`); the whole-map figures beside them, and the
     cold start's lost-in-space search, use every crater's similarity."""
@@ -630,7 +632,8 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
         from trn.nav.onboard_map import descriptor_crater_map
 
         lis = lost_in_space_fixes(ds, lis_map if lis_map is not None else descriptor_crater_map(omap), s, sensors,
-                                  lost_cfg, box_sigma_px, s.seed, emb=emb, omap=omap, matches=(flat, sims))
+                                  lost_cfg, box_sigma_px, s.seed, emb=emb, omap=omap, matches=(flat, sims),
+                                  terrain=terrain)
         frame_at = {float(x): k for k, x in enumerate(frame_times(ds))}
         late: dict[int, list] = {}
         for r in lis["frames"]:
@@ -683,7 +686,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
 def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None = None, cfg=None,
                         box_sigma_px: float | None = None, seed: int = 0, emb=None, omap=None,
                         matches: tuple[list, np.ndarray] | None = None, compressed: bool = False,
-                        gate_km: float | None = None) -> dict:
+                        gate_km: float | None = None, terrain=None) -> dict:
     """Every frame's lost-in-space fix against the whole map ``cmap`` (:class:`trn.nav.lost.CraterMap`),
     with no position prior (:func:`trn.nav.lost.frame_hypotheses`, then :class:`trn.nav.lost.WindowFixer`
     over the frames in time order): the star tracker's attitude and the altimeter as
@@ -697,12 +700,15 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     before any search, the detections whose box seen from the altimeter's height spans less
     (:func:`map_size_gate`). With ``cfg.motion_joins`` the terrain's displacement between
     consecutive frames is measured from the frames on disk (:class:`SequenceMotion`) and joins
-    them (:class:`trn.nav.lost.WindowFixer`). Per frame: detections, declared or not and why,
-    frames the fix needed and the joins it used, the fix's error and sigma, candidates and
-    hypotheses examined, score, time (``ms``: search and window; ``motion_ms``: every pair measured
-    for the frame, back to the previous frame with boxes; ``own_pair_ms``: the pair from the frame
-    just before it, the one a board measures when the frame arrives); summaries by detections per
-    frame (a declared fix farther than 2 km from the truth is a wrong fix)."""
+    them (:class:`trn.nav.lost.WindowFixer`). With ``cfg.terrain_check`` every fix is checked
+    against the frame ``terrain`` (:class:`trn.nav.terrain_check.TerrainCheck`) predicts at it, with
+    the frame's star-tracker attitude and Sun (:func:`terrain_verifier`). Per frame: detections,
+    declared or not and why, frames the fix needed and the joins it used, the fix's error and
+    sigma, its terrain agreement, candidates and hypotheses examined, score, time (``ms``: search
+    and window; ``motion_ms``: every pair measured for the frame, back to the previous frame with
+    boxes; ``own_pair_ms``: the pair from the frame just before it, the one a board measures when
+    the frame arrives); summaries by detections per frame (a declared fix farther than 2 km from
+    the truth is a wrong fix)."""
     import functools
 
     from trn.nav.lost import LostConfig, Sigmas, VisibilityRule, WindowFixer, frame_hypotheses, frame_view
@@ -746,9 +752,11 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     by_frame: dict[int, list[int]] = {}
     for k, d in enumerate(flat):
         by_frame.setdefault(d.frame, []).append(k)
-    window = WindowFixer(cfg, cmap)
-    motion = SequenceMotion(ds, sensors, MotionConfig(scale=cfg.motion_scale), seed) if cfg.motion_joins else None
     frame_at = {round(float(x), 3): k for k, x in enumerate(t_all)}
+    attitude: dict[int, np.ndarray] = {}  # each frame's star-tracker attitude, as drawn for its search
+    verify = terrain_verifier(ds, terrain, attitude, frame_at) if cfg.terrain_check else None
+    window = WindowFixer(cfg, cmap, verify)
+    motion = SequenceMotion(ds, sensors, MotionConfig(scale=cfg.motion_scale), seed) if cfg.motion_joins else None
     rows: list[dict] = []
     row_at: dict[float, dict] = {}
     prev = None
@@ -761,6 +769,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         rot_est = _small_rotation(rng, np.radians(sensors.attitude_sigma_arcsec / 3600.0)) @ rot[fr]
         radius = float(np.linalg.norm(truth)) + rng.normal(0.0, sensors.altimeter_sigma_km)
         sun = np.asarray(ds.metadata.frames[fr]["sun_dir_body"], np.float64)
+        attitude[fr] = rot_est
         t1 = clock()
         inputs = (boxes, rot_est, radius, sun, cam, cmap, sig, cfg, rule, None if sims is None else sims[ks])
         alone = frame_hypotheses(*inputs)
@@ -835,7 +844,61 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                      "motion_ms_per_pair_p99": float(np.percentile(motion.ms, 99)) if motion and motion.ms
                      else float("nan")},
             "motion": None if motion is None else dict(motion.counts),
+            "terrain": None if verify is None else {
+                "checks": len(verify.ms), "answered": verify.answered,
+                "ms_per_check_p50": float(np.percentile(verify.ms, 50)) if verify.ms else float("nan"),
+                "ms_per_check_p99": float(np.percentile(verify.ms, 99)) if verify.ms else float("nan")},
             "frames": rows}
+
+
+def dataset_terrain_check(ds: Luna1Dataset, source, cfg):
+    """The terrain check (:class:`trn.nav.terrain_check.TerrainCheck`) for ``ds``'s frames: the
+    elevation of ``source`` at ``cfg.terrain_max_ppd`` at most, the frames' photometry and camera,
+    ``cfg.terrain_size_px`` a side, or the frames' own size where they are smaller (``cfg``: a
+    :class:`trn.nav.lost.LostConfig`); None when the check is off."""
+    if not cfg.terrain_check:
+        return None
+    from trn.data.datasets.build import built_render_config
+    from trn.nav.terrain_check import TerrainCheck
+
+    if source is None:
+        raise ConfigError("terrain_check needs an elevation map to render the predicted frames from: give "
+                          "--map-source (the built-in world uses its own), or set terrain_check=false")
+    cam = dataset_camera(ds)
+    return TerrainCheck.from_source(source, built_render_config(ds.metadata), cam.fov_deg,
+                                    min(cfg.terrain_size_px, cam.width, cam.height), cfg.terrain_max_ppd)
+
+
+def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray], frame_at: dict[float, int]):
+    """The terrain check of :class:`trn.nav.lost.WindowFixer` (its ``verify``): for a frame's time
+    and a fixed position, the agreement of the frame on disk (read once, reduced) with the frame
+    ``terrain`` predicts there, with the frame's star-tracker attitude (``attitude``, filled by the
+    caller as frames are searched) and Sun; None for a frame not on disk or dark. The callable
+    keeps each check's time (``ms``, rendering and correlation) and its count of answers."""
+    if terrain is None:
+        raise ConfigError("terrain_check needs an elevation map to render the predicted frames from: give "
+                          "--map-source (the built-in world uses its own), or set terrain_check=false")
+    reduced: dict[int, np.ndarray | None] = {}
+
+    def verify(t_s: float, position: np.ndarray) -> float | None:
+        k = frame_at.get(round(float(t_s), 3))
+        if k is None or k not in attitude:
+            return None
+        if k not in reduced:
+            path = ds.frame_path(k)
+            img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE) if path.is_file() else None
+            reduced[k] = None if img is None or img.max() == 0 else terrain.reduced(img)
+        if reduced[k] is None:
+            return None
+        sun = np.asarray(ds.metadata.frames[k]["sun_dir_body"], np.float64)
+        t0 = clock()
+        out = terrain.agreement(reduced[k], attitude[k], position, sun)
+        verify.ms.append(1e3 * (clock() - t0))
+        verify.answered += out is not None
+        return out
+
+    verify.ms, verify.answered = [], 0
+    return verify
 
 
 def _fix_fields(fx, truth: np.ndarray, labels: list, cmap, frame_at: dict[float, int], t_s: float) -> dict:
@@ -850,6 +913,7 @@ def _fix_fields(fx, truth: np.ndarray, labels: list, cmap, frame_at: dict[float,
             "error_km": float(np.linalg.norm(d)) if ok else None,
             "sigma_km": float(np.sqrt(np.trace(fx.cov))) if ok else None,
             "nees": float(d @ np.linalg.solve(fx.cov, d)) if ok else None, "support": fx.support,
+            "terrain_ncc": fx.terrain_ncc,
             "inliers_correct": sum(int(labels[a]) == int(cmap.ids[r]) for a, r in fx.inliers) if ok else 0,
             "llr": fx.llr, "runner_up": fx.runner_up, "inliers": [[int(a), int(cmap.ids[r])] for a, r in fx.inliers],
             "best_position_km": fx.best[0].position.tolist() if fx.best else None,

@@ -1,0 +1,104 @@
+"""The terrain check of a position fix (trn.nav.terrain_check): frames rendered from a procedural
+world, checked against the coarse map's prediction at the true position and elsewhere."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trn.data.worlds.render import RenderConfig, render_frame
+from trn.data.worlds.terrain import DetailConfig
+from trn.errors import ConfigError, DataError
+from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz, nadir_pose
+from trn.nav.terrain_check import TerrainCheck, normalised_correlation
+
+RENDER = RenderConfig(nav_size=128, fov_deg=60.0, detail=DetailConfig(enabled=False))
+
+
+def _pose(lat: float, lon: float, alt: float = 400.0):
+    sc = latlon_to_xyz(np.array([lat]), np.array([lon]), MOON_RADIUS_KM + alt)[0]
+    vel = np.cross([0.0, 0.0, 1.0], sc)
+    return sc, nadir_pose(sc, vel / np.linalg.norm(vel))
+
+
+def _sun(sc, elevation_deg: float = 30.0):
+    """A Sun ``elevation_deg`` above the horizon below ``sc``, from the east."""
+    u = sc / np.linalg.norm(sc)
+    east = np.cross([0.0, 0.0, 1.0], u)
+    east /= np.linalg.norm(east)
+    e = np.radians(elevation_deg)
+    return np.cos(e) * east + np.sin(e) * u
+
+
+@pytest.fixture(scope="module")
+def check(tiny_world):
+    return TerrainCheck.from_source(tiny_world, RENDER, RENDER.fov_deg, size_px=32, max_ppd=4)
+
+
+def test_the_prediction_at_the_true_position_agrees_and_elsewhere_does_not(check):
+    """A frame of the world (128 px) agrees with the prediction at its own position (32 px from
+    the same elevation) far better than with the prediction 300 km away or at another place."""
+    agree, apart = [], []
+    for lat, lon in [(5.0, 20.0), (-20.0, 140.0), (30.0, 250.0)]:
+        sc, rot = _pose(lat, lon)
+        sun = _sun(sc)
+        frame, _ = render_frame(check.surface, rot, sc, sun, RENDER)
+        small = check.reduced(frame)
+        agree.append(check.agreement(small, rot, sc, sun))
+        u = sc / np.linalg.norm(sc)
+        away = sc + 300.0 * np.cross(u, [0.0, 0.0, 1.0]) / np.linalg.norm(np.cross(u, [0.0, 0.0, 1.0]))
+        away *= np.linalg.norm(sc) / np.linalg.norm(away)
+        apart.append(check.agreement(small, rot, away, sun))
+    assert min(agree) > 0.9, agree
+    assert max(apart) < 0.6, apart
+
+
+def test_a_dark_frame_gives_no_answer(check):
+    sc, rot = _pose(0.0, 60.0)
+    night = -sc / np.linalg.norm(sc)
+    assert check.agreement(np.zeros((32, 32), np.uint8), rot, sc, night) is None
+
+
+def test_correlation_of_flat_or_empty_images_is_no_answer():
+    a = np.arange(16, dtype=float).reshape(4, 4)
+    m = np.ones((4, 4), bool)
+    assert normalised_correlation(a, 2 * a + 3, m) == pytest.approx(1.0)
+    assert normalised_correlation(a, -a, m) == pytest.approx(-1.0)
+    assert normalised_correlation(a, np.full((4, 4), 7.0), m) is None
+    assert normalised_correlation(a, a, np.zeros((4, 4), bool)) is None
+
+
+def test_bad_inputs_name_the_fix(tmp_path, check):
+    with pytest.raises(DataError, match="dem/"):
+        TerrainCheck.from_source(tmp_path, RENDER, 40.0)
+    with pytest.raises(ConfigError, match="size_px"):
+        TerrainCheck(check.surface, RENDER, 40.0, size_px=4)
+    with pytest.raises(DataError, match="square grey frame"):
+        check.reduced(np.zeros((64, 80), np.uint8))
+
+
+def test_the_scenarios_verifier_reads_each_frame_once_and_answers_only_what_it_can(check, tmp_path):
+    """``trn.nav.scenario.terrain_verifier``: by a frame's time, the frame on disk (rendered from
+    the world) checked at its position with the attitude the search drew; a frame not on disk, a
+    dark frame, a time with no frame and a frame not yet searched give no answer."""
+    from types import SimpleNamespace
+
+    import cv2
+
+    from trn.nav.scenario import terrain_verifier
+
+    sc, rot = _pose(-10.0, 200.0)
+    sun = _sun(sc)
+    frame, _ = render_frame(check.surface, rot, sc, sun, RENDER)
+    cv2.imwrite(str(tmp_path / "0.png"), frame)
+    cv2.imwrite(str(tmp_path / "2.png"), np.zeros_like(frame))
+    ds = SimpleNamespace(frame_path=lambda k: tmp_path / f"{k}.png",
+                         metadata=SimpleNamespace(frames=[{"sun_dir_body": list(sun)}] * 4))
+    attitude = {0: rot, 1: rot, 2: rot}
+    verify = terrain_verifier(ds, check, attitude, {0.0: 0, 10.0: 1, 20.0: 2, 30.0: 3})
+    assert verify(0.0, sc) > 0.9
+    assert verify(10.0, sc) is None and verify(20.0, sc) is None  # not on disk; dark
+    assert verify(30.0, sc) is None and verify(5.0, sc) is None  # not searched yet; no frame at 5 s
+    assert len(verify.ms) == 1 and verify.answered == 1
+    with pytest.raises(ConfigError, match="--map-source"):
+        terrain_verifier(ds, None, attitude, {})
