@@ -1342,7 +1342,7 @@ class WindowFixer:
             if fix.declared:
                 out.append((e, fix))
             else:
-                e.fix.reason = fix.reason
+                e.fix.reason, e.fix.terrain_ncc = fix.reason, fix.terrain_ncc
         return sorted(out, key=lambda x: x[0] is not entries[-1])
 
     def _declare_late(self, h: _Entry, dec: LostFix, t_s: float, raws: list, new: list) -> None:
