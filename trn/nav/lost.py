@@ -54,6 +54,10 @@ candidates.
    margin that grows with the detections of the frames it uses (``margin_per_detection``), a limit
    on its horizontal 2-sigma error (``max_error_2sigma_km``), and, for a frame fixed by the motion,
    its own craters' consent to the carried place (``carry_max_deficit``).
+10. **The terrain check** (``terrain_check``, on; :mod:`trn.nav.terrain_check`): before any fix is
+   declared, the frame it predicts is rendered from the map's coarse elevation and must correlate
+   with the frame by ``terrain_min_ncc``. A chance place that fits a few boxes does not look like
+   the frame, and a right identification kilometres off looks like it less.
 
 Two options are measured on validation and off by default, because each one declared more wrong
 fixes there (``docs/lost_in_space.md``, third round):
