@@ -851,6 +851,10 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
             "frames": rows}
 
 
+NO_TERRAIN_MAP = ("terrain_check needs an elevation map to render the predicted frames from: give --map-source "
+                  "(the built-in world uses its own), or set terrain_check=false")
+
+
 def dataset_terrain_check(ds: Luna1Dataset, source, cfg):
     """The terrain check (:class:`trn.nav.terrain_check.TerrainCheck`) for ``ds``'s frames: the
     elevation of ``source`` at ``cfg.terrain_max_ppd`` at most, the frames' photometry and camera,
@@ -862,8 +866,7 @@ def dataset_terrain_check(ds: Luna1Dataset, source, cfg):
     from trn.nav.terrain_check import TerrainCheck
 
     if source is None:
-        raise ConfigError("terrain_check needs an elevation map to render the predicted frames from: give "
-                          "--map-source (the built-in world uses its own), or set terrain_check=false")
+        raise ConfigError(NO_TERRAIN_MAP)
     cam = dataset_camera(ds)
     return TerrainCheck.from_source(source, built_render_config(ds.metadata), cam.fov_deg,
                                     min(cfg.terrain_size_px, cam.width, cam.height), cfg.terrain_max_ppd)
@@ -876,8 +879,7 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
     caller as frames are searched) and Sun; None for a frame not on disk or dark. The callable
     keeps each check's time (``ms``, rendering and correlation) and its count of answers."""
     if terrain is None:
-        raise ConfigError("terrain_check needs an elevation map to render the predicted frames from: give "
-                          "--map-source (the built-in world uses its own), or set terrain_check=false")
+        raise ConfigError(NO_TERRAIN_MAP)
     reduced: dict[int, np.ndarray | None] = {}
 
     def verify(t_s: float, position: np.ndarray) -> float | None:
