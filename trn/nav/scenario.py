@@ -163,6 +163,13 @@ def _motion_state(ds: Luna1Dataset, t: np.ndarray, frame: int, now: int, z: np.n
     return None
 
 
+def frame_on_disk(ds: Luna1Dataset, k: int) -> np.ndarray | None:
+    """Frame ``k`` of ``ds`` (grey uint8), or None where the build did not render it (or it cannot
+    be read): the scenarios read the frames they can and count the others."""
+    path = ds.frame_path(k)
+    return cv2.imread(str(path), cv2.IMREAD_GRAYSCALE) if path.is_file() else None
+
+
 class SequenceMotion:
     """The terrain's displacement between the consecutive frames of ``ds`` as a lost navigator
     measures it (:func:`trn.nav.motion.terrain_displacement`, the nadir taken for the vertical):
@@ -199,8 +206,7 @@ class SequenceMotion:
 
     def _image(self, k: int) -> np.ndarray | None:
         if k not in self.images:
-            path = self.ds.frame_path(k)
-            img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE) if path.is_file() else None
+            img = frame_on_disk(self.ds, k)
             self.images = {j: v for j, v in self.images.items() if j >= k - 1}  # consecutive pairs: two at a time
             self.images[k] = img
         return self.images[k]
@@ -754,7 +760,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         by_frame.setdefault(d.frame, []).append(k)
     frame_at = {round(float(x), 3): k for k, x in enumerate(t_all)}
     attitude: dict[int, np.ndarray] = {}  # each frame's star-tracker attitude, as drawn for its search
-    verify = terrain_verifier(ds, terrain, attitude, frame_at) if cfg.terrain_check else None
+    verify = terrain_verifier(ds, terrain, attitude, frame_at, cfg.window_s) if cfg.terrain_check else None
     window = WindowFixer(cfg, cmap, verify)
     motion = SequenceMotion(ds, sensors, MotionConfig(scale=cfg.motion_scale), seed) if cfg.motion_joins else None
     rows: list[dict] = []
@@ -868,33 +874,39 @@ def dataset_terrain_check(ds: Luna1Dataset, source, cfg):
     if source is None:
         raise ConfigError(NO_TERRAIN_MAP)
     cam = dataset_camera(ds)
+    src = ds.metadata.source if isinstance(ds.metadata.source, dict) else {}
     return TerrainCheck.from_source(source, built_render_config(ds.metadata), cam.fov_deg,
-                                    min(cfg.terrain_size_px, cam.width, cam.height), cfg.terrain_max_ppd)
+                                    min(cfg.terrain_size_px, cam.width, cam.height), cfg.terrain_max_ppd,
+                                    bool(src.get("use_albedo", True)))
 
 
-def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray], frame_at: dict[float, int]):
+def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray], frame_at: dict[float, int],
+                     keep_s: float = math.inf):
     """The terrain check of :class:`trn.nav.lost.WindowFixer` (its ``verify``): for a frame's time
     and a fixed position, the agreement of the frame on disk (read once, reduced) with the frame
     ``terrain`` predicts there, with the frame's star-tracker attitude (``attitude``, filled by the
-    caller as frames are searched) and Sun; None for a frame not on disk or dark. The callable
-    keeps each check's time (``ms``, rendering and correlation) and its count of answers."""
+    caller as frames are searched) and Sun; None for a frame not on disk or dark. Reduced frames
+    more than ``keep_s`` older than the latest one checked are let go (the window's length: no fix
+    reaches further back). The callable keeps each check's time (``ms``, rendering and
+    correlation) and its count of answers."""
     if terrain is None:
         raise ConfigError(NO_TERRAIN_MAP)
-    reduced: dict[int, np.ndarray | None] = {}
+    reduced: dict[int, tuple[float, np.ndarray | None]] = {}  # frame -> (its time, the frame reduced)
 
     def verify(t_s: float, position: np.ndarray) -> float | None:
         k = frame_at.get(round(float(t_s), 3))
         if k is None or k not in attitude:
             return None
         if k not in reduced:
-            path = ds.frame_path(k)
-            img = cv2.imread(str(path), cv2.IMREAD_GRAYSCALE) if path.is_file() else None
-            reduced[k] = None if img is None or img.max() == 0 else terrain.reduced(img)
-        if reduced[k] is None:
+            img = frame_on_disk(ds, k)
+            reduced[k] = (t_s, None if img is None or img.max() == 0 else terrain.reduced(img))
+            for j in [j for j, (t, _) in reduced.items() if t < t_s - keep_s]:
+                del reduced[j]
+        if reduced[k][1] is None:
             return None
         sun = np.asarray(ds.metadata.frames[k]["sun_dir_body"], np.float64)
         t0 = clock()
-        out = terrain.agreement(reduced[k], attitude[k], position, sun)
+        out = terrain.agreement(reduced[k][1], attitude[k], position, sun)
         verify.ms.append(1e3 * (clock() - t0))
         verify.answered += out is not None
         return out

@@ -29,7 +29,7 @@ import cv2
 import numpy as np
 
 from trn.data.worlds.render import RenderConfig, Surface, render_frame
-from trn.data.worlds.terrain import Albedo, DetailConfig, load_albedo, load_elevation
+from trn.data.worlds.terrain import DetailConfig
 from trn.errors import ConfigError, DataError
 
 MIN_LIT_FRACTION = 0.1  # of the prediction's pixels: fewer lit in both and the check has no answer
@@ -66,20 +66,21 @@ class TerrainCheck:
 
     @classmethod
     def from_source(cls, source: str | Path, render: RenderConfig, fov_deg: float, size_px: int = 64,
-                    max_ppd: int = 32) -> "TerrainCheck":
-        """The check on the elevation (and albedo, where the source has one) of ``source`` (a
-        directory with ``dem/``, as ``--map-source`` names), at ``max_ppd`` pixels per degree at
-        most."""
+                    max_ppd: int = 32, use_albedo: bool = True) -> "TerrainCheck":
+        """The check on the elevation of ``source`` (a directory with ``dem/``, as ``--map-source``
+        names) at ``max_ppd`` pixels per degree at most, and its albedo where the frames used it
+        (``use_albedo``, as the build did): the builder's surface (:func:`trn.data.datasets.build.surface_of`)
+        without its detail."""
+        from trn.data.datasets.build import surface_of
+
         source = Path(source)
         if not (source / "dem").is_dir():
             raise DataError("has no dem/ directory: the terrain check renders from the source's elevation; give "
                             "--map-source with the world's data, or turn the check off (terrain_check=false)", source)
         if not 1 <= max_ppd <= 1024:
             raise ConfigError(f"terrain check max_ppd={max_ppd}: expected 1 to 1024 pixels per degree")
-        elevation = load_elevation(source, max_ppd)
-        has_albedo = (source / "albedo").is_dir() and any((source / "albedo").iterdir())
-        albedo = load_albedo(source, render.albedo_strength) if has_albedo else Albedo.uniform()
-        return cls(Surface(elevation, albedo, DetailConfig(enabled=False)), render, fov_deg, size_px)
+        surface = surface_of(source, replace(render, detail=DetailConfig(enabled=False)), 0, use_albedo, max_ppd)
+        return cls(surface, render, fov_deg, size_px)
 
     def predicted(self, rotation: np.ndarray, position_km: np.ndarray, sun_dir: np.ndarray) -> np.ndarray:
         """The frame predicted at ``position_km`` [3] (body frame) with camera-to-body ``rotation``
