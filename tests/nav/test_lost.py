@@ -21,8 +21,9 @@ from trn.nav.constellation import Constellation, joint_fit, joint_fit_many
 from trn.nav.fix import solve_bearings
 from trn.nav.lost import (REASONS, CraterMap, Hypothesis, Join, LostConfig, LostFix, Sigmas, WindowFixer,
                           _settled_many, _with_altimeter, box_geometry, frame_hypotheses, frame_view, fuse_fixes,
-                          horizontal_sigma_km, predicted_view, predicted_views, score, score_many)
+                          horizontal_sigma_km, predicted_view, predicted_views, score, score_many, terrain_refined)
 from trn.nav.motion import Displacement
+from trn.nav.terrain_check import TerrainMatch
 
 CAM = PinholeCamera(512, 512, 39.6)
 FLAT = AnnotateConfig(rim_points=48)
@@ -715,7 +716,7 @@ def test_a_fix_the_terrain_disagrees_with_is_refused(ncc, declared):
 
     def verify(t_s, position):
         asked.append((t_s, np.asarray(position).copy()))
-        return ncc
+        return None if ncc is None else TerrainMatch(ncc)  # no peak: the fix is not refined
 
     fix = _declared_alone(sc, np.eye(3) * 0.1, 60.0, 0.0)
     out = WindowFixer(LostConfig(terrain_check=True, terrain_min_ncc=0.6), None, verify).add(
@@ -727,6 +728,61 @@ def test_a_fix_the_terrain_disagrees_with_is_refused(ncc, declared):
     off = WindowFixer(LostConfig(terrain_check=False), None, verify)
     assert off.add(30.0, radius_of(sc), fix, detections=3).declared
     assert len(asked) == 1
+
+
+def _horizontal_basis(p):
+    up = p / np.linalg.norm(p)
+    e1 = np.cross(up, [0.0, 0.0, 1.0])
+    e1 /= np.linalg.norm(e1)
+    return up, e1, np.cross(up, e1)
+
+
+def test_the_terrain_refinement_is_a_kalman_update_across_the_vertical():
+    """A fix of 1 km sigma on every axis and a terrain offset of (0.6, -0.3) km across the local
+    vertical measured with 0.25 km sigma: the fix moves by the Kalman gain 1 / (1 + 0.25^2) of the
+    offset, its horizontal variance falls to 1 x 0.25^2 / (1 + 0.25^2), and its vertical is left as
+    it was; a fix far more certain than the measurement barely moves."""
+    sc, _ = pose(15.0, 70.0)
+    up, e1, e2 = _horizontal_basis(sc)
+    offset = 0.6 * e1 - 0.3 * e2
+    p, c = terrain_refined(sc, np.eye(3), offset, 0.25)
+    gain = 1.0 / (1.0 + 0.25 ** 2)
+    assert np.allclose(p, sc + gain * offset, atol=1e-9)
+    assert e1 @ c @ e1 == pytest.approx(0.25 ** 2 * gain) and e2 @ c @ e2 == pytest.approx(0.25 ** 2 * gain)
+    assert up @ c @ up == pytest.approx(1.0) and np.allclose(c, c.T)
+    p, c = terrain_refined(sc, np.eye(3) * 1e-4, offset, 0.25)
+    assert np.linalg.norm(p - sc) < 0.002 * np.linalg.norm(offset)
+    # a vertical component of the offset is not a measurement: only its horizontal part is used
+    p2, _ = terrain_refined(sc, np.eye(3), offset + 5.0 * up, 0.25)
+    assert np.allclose(p2, sc + gain * offset, atol=1e-9)
+
+
+@pytest.mark.parametrize("refine", [True, False])
+def test_a_fix_the_terrain_passes_is_refined_by_its_peak(refine):
+    """With ``terrain_refine``, the declared fix moves to the place the terrain's correlation peak
+    measures (a fix of 1 km sigma, a measurement of 0.25 px x 0.8 km = 0.2 km sigma), its
+    horizontal variance falls and the offset is reported; off, the fix stays where the craters put
+    it. A match whose peak lies on the search's edge (no offset) leaves it too."""
+    sc, _ = pose(-25.0, 100.0)
+    up, e1, _ = _horizontal_basis(sc)
+    offset = 0.8 * e1
+
+    def verify(t_s, position):
+        return TerrainMatch(0.9, offset, 0.97, 0.8)
+
+    cfg = LostConfig(terrain_check=True, terrain_refine=refine, terrain_shift_sigma_px=0.25)
+    fix = _declared_alone(sc, np.eye(3), 60.0, 0.0)
+    out = WindowFixer(cfg, None, verify).add(0.0, radius_of(sc), fix, detections=3)
+    assert out.declared and out.terrain_ncc == 0.9
+    if refine:
+        gain = 1.0 / (1.0 + 0.2 ** 2)
+        assert np.allclose(out.position, sc + gain * offset) and np.allclose(out.terrain_offset_km, offset)
+        assert e1 @ out.cov @ e1 == pytest.approx(0.2 ** 2 * gain)
+    else:
+        assert np.allclose(out.position, sc) and out.terrain_offset_km is None
+    edge = WindowFixer(cfg, None, lambda t_s, position: TerrainMatch(0.9, None, None, 0.8))
+    out = edge.add(0.0, radius_of(sc), _declared_alone(sc, np.eye(3), 60.0, 0.0), detections=3)
+    assert out.declared and np.allclose(out.position, sc) and out.terrain_offset_km is None
 
 
 def test_the_terrain_check_needs_something_to_check_with():
@@ -760,7 +816,10 @@ def _ground_of(view, sc):
                                        ({"terrain_min_ncc": 1.0}, "terrain_min_ncc"),
                                        ({"terrain_min_ncc": float("nan")}, "terrain_min_ncc"),
                                        ({"terrain_size_px": 8}, "terrain_size_px"),
-                                       ({"terrain_max_ppd": 0}, "terrain_max_ppd")])
+                                       ({"terrain_max_ppd": 0}, "terrain_max_ppd"),
+                                       ({"terrain_reach_km": 0.0}, "terrain_reach_km"),
+                                       ({"terrain_shift_sigma_px": 0.0}, "terrain_shift_sigma_px"),
+                                       ({"terrain_shift_sigma_px": float("nan")}, "terrain_shift_sigma_px")])
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         LostConfig(**kw)

@@ -10,7 +10,7 @@ from trn.data.worlds.render import RenderConfig, render_frame
 from trn.data.worlds.terrain import DetailConfig
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz, nadir_pose
-from trn.nav.terrain_check import TerrainCheck, normalised_correlation
+from trn.nav.terrain_check import TerrainCheck, _peak, normalised_correlation
 
 RENDER = RenderConfig(nav_size=128, fov_deg=60.0, detail=DetailConfig(enabled=False))
 
@@ -51,6 +51,46 @@ def test_the_prediction_at_the_true_position_agrees_and_elsewhere_does_not(check
         apart.append(check.agreement(small, rot, away, sun))
     assert min(agree) > 0.9, agree
     assert max(apart) < 0.6, apart
+
+
+def test_the_correlation_peak_measures_how_far_the_fix_is_off(check):
+    """From 250 km a reduced pixel is 250 km x tan 30 deg / 16 = 9.0 km (the map's pixel 7.6 km);
+    a fix 0.6 px off (5.4 km north-east) is matched: the offset, across the fix's vertical, points
+    back to the true position within 0.2 px (a third of the error), its correlation at the fix is
+    :meth:`agreement`'s, its peak's at least as high. With the search's reach below the error the
+    peak lies on its edge: no offset."""
+    for lat, lon in [(5.0, 20.0), (-20.0, 140.0)]:
+        sc, rot = _pose(lat, lon, 250.0)
+        sun = _sun(sc)
+        frame, _ = render_frame(check.surface, rot, sc, sun, RENDER)
+        small = check.reduced(frame)
+        u = sc / np.linalg.norm(sc)
+        east = np.cross([0.0, 0.0, 1.0], u)
+        east /= np.linalg.norm(east)
+        north = np.cross(u, east)
+        px = 250.0 * np.tan(np.radians(30.0)) / 16.0
+        fix = sc + 0.6 * px * (0.8 * east + 0.6 * north)
+        m = check.match(small, rot, fix, sun, reach_km=40.0)
+        assert m.ncc == pytest.approx(check.agreement(small, rot, fix, sun))
+        assert m.km_per_px == pytest.approx(px, rel=0.01)
+        assert m.offset_km @ fix == pytest.approx(0.0, abs=1e-6)
+        assert np.linalg.norm(fix + m.offset_km - sc) < 0.2 * px, (m.offset_km, sc - fix)
+        assert m.peak_ncc >= m.ncc
+        # 200 km off with a reach of 20 km: the best shift lies on the search's edge
+        far = check.match(small, rot, sc + 200.0 * east, sun, reach_km=20.0)
+        assert far is None or far.offset_km is None
+
+
+def test_the_peak_is_found_to_a_fraction_of_a_pixel():
+    """A sampled paraboloid peaking at (0.3, -0.2) px from the grid's centre: :func:`_peak` finds
+    it exactly (a parabola through three samples is exact for a parabola); a peak on the edge or
+    a grid without a finite value gives None."""
+    y, x = np.mgrid[-3:4, -3:4].astype(float)
+    grid = 0.9 - 0.05 * ((x - 0.3) ** 2 + (y + 0.2) ** 2)
+    dx, dy, value = _peak(grid)
+    assert dx == pytest.approx(0.3) and dy == pytest.approx(-0.2) and value == grid[3, 3]
+    assert _peak(0.9 - 0.05 * ((x - 3.0) ** 2 + y ** 2)) is None
+    assert _peak(np.full((7, 7), np.nan)) is None
 
 
 def test_a_dark_frame_gives_no_answer(check):
@@ -96,7 +136,7 @@ def test_the_scenarios_verifier_reads_each_frame_once_and_answers_only_what_it_c
                          metadata=SimpleNamespace(frames=[{"sun_dir_body": list(sun)}] * 4))
     attitude = {0: rot, 1: rot, 2: rot}
     verify = terrain_verifier(ds, check, attitude, {0.0: 0, 10.0: 1, 20.0: 2, 30.0: 3})
-    assert verify(0.0, sc) > 0.9
+    assert verify(0.0, sc).ncc > 0.9
     assert verify(10.0, sc) is None and verify(20.0, sc) is None  # not on disk; dark
     assert verify(30.0, sc) is None and verify(5.0, sc) is None  # not searched yet; no frame at 5 s
     assert len(verify.ms) == 1 and verify.answered == 1

@@ -58,6 +58,9 @@ candidates.
    declared, the frame it predicts is rendered from the map's coarse elevation and must correlate
    with the frame by ``terrain_min_ncc``. A chance place that fits a few boxes does not look like
    the frame, and a right identification kilometres off looks like it less.
+11. **The terrain's refinement** (``terrain_refine``, on): the fix the check passes moves toward
+   the place where the frame correlates best with the predicted terrain (the correlation's peak
+   over shifts of the prediction, a horizontal measurement fused with the fix's covariance).
 
 Two options are measured on validation and off by default, because each one declared more wrong
 fixes there (``docs/lost_in_space.md``, third round):
@@ -181,6 +184,13 @@ class LostConfig:
         not refused by it. On by default at 0.8, chosen on the validation sequence
         (docs/lost_in_space.md): it needs the frames and the map's elevation, so a caller with
         boxes alone turns it off.
+    terrain_refine: with the check, a fix it passes is refined by the correlation's peak
+        (:meth:`trn.nav.terrain_check.TerrainCheck.match`): the horizontal offset from the fix to
+        where the frame correlates best, searched within ``terrain_reach_km``, is a measurement of
+        the horizontal position with ``terrain_shift_sigma_px`` reduced pixels of 1-sigma error per
+        axis, fused with the fix's covariance (a Kalman update across the local vertical). A peak on
+        the edge of the search leaves the fix as it is. The sigma is calibrated on the validation
+        sequence (docs/lost_in_space.md).
     """
 
     candidates: int = 0
@@ -218,6 +228,9 @@ class LostConfig:
     terrain_min_ncc: float = 0.8
     terrain_size_px: int = 64
     terrain_max_ppd: int = 32
+    terrain_refine: bool = True
+    terrain_reach_km: float = 3.0
+    terrain_shift_sigma_px: float = 0.15
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> None:
@@ -284,6 +297,10 @@ class LostConfig:
             bad("terrain_size_px", "16 to 512 pixels a side")
         if not 1 <= self.terrain_max_ppd <= 1024:
             bad("terrain_max_ppd", "1 to 1024 pixels per degree")
+        if not 0.1 <= self.terrain_reach_km <= 50:
+            bad("terrain_reach_km", "0.1 to 50 km")
+        if not 0 < self.terrain_shift_sigma_px <= 10:
+            bad("terrain_shift_sigma_px", "above 0 and at most 10 reduced pixels")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -415,7 +432,9 @@ class LostFix:
     ``support``: assigned detections of the best hypothesis; ``llr`` / ``runner_up``: its score and
     the best score at another position; ``frames``: frames the fix needed (1 alone); ``joins``:
     how it joined each other frame it used (:class:`Join`); ``terrain_ncc``: its agreement with
-    the terrain it predicts, where the terrain check ran and the frame gave an answer."""
+    the terrain it predicts, where the terrain check ran and the frame gave an answer;
+    ``terrain_offset_km``: the horizontal offset [3] km the correlation's peak measured from the
+    fix, where it refined the fix (``LostConfig.terrain_refine``)."""
 
     declared: bool
     reason: str
@@ -431,6 +450,7 @@ class LostFix:
     best: list[Hypothesis] = field(default_factory=list)
     joins: tuple[Join, ...] = ()
     terrain_ncc: float | None = None
+    terrain_offset_km: np.ndarray | None = None
 
 
 def box_geometry(boxes: np.ndarray, camera: PinholeCamera, pixel_sigma: float, edge_px: float = 0.0
@@ -1071,6 +1091,25 @@ def circular_speed_km_s(radius_km: float) -> float:
     return math.sqrt(MU_KM3_S2 / radius_km)
 
 
+def terrain_refined(position: np.ndarray, cov: np.ndarray, offset_km: np.ndarray, sigma_km: float
+                    ) -> tuple[np.ndarray, np.ndarray]:
+    """A fix (``position`` [3] km, ``cov`` [3, 3] km^2) updated with a measurement of its horizontal
+    position: the place ``offset_km`` [3] (across the local vertical) from it, with ``sigma_km`` of
+    1-sigma error on each horizontal axis (:meth:`trn.nav.terrain_check.TerrainCheck.match`). A
+    Kalman update on the two horizontal axes; the vertical keeps what the fix and the altimeter
+    gave, except through the fix's own correlations. Returns (position, covariance)."""
+    p, c = np.asarray(position, np.float64), np.asarray(cov, np.float64)
+    up = p / np.linalg.norm(p)
+    e1 = np.cross(up, [0.0, 0.0, 1.0] if abs(up[2]) < 0.9 else [1.0, 0.0, 0.0])
+    e1 /= np.linalg.norm(e1)
+    h = np.stack([e1, np.cross(up, e1)])  # [2, 3]
+    s = h @ c @ h.T + sigma_km ** 2 * np.eye(2)
+    k = c @ h.T @ np.linalg.inv(s)
+    p = p + k @ (h @ np.asarray(offset_km, np.float64))
+    c = (np.eye(3) - k @ h) @ c
+    return p, (c + c.T) / 2.0
+
+
 def horizontal_sigma_km(position: np.ndarray, cov: np.ndarray) -> float:
     """The largest 1-sigma error across the local vertical at ``position`` [3] km: the root of the
     largest eigenvalue of ``cov`` [3, 3] km^2 projected on the plane normal to ``position``."""
@@ -1142,10 +1181,12 @@ class WindowFixer:
 
     Every fix passes the wrong-fix guards before it is declared (:class:`LostConfig`,
     ``margin_per_detection``, ``max_error_2sigma_km``, ``carry_max_deficit``, ``terrain_check``);
-    a refused fix keeps its hypotheses for the window and says why. ``verify``: with
-    ``cfg.terrain_check``, a callable of a frame's time (s) and a fixed position [3] km that gives
-    the frame's agreement with the terrain predicted there (:meth:`trn.nav.terrain_check.TerrainCheck.agreement`),
-    or None where the frame gives no answer."""
+    a refused fix keeps its hypotheses for the window and says why; a fix the terrain check passes
+    is refined by it (``terrain_refine``). ``verify``: with ``cfg.terrain_check``, a callable of a
+    frame's time (s) and a fixed position [3] km that gives the frame's match with the terrain
+    predicted there (:class:`trn.nav.terrain_check.TerrainMatch`, from
+    :meth:`trn.nav.terrain_check.TerrainCheck.match` within ``cfg.terrain_reach_km``), or None
+    where the frame gives no answer."""
 
     def __init__(self, cfg: LostConfig | None = None, cmap: CraterMap | None = None, verify=None):
         self.cfg = cfg or LostConfig()
@@ -1162,7 +1203,8 @@ class WindowFixer:
                  t_s: float | None = None) -> LostFix:
         """``fix`` if it passes the guards, else refused (:func:`_refused`): the margin its
         ``detections`` (over all the frames it uses) need (with ``margin``), the horizontal
-        2-sigma limit (with ``sigma``) and, given the frame's time ``t_s``, the terrain check."""
+        2-sigma limit (with ``sigma``) and, given the frame's time ``t_s``, the terrain check (then,
+        with ``terrain_refine``, the fix refined by the correlation's peak: :func:`terrain_refined`)."""
         cfg = self.cfg
         if not fix.declared:
             return fix
@@ -1172,9 +1214,14 @@ class WindowFixer:
         if sigma and 2.0 * horizontal_sigma_km(fix.position, fix.cov) > cfg.max_error_2sigma_km:
             return _refused(fix, REASONS[13])
         if cfg.terrain_check and t_s is not None:
-            fix = replace(fix, terrain_ncc=self.verify(t_s, fix.position))
+            match = self.verify(t_s, fix.position)
+            fix = replace(fix, terrain_ncc=None if match is None else match.ncc)
             if fix.terrain_ncc is not None and fix.terrain_ncc < cfg.terrain_min_ncc:
                 return _refused(fix, REASONS[15])
+            if cfg.terrain_refine and match is not None and match.offset_km is not None:
+                p, c = terrain_refined(fix.position, fix.cov, match.offset_km,
+                                       cfg.terrain_shift_sigma_px * match.km_per_px)
+                fix = replace(fix, position=p, cov=c, terrain_offset_km=np.asarray(match.offset_km, np.float64))
         return fix
 
     def _count(self, t_s: float) -> int:

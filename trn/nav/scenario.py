@@ -708,9 +708,11 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     consecutive frames is measured from the frames on disk (:class:`SequenceMotion`) and joins
     them (:class:`trn.nav.lost.WindowFixer`). With ``cfg.terrain_check`` every fix is checked
     against the frame ``terrain`` (:class:`trn.nav.terrain_check.TerrainCheck`) predicts at it, with
-    the frame's star-tracker attitude and Sun (:func:`terrain_verifier`). Per frame: detections,
+    the frame's star-tracker attitude and Sun (:func:`terrain_verifier`), and, with
+    ``cfg.terrain_refine``, refined by it. Per frame: detections,
     declared or not and why, frames the fix needed and the joins it used, the fix's error and
-    sigma, its terrain agreement, candidates and hypotheses examined, score, time (``ms``: search
+    sigma, its terrain agreement and the offset the terrain's peak measured where it refined the
+    fix, candidates and hypotheses examined, score, time (``ms``: search
     and window; ``motion_ms``: every pair measured for the frame, back to the previous frame with
     boxes; ``own_pair_ms``: the pair from the frame just before it, the one a board measures when
     the frame arrives); summaries by detections per frame (a declared fix farther than 2 km from
@@ -760,7 +762,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         by_frame.setdefault(d.frame, []).append(k)
     frame_at = {round(float(x), 3): k for k, x in enumerate(t_all)}
     attitude: dict[int, np.ndarray] = {}  # each frame's star-tracker attitude, as drawn for its search
-    verify = terrain_verifier(ds, terrain, attitude, frame_at, cfg.window_s) if cfg.terrain_check else None
+    verify = terrain_verifier(ds, terrain, attitude, frame_at, cfg.window_s, cfg.terrain_reach_km) \
+        if cfg.terrain_check else None
     window = WindowFixer(cfg, cmap, verify)
     motion = SequenceMotion(ds, sensors, MotionConfig(scale=cfg.motion_scale), seed) if cfg.motion_joins else None
     rows: list[dict] = []
@@ -852,6 +855,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
             "motion": None if motion is None else dict(motion.counts),
             "terrain": None if verify is None else {
                 "checks": len(verify.ms), "answered": verify.answered,
+                "refined": sum(r.get("terrain_offset_km") is not None for r in rows if r["declared"]),
                 "ms_per_check_p50": float(np.percentile(verify.ms, 50)) if verify.ms else float("nan"),
                 "ms_per_check_p99": float(np.percentile(verify.ms, 99)) if verify.ms else float("nan")},
             "frames": rows}
@@ -881,10 +885,11 @@ def dataset_terrain_check(ds: Luna1Dataset, source, cfg):
 
 
 def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray], frame_at: dict[float, int],
-                     keep_s: float = math.inf):
+                     keep_s: float = math.inf, reach_km: float = 3.0):
     """The terrain check of :class:`trn.nav.lost.WindowFixer` (its ``verify``): for a frame's time
-    and a fixed position, the agreement of the frame on disk (read once, reduced) with the frame
-    ``terrain`` predicts there, with the frame's star-tracker attitude (``attitude``, filled by the
+    and a fixed position, the match of the frame on disk (read once, reduced) with the frame
+    ``terrain`` predicts there (:meth:`trn.nav.terrain_check.TerrainCheck.match`, its peak searched
+    within ``reach_km``), with the frame's star-tracker attitude (``attitude``, filled by the
     caller as frames are searched) and Sun; None for a frame not on disk or dark. Reduced frames
     more than ``keep_s`` older than the latest one checked are let go (the window's length: no fix
     reaches further back). The callable keeps each check's time (``ms``, rendering and
@@ -906,7 +911,7 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
             return None
         sun = np.asarray(ds.metadata.frames[k]["sun_dir_body"], np.float64)
         t0 = clock()
-        out = terrain.agreement(reduced[k][1], attitude[k], position, sun)
+        out = terrain.match(reduced[k][1], attitude[k], position, sun, reach_km)
         verify.ms.append(1e3 * (clock() - t0))
         verify.answered += out is not None
         return out
@@ -928,6 +933,7 @@ def _fix_fields(fx, truth: np.ndarray, labels: list, cmap, frame_at: dict[float,
             "sigma_km": float(np.sqrt(np.trace(fx.cov))) if ok else None,
             "nees": float(d @ np.linalg.solve(fx.cov, d)) if ok else None, "support": fx.support,
             "terrain_ncc": fx.terrain_ncc,
+            "terrain_offset_km": None if fx.terrain_offset_km is None else float(np.linalg.norm(fx.terrain_offset_km)),
             "inliers_correct": sum(int(labels[a]) == int(cmap.ids[r]) for a, r in fx.inliers) if ok else 0,
             "llr": fx.llr, "runner_up": fx.runner_up, "inliers": [[int(a), int(cmap.ids[r])] for a, r in fx.inliers],
             "best_position_km": fx.best[0].position.tolist() if fx.best else None,

@@ -17,12 +17,23 @@ Measured on the validation orbit (docs/lost_in_space.md, 32 pixels per degree fo
 64 pixels-per-degree frames, 64 px a side): the prediction at the true position correlates
 0.90-0.98 with the frame (5-95 %), 2 km away 0.63 (median), 5 km away 0.34, 20 km or more about 0.
 The check therefore also refuses a right identification whose position is off by kilometres.
+
+The same correlation also measures where the fix is off (:meth:`TerrainCheck.match`). A camera
+moved across the local vertical by a few hundred metres sees its frame shifted by a fraction of a
+reduced pixel; the correlation of the frame with the prediction shifted by whole pixels within
+``reach_km`` of the fix, its peak refined to a fraction of a pixel by a parabola through its
+neighbours on each axis, gives that shift, and the shift at the depth of the terrain along the
+boresight gives the horizontal offset from the fix to the place the frame was taken from
+(:class:`TerrainMatch`). Its error per axis is a fraction of a reduced pixel
+(``LostConfig.terrain_shift_sigma_px``, calibrated on the validation orbit, docs/lost_in_space.md).
+A frame rendered from the same elevation as the map (this simulator) holds no error of the map's
+own registration; a flown map adds its horizontal error to that.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import cv2
@@ -31,6 +42,7 @@ import numpy as np
 from trn.data.worlds.render import RenderConfig, Surface, render_frame
 from trn.data.worlds.terrain import DetailConfig
 from trn.errors import ConfigError, DataError
+from trn.geometry import MOON_RADIUS_KM
 
 MIN_LIT_FRACTION = 0.1  # of the prediction's pixels: fewer lit in both and the check has no answer
 
@@ -45,6 +57,59 @@ def normalised_correlation(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> fl
     if den <= 1e-9 * x.size:
         return None
     return float(x @ y) / den
+
+
+@dataclass(frozen=True)
+class TerrainMatch:
+    """A frame's agreement with the terrain predicted at a fix (:meth:`TerrainCheck.match`).
+    ``ncc``: the correlation at the fix itself (what the check's threshold reads); ``offset_km``
+    [3] (body frame, across the local vertical): from the fix to where the correlation peaks, None
+    where its peak lies on the edge of the searched shifts (farther than ``reach_km``, or no peak);
+    ``peak_ncc``: the correlation there; ``km_per_px``: a reduced pixel at the terrain's depth
+    (the offset's 1-sigma error per axis is a fraction of it: ``LostConfig.terrain_shift_sigma_px``)."""
+
+    ncc: float
+    offset_km: np.ndarray | None = None
+    peak_ncc: float | None = None
+    km_per_px: float = math.nan
+
+
+def _shifted_correlations(frame: np.ndarray, pred: np.ndarray, reach: int) -> np.ndarray:
+    """[2 reach + 1, 2 reach + 1] correlations of ``frame`` (u) with ``pred`` (u - s) for every
+    whole-pixel shift s = (dx, dy) within ``reach``, over the overlapping pixels lit in both
+    (NaN where fewer than :data:`MIN_LIT_FRACTION` of the frame's pixels are, or one is flat)."""
+    h, w = frame.shape
+    f, p = frame.astype(np.float64), pred.astype(np.float64)
+    lit_f, lit_p = frame > 0, pred > 0
+    out = np.full((2 * reach + 1, 2 * reach + 1), np.nan)
+    for dy in range(-reach, reach + 1):
+        fy, py = (slice(dy, h), slice(0, h - dy)) if dy >= 0 else (slice(0, h + dy), slice(-dy, h))
+        for dx in range(-reach, reach + 1):
+            fx, px = (slice(dx, w), slice(0, w - dx)) if dx >= 0 else (slice(0, w + dx), slice(-dx, w))
+            mask = lit_f[fy, fx] & lit_p[py, px]
+            if mask.sum() >= MIN_LIT_FRACTION * frame.size:
+                c = normalised_correlation(f[fy, fx], p[py, px], mask)
+                out[dy + reach, dx + reach] = np.nan if c is None else c
+    return out
+
+
+def _peak(grid: np.ndarray) -> tuple[float, float, float] | None:
+    """The peak of ``grid`` (:func:`_shifted_correlations`) as (dx, dy) px from its centre, to a
+    fraction of a pixel (a parabola through the peak and its two neighbours on each axis), and its
+    value; None where the highest value lies on the grid's edge or is not finite."""
+    if not np.isfinite(grid).any():
+        return None
+    reach = grid.shape[0] // 2
+    iy, ix = np.unravel_index(int(np.nanargmax(grid)), grid.shape)
+    if not (0 < ix < 2 * reach and 0 < iy < 2 * reach):
+        return None
+    c = grid[iy, ix]
+    shift = [float(ix - reach), float(iy - reach)]
+    for axis, (lo, hi) in enumerate(((grid[iy, ix - 1], grid[iy, ix + 1]), (grid[iy - 1, ix], grid[iy + 1, ix]))):
+        den = lo - 2.0 * c + hi
+        if np.isfinite(den) and den < 0:
+            shift[axis] += float(np.clip(0.5 * (lo - hi) / den, -0.5, 0.5))
+    return shift[0], shift[1], float(c)
 
 
 class TerrainCheck:
@@ -107,3 +172,35 @@ class TerrainCheck:
         if mask.sum() < MIN_LIT_FRACTION * mask.size:
             return None
         return normalised_correlation(reduced_frame, pred, mask)
+
+    def match(self, reduced_frame: np.ndarray, rotation: np.ndarray, position_km: np.ndarray,
+              sun_dir: np.ndarray, reach_km: float = 3.0) -> TerrainMatch | None:
+        """The agreement at ``position_km`` (:meth:`agreement`, the same value) and the offset to
+        the correlation's peak within ``reach_km`` across the local vertical (module docstring);
+        None where :meth:`agreement` has no answer. The depth is the boresight's range to the reference sphere
+        (the altitude over it, for a boresight that misses it)."""
+        rotation = np.asarray(rotation, np.float64)
+        position = np.asarray(position_km, np.float64)
+        pred = self.predicted(rotation, position, sun_dir)
+        mask = (pred > 0) & (reduced_frame > 0)
+        if mask.sum() < MIN_LIT_FRACTION * mask.size:
+            return None
+        ncc = normalised_correlation(reduced_frame, pred, mask)
+        if ncc is None:
+            return None
+        radius = float(np.linalg.norm(position))
+        up = position / radius
+        bore = rotation[:, 2]
+        b_up = float(bore @ up)
+        disc = (radius * b_up) ** 2 - (radius ** 2 - MOON_RADIUS_KM ** 2)
+        depth = -radius * b_up - math.sqrt(disc) if b_up < 0 and disc >= 0 else radius - MOON_RADIUS_KM
+        km_per_px = max(depth, 1e-3) * math.tan(math.radians(self.render.fov_deg) / 2.0) / (self.size_px / 2.0)
+        reach = int(min(max(math.ceil(reach_km / km_per_px), 1), self.size_px // 4))
+        peak = _peak(_shifted_correlations(reduced_frame, pred, reach))
+        if peak is None:
+            return TerrainMatch(ncc, None, None, km_per_px)
+        # the frame shows the prediction moved by (dx, dy): the camera sat that many pixels the
+        # other way along its own x and y axes, at the terrain's depth
+        offset = rotation[:, :2] @ (-np.array(peak[:2]) * km_per_px)
+        offset -= (offset @ up) * up
+        return TerrainMatch(ncc, offset, peak[2], km_per_px)
