@@ -59,6 +59,15 @@ def normalised_correlation(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> fl
     return float(x @ y) / den
 
 
+def _lit_correlation(frame: np.ndarray, pred: np.ndarray) -> float | None:
+    """:func:`normalised_correlation` of ``frame`` and ``pred`` over the pixels lit in both; None
+    where fewer than :data:`MIN_LIT_FRACTION` of them are."""
+    mask = (pred > 0) & (frame > 0)
+    if mask.sum() < MIN_LIT_FRACTION * mask.size:
+        return None
+    return normalised_correlation(frame, pred, mask)
+
+
 @dataclass(frozen=True)
 class TerrainMatch:
     """A frame's agreement with the terrain predicted at a fix (:meth:`TerrainCheck.match`).
@@ -167,11 +176,7 @@ class TerrainCheck:
         """Normalised cross-correlation of ``reduced_frame`` (:meth:`reduced`) with the frame
         predicted at ``position_km``, over the pixels lit in both; None where fewer than a tenth
         of the pixels are (the night side, a frame off the limb) or either image is flat there."""
-        pred = self.predicted(rotation, position_km, sun_dir)
-        mask = (pred > 0) & (reduced_frame > 0)
-        if mask.sum() < MIN_LIT_FRACTION * mask.size:
-            return None
-        return normalised_correlation(reduced_frame, pred, mask)
+        return _lit_correlation(reduced_frame, self.predicted(rotation, position_km, sun_dir))
 
     def match(self, reduced_frame: np.ndarray, rotation: np.ndarray, position_km: np.ndarray,
               sun_dir: np.ndarray, reach_km: float = 3.0) -> TerrainMatch | None:
@@ -182,10 +187,7 @@ class TerrainCheck:
         rotation = np.asarray(rotation, np.float64)
         position = np.asarray(position_km, np.float64)
         pred = self.predicted(rotation, position, sun_dir)
-        mask = (pred > 0) & (reduced_frame > 0)
-        if mask.sum() < MIN_LIT_FRACTION * mask.size:
-            return None
-        ncc = normalised_correlation(reduced_frame, pred, mask)
+        ncc = _lit_correlation(reduced_frame, pred)
         if ncc is None:
             return None
         radius = float(np.linalg.norm(position))
