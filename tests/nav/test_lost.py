@@ -760,7 +760,7 @@ def test_the_terrain_refinement_is_a_kalman_update_across_the_vertical():
 @pytest.mark.parametrize("refine", [True, False])
 def test_a_fix_the_terrain_passes_is_refined_by_its_peak(refine):
     """With ``terrain_refine``, the declared fix moves to the place the terrain's correlation peak
-    measures (a fix of 1 km sigma, a measurement of 0.25 px x 0.8 km = 0.2 km sigma), its
+    measures (a fix of 1 km sigma, a peak of 0.9: a measurement of 0.25 px x 0.8 km = 0.2 km sigma), its
     horizontal variance falls and the offset is reported; off, the fix stays where the craters put
     it. A match whose peak lies on the search's edge (no offset) leaves it too."""
     sc, _ = pose(-25.0, 100.0)
@@ -768,12 +768,12 @@ def test_a_fix_the_terrain_passes_is_refined_by_its_peak(refine):
     offset = 0.8 * e1
 
     def verify(t_s, position):
-        return TerrainMatch(0.9, offset, 0.97, 0.8)
+        return TerrainMatch(0.85, offset, 0.9, 0.8)
 
     cfg = LostConfig(terrain_check=True, terrain_refine=refine, terrain_shift_sigma_px=0.25)
     fix = _declared_alone(sc, np.eye(3), 60.0, 0.0)
     out = WindowFixer(cfg, None, verify).add(0.0, radius_of(sc), fix, detections=3)
-    assert out.declared and out.terrain_ncc == 0.9
+    assert out.declared and out.terrain_ncc == 0.85
     if refine:
         gain = 1.0 / (1.0 + 0.2 ** 2)
         assert np.allclose(out.position, sc + gain * offset) and np.allclose(out.terrain_offset_km, offset)

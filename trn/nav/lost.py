@@ -187,10 +187,12 @@ class LostConfig:
     terrain_refine: with the check, a fix it passes is refined by the correlation's peak
         (:meth:`trn.nav.terrain_check.TerrainCheck.match`): the horizontal offset from the fix to
         where the frame correlates best, searched within ``terrain_reach_km``, is a measurement of
-        the horizontal position with ``terrain_shift_sigma_px`` reduced pixels of 1-sigma error per
-        axis, fused with the fix's covariance (a Kalman update across the local vertical). A peak on
-        the edge of the search leaves the fix as it is. The sigma is calibrated on the validation
-        sequence (docs/lost_in_space.md).
+        the horizontal position, fused with the fix's covariance (a Kalman update across the local
+        vertical); its 1-sigma error per axis is ``terrain_shift_sigma_px`` reduced pixels where the
+        peak correlates 0.9, scaled by the root of (1 - peak) / 0.1
+        (:meth:`trn.nav.terrain_check.TerrainMatch.sigma_km`). A peak on the edge of the search
+        leaves the fix as it is. The sigma is calibrated on the validation sequences
+        (docs/lost_in_space.md).
     """
 
     candidates: int = 0
@@ -1220,7 +1222,7 @@ class WindowFixer:
                 return _refused(fix, REASONS[15])
             if cfg.terrain_refine and match is not None and match.offset_km is not None:
                 p, c = terrain_refined(fix.position, fix.cov, match.offset_km,
-                                       cfg.terrain_shift_sigma_px * match.km_per_px)
+                                       match.sigma_km(cfg.terrain_shift_sigma_px))
                 fix = replace(fix, position=p, cov=c, terrain_offset_km=np.asarray(match.offset_km, np.float64))
         return fix
 
