@@ -229,6 +229,31 @@ def test_eval_and_run_at_several_scales_say_which_and_one_whole_band_is_the_fram
         assert what in capsys.readouterr().err
 
 
+def test_a_build_from_a_later_frame_is_labelled_under_its_own_suns(boxed_world, tmp_path):
+    """A build from --first-frame K keeps its poses from frame 0 and lists frames K on in its
+    metadata: each frame is labelled with its own Sun (the same boxes as the build from frame 0
+    gives that frame), and only the frames built are labelled, with or without their images; the
+    lost-in-space scenario refuses such a build and says how to build one it takes."""
+    from trn.data.datasets.luna1 import read_luna1
+
+    build_luna1(BuildConfig(source=boxed_world, out=tmp_path / "a", limit_frames=8, limit_craters=4, workers=1,
+                            render=SMALL, annotate=RULE, render_frames=False))
+    build_luna1(BuildConfig(source=boxed_world, out=tmp_path / "b", first_frame=5, limit_frames=3, limit_craters=4,
+                            workers=1, render=SMALL, annotate=RULE, render_frames=False))
+    assert [f["frame"] for f in read_luna1(tmp_path / "b").metadata.frames] == [5, 6, 7]
+    whole = {f.frame: f for f in label_build(tmp_path / "a", boxed_world, all_frames=True).frames}
+    later = label_build(tmp_path / "b", boxed_world, all_frames=True).frames
+    assert [f.frame for f in later] == [5, 6, 7]
+    assert all(f.boxes == whole[f.frame].boxes and f.sun_elevation_deg == whole[f.frame].sun_elevation_deg
+               for f in later)
+    # the scenarios index their frames by pose row: such a build is refused with the way out
+    from trn.errors import DataError
+    from trn.nav.scenario import lost_in_space_fixes
+
+    with pytest.raises(DataError, match="one metadata frame per pose"):
+        lost_in_space_fixes(read_luna1(tmp_path / "b"), None, None)
+
+
 def test_navigation_scenarios_take_the_detectors_boxes(det_run, boxed_world, tmp_path):
     from trn.data.datasets.luna1 import read_luna1
     from trn.sim.boxes import FALSE_ID_BASE, with_boxes

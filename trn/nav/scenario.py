@@ -723,8 +723,13 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
 
     sensors = sensors or SensorModel()
     cfg = cfg or LostConfig()
-    if ds.poses is None or ds.metadata is None or not ds.metadata.camera or len(ds.metadata.frames) != len(ds.poses):
+    if ds.poses is None or ds.metadata is None or not ds.metadata.camera:
         raise DataError("lost-in-space fixes need poses and metadata.json (camera, frame epochs and Sun)", ds.root)
+    if len(ds.metadata.frames) != len(ds.poses):
+        raise DataError(f"lost-in-space fixes need one metadata frame per pose ({len(ds.metadata.frames)} for "
+                        f"{len(ds.poses)} poses: a build from --first-frame K > 0 keeps its poses from frame 0); build "
+                        "from frame 0 (--segments, --first-rotation and --day-step choose another ground track)",
+                        ds.root)
     flat = frame_detections(ds, s) if matches is None else matches[0]
     before = len(flat)
     if gate_km is not None:

@@ -167,11 +167,19 @@ def _labelled(root: Path, source: str | Path, rule: UnionRule, all_frames: bool 
     if ds.kitti is None or ds.metadata is None or not ds.metadata.frames:
         raise DataError("needs a Luna-1 build with poses and metadata.json (frames with their Sun)", root)
     meta = ds.metadata
-    sun = np.array([f["sun_dir_body"] for f in meta.frames], dtype=np.float64)
+    # the metadata lists the frames built, each with its frame number (a build from --first-frame K
+    # starts at K, its poses at frame 0): the Sun by frame number, the frames built only
+    numbers = np.array([int(f.get("frame", i)) for i, f in enumerate(meta.frames)])
+    if numbers.min() < 0 or numbers.max() >= len(ds.kitti) or len(set(numbers.tolist())) != len(numbers):
+        raise DataError(f"metadata.json lists frames {numbers.min()}-{numbers.max()} (or one twice) but the poses "
+                        f"hold {len(ds.kitti)}; rebuild the dataset", root)
+    sun = np.full((len(ds.kitti), 3), np.nan)
+    sun[numbers] = np.array([f["sun_dir_body"] for f in meta.frames], dtype=np.float64)
+    built = set(numbers.tolist())
     rendered = sorted(int(p.stem) for p in (root / luna1.NAV_IMAGES).glob("*.png") if p.stem.isdigit())
-    rendered = [i for i in rendered if i < len(ds.kitti) and i < len(sun)]
+    rendered = [i for i in rendered if i in built]
     if all_frames:
-        rendered = list(range(min(len(ds.kitti), len(sun))))
+        rendered = sorted(built)
     rendered = rendered[::every]
     if not rendered:
         raise DataError("has no rendered navigation frames to label", root / luna1.NAV_IMAGES)
