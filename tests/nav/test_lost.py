@@ -770,7 +770,8 @@ def test_a_fix_the_terrain_passes_is_refined_by_its_peak(refine):
     def verify(t_s, position):
         return TerrainMatch(0.85, offset, 0.9, 0.8)
 
-    cfg = LostConfig(terrain_check=True, terrain_refine=refine, terrain_shift_sigma_px=0.25)
+    cfg = LostConfig(terrain_check=True, terrain_refine=refine, terrain_shift_sigma_px=0.25,
+                     terrain_shift_floor_px=0.0)
     fix = _declared_alone(sc, np.eye(3), 60.0, 0.0)
     out = WindowFixer(cfg, None, verify).add(0.0, radius_of(sc), fix, detections=3)
     assert out.declared and out.terrain_ncc == 0.85
@@ -819,7 +820,8 @@ def _ground_of(view, sc):
                                        ({"terrain_max_ppd": 0}, "terrain_max_ppd"),
                                        ({"terrain_reach_km": 0.0}, "terrain_reach_km"),
                                        ({"terrain_shift_sigma_px": 0.0}, "terrain_shift_sigma_px"),
-                                       ({"terrain_shift_sigma_px": float("nan")}, "terrain_shift_sigma_px")])
+                                       ({"terrain_shift_sigma_px": float("nan")}, "terrain_shift_sigma_px"),
+                                       ({"terrain_shift_floor_px": -0.1}, "terrain_shift_floor_px")])
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         LostConfig(**kw)

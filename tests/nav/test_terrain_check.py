@@ -10,7 +10,7 @@ from trn.data.worlds.render import RenderConfig, render_frame
 from trn.data.worlds.terrain import DetailConfig
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz, nadir_pose
-from trn.nav.terrain_check import MIN_MISMATCH, TerrainCheck, TerrainMatch, _peak, normalised_correlation
+from trn.nav.terrain_check import TerrainCheck, TerrainMatch, _peak, normalised_correlation
 
 RENDER = RenderConfig(nav_size=128, fov_deg=60.0, detail=DetailConfig(enabled=False))
 
@@ -95,11 +95,13 @@ def test_the_peak_is_found_to_a_fraction_of_a_pixel():
 
 def test_the_offsets_sigma_grows_with_the_peaks_mismatch():
     """The offset's sigma is the given reduced pixels at a peak of 0.9, scaled by the root of
-    (1 - peak) / 0.1, with a floor at a mismatch of MIN_MISMATCH; no peak, no sigma."""
+    (1 - peak) / 0.1, in quadrature with the floor; a perfect match keeps the floor; no peak, no
+    sigma."""
     assert TerrainMatch(0.8, np.zeros(3), 0.9, 2.0).sigma_km(0.15) == pytest.approx(0.3)
     assert TerrainMatch(0.8, np.zeros(3), 0.99, 2.0).sigma_km(0.15) == pytest.approx(0.3 * np.sqrt(0.1))
     assert TerrainMatch(0.8, np.zeros(3), 0.6, 2.0).sigma_km(0.15) == pytest.approx(0.3 * 2.0)
-    assert TerrainMatch(0.8, np.zeros(3), 1.0, 2.0).sigma_km(0.15) == pytest.approx(0.3 * np.sqrt(MIN_MISMATCH / 0.1))
+    assert TerrainMatch(0.8, np.zeros(3), 0.9, 2.0).sigma_km(0.15, 0.2) == pytest.approx(2.0 * np.hypot(0.15, 0.2))
+    assert TerrainMatch(0.8, np.zeros(3), 1.0, 2.0).sigma_km(0.15, 0.05) == pytest.approx(0.1)
     assert np.isnan(TerrainMatch(0.8).sigma_km(0.15))
 
 

@@ -189,10 +189,10 @@ class LostConfig:
         where the frame correlates best, searched within ``terrain_reach_km``, is a measurement of
         the horizontal position, fused with the fix's covariance (a Kalman update across the local
         vertical); its 1-sigma error per axis is ``terrain_shift_sigma_px`` reduced pixels where the
-        peak correlates 0.9, scaled by the root of (1 - peak) / 0.1
-        (:meth:`trn.nav.terrain_check.TerrainMatch.sigma_km`). A peak on the edge of the search
-        leaves the fix as it is. The sigma is calibrated on the validation sequences
-        (docs/lost_in_space.md).
+        peak correlates 0.9, scaled by the root of (1 - peak) / 0.1, in quadrature with
+        ``terrain_shift_floor_px`` (:meth:`trn.nav.terrain_check.TerrainMatch.sigma_km`). A peak on
+        the edge of the search leaves the fix as it is. Both are calibrated on the validation
+        sequences (docs/lost_in_space.md).
     """
 
     candidates: int = 0
@@ -233,6 +233,7 @@ class LostConfig:
     terrain_refine: bool = True
     terrain_reach_km: float = 3.0
     terrain_shift_sigma_px: float = 0.15
+    terrain_shift_floor_px: float = 0.055
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> None:
@@ -303,6 +304,8 @@ class LostConfig:
             bad("terrain_reach_km", "0.1 to 50 km")
         if not 0 < self.terrain_shift_sigma_px <= 10:
             bad("terrain_shift_sigma_px", "above 0 and at most 10 reduced pixels")
+        if not 0 <= self.terrain_shift_floor_px <= 10:
+            bad("terrain_shift_floor_px", "0 to 10 reduced pixels")
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -1222,7 +1225,7 @@ class WindowFixer:
                 return _refused(fix, REASONS[15])
             if cfg.terrain_refine and match is not None and match.offset_km is not None:
                 p, c = terrain_refined(fix.position, fix.cov, match.offset_km,
-                                       match.sigma_km(cfg.terrain_shift_sigma_px))
+                                       match.sigma_km(cfg.terrain_shift_sigma_px, cfg.terrain_shift_floor_px))
                 fix = replace(fix, position=p, cov=c, terrain_offset_km=np.asarray(match.offset_km, np.float64))
         return fix
 

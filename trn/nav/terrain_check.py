@@ -26,10 +26,11 @@ neighbours on each axis, gives that shift, and the shift at the depth of the ter
 boresight gives the horizontal offset from the fix to the place the frame was taken from
 (:class:`TerrainMatch`). Its error per axis is a fraction of a reduced pixel that grows with
 what the frame and the prediction do not share: the root of 1 - peak correlation, scaled to
-``LostConfig.terrain_shift_sigma_px`` at a peak of 0.9 (:meth:`TerrainMatch.sigma_km`). Measured
-on two validation sequences (docs/lost_in_space.md): a sigma fitted on one sequence this way held
-the other's errors (mean normalised squared error 2.10 for 2 degrees of freedom), where a constant
-sigma fitted alike gave 1.20.
+``LostConfig.terrain_shift_sigma_px`` at a peak of 0.9, in quadrature with a floor
+(``LostConfig.terrain_shift_floor_px``) that even a perfect match keeps (:meth:`TerrainMatch.sigma_km`).
+Measured on two validation sequences (docs/lost_in_space.md): a sigma fitted on one sequence this
+way held the other's errors (mean normalised squared error 2.10 for 2 degrees of freedom without
+the floor), where a constant sigma fitted alike gave 1.20.
 A frame rendered from the same elevation as the map (this simulator) holds no error of the map's
 own registration; a flown map adds its horizontal error to that.
 """
@@ -49,7 +50,6 @@ from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM
 
 MIN_LIT_FRACTION = 0.1  # of the prediction's pixels: fewer lit in both and the check has no answer
-MIN_MISMATCH = 0.005  # 1 - peak correlation below which the offset's sigma stops shrinking
 
 
 def normalised_correlation(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> float | None:
@@ -87,15 +87,16 @@ class TerrainMatch:
     peak_ncc: float | None = None
     km_per_px: float = math.nan
 
-    def sigma_km(self, sigma_px_at_0_9: float) -> float:
+    def sigma_km(self, sigma_px_at_0_9: float, floor_px: float = 0.0) -> float:
         """The offset's 1-sigma error per horizontal axis, km: ``sigma_px_at_0_9`` reduced pixels
         where the peak correlates 0.9, scaled by the root of the peak's mismatch, (1 - peak) / 0.1
-        (at least 0.005 / 0.1): what the frame and the prediction do not share sets how well their
-        shift is measured (module docstring). NaN without a peak."""
+        (what the frame and the prediction do not share sets how well their shift is measured,
+        module docstring), added in quadrature to ``floor_px`` (what even a perfect match leaves:
+        the whole-pixel search and the parabola's fit). NaN without a peak."""
         if self.peak_ncc is None:
             return math.nan
-        mismatch = max(1.0 - float(self.peak_ncc), MIN_MISMATCH)
-        return float(sigma_px_at_0_9) * math.sqrt(mismatch / 0.1) * self.km_per_px
+        mismatch = max(1.0 - float(self.peak_ncc), 0.0)
+        return math.hypot(float(floor_px), float(sigma_px_at_0_9) * math.sqrt(mismatch / 0.1)) * self.km_per_px
 
 
 def _shifted_correlations(frame: np.ndarray, pred: np.ndarray, reach: int) -> np.ndarray:
