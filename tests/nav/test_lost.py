@@ -819,7 +819,9 @@ def _ground_of(view, sc):
                                        ({"terrain_size_px": 8}, "terrain_size_px"),
                                        ({"terrain_max_ppd": 0}, "terrain_max_ppd"),
                                        ({"terrain_reach_km": 0.0}, "terrain_reach_km"),
-                                       ({"terrain_shift_sigma_px": 0.0}, "terrain_shift_sigma_px"),
+                                       ({"terrain_shift_sigma_px": -0.1}, "terrain_shift_sigma_px"),
+                                       ({"terrain_shift_sigma_px": 0.0, "terrain_shift_floor_px": 0.0},
+                                        "needs an error"),
                                        ({"terrain_shift_sigma_px": float("nan")}, "terrain_shift_sigma_px"),
                                        ({"terrain_shift_floor_px": -0.1}, "terrain_shift_floor_px")])
 def test_bad_settings_are_refused(kw, match):
