@@ -24,13 +24,14 @@ reduced pixel; the correlation of the frame with the prediction shifted by whole
 ``reach_km`` of the fix, its peak refined to a fraction of a pixel by a parabola through its
 neighbours on each axis, gives that shift, and the shift at the depth of the terrain along the
 boresight gives the horizontal offset from the fix to the place the frame was taken from
-(:class:`TerrainMatch`). Its error per axis is a fraction of a reduced pixel that grows with
-what the frame and the prediction do not share: the root of 1 - peak correlation, scaled to
-``LostConfig.terrain_shift_sigma_px`` at a peak of 0.9, in quadrature with a floor
-(``LostConfig.terrain_shift_floor_px``) that even a perfect match keeps (:meth:`TerrainMatch.sigma_km`).
-Measured on two validation sequences (docs/lost_in_space.md): a sigma fitted on one sequence this
-way held the other's errors (mean normalised squared error 2.10 for 2 degrees of freedom without
-the floor), where a constant sigma fitted alike gave 1.20.
+(:class:`TerrainMatch`). Its error per axis is a fraction of a reduced pixel: a floor
+(``LostConfig.terrain_shift_floor_px``), in quadrature with a part that grows with what the frame
+and the prediction do not share, the root of 1 - peak correlation scaled to
+``LostConfig.terrain_shift_sigma_px`` at a peak of 0.9 (:meth:`TerrainMatch.sigma_km`). Measured
+(docs/lost_in_space.md): fitted on one real-world validation sequence, the growing part held a
+second one's errors (mean normalised squared error 2.10 for 2 degrees of freedom) where a constant
+sigma gave 1.20; but on the built-in world, whose check map is the frames' own terrain, it was
+overconfident, so the default is the constant 0.15 px.
 A frame rendered from the same elevation as the map (this simulator) holds no error of the map's
 own registration; a flown map adds its horizontal error to that.
 """
