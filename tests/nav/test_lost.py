@@ -15,7 +15,7 @@ import pytest
 
 from trn.data.datasets.annotate import AnnotateConfig, crater_box
 from trn.errors import ConfigError, DataError
-from trn.geometry import MOON_RADIUS_KM, PinholeCamera, latlon_to_xyz, nadir_pose, xyz_to_latlon
+from trn.geometry import MOON_RADIUS_KM, PinholeCamera, east_north_up, latlon_to_xyz, nadir_pose, xyz_to_latlon
 from trn.nav.ekf import MU_KM3_S2
 from trn.nav.constellation import Constellation, joint_fit, joint_fit_many
 from trn.nav.fix import solve_bearings
@@ -731,10 +731,10 @@ def test_a_fix_the_terrain_disagrees_with_is_refused(ncc, declared):
 
 
 def _horizontal_basis(p):
-    up = p / np.linalg.norm(p)
-    e1 = np.cross(up, [0.0, 0.0, 1.0])
-    e1 /= np.linalg.norm(e1)
-    return up, e1, np.cross(up, e1)
+    """(up, east, north) at ``p``."""
+    lat, lon, _ = xyz_to_latlon(p)
+    east, north, up = east_north_up(lat, lon)
+    return up, east, north
 
 
 def test_the_terrain_refinement_is_a_kalman_update_across_the_vertical():

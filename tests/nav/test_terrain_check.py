@@ -9,7 +9,7 @@ import pytest
 from trn.data.worlds.render import RenderConfig, render_frame
 from trn.data.worlds.terrain import DetailConfig
 from trn.errors import ConfigError, DataError
-from trn.geometry import MOON_RADIUS_KM, latlon_to_xyz, nadir_pose
+from trn.geometry import MOON_RADIUS_KM, east_north_up, latlon_to_xyz, nadir_pose
 from trn.nav.terrain_check import TerrainCheck, TerrainMatch, _peak, normalised_correlation
 
 RENDER = RenderConfig(nav_size=128, fov_deg=60.0, detail=DetailConfig(enabled=False))
@@ -64,10 +64,7 @@ def test_the_correlation_peak_measures_how_far_the_fix_is_off(check):
         sun = _sun(sc)
         frame, _ = render_frame(check.surface, rot, sc, sun, RENDER)
         small = check.reduced(frame)
-        u = sc / np.linalg.norm(sc)
-        east = np.cross([0.0, 0.0, 1.0], u)
-        east /= np.linalg.norm(east)
-        north = np.cross(u, east)
+        east, north, _ = east_north_up(lat, lon)
         px = 250.0 * np.tan(np.radians(30.0)) / 16.0
         fix = sc + 0.6 * px * (0.8 * east + 0.6 * north)
         m = check.match(small, rot, fix, sun, reach_km=40.0)
@@ -76,6 +73,9 @@ def test_the_correlation_peak_measures_how_far_the_fix_is_off(check):
         assert m.offset_km @ fix == pytest.approx(0.0, abs=1e-6)
         assert np.linalg.norm(fix + m.offset_km - sc) < 0.2 * px, (m.offset_km, sc - fix)
         assert m.peak_ncc >= m.ncc
+        # without a search the same agreement, no offset
+        plain = check.match(small, rot, fix, sun, reach_km=None)
+        assert plain.ncc == m.ncc and plain.offset_km is None and plain.km_per_px == m.km_per_px
         # 200 km off with a reach of 20 km: the best shift lies on the search's edge
         far = check.match(small, rot, sc + 200.0 * east, sun, reach_km=20.0)
         assert far is None or far.offset_km is None

@@ -79,7 +79,7 @@ import numpy as np
 
 from trn.data.datasets.annotate import rim_points
 from trn.errors import ConfigError, DataError
-from trn.geometry import MOON_RADIUS_KM, PinholeCamera, xyz_to_latlon
+from trn.geometry import MOON_RADIUS_KM, PinholeCamera, east_north_up, xyz_to_latlon
 from trn.nav.ekf import MU_KM3_S2
 from trn.nav.fix import pixel_bearings, range_points, residuals, solve_bearings_many
 from trn.nav.spatial import CraterIndex
@@ -1107,10 +1107,9 @@ def terrain_refined(position: np.ndarray, cov: np.ndarray, offset_km: np.ndarray
     Kalman update on the two horizontal axes; the vertical keeps what the fix and the altimeter
     gave, except through the fix's own correlations. Returns (position, covariance)."""
     p, c = np.asarray(position, np.float64), np.asarray(cov, np.float64)
-    up = p / np.linalg.norm(p)
-    e1 = np.cross(up, [0.0, 0.0, 1.0] if abs(up[2]) < 0.9 else [1.0, 0.0, 0.0])
-    e1 /= np.linalg.norm(e1)
-    h = np.stack([e1, np.cross(up, e1)])  # [2, 3]
+    lat, lon, _ = xyz_to_latlon(p)
+    east, north, _ = east_north_up(lat, lon)
+    h = np.stack([east, north])  # [2, 3]: the horizontal axes
     s = h @ c @ h.T + sigma_km ** 2 * np.eye(2)
     k = c @ h.T @ np.linalg.inv(s)
     p = p + k @ (h @ np.asarray(offset_km, np.float64))

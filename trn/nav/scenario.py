@@ -767,8 +767,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         by_frame.setdefault(d.frame, []).append(k)
     frame_at = {round(float(x), 3): k for k, x in enumerate(t_all)}
     attitude: dict[int, np.ndarray] = {}  # each frame's star-tracker attitude, as drawn for its search
-    verify = terrain_verifier(ds, terrain, attitude, frame_at, cfg.window_s, cfg.terrain_reach_km) \
-        if cfg.terrain_check else None
+    verify = terrain_verifier(ds, terrain, attitude, frame_at, cfg.window_s,
+                              cfg.terrain_reach_km if cfg.terrain_refine else None) if cfg.terrain_check else None
     window = WindowFixer(cfg, cmap, verify)
     motion = SequenceMotion(ds, sensors, MotionConfig(scale=cfg.motion_scale), seed) if cfg.motion_joins else None
     rows: list[dict] = []
@@ -890,11 +890,11 @@ def dataset_terrain_check(ds: Luna1Dataset, source, cfg):
 
 
 def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray], frame_at: dict[float, int],
-                     keep_s: float = math.inf, reach_km: float = 3.0):
+                     keep_s: float = math.inf, reach_km: float | None = 3.0):
     """The terrain check of :class:`trn.nav.lost.WindowFixer` (its ``verify``): for a frame's time
     and a fixed position, the match of the frame on disk (read once, reduced) with the frame
     ``terrain`` predicts there (:meth:`trn.nav.terrain_check.TerrainCheck.match`, its peak searched
-    within ``reach_km``), with the frame's star-tracker attitude (``attitude``, filled by the
+    within ``reach_km``; None: not searched), with the frame's star-tracker attitude (``attitude``, filled by the
     caller as frames are searched) and Sun; None for a frame not on disk or dark. Reduced frames
     more than ``keep_s`` older than the latest one checked are let go (the window's length: no fix
     reaches further back). The callable keeps each check's time (``ms``, rendering and

@@ -48,7 +48,7 @@ import numpy as np
 from trn.data.worlds.render import RenderConfig, Surface, render_frame
 from trn.data.worlds.terrain import DetailConfig
 from trn.errors import ConfigError, DataError
-from trn.geometry import MOON_RADIUS_KM
+from trn.geometry import MOON_RADIUS_KM, ray_sphere_intersection
 
 MIN_LIT_FRACTION = 0.1  # of the prediction's pixels: fewer lit in both and the check has no answer
 
@@ -196,10 +196,10 @@ class TerrainCheck:
         return _lit_correlation(reduced_frame, self.predicted(rotation, position_km, sun_dir))
 
     def match(self, reduced_frame: np.ndarray, rotation: np.ndarray, position_km: np.ndarray,
-              sun_dir: np.ndarray, reach_km: float = 3.0) -> TerrainMatch | None:
+              sun_dir: np.ndarray, reach_km: float | None = 3.0) -> TerrainMatch | None:
         """The agreement at ``position_km`` (:meth:`agreement`, the same value) and the offset to
-        the correlation's peak within ``reach_km`` across the local vertical (module docstring);
-        None where :meth:`agreement` has no answer. The depth is the boresight's range to the reference sphere
+        the correlation's peak within ``reach_km`` across the local vertical (module docstring;
+        None: no search, no offset); None where :meth:`agreement` has no answer. The depth is the boresight's range to the reference sphere
         (the altitude over it, for a boresight that misses it)."""
         rotation = np.asarray(rotation, np.float64)
         position = np.asarray(position_km, np.float64)
@@ -209,11 +209,11 @@ class TerrainCheck:
             return None
         radius = float(np.linalg.norm(position))
         up = position / radius
-        bore = rotation[:, 2]
-        b_up = float(bore @ up)
-        disc = (radius * b_up) ** 2 - (radius ** 2 - MOON_RADIUS_KM ** 2)
-        depth = -radius * b_up - math.sqrt(disc) if b_up < 0 and disc >= 0 else radius - MOON_RADIUS_KM
+        near, _ = ray_sphere_intersection(position, rotation[:, 2], MOON_RADIUS_KM)
+        depth = float(near) if np.isfinite(near) and near > 0 else radius - MOON_RADIUS_KM
         km_per_px = max(depth, 1e-3) * math.tan(math.radians(self.render.fov_deg) / 2.0) / (self.size_px / 2.0)
+        if reach_km is None:
+            return TerrainMatch(ncc, None, None, km_per_px)
         reach = int(min(max(math.ceil(reach_km / km_per_px), 1), self.size_px // 4))
         peak = _peak(_shifted_correlations(reduced_frame, pred, reach))
         if peak is None:
