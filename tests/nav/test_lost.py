@@ -584,6 +584,33 @@ def test_the_displacements_covariance_is_carried_into_the_fix():
     assert traces[1] > 1.2 * traces[0]  # not carried, the two would be alike
 
 
+def test_a_constellations_search_scores_at_most_motion_max_scored_places():
+    """The two frames that share no crater, searched as one constellation: with every place scored
+    it is fixed at the truth among several places; ``motion_max_scored`` = 1 scores only the best
+    supported place (the truth here, with no rival to set a margin), and the frames' own searches
+    keep ``max_scored``."""
+    from trn.nav.constellation import search
+
+    cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r0) == 2 == len(r1) and not r0 & r1)
+
+    def searched(cfg):
+        con = Constellation([frame_view(b, rot, radius_of(sc), None, CAM, EXACT, cfg) for sc, rot, b in
+                             ((sc1, rot1, b1), (sc0, rot0, b0))], [np.zeros(3), sc0 - sc1],
+                            [np.zeros((3, 3)), np.eye(3) * 0.01])
+        return search(con, cmap)
+
+    every = searched(LostConfig())
+    assert every.declared and np.linalg.norm(every.position - sc1) < 0.05 and len(every.best) > 1
+    one = searched(LostConfig(motion_max_scored=1))
+    assert len(one.best) == 1 and one.hypotheses == every.hypotheses and one.runner_up == 0.0
+    assert one.declared and np.allclose(one.position, every.position)
+    alone = [frame_hypotheses(b1, rot1, radius_of(sc1), None, CAM, cmap, EXACT, cfg).best
+             for cfg in (LostConfig(), LostConfig(motion_max_scored=1))]
+    assert [h.llr for h in alone[0]] == [h.llr for h in alone[1]]
+    with pytest.raises(ConfigError, match="motion_max_scored"):
+        LostConfig(motion_max_scored=0)
+
+
 def test_joint_fits_solved_together_are_those_solved_alone():
     """The constellation's fits of many hypotheses in one call: each equals its own call, whether
     its lines of sight lie in one frame or both, with corrected centres or without; a fit whose

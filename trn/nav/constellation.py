@@ -14,7 +14,8 @@ craters form one constellation. Here:
 2. **Hypotheses** (:func:`search`) as for one frame (:mod:`trn.nav.lost`, steps 2-3): an anchor
    detection of any frame and a map crater fix the reference position; every other detection,
    seen from its frame's offset place, supports it within a tolerance widened by the offsets'
-   sigmas.
+   sigmas. The best supported ``motion_max_scored`` places go on (``max_scored`` for one frame):
+   a constellation holds more detections, so more chance places, and this bounds its time.
 3. **The fit** (:func:`joint_fit`): the reference position and each joined frame's displacement
    error are fitted together to every assigned line of sight by weighted least squares, the
    displacement errors held by their measured covariance (a prior), so that a frame's detections
@@ -247,7 +248,7 @@ def search(con: Constellation, cmap: CraterMap) -> LostFix:
     as a window of ``len(con)`` frames (:func:`trn.nav.lost.decide`); the declared fix is the
     reference frame's, its best hypotheses carry every frame as a :class:`trn.nav.lost.Member`."""
     fr = con.merged
-    hyps_p, hyps_pairs, kept, n_cand = _seeded(fr, cmap, fr.sims, None)
+    hyps_p, hyps_pairs, kept, n_cand = _seeded(fr, cmap, fr.sims, None, fr.cfg.motion_max_scored)
     if n_cand == 0:
         return LostFix(False, REASONS[4])
     if not len(hyps_p):

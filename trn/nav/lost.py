@@ -161,6 +161,10 @@ class LostConfig:
         fixes lying 2-2.6 km off).
     motion_scale: the frames are resized by this factor before their displacement is measured
         (:class:`trn.nav.motion.MotionConfig` ``scale``): the measurement's cost on a board.
+    motion_max_scored: distinct positions a constellation's search refits and scores (as
+        ``max_scored`` for one frame; the best supported first): what bounds its time. 30, chosen
+        on the validation sequences (docs/lost_in_space.md): the same fixes as 100 but one, in
+        two thirds of the time at the 99th percentile of a frame on detected boxes.
 
     The wrong-fix guards (:class:`WindowFixer`, every fix before it is declared; all but the
     terrain check off by default, measured in docs/lost_in_space.md):
@@ -224,6 +228,7 @@ class LostConfig:
     motion_frames: int = 4
     motion_min_assigned: int = 2
     motion_scale: float = 0.5
+    motion_max_scored: int = 30
     carry_max_deficit: float = math.inf
     margin_per_detection: float = 0.0
     max_error_2sigma_km: float = math.inf
@@ -287,6 +292,8 @@ class LostConfig:
             bad("motion_frames", "2 to 16 frames in one constellation")
         if not 1 <= self.motion_min_assigned <= 16:
             bad("motion_min_assigned", "1 to 16 detections")
+        if not 1 <= self.motion_max_scored <= 100_000:
+            bad("motion_max_scored", "1 to 100000")
         if not 0.05 <= self.motion_scale <= 1.0:
             bad("motion_scale", "0.05 to 1, a factor the frames are resized by")
         if not (self.carry_max_deficit >= 0 and not math.isnan(self.carry_max_deficit)):
@@ -923,13 +930,15 @@ def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, 
     return decide([h for h in settled if h is not None], cfg, hypotheses=len(hyps_p), candidates=n_cand)
 
 
-def _seeded(fr: _Frame, cmap: CraterMap, sims: np.ndarray | None, allowed: np.ndarray | None
-            ) -> tuple[np.ndarray, dict[int, list[tuple[int, int]]], list[int], int]:
+def _seeded(fr: _Frame, cmap: CraterMap, sims: np.ndarray | None, allowed: np.ndarray | None,
+            max_scored: int | None = None) -> tuple[np.ndarray, dict[int, list[tuple[int, int]]], list[int], int]:
     """Steps 2 and 3 of the module docstring: every hypothesis with two or more agreeing
     detections, (positions [N, 3], the pairs of those to score, the indices of those to score: the
-    best supported per place, the best fitting first among equal support, at most ``max_scored``,
-    map craters tried). ``allowed``: bool [M], the map craters that may seed (None: all)."""
+    best supported per place, the best fitting first among equal support, at most ``max_scored``
+    (else the configuration's), map craters tried). ``allowed``: bool [M], the map craters that
+    may seed (None: all)."""
     cfg, camera = fr.cfg, fr.camera
+    max_scored = cfg.max_scored if max_scored is None else max_scored
     n = len(fr.b)
     alt = fr.radius_km - MOON_RADIUS_KM
     boresight = fr.rot[:, 2]
@@ -962,9 +971,9 @@ def _seeded(fr: _Frame, cmap: CraterMap, sims: np.ndarray | None, allowed: np.nd
     # best-fitting first among equal support (only max_scored are scored)
     idx = np.lexsort((np.concatenate([f[5] for f in found]), -support))
     kept: list[int] = []
-    at = np.zeros((cfg.max_scored, 3))
+    at = np.zeros((max_scored, 3))
     for h in idx.tolist():
-        if len(kept) >= cfg.max_scored:
+        if len(kept) >= max_scored:
             break
         if not kept or np.min(np.linalg.norm(at[:len(kept)] - hyps_p[h], axis=1)) > cfg.separation_km / 2:
             at[len(kept)] = hyps_p[h]
