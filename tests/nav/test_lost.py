@@ -585,10 +585,10 @@ def test_the_displacements_covariance_is_carried_into_the_fix():
 
 
 def test_a_constellations_search_scores_at_most_motion_max_scored_places():
-    """The two frames that share no crater, searched as one constellation: with every place scored
-    it is fixed at the truth among several places; ``motion_max_scored`` = 1 scores only the best
-    supported place (the truth here, with no rival to set a margin), and the frames' own searches
-    keep ``max_scored``."""
+    """The two frames that share no crater, searched as one constellation: with the default bound
+    it is fixed at the truth among several scored places; ``motion_max_scored`` = 1 scores only
+    the best supported place (the truth here, with no rival to set a margin) and seeds as many
+    hypotheses; a frame's own search keeps ``max_scored``."""
     from trn.nav.constellation import search
 
     cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r0) == 2 == len(r1) and not r0 & r1)
