@@ -914,7 +914,7 @@ def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, 
         for q, dist in near:
             q = np.asarray(q, np.float64)
             allowed[cmap.index.within(q / np.linalg.norm(q) * MOON_RADIUS_KM, float(dist) + foot)] = True
-    hyps_p, hyps_pairs, kept, n_cand = _seeded(fr, cmap, sims, allowed)
+    hyps_p, hyps_pairs, kept, n_cand = _seeded(fr, cmap, sims, allowed, cfg.max_scored)
     if n_cand == 0:
         return LostFix(False, REASONS[4])
     if not len(hyps_p):
@@ -930,15 +930,13 @@ def frame_hypotheses(boxes: np.ndarray, rotation: np.ndarray, radius_km: float, 
     return decide([h for h in settled if h is not None], cfg, hypotheses=len(hyps_p), candidates=n_cand)
 
 
-def _seeded(fr: _Frame, cmap: CraterMap, sims: np.ndarray | None, allowed: np.ndarray | None,
-            max_scored: int | None = None) -> tuple[np.ndarray, dict[int, list[tuple[int, int]]], list[int], int]:
+def _seeded(fr: _Frame, cmap: CraterMap, sims: np.ndarray | None, allowed: np.ndarray | None, max_scored: int
+            ) -> tuple[np.ndarray, dict[int, list[tuple[int, int]]], list[int], int]:
     """Steps 2 and 3 of the module docstring: every hypothesis with two or more agreeing
     detections, (positions [N, 3], the pairs of those to score, the indices of those to score: the
-    best supported per place, the best fitting first among equal support, at most ``max_scored``
-    (else the configuration's), map craters tried). ``allowed``: bool [M], the map craters that
-    may seed (None: all)."""
+    best supported per place, the best fitting first among equal support, at most ``max_scored``,
+    map craters tried). ``allowed``: bool [M], the map craters that may seed (None: all)."""
     cfg, camera = fr.cfg, fr.camera
-    max_scored = cfg.max_scored if max_scored is None else max_scored
     n = len(fr.b)
     alt = fr.radius_km - MOON_RADIUS_KM
     boresight = fr.rot[:, 2]

@@ -199,8 +199,9 @@ class TerrainCheck:
               sun_dir: np.ndarray, reach_km: float | None = 3.0) -> TerrainMatch | None:
         """The agreement at ``position_km`` (:meth:`agreement`, the same value) and the offset to
         the correlation's peak within ``reach_km`` across the local vertical (module docstring;
-        None: no search, no offset); None where :meth:`agreement` has no answer. The depth is the boresight's range to the reference sphere
-        (the altitude over it, for a boresight that misses it)."""
+        None: no search, no offset); None where :meth:`agreement` has no answer. The depth is the
+        boresight's range to the reference sphere (the altitude over it, for a boresight that
+        misses it)."""
         rotation = np.asarray(rotation, np.float64)
         position = np.asarray(position_km, np.float64)
         pred = self.predicted(rotation, position, sun_dir)
