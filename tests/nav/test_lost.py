@@ -798,7 +798,7 @@ def test_a_fix_the_terrain_passes_is_refined_by_its_peak(refine):
         return TerrainMatch(0.85, offset, 0.9, 0.8)
 
     cfg = LostConfig(terrain_check=True, terrain_refine=refine, terrain_shift_sigma_px=0.25,
-                     terrain_shift_floor_px=0.0)
+                     terrain_shift_floor_px=0.0, terrain_refine_passes=0)
     fix = _declared_alone(sc, np.eye(3), 60.0, 0.0)
     out = WindowFixer(cfg, None, verify).add(0.0, radius_of(sc), fix, detections=3)
     assert out.declared and out.terrain_ncc == 0.85
@@ -811,6 +811,41 @@ def test_a_fix_the_terrain_passes_is_refined_by_its_peak(refine):
     edge = WindowFixer(cfg, None, lambda t_s, position: TerrainMatch(0.9, None, None, 0.8))
     out = edge.add(0.0, radius_of(sc), _declared_alone(sc, np.eye(3), 60.0, 0.0), detections=3)
     assert out.declared and np.allclose(out.position, sc) and out.terrain_offset_km is None
+
+
+def test_the_refinements_steps_carry_the_fix_on_with_their_own_sigma_within_a_budget_per_frame():
+    """After the peak (0.8 km), the Lucas-Kanade steps, asked from where the peak led, add 0.1 km;
+    the fix moves to the place both measure, with ``terrain_refine_sigma_px`` (0.05 px x 0.8 km =
+    0.04 km) as the measurement's sigma, and says how many steps refined it. A second fix in the
+    same frame's processing, past ``terrain_refine_per_frame`` = 1, keeps the peak's refinement
+    (0.2 km sigma), as does a fix whose steps have no answer; the next frame's budget is new."""
+    sc, _ = pose(-25.0, 100.0)
+    up, e1, _ = _horizontal_basis(sc)
+    peak, more = 0.8 * e1, 0.1 * e1
+    asked = []
+
+    def verify(t_s, position, passes=0, supersample=4):
+        if passes:
+            asked.append((np.array(position), passes, supersample))
+            return None if t_s > 5.0 else more
+        return TerrainMatch(0.85, peak, 0.9, 0.8)
+
+    cfg = LostConfig(terrain_check=True, terrain_shift_sigma_px=0.25, terrain_shift_floor_px=0.0,
+                     terrain_refine_passes=3, terrain_refine_supersample=2, terrain_refine_per_frame=1,
+                     terrain_refine_sigma_px=0.05)
+    fixer = WindowFixer(cfg, None, verify)
+    out = fixer.add(0.0, radius_of(sc), _declared_alone(sc, np.eye(3), 60.0, 0.0), detections=3)
+    assert len(asked) == 1 and np.allclose(asked[0][0], sc + peak) and asked[0][1:] == (3, 2)
+    gain = 1.0 / (1.0 + 0.04 ** 2)
+    assert np.allclose(out.position, sc + gain * (peak + more)) and out.terrain_steps == 3
+    assert e1 @ out.cov @ e1 == pytest.approx(0.04 ** 2 * gain)
+    # the same frame's budget is spent: the peak alone
+    again = fixer._guarded(_declared_alone(sc, np.eye(3), 60.0, 0.0), 3, t_s=0.0)
+    gain = 1.0 / (1.0 + 0.2 ** 2)
+    assert len(asked) == 1 and again.terrain_steps == 0 and np.allclose(again.position, sc + gain * peak)
+    # a new frame, steps without an answer: the peak alone
+    late = fixer.add(10.0, radius_of(sc), _declared_alone(sc, np.eye(3), 60.0, 0.0), detections=3)
+    assert len(asked) == 2 and late.terrain_steps == 0 and np.allclose(late.position, sc + gain * peak)
 
 
 def test_the_terrain_check_needs_something_to_check_with():
@@ -850,7 +885,12 @@ def _ground_of(view, sc):
                                        ({"terrain_shift_sigma_px": 0.0, "terrain_shift_floor_px": 0.0},
                                         "needs an error"),
                                        ({"terrain_shift_sigma_px": float("nan")}, "terrain_shift_sigma_px"),
-                                       ({"terrain_shift_floor_px": -0.1}, "terrain_shift_floor_px")])
+                                       ({"terrain_shift_floor_px": -0.1}, "terrain_shift_floor_px"),
+                                       ({"terrain_refine_passes": 9}, "terrain_refine_passes"),
+                                       ({"terrain_refine_passes": 1.5}, "terrain_refine_passes"),
+                                       ({"terrain_refine_supersample": 0}, "terrain_refine_supersample"),
+                                       ({"terrain_refine_per_frame": -1}, "terrain_refine_per_frame"),
+                                       ({"terrain_refine_sigma_px": 0.0}, "terrain_refine_sigma_px")])
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):
         LostConfig(**kw)

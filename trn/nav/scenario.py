@@ -862,7 +862,10 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                 "checks": len(verify.ms), "answered": verify.answered,
                 "refined": sum(r.get("terrain_offset_km") is not None for r in rows if r["declared"]),
                 "ms_per_check_p50": float(np.percentile(verify.ms, 50)) if verify.ms else float("nan"),
-                "ms_per_check_p99": float(np.percentile(verify.ms, 99)) if verify.ms else float("nan")},
+                "ms_per_check_p99": float(np.percentile(verify.ms, 99)) if verify.ms else float("nan"),
+                "refinements": len(verify.refine_ms),
+                "ms_per_refinement_p50": float(np.percentile(verify.refine_ms, 50)) if verify.refine_ms else float("nan"),
+                "ms_per_refinement_p99": float(np.percentile(verify.refine_ms, 99)) if verify.refine_ms else float("nan")},
             "frames": rows}
 
 
@@ -895,15 +898,17 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
     and a fixed position, the match of the frame on disk (read once, reduced) with the frame
     ``terrain`` predicts there (:meth:`trn.nav.terrain_check.TerrainCheck.match`, its peak searched
     within ``reach_km``; None: not searched), with the frame's star-tracker attitude (``attitude``, filled by the
-    caller as frames are searched) and Sun; None for a frame not on disk or dark. Reduced frames
+    caller as frames are searched) and Sun; None for a frame not on disk or dark. Given ``passes``
+    (and ``supersample``), it gives instead the offset [3] km the refinement's steps measure from
+    the position (:meth:`trn.nav.terrain_check.TerrainCheck.refine`), or None. Reduced frames
     more than ``keep_s`` older than the latest one checked are let go (the window's length: no fix
     reaches further back). The callable keeps each check's time (``ms``, rendering and
-    correlation) and its count of answers."""
+    correlation), each refinement's (``refine_ms``) and its count of answers."""
     if terrain is None:
         raise ConfigError(NO_TERRAIN_MAP)
     reduced: dict[int, tuple[float, np.ndarray | None]] = {}  # frame -> (its time, the frame reduced)
 
-    def verify(t_s: float, position: np.ndarray) -> float | None:
+    def verify(t_s: float, position: np.ndarray, passes: int = 0, supersample: int = 4):
         k = frame_at.get(round(float(t_s), 3))
         if k is None or k not in attitude:
             return None
@@ -916,12 +921,16 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
             return None
         sun = np.asarray(ds.metadata.frames[k]["sun_dir_body"], np.float64)
         t0 = clock()
+        if passes:
+            out = terrain.refine(reduced[k][1], attitude[k], position, sun, passes, supersample)
+            verify.refine_ms.append(1e3 * (clock() - t0))
+            return out
         out = terrain.match(reduced[k][1], attitude[k], position, sun, reach_km)
         verify.ms.append(1e3 * (clock() - t0))
         verify.answered += out is not None
         return out
 
-    verify.ms, verify.answered = [], 0
+    verify.ms, verify.refine_ms, verify.answered = [], [], 0
     return verify
 
 
@@ -939,6 +948,7 @@ def _fix_fields(fx, truth: np.ndarray, labels: list, cmap, frame_at: dict[float,
             "nees": float(d @ np.linalg.solve(fx.cov, d)) if ok else None, "support": fx.support,
             "terrain_ncc": fx.terrain_ncc,
             "terrain_offset_km": None if fx.terrain_offset_km is None else float(np.linalg.norm(fx.terrain_offset_km)),
+            "terrain_steps": fx.terrain_steps,
             "inliers_correct": sum(int(labels[a]) == int(cmap.ids[r]) for a, r in fx.inliers) if ok else 0,
             "llr": fx.llr, "runner_up": fx.runner_up, "inliers": [[int(a), int(cmap.ids[r])] for a, r in fx.inliers],
             "best_position_km": fx.best[0].position.tolist() if fx.best else None,
