@@ -60,8 +60,9 @@ candidates.
    the frame, and a right identification kilometres off looks like it less.
 11. **The terrain's refinement** (``terrain_refine``, on): the fix the check passes moves toward
    the place where the frame correlates best with the predicted terrain (the correlation's peak
-   over shifts of the prediction, then Lucas-Kanade steps against predictions rendered anew and
-   supersampled: a horizontal measurement fused with the fix's covariance).
+   over shifts of the prediction, a horizontal measurement fused with the fix's covariance; with
+   ``terrain_refine_passes``, off by default, carried on by Lucas-Kanade steps against predictions
+   rendered anew and supersampled).
 
 Two options are measured on validation and off by default, because each one declared more wrong
 fixes there (``docs/lost_in_space.md``, third round):
