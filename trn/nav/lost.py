@@ -206,11 +206,12 @@ class LostConfig:
         renders a prediction); the others, and a fix whose step has no answer, keep the peak's
         refinement. The steps' estimate has ``terrain_refine_sigma_px`` reduced pixels of 1-sigma
         error per horizontal axis; the sigma above stays that of the peak. Off by default (0): on
-        the validation sequences one step brought the horizontal error of the fixes it refined
-        from 130-235 m to 15-33 m RMS, but on the built-in world's it ended with 2 fewer fixes
-        within 2 km (893 of 895, marginal terrain checks decided otherwise downstream), which the
-        rule written before the rows does not allow (docs/lost_in_space.md). With it on, 1 step,
-        4 times supersampled, 2 per frame and 0.0175 px are what that rule chose.
+        the validation sequences one step brought the horizontal RMS of the fixes from 130-235 m
+        to 42-85 m (15-33 m over those it refined), but on the built-in world's it ended with 2
+        fewer fixes within 2 km (893 of 895, marginal terrain checks decided otherwise
+        downstream), which the rule written before the rows does not allow
+        (docs/lost_in_space.md). With it on, 1 step, 4 times supersampled, 2 per frame and
+        0.0175 px are what that rule chose.
     """
 
     candidates: int = 0

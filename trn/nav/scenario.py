@@ -864,8 +864,10 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                 "ms_per_check_p50": float(np.percentile(verify.ms, 50)) if verify.ms else float("nan"),
                 "ms_per_check_p99": float(np.percentile(verify.ms, 99)) if verify.ms else float("nan"),
                 "refinements": len(verify.refine_ms),
-                "ms_per_refinement_p50": float(np.percentile(verify.refine_ms, 50)) if verify.refine_ms else float("nan"),
-                "ms_per_refinement_p99": float(np.percentile(verify.refine_ms, 99)) if verify.refine_ms else float("nan")},
+                "ms_per_refinement_p50": (float(np.percentile(verify.refine_ms, 50)) if verify.refine_ms
+                                          else float("nan")),
+                "ms_per_refinement_p99": (float(np.percentile(verify.refine_ms, 99)) if verify.refine_ms
+                                          else float("nan"))},
             "frames": rows}
 
 
