@@ -1,5 +1,7 @@
-"""The crater detector on real LRO NAC images (the CraterDANet set, docs/real_crater_sets.md):
-training frames cut from the train and validation images, and whole images of a split scored.
+"""The crater detector on real labelled images (docs/real_crater_sets.md): LRO NAC crops (the
+CraterDANet set, ``--set craterdanet-nac``, the default) and a Mars CTX mosaic with Robbins craters
+(``--set robbins-ctx-mars``, validation only, never trained on): training frames cut from the NAC
+train and validation images, and whole images of a split scored.
 
 ``frames`` writes a detector data directory (tiles of the train and validation images at a scale,
 at the network's input size) for ``trn-detect train``; test images are never written.
@@ -14,11 +16,17 @@ band (``--bands``), merged by the one NMS (``trn.detect.tiles.detect_multiscale`
 Two scores, both always reported: against every detection, and over the set's labelled size range
 (:data:`MIN_LABELLED_SIDE_PX`, fixed before any scoring with it: a detection under 8 px that
 matches no label is left out, neither a hit nor a false detection; every label counts; the same
-rule for every runner). Each score has its own threshold, chosen as the best F1 on the validation
-split; a test split is scored only with both thresholds given.
+rule for every runner). On the Mars mosaic the labelled range is 10.5-337 px (Robbins craters of
+1-32 km): an unmatched detection outside it is left out (``trn.detect.realsets.LABELLED_SIDE_PX``).
+Each score has its own threshold, chosen as the best F1 on the validation split; a test split is
+scored only with both thresholds given.
 
 ``sweep`` (validation only) runs each scale once, keeps every box, and scores combinations of
-scales and band boundaries from that cache: the table to choose the settings from.
+scales and band boundaries from that cache: the table to choose the settings from. ``choose``
+ranks the combinations that several sweeps (one per set) share by the mean of their labelled-range
+F1s. ``offset`` measures where a detector's boxes of large craters sit against their labels: the
+check of a set's label registration (the Mars mosaic's labels are moved by
+``trn.detect.realsets.CTX_LABEL_SHIFT_PX``).
 
     python benchmarks/detector/real_nac.py frames --root ~/trn-data-real/craterdanet-nac --factor 2 --out DIR
     python benchmarks/detector/real_nac.py score RUN_OR_MODEL --root ~/trn-data-real/craterdanet-nac \
@@ -27,6 +35,8 @@ scales and band boundaries from that cache: the table to choose the settings fro
         --split val --scales 2,0.6 --bands 0-24,24-inf --json OUT.json
     python benchmarks/detector/real_nac.py sweep RUN_OR_MODEL --root ~/trn-data-real/craterdanet-nac \
         --scales 2,1.6,1.2,1,0.8,0.6 --cache DIR --json OUT.json
+    python benchmarks/detector/real_nac.py choose NAC_SWEEP.json MARS_SWEEP.json
+    python benchmarks/detector/real_nac.py offset MODEL --set robbins-ctx-mars --root ~/trn-data-real/robbins-ctx-mars
 """
 
 from __future__ import annotations
@@ -46,7 +56,7 @@ sys.path.insert(0, str(ROOT))
 from trn.detect.evaluate import (best_f1_threshold, match_frame, match_frame_min_side, pr_curve,  # noqa: E402
                                  summarise)
 from trn.detect.model import STRIDE, chosen_threshold, load_detector  # noqa: E402
-from trn.detect.realsets import real_images, write_tile_frames  # noqa: E402
+from trn.detect.realsets import LABELLED_SIDE_PX, real_images, write_tile_frames  # noqa: E402
 from trn.detect.tiles import (ArraySource, ScaleBand, detect_multiscale, merge_bands, parse_bands,  # noqa: E402
                               TTA_VIEWS, symmetry_averaged, tile_boxes, torch_maps)
 
@@ -90,8 +100,8 @@ def runners(names: list[str], model, export: Path | None, tta: str | None = None
     return {k: symmetry_averaged(v, TTA_VIEWS[tta]) for k, v in out.items()} if tta else out
 
 
-def score_split(maps, images, bands: list[ScaleBand], input_size: int, min_side: float = MIN_LABELLED_SIDE_PX
-                ) -> tuple[list, list, list, float]:
+def score_split(maps, images, bands: list[ScaleBand], input_size: int, min_side: float = MIN_LABELLED_SIDE_PX,
+                max_side: float = float("inf")) -> tuple[list, list, list, float]:
     """Each image run at ``bands`` (scores down to 0.01) and matched: every detection, and over the
     labelled size range. Returns (matches, range matches, detections, seconds)."""
     import cv2
@@ -102,7 +112,7 @@ def score_split(maps, images, bands: list[ScaleBand], input_size: int, min_side:
         run = detect_multiscale(maps, ArraySource(a), bands, input_size, STRIDE, 0.01, progress=False)
         d = run.detections
         matches.append(match_frame(d.boxes, d.scores, im.boxes))
-        ranged.append(match_frame_min_side(d.boxes, d.scores, im.boxes, min_side))
+        ranged.append(match_frame_min_side(d.boxes, d.scores, im.boxes, min_side, max_side=max_side))
         dets.append(d)
         logging.info("%s: %s tiles, %d boxes above 0.01, %d labels", im.path.name, "+".join(map(str, run.tiles)),
                      len(d.scores), len(im.boxes))
@@ -153,6 +163,8 @@ def by_size(images, matches, threshold: float) -> list[dict]:
 
 
 def cmd_frames(args) -> int:
+    if args.set != SET:
+        raise SystemExit(f"{args.set} is kept to check detectors on, never trained on: frames are cut from {SET} only")
     images = real_images(SET, args.root, "train") + real_images(SET, args.root, "val")
     path = write_tile_frames(images, args.out, args.factor)
     print(f"{path}: tiles of {len(images)} images (train and val) at factor {args.factor}")
@@ -160,14 +172,14 @@ def cmd_frames(args) -> int:
 
 
 def _scored(images, matches, ranged, dets, thr: float, thr_from: str, range_thr: float, range_from: str,
-            best: float, range_best: float, min_side: float) -> dict:
+            best: float, range_best: float, min_side: float, max_side: float = float("inf")) -> dict:
     s = summarise(matches, thr).to_dict()
     r = summarise(ranged, range_thr).to_dict()
     return {"threshold": thr, "threshold_from": thr_from, "best_f1_threshold": best, **s,
             "recall_by_side": by_size(images, matches, thr), "errors": errors(images, matches, dets, thr),
-            "labelled_range": {"rule": f"a detection under {min_side:g} px (sqrt(w h)) matching no label "
-                                       "is left out; every label counts",
-                               "min_side_px": min_side, "threshold": range_thr,
+            "labelled_range": {"rule": f"a detection under {min_side:g} px or over {max_side:g} px (sqrt(w h)) "
+                                       "matching no label is left out; every label counts",
+                               "min_side_px": min_side, "max_side_px": max_side, "threshold": range_thr,
                                "left_out": summarise(matches, range_thr).detections - r["detections"],
                                "threshold_from": range_from, "best_f1_threshold": range_best, **r,
                                "recall_by_side": by_size(images, ranged, range_thr),
@@ -183,32 +195,36 @@ def cmd_score(args) -> int:
     if args.split == "test" and (args.threshold is None or args.range_threshold is None):
         raise SystemExit("the test split is scored with thresholds chosen on validation: give --threshold and "
                          "--range-threshold")
-    if args.split == "test" and args.min_side != MIN_LABELLED_SIDE_PX:
+    min_side, max_side = LABELLED_SIDE_PX[args.set]
+    min_side = args.min_side if args.min_side is not None else min_side
+    if args.split == "test" and min_side != MIN_LABELLED_SIDE_PX:
         raise SystemExit(f"the test split is scored with the rule fixed before scoring: --min-side "
                          f"{MIN_LABELLED_SIDE_PX:g}")
     bands = [ScaleBand(args.factor)] if args.factor is not None else parse_bands(args.scales, args.bands)
     ck = _checkpoint(args.model)
     model, meta = load_detector(ck)
-    images = real_images(SET, args.root, args.split)
-    doc = {"model": str(ck), "set": SET, "split": args.split, "images": [im.path.name for im in images],
+    images = real_images(args.set, args.root, args.split)
+    if not images:
+        raise SystemExit(f"{args.set} has no {args.split} images")
+    doc = {"model": str(ck), "set": args.set, "split": args.split, "images": [im.path.name for im in images],
            "labels": int(sum(len(im.boxes) for im in images)), "factor": args.factor,
            "bands": [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px)} for b in bands],
            "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
            "shipped_threshold": chosen_threshold(meta), "tta": args.tta, "runners": {}}
     print("scales " + ", ".join(b.describe() for b in bands))
     for name, maps in runners(args.runners.split(","), model, args.export, args.tta).items():
-        matches, ranged, dets, secs = score_split(maps, images, bands, model.cfg.input_size, args.min_side)
+        matches, ranged, dets, secs = score_split(maps, images, bands, model.cfg.input_size, min_side, max_side)
         best, range_best = best_f1_threshold(matches), best_f1_threshold(ranged)
         here = f"best F1 on this {args.split} split"
         thr, thr_from = (args.threshold, "--threshold") if args.threshold is not None else (best, here)
         rthr, rthr_from = ((args.range_threshold, "--range-threshold") if args.range_threshold is not None
                            else (range_best, here))
         doc["runners"][name] = {**_scored(images, matches, ranged, dets, thr, thr_from, rthr, rthr_from, best,
-                                          range_best, args.min_side), "seconds": round(secs, 1)}
+                                          range_best, min_side, max_side), "seconds": round(secs, 1)}
         s, r = doc["runners"][name], doc["runners"][name]["labelled_range"]
         print(f"{name}: every detection: threshold {thr} P {s['precision']:.4f} R {s['recall']:.4f} "
               f"F1 {s['f1']:.4f} AP@0.5 {s['ap50']:.4f} (best-F1 threshold here {best}); labelled range "
-              f"(unmatched boxes under {args.min_side:g} px left out): threshold {rthr} P {r['precision']:.4f} "
+              f"(unmatched boxes under {min_side:g} px or over {max_side:g} px left out): threshold {rthr} P {r['precision']:.4f} "
               f"R {r['recall']:.4f} F1 {r['f1']:.4f} AP@0.5 {r['ap50']:.4f}, {r['left_out']} boxes left out "
               f"(best-F1 threshold here {range_best}); "
               f"{secs:.0f} s")
@@ -268,7 +284,10 @@ def cmd_sweep(args) -> int:
     if args.split == "test":
         raise SystemExit("settings are chosen on validation images only; the test split is scored once with score")
     model, _ = load_detector(_checkpoint(args.model))
-    images = real_images(SET, args.root, args.split)
+    images = real_images(args.set, args.root, args.split)
+    if not images:
+        raise SystemExit(f"{args.set} has no {args.split} images")
+    min_side, max_side = LABELLED_SIDE_PX[args.set]
     maps = torch_maps(model)
     scales = [float(v) for v in args.scales.split(",")]
     cached = {f: _cached_boxes(maps, images, f, model.cfg.input_size, args.cache) for f in scales}
@@ -279,7 +298,7 @@ def cmd_sweep(args) -> int:
         for k, im in enumerate(images):
             d, _ = merge_bands([_above(cached[b.factor][k], args.floor) for b in bands], bands)
             matches.append(match_frame(d.boxes, d.scores, im.boxes))
-            ranged.append(match_frame_min_side(d.boxes, d.scores, im.boxes, MIN_LABELLED_SIDE_PX))
+            ranged.append(match_frame_min_side(d.boxes, d.scores, im.boxes, min_side, max_side=max_side))
         t, rt = best_f1_threshold(matches), best_f1_threshold(ranged)
         s, r = summarise(matches, t).to_dict(), summarise(ranged, rt).to_dict()
         row = {"bands": [[b.factor, b.min_px, str(b.max_px)] for b in bands], "every_detection": s,
@@ -296,10 +315,83 @@ def cmd_sweep(args) -> int:
               f"AP {s['ap50']:.4f} t {s['threshold']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"split": args.split, "labels": int(sum(len(im.boxes) for im in images)),
-                                         "min_labelled_side_px": MIN_LABELLED_SIDE_PX, "floor": args.floor,
+        args.json.write_text(json.dumps({"set": args.set, "split": args.split,
+                                         "labels": int(sum(len(im.boxes) for im in images)),
+                                         "min_labelled_side_px": min_side, "max_labelled_side_px": max_side,
+                                         "floor": args.floor,
                                          "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
                                          "rows": rows}, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def _key(bands) -> str:
+    return ";".join(f"{float(f):g}:{float(lo):g}-{float(hi):g}" for f, lo, hi in bands)
+
+
+def cmd_choose(args) -> int:
+    """The combinations every sweep scored, ranked by the mean of their labelled-range F1s (each at
+    its own best-F1 threshold)."""
+    docs = [json.loads(Path(p).read_text(encoding="utf-8")) for p in args.sweeps]
+    per = [{_key(r["bands"]): r for r in d["rows"]} for d in docs]
+    shared = set(per[0]).intersection(*per[1:])
+    if not shared:
+        raise SystemExit("the sweeps share no combination of scales and bands")
+    rows = []
+    for k in shared:
+        f1 = [p[k]["labelled_range"]["f1"] for p in per]
+        rows.append({"bands": per[0][k]["bands"], "mean_f1": round(float(np.mean(f1)), 4),
+                     "sets": [{"set": d.get("set", SET), "labelled_range": p[k]["labelled_range"],
+                               "every_detection": p[k]["every_detection"]} for d, p in zip(docs, per)]})
+    rows.sort(key=lambda r: (-r["mean_f1"], _key(r["bands"])))
+    for r in rows[:args.top]:
+        print(f"mean F1 {r['mean_f1']:.4f}: " + "; ".join(
+            f"{x['set']} F1 {x['labelled_range']['f1']:.4f} (t {x['labelled_range']['threshold']})" for x in r["sets"])
+            + f"  {r['bands']}")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps({"sweeps": [str(p) for p in args.sweeps], "combinations": len(rows),
+                                         "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
+                                         "rows": rows}, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def cmd_offset(args) -> int:
+    """The median offset (x, y) in image px from each label of side >= ``--min-label-px`` to the
+    detection (score >= 0.3) that overlaps it most at IoU >= 0.3, over the image and in each part of
+    a GRID x GRID cut: near zero when the labels are registered to the image."""
+    import cv2
+    import torch
+
+    from trn.detect.boxes import iou_matrix
+
+    torch.set_num_threads(args.threads)
+    model, meta = load_detector(_checkpoint(args.model))
+    if not meta.get("run_scales"):
+        raise SystemExit("the model carries no scales of its own (trn-detect ship --scales)")
+    bands = parse_bands(meta["run_scales"], meta.get("run_bands"))
+    for im in real_images(args.set, args.root, args.split):
+        a = cv2.imread(str(im.path), cv2.IMREAD_GRAYSCALE)
+        d = detect_multiscale(torch_maps(model), ArraySource(a), bands, model.cfg.input_size, STRIDE, 0.3,
+                              progress=False).detections
+        gt = im.boxes[_side(im.boxes) >= args.min_label_px]
+        if not len(gt) or not len(d.scores):
+            print(f"{im.path.name}: no label of {args.min_label_px:g} px or more, or no detection")
+            continue
+        iou = iou_matrix(gt, d.boxes)
+        near = iou.max(axis=1) >= 0.3
+        j = iou.argmax(axis=1)[near]
+        g, b = gt[near], d.boxes[j]
+        off = np.stack([(b[:, 0] + b[:, 1] - g[:, 0] - g[:, 1]) / 2, (b[:, 2] + b[:, 3] - g[:, 2] - g[:, 3]) / 2], 1)
+        print(f"{im.path.name}: {len(g)} labels found of {len(gt)}; median offset x {np.median(off[:, 0]):+.2f} px, "
+              f"y {np.median(off[:, 1]):+.2f} px")
+        cx, cy = (g[:, 0] + g[:, 1]) / 2, (g[:, 2] + g[:, 3]) / 2
+        h, w = a.shape
+        for r in range(args.grid):
+            for c in range(args.grid):
+                k = (cy * args.grid // h == r) & (cx * args.grid // w == c)
+                if k.any():
+                    print(f"  part {r},{c}: {int(k.sum())} labels, median offset x {np.median(off[k, 0]):+.2f} px, "
+                          f"y {np.median(off[k, 1]):+.2f} px")
     return 0
 
 
@@ -308,12 +400,14 @@ def main(argv: list[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("frames", help="detector training frames from the train and validation images")
     f.add_argument("--root", type=Path, required=True, help="the checked copy of the set")
+    f.add_argument("--set", default=SET, choices=tuple(LABELLED_SIDE_PX))
     f.add_argument("--factor", type=float, required=True, help="network px per image px")
     f.add_argument("--out", type=Path, required=True)
     f.set_defaults(fn=cmd_frames)
     s = sub.add_parser("score", help="whole images of a split, tiled, against every label")
     s.add_argument("model", type=Path, help="a run directory, checkpoint or model directory")
     s.add_argument("--root", type=Path, required=True)
+    s.add_argument("--set", default=SET, choices=tuple(LABELLED_SIDE_PX))
     s.add_argument("--split", choices=("train", "val", "test"), required=True)
     s.add_argument("--factor", type=float, help="network px per image px (one scale)")
     s.add_argument("--scales", help="several scales, e.g. 2,0.6, each keeping its --bands")
@@ -323,9 +417,9 @@ def main(argv: list[str] | None = None) -> int:
                                                    "split)")
     s.add_argument("--range-threshold", type=float, help="score threshold over the labelled size range (default: "
                                                          "the best F1 on this split)")
-    s.add_argument("--min-side", type=float, default=MIN_LABELLED_SIDE_PX,
-                   help=f"the labelled range's smallest box side, px (default {MIN_LABELLED_SIDE_PX:g}, the set's "
-                        "rule; another value only off the test split, to see how much the rule carries)")
+    s.add_argument("--min-side", type=float, default=None,
+                   help=f"the labelled range's smallest box side, px (default: the set's rule, {MIN_LABELLED_SIDE_PX:g} "
+                        "on the NAC crops; another value only off the test split, to see how much the rule carries)")
     s.add_argument("--runners", default="torch", help="torch, onnx-int8, tflite-int8 (comma-separated)")
     s.add_argument("--export", type=Path, help="trn-detect export directory for the int8 runners")
     s.add_argument("--threads", type=int, default=1)
@@ -338,6 +432,7 @@ def main(argv: list[str] | None = None) -> int:
     w = sub.add_parser("sweep", help="validation: scales and band boundaries scored from one run of each scale")
     w.add_argument("model", type=Path)
     w.add_argument("--root", type=Path, required=True)
+    w.add_argument("--set", default=SET, choices=tuple(LABELLED_SIDE_PX))
     w.add_argument("--split", choices=("train", "val", "test"), default="val")
     w.add_argument("--scales", required=True, help="the scales to run, e.g. 2,1.6,1.2,1,0.8,0.6")
     w.add_argument("--edges", default="12,16,20,24,28,32,40,48,64", help="band boundaries to try, image px")
@@ -350,6 +445,22 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--threads", type=int, default=1)
     w.add_argument("--json", type=Path)
     w.set_defaults(fn=cmd_sweep)
+    c = sub.add_parser("choose", help="validation: the combinations several sweeps share, by the mean of their "
+                                      "labelled-range F1s")
+    c.add_argument("sweeps", type=Path, nargs="+", help="sweep JSON files, one a set")
+    c.add_argument("--top", type=int, default=12)
+    c.add_argument("--json", type=Path)
+    c.set_defaults(fn=cmd_choose)
+    o = sub.add_parser("offset", help="where a detector's boxes of large craters sit against their labels")
+    o.add_argument("model", type=Path)
+    o.add_argument("--root", type=Path, required=True)
+    o.add_argument("--set", default="robbins-ctx-mars", choices=tuple(LABELLED_SIDE_PX))
+    o.add_argument("--split", choices=("train", "val", "test"), default="val")
+    o.add_argument("--min-label-px", type=float, default=30.0, help="labels this large or larger (default 30)")
+    o.add_argument("--grid", type=int, default=3, help="the image cut into GRID x GRID parts, each measured "
+                                                       "(default 3: the Mars mosaic's nine CTX frames)")
+    o.add_argument("--threads", type=int, default=1)
+    o.set_defaults(fn=cmd_offset)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     return args.fn(args)

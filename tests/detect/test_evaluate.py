@@ -95,3 +95,20 @@ def test_small_unmatched_detections_are_left_out_over_the_labelled_size_range() 
     assert (s.detections, s.hits, s.precision, s.recall) == (3, 2, 2 / 3, 2 / 3)
     plain = summarise([match_frame(det, scores, gt)], 0.45)
     assert (plain.detections, plain.precision, plain.recall) == (5, 2 / 5, 2 / 3)
+
+
+def test_large_unmatched_detections_are_left_out_above_the_labelled_size_range() -> None:
+    from trn.detect.evaluate import match_frame_min_side
+
+    gt = np.array([[0, 12, 0, 12], [100, 160, 100, 160]], np.float32)        # 12 and 60 px
+    det = np.array([[100, 160, 100, 160],    # 60 px on the 60 px label: a hit, over the range or not
+                    [300, 380, 300, 380],    # 80 px on nothing, over 50 px: left out
+                    [500, 550, 500, 550],    # 50 px on nothing: false (the range is inclusive)
+                    [600, 609, 600, 609]],   # 9 px on nothing, under 10 px: left out
+                   np.float32)
+    scores = np.array([0.9, 0.8, 0.7, 0.6])
+    m = match_frame_min_side(det, scores, gt, 10.0, max_side=50.0)
+    assert m.scores.tolist() == [0.9, 0.7] and m.det_hit.tolist() == [True, False]
+    assert m.gt_hit.tolist() == [False, True]
+    unbounded = match_frame_min_side(det, scores, gt, 10.0)
+    assert unbounded.scores.tolist() == [0.9, 0.8, 0.7]

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 
 from trn.data.datasets.labels import read_labels
-from trn.detect.realsets import (CRATERDANET_NAC_SPLIT, RealImage, observation_of, read_boxes, real_set,
+from trn.detect.realsets import (CRATERDANET_NAC_SPLIT, CTX_LABEL_SHIFT_PX, CTX_TILE, CTX_TILE_PX, RealImage,
+                                 ctx_mosaic, observation_of, read_boxes, read_corner_boxes, real_images, real_set,
                                  write_tile_frames)
 from trn.errors import DataError
 
@@ -50,3 +51,35 @@ def test_tiles_carry_the_labels_at_their_scale_and_place(tmp_path: Path) -> None
     assert [b.box for b in first.boxes] == [(20, 60, 40, 80)]
     last = frames[-1]
     assert [b.box for b in last.boxes] == [(156, 236, 156, 236)]
+
+
+def test_corner_label_files_are_read_and_bad_lines_refused(tmp_path: Path) -> None:
+    (tmp_path / "a.txt").write_text("10.5 20 30.5 44\n\n1 2 3 4\n")
+    np.testing.assert_array_equal(read_corner_boxes(tmp_path / "a.txt"), [[10.5, 30.5, 20, 44], [1, 3, 2, 4]])
+    (tmp_path / "b.txt").write_text("1 2 3 4\n1 2 three 4\n")
+    with pytest.raises(DataError, match="line 2"):
+        read_corner_boxes(tmp_path / "b.txt")
+    (tmp_path / "c.txt").write_text("5 2 3 4\n")
+    with pytest.raises(DataError, match="no width"):
+        read_corner_boxes(tmp_path / "c.txt")
+
+
+def test_the_mars_mosaic_is_its_tiles_in_place_with_labels_moved_by_the_registration_shift(tmp_path: Path) -> None:
+    tiles = [p for p in real_set("robbins-ctx-mars").files if CTX_TILE.fullmatch(p)]
+    cells = {tuple(int(v) for v in CTX_TILE.fullmatch(p).groups()) for p in tiles}
+    assert len(tiles) == 81 and cells == {(r, c) for r in range(9) for c in range(9)}
+    for p in tiles:
+        r, c = (int(v) for v in CTX_TILE.fullmatch(p).groups())
+        (tmp_path / p).parent.mkdir(parents=True, exist_ok=True)
+        cv2.imwrite(str(tmp_path / p), np.full((CTX_TILE_PX, CTX_TILE_PX), 10 * r + c, np.uint8))
+    (tmp_path / "CTX" / "selected_craters_XY.txt").write_text("100 200 120 230\n")
+    [im] = real_images("robbins-ctx-mars", tmp_path, "val")
+    a = cv2.imread(str(im.path), cv2.IMREAD_GRAYSCALE)
+    assert a.shape == (9 * CTX_TILE_PX,) * 2
+    assert a[0, 0] == 0 and a[CTX_TILE_PX * 3 + 5, CTX_TILE_PX * 7 + 9] == 37 and a[-1, -1] == 88
+    dx, dy = CTX_LABEL_SHIFT_PX
+    np.testing.assert_allclose(im.boxes, [[100 + dx, 120 + dx, 200 + dy, 230 + dy]], atol=1e-4)
+    assert real_images("robbins-ctx-mars", tmp_path, "train") == []
+    (tmp_path / tiles[5]).unlink()
+    with pytest.raises(DataError, match="real-set robbins-ctx-mars"):
+        ctx_mosaic(tmp_path)

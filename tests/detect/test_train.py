@@ -440,6 +440,39 @@ def test_a_model_shipped_with_its_scales_runs_at_them_unless_told_otherwise(det_
     assert "scales" not in rec and rec["scale"] == 1.0
 
 
+def test_a_shipped_model_shipped_again_with_new_scales_keeps_its_weights_and_centre_error(det_run, tmp_path,
+                                                                                           capsys):
+    import shutil
+
+    import torch
+
+    from trn.detect.model import load_detector
+
+    root, _, _, _ = det_run
+    m = tmp_path / "m"
+    assert detect_main(["ship", str(root / "run" / "last.pt"), "--out", str(m), "--threshold", "0.3"]) == 0
+    _, first = load_detector(m / "detector.pt")
+    # shipped again from a copy, with its training data gone: the centre error it carries is kept
+    copy = tmp_path / "copy"
+    shutil.copytree(m, copy)
+    shutil.move(str(root / "data"), str(tmp_path / "data-away"))
+    try:
+        capsys.readouterr()
+        assert detect_main(["ship", str(copy / "detector.pt"), "--out", str(m), "--threshold", "0.3", "--scales",
+                            "2,0.5", "--bands", "0-30,30-inf"]) == 0
+        assert "box centre error" in capsys.readouterr().out
+        # another threshold is another operating point: its centre error is measured again, from the data
+        assert detect_main(["ship", str(copy / "detector.pt"), "--out", str(tmp_path / "m2"), "--threshold",
+                            "0.4"]) == 2
+    finally:
+        shutil.move(str(tmp_path / "data-away"), str(root / "data"))
+    again, meta = load_detector(m / "detector.pt")
+    before, _ = load_detector(copy / "detector.pt")
+    assert all(torch.equal(a, b) for a, b in zip(again.state_dict().values(), before.state_dict().values()))
+    assert meta["centre_sigma_px"] == first["centre_sigma_px"] and meta["run_scales"] == "2,0.5"
+    assert meta["score_threshold"] == 0.3
+
+
 def test_a_model_shipped_with_test_time_symmetry_uses_it_unless_told_none(det_run, tmp_path, capsys):
     root, labels, _, _ = det_run
     m = tmp_path / "m"

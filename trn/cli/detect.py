@@ -420,10 +420,18 @@ def _ship(args) -> int:
 
     model, meta = load_detector(ck)
     thr = args.threshold if args.threshold is not None else float(epoch_record(meta)["val_threshold"])
-    errs = [centre_sigma_px(evaluate(model, read_labels(d), "val", thr, gate_km=args.gate_km))
-            for d in meta["train_config"]["data"]]
-    finite = [e for e in errs if np.isfinite(e)]
-    sigma = float(np.sqrt(np.mean(np.square(finite)))) if finite else None  # no matched detection: not measured
+    if "centre_sigma_px" in meta and thr == meta.get("score_threshold") and args.gate_km == meta.get("gate_km"):
+        # a shipped model shipped again (new scales, say) at its own threshold and gate: its box
+        # centre error, measured on its training data's validation frames when it was first shipped
+        # (None: no matched detection there), stays
+        sigma = meta["centre_sigma_px"]
+        print(f"{ck}: a shipped model at its own threshold and size gate; its box centre error "
+              + ("(not measured)" if sigma is None else f"{sigma:.2f} px") + " kept")
+    else:
+        errs = [centre_sigma_px(evaluate(model, read_labels(d), "val", thr, gate_km=args.gate_km))
+                for d in meta["train_config"]["data"]]
+        finite = [e for e in errs if np.isfinite(e)]
+        sigma = float(np.sqrt(np.mean(np.square(finite)))) if finite else None  # no matched detection: not measured
     out = ship_detector(args.run, args.out, args.gate_km, "trn-detect " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
                         sigma, args.threshold, args.chosen_by, args.scales, args.bands, args.tta)
     print(f"shipped {ck} to {out}")
@@ -601,7 +609,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rs = sub.add_parser("real-set", help="copy a catalogued real labelled image set out of its repository snapshot, "
                                          "each file checked by SHA-256 (docs/real_crater_sets.md); or check a copy")
-    rs.add_argument("name", choices=("craterdanet-nac",), help="the set")
+    rs.add_argument("name", choices=("craterdanet-nac", "robbins-ctx-mars"), help="the set")
     rs.add_argument("--from", dest="source", type=Path, default=None, metavar="SNAPSHOT",
                     help="the repository's git snapshot or checkout (without it: check the copy in --out)")
     rs.add_argument("--out", type=Path, required=True, help="where the set lives, outside the work tree "

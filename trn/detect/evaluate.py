@@ -60,17 +60,18 @@ def match_frame_ignoring(det_boxes: np.ndarray, scores: np.ndarray, gt_boxes: np
 
 
 def match_frame_min_side(det_boxes: np.ndarray, scores: np.ndarray, gt_boxes: np.ndarray, min_side: float,
-                         iou_threshold: float = 0.5) -> FrameMatch:
-    """:func:`match_frame` over a labelled size range that starts at ``min_side`` px: a detection
-    whose side, sqrt(width x height), is under ``min_side`` and that matches no label is left out
-    (neither a hit nor a false detection: the set does not label craters that small, so it cannot
-    tell); a detection of any size that matches a label is a hit, and every label counts. Greedy
-    matching in score order gives every other detection the same label without the ones left out."""
+                         iou_threshold: float = 0.5, max_side: float = float("inf")) -> FrameMatch:
+    """:func:`match_frame` over a labelled size range from ``min_side`` to ``max_side`` px: a
+    detection whose side, sqrt(width x height), is under ``min_side`` or over ``max_side`` and that
+    matches no label is left out (neither a hit nor a false detection: the set does not label
+    craters of that size, so it cannot tell); a detection of any size that matches a label is a hit,
+    and every label counts. Greedy matching in score order gives every other detection the same
+    label without the ones left out."""
     det_boxes = np.asarray(det_boxes, np.float32).reshape(-1, 4)
     scores = np.asarray(scores, np.float64).reshape(-1)
     m = match_frame(det_boxes, scores, gt_boxes, iou_threshold)
     side = np.sqrt(np.maximum(det_boxes[:, 1] - det_boxes[:, 0], 0) * np.maximum(det_boxes[:, 3] - det_boxes[:, 2], 0))
-    keep = m.det_hit | (side >= min_side)
+    keep = m.det_hit | ((side >= min_side) & (side <= max_side))
     return FrameMatch(m.scores[keep], m.det_hit[keep], m.det_label[keep], m.gt_hit)
 
 
