@@ -285,23 +285,61 @@ def test_one_band_of_every_size_gives_the_one_scale_run():
     assert len(a) > 0 and np.array_equal(a.boxes, b.boxes) and np.array_equal(a.scores, b.scores)
 
 
-def test_the_real_image_detector_finds_constructed_craters_at_its_chosen_scales():
-    """models/detector_real (checked by its hash on loading) at the scales and bands chosen on the
-    real validation images and its shipped threshold: clear bowls of 12-80 px are each found once,
-    with few boxes besides."""
+def _real_detector_finds(img, centres, radii):
     from trn.detect.model import chosen_threshold, load_detector
     from trn.detect.tiles import detect_multiscale, parse_bands
 
     model, meta = load_detector("models/detector_real/detector.pt")
-    rng = np.random.default_rng(3)
-    centres, radii = rng.uniform(80, 920, (16, 2)), rng.uniform(6, 40, 16)
-    img = bowls((1000, 1000), centres, radii)
-    run = detect_multiscale(torch_maps(model), ArraySource(img), parse_bands("2.5,0.7", "0-24,24-inf"), 256, STRIDE,
-                            chosen_threshold(meta))
+    bands = parse_bands(meta["run_scales"], meta["run_bands"])
+    run = detect_multiscale(torch_maps(model), ArraySource(img), bands, 256, STRIDE, chosen_threshold(meta))
     truth = np.stack([centres[:, 0] - radii, centres[:, 0] + radii, centres[:, 1] - radii, centres[:, 1] + radii], 1)
     iou = iou_matrix(truth.astype(np.float32), run.detections.boxes)
-    found = (iou >= 0.5).any(axis=1)
-    assert found.sum() >= 14 and len(run.detections.boxes) <= found.sum() + 2
+    return (iou >= 0.5).any(axis=1), run.detections
+
+
+def test_the_real_image_detector_finds_constructed_craters_at_its_chosen_scales():
+    """models/detector_real (checked by its hash on loading) at the scales and bands it carries
+    (chosen on validation images) and its shipped threshold: clear bowls of 12-80 px are each found
+    once, with few boxes besides."""
+    rng = np.random.default_rng(3)
+    centres, radii = rng.uniform(80, 920, (16, 2)), rng.uniform(6, 40, 16)
+    found, det = _real_detector_finds(bowls((1000, 1000), centres, radii), centres, radii)
+    assert found.sum() >= 14 and len(det.boxes) <= found.sum() + 2
+
+
+def test_images_in_16_bit_or_float_reflectance_find_what_their_stretched_8_bit_version_finds():
+    """The spread floor follows an image's own grey range: calibrated reflectances of 0-0.3 (float)
+    and 16-bit counts of a scene are standardised as its 8-bit version stretched over the same
+    0.1-99.9 percentiles is, and give its craters and boxes; with the 8-bit floor of 4 units the
+    float image's tiles were flattened to nothing (no crater found)."""
+    rng = np.random.default_rng(3)
+    centres, radii = rng.uniform(80, 920, (16, 2)), rng.uniform(6, 40, 16)
+    scene = cv2.GaussianBlur(bowls((1000, 1000), centres, radii).astype(np.float32), (0, 0), 2.0)
+    lo, hi = np.percentile(scene, [0.1, 99.9])
+    stretched = np.clip(np.round((scene - lo) * 255 / (hi - lo)), 0, 255).astype(np.uint8)
+    ref, ref_det = _real_detector_finds(stretched, centres, radii)
+    assert ref.sum() >= 14
+    for other in (scene * (0.3 / 255), (scene * 200 + 1000).astype(np.uint16)):
+        found, det = _real_detector_finds(other, centres, radii)
+        assert abs(int(found.sum()) - int(ref.sum())) <= 1 and abs(len(det.boxes) - len(ref_det.boxes)) <= 2
+
+
+def test_the_spread_floor_is_min_std_grey_levels_of_the_image_s_own_range():
+    from trn.detect.boxes import MIN_STD
+    from trn.detect.tiles import spread_floor
+
+    ramp = np.tile(np.arange(256, dtype=np.uint8), (256, 1))
+    assert spread_floor(ArraySource(ramp)) == MIN_STD
+    f = spread_floor(ArraySource(ramp.astype(np.float32) * (0.3 / 255)))
+    assert f == pytest.approx(MIN_STD * 0.3 / 255, rel=0.02)
+    with_nan = ramp.astype(np.float32) * (0.3 / 255)
+    with_nan[:, :20] = np.nan
+    assert np.isfinite(spread_floor(ArraySource(with_nan)))
+    flat = np.full((64, 64), 0.2, np.float32)
+    assert spread_floor(ArraySource(flat)) == MIN_STD
+    nodata = ramp.astype(np.float32) * 10.0
+    nodata[:100] = -9999.0
+    assert spread_floor(ArraySource(nodata, nodata=-9999.0)) == pytest.approx(MIN_STD * 10.0, rel=0.02)
 
 
 def test_mirroring_keeps_an_equivariant_map_and_evens_out_one_that_is_not():

@@ -75,6 +75,7 @@ class RasterSource(WindowSource):
         self.ds, self.path = ds, path
         self.shape = (int(ds.height), int(ds.width))
         self.bands = [1, 2, 3] if ds.count >= 3 else [1]
+        self.eight_bit = all(ds.dtypes[b - 1] == "uint8" for b in self.bands)
 
     def read(self, r0: int, r1: int, c0: int, c1: int) -> tuple[np.ndarray, np.ndarray | None]:
         from rasterio.errors import RasterioError

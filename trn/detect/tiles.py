@@ -164,11 +164,13 @@ def tile_grid(shape: tuple[int, int], factor: float, size: int, overlap: int = D
     return out
 
 
-def tile_input(window: np.ndarray, tile: Tile, size: int, valid: np.ndarray | None = None) -> np.ndarray:
+def tile_input(window: np.ndarray, tile: Tile, size: int, valid: np.ndarray | None = None,
+               min_std: float = MIN_STD) -> np.ndarray:
     """float32 [size, size]: the window resized to (tile.h, tile.w) (area averaging when shrinking;
     8 and 16 bit windows in their own type, as :func:`trn.detect.boxes.resize_frame` does),
-    standardised over its valid pixels as :func:`trn.detect.boxes.standardise` does a frame, and
-    padded with the mean (0). ``valid``: bool of the window's shape, False on no-data pixels."""
+    standardised over its valid pixels as :func:`trn.detect.boxes.standardise` does a frame (the
+    spread floored at ``min_std``, in the window's own units: :func:`spread_floor`), and padded with
+    the mean (0). ``valid``: bool of the window's shape, False on no-data pixels."""
     a = np.asarray(window)
     if a.dtype not in (np.uint8, np.uint16):  # 8 and 16 bit are resized as they are, as a frame is
         a = a.astype(np.float32)
@@ -183,12 +185,12 @@ def tile_input(window: np.ndarray, tile: Tile, size: int, valid: np.ndarray | No
     out = np.zeros((size, size), np.float32)
     if valid is None:
         m = r
-        out[:tile.h, :tile.w] = (r - m.mean()) / max(float(m.std()), MIN_STD)
+        out[:tile.h, :tile.w] = (r - m.mean()) / max(float(m.std()), min_std)
         return out
     v = cv2.resize(valid.astype(np.uint8), (tile.w, tile.h), interpolation=cv2.INTER_NEAREST).reshape(tile.h, tile.w) > 0
     if v.any():
         m = r[v]
-        out[:tile.h, :tile.w] = np.where(v, (r - m.mean()) / max(float(m.std()), MIN_STD), 0.0)
+        out[:tile.h, :tile.w] = np.where(v, (r - m.mean()) / max(float(m.std()), min_std), 0.0)
     return out
 
 
@@ -198,9 +200,40 @@ class WindowSource:
     windowed reads of files."""
 
     shape: tuple[int, int]
+    eight_bit: bool = False  # the pixels are 8-bit grey levels (a frame's own units)
 
     def read(self, r0: int, r1: int, c0: int, c1: int) -> tuple[np.ndarray, np.ndarray | None]:
         raise NotImplementedError
+
+
+SPREAD_SAMPLE_GRID = 8   # windows a side read to measure an image's grey range
+SPREAD_SAMPLE_PX = 64    # their side, image px
+
+
+def spread_floor(source: WindowSource) -> float:
+    """The least spread a tile is standardised by, in the image's own units: MIN_STD grey levels of
+    an 8-bit image spanning the same range. An 8-bit image keeps MIN_STD itself (the frame path's
+    rule, bit for bit); any other (16-bit, float reflectance, signed) has MIN_STD / 255 of its grey
+    range, the 0.1-99.9 percentiles of its valid, finite pixels in an 8 x 8 grid of 64 px windows,
+    so that an image of reflectances from 0 to 0.3 is not flattened by a floor of 4 units. A flat
+    image (no range) keeps MIN_STD."""
+    if source.eight_bit:
+        return MIN_STD
+    h, w = source.shape
+    n, side = SPREAD_SAMPLE_GRID, SPREAD_SAMPLE_PX
+    values = []
+    for r in np.linspace(0, max(h - side, 0), n).astype(int):
+        for c in np.linspace(0, max(w - side, 0), n).astype(int):
+            a, valid = source.read(int(r), int(min(r + side, h)), int(c), int(min(c + side, w)))
+            a = np.asarray(a, np.float64)
+            ok = np.isfinite(a) if valid is None else (valid & np.isfinite(a))
+            values.append(a[ok])
+    v = np.concatenate(values) if values else np.zeros(0)
+    if not v.size:
+        return MIN_STD
+    lo, hi = np.percentile(v, [0.1, 99.9])
+    span = float(hi - lo)
+    return MIN_STD * span / 255.0 if np.isfinite(span) and span > 0 else MIN_STD
 
 
 class ArraySource(WindowSource):
@@ -211,6 +244,7 @@ class ArraySource(WindowSource):
         if a.ndim != 2 or min(a.shape) < 8:
             raise DataError(f"image has shape {a.shape}; the detector takes a grey image of at least 8 x 8 pixels")
         self.image, self.nodata, self.shape = a, nodata, (int(a.shape[0]), int(a.shape[1]))
+        self.eight_bit = a.dtype == np.uint8
 
     def read(self, r0: int, r1: int, c0: int, c1: int) -> tuple[np.ndarray, np.ndarray | None]:
         w = self.image[r0:r1, c0:c1]
@@ -344,11 +378,12 @@ def tile_boxes(maps: MapsFn, source: WindowSource, factor: float, input_size: in
     if batch < 1:
         raise ConfigError(f"tile batch {batch}: expected at least 1")
     tiles = tile_grid(source.shape, factor, input_size, overlap)
+    floor = spread_floor(source)
     boxes, scores, cuts, owner, biggest, tile_no = [], [], [], [], 0, 0
     show = (len(tiles) >= PROGRESS_TILES) if progress is None else progress
     bar = tqdm(total=len(tiles), desc="tiles", unit="tile", disable=None if show else True, mininterval=2.0)
     for k_batch, group in enumerate(_batches(tiles, batch), 1):
-        x = np.stack([_read_tile(source, t, input_size) for t in group])
+        x = np.stack([_read_tile(source, t, input_size, floor) for t in group])
         biggest = max(biggest, x.nbytes)
         heat, size, off = maps(x)
         for k, t in enumerate(group):
@@ -515,9 +550,9 @@ def detect_multiscale(maps: MapsFn, source: WindowSource, bands: list[ScaleBand]
     return MultiScaleRun(det, tuple(bands), tuple(r.tiles for r in runs), band, max(r.batch_bytes for r in runs))
 
 
-def _read_tile(source: WindowSource, t: Tile, size: int) -> np.ndarray:
+def _read_tile(source: WindowSource, t: Tile, size: int, min_std: float = MIN_STD) -> np.ndarray:
     window, valid = source.read(t.r0, t.r1, t.c0, t.c1)
-    return tile_input(window, t, size, valid)
+    return tile_input(window, t, size, valid, min_std)
 
 
 def _not_cut_by_seam(b: np.ndarray, t: Tile, overlap: int, margin: float = 1.0) -> np.ndarray:
