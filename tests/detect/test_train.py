@@ -440,6 +440,48 @@ def test_a_model_shipped_with_its_scales_runs_at_them_unless_told_otherwise(det_
     assert "scales" not in rec and rec["scale"] == 1.0
 
 
+def test_crater_sizes_keep_or_move_the_scales_a_model_carries(det_run, tmp_path, capsys):
+    root, labels, _, _ = det_run
+    m = tmp_path / "m"
+    assert detect_main(["ship", str(root / "run" / "last.pt"), "--out", str(m), "--scales", "2,0.5",
+                        "--bands", "0-20,20-inf", "--scales-crater-px", "8,80"]) == 0
+    assert "whose craters span 8-80 px" in (m / "MODEL_CARD.md").read_text()
+    frames = str(labels.image_path(labels.frames[0].frame).parent)
+
+    def factors(out, *extra):
+        assert detect_main(["run", str(m), frames, "--out", str(tmp_path / out), "--threshold", "0.01", *extra]) == 0
+        rec = json.loads((tmp_path / out / "detections.json").read_text())["images"][0]
+        return [s["factor"] for s in rec["scales"]], [float(s["max_px"]) for s in rec["scales"]], rec["scale_source"]
+
+    capsys.readouterr()
+    assert factors("inside", "--crater-px", "10,60")[:2] == ([2.0, 0.5], [20.0, float("inf")])
+    assert "which hold --crater-px 10-60" in capsys.readouterr().out
+    f, edges, source = factors("outside", "--crater-px", "4,40")   # middle 12.6 px against 25.3: moved by 2
+    assert f == pytest.approx([4.0, 1.0]) and edges[0] == pytest.approx(10.0) and "moved by 2" in source
+    # a model that does not say where its scales were chosen takes one scale from --crater-px, as before
+    m2 = tmp_path / "m2"
+    assert detect_main(["ship", str(root / "run" / "last.pt"), "--out", str(m2), "--scales", "2,0.5"]) == 0
+    assert detect_main(["run", str(m2), frames, "--out", str(tmp_path / "o"), "--crater-px", "4,40"]) == 0
+    rec = json.loads((tmp_path / "o" / "detections.json").read_text())["images"][0]
+    assert "scales" not in rec and "craters of 4-40 image px" in rec["scale_source"]
+    capsys.readouterr()
+    assert detect_main(["ship", str(root / "run" / "last.pt"), "--out", str(tmp_path / "m3"),
+                        "--scales-crater-px", "8,80"]) == 2
+    assert "give --scales too" in capsys.readouterr().err
+
+
+def test_moved_bands_keep_a_range_inside_and_move_one_outside_by_the_ratio_of_middles():
+    from trn.detect.tiles import ScaleBand, moved_bands
+
+    bands = [ScaleBand(2.5, 0.0, 48.0), ScaleBand(0.5, 48.0)]
+    assert moved_bands(bands, (8.0, 340.0), (12.0, 80.0)) == (bands, 1.0)
+    out, k = moved_bands(bands, (8.0, 340.0), (4.0, 170.0))
+    assert k == pytest.approx(2.0)
+    assert [b.factor for b in out] == pytest.approx([5.0, 1.0])
+    assert [b.max_px for b in out][0] == pytest.approx(24.0) and out[1].min_px == pytest.approx(24.0)
+    assert out[1].max_px == float("inf")
+
+
 def test_a_shipped_model_shipped_again_with_new_scales_keeps_its_weights_and_centre_error(det_run, tmp_path,
                                                                                            capsys):
     import shutil

@@ -262,6 +262,19 @@ def _bands(args):
     return parse_bands(args.scales, args.bands)
 
 
+def _bands_for_craters(bands, meta: dict, crater_px: tuple[float, float]):
+    """A model's own bands for ``--crater-px``: kept or moved (:func:`trn.detect.tiles.moved_bands`)
+    when the model says what crater sizes they were chosen for (``run_crater_px``), with the factor
+    they were moved by; (None, None) when it does not: one scale from --crater-px, as for a model
+    without scales."""
+    from trn.detect.tiles import moved_bands
+
+    if not meta.get("run_crater_px"):
+        return None, None
+    lo, hi = (float(v) for v in meta["run_crater_px"].split(","))
+    return moved_bands(bands, (lo, hi), crater_px)
+
+
 def _overlap(asked: int | None, input_size: int) -> int:
     """The tiles' overlap: as asked, else 96 network px or 3/8 of a smaller network input."""
     from trn.detect.tiles import DEFAULT_OVERLAP
@@ -285,10 +298,12 @@ def _run(args) -> int:
 
     paths = _images(args.inputs)
     bands = _bands(args)
-    own, from_model = None, False  # the model is loaded early when its own scales are to be read
-    if bands is None and all(getattr(args, k) is None for k in ("scale", "crater_px", "gsd", "altitude_km")):
+    own, from_model, moved = None, False, None  # the model is loaded early when its own scales are to be read
+    if bands is None and all(getattr(args, k) is None for k in ("scale", "gsd", "altitude_km")):
         own = _load_model(args.model)
         bands = _model_bands(own[4])
+        if bands is not None and args.crater_px is not None:
+            bands, moved = _bands_for_craters(bands, own[4], args.crater_px)
         from_model = bands is not None
     cat = read_catalogue(args.catalogue, args.catalogue_columns) if args.catalogue is not None else None
     for p in paths:  # rasters refused before the model loads: a header read each, no pixels
@@ -304,9 +319,14 @@ def _run(args) -> int:
     if args.tta is None and tta:
         print(f"test-time symmetry {tta} ({TTA_VIEWS[tta]} views of each tile): the model's own, chosen on its "
               "validation images (--tta none for one view)")
-    if from_model:
+    if from_model and moved is None:
         print(f"scales {', '.join(b.describe() for b in bands)}: the model's own, chosen on its validation images "
               "(give --scales, --scale, --crater-px, --gsd or --altitude-km for others)")
+    elif from_model:
+        print(f"scales {', '.join(b.describe() for b in bands)}: " + (
+            "the model's own, chosen on images whose craters span {0}-{1} px, which hold --crater-px {2:g}-{3:g}"
+            if moved == 1.0 else "the model's own moved by {4:.4g}, from images whose craters span {0}-{1} px to "
+            "--crater-px {2:g}-{3:g}").format(*own[4]["run_crater_px"].split(","), *args.crater_px, moved))
     threshold = chosen if args.threshold is None else args.threshold
     (args.out / "overlays").mkdir(parents=True, exist_ok=True)
     maps = symmetry_averaged(torch_maps(model), TTA_VIEWS[tta]) if tta else torch_maps(model)
@@ -346,7 +366,9 @@ def _run(args) -> int:
             multi = {} if bands is None else {"scales": [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px),
                                                           "tiles": n} for b, n in zip(bands, res.tiles)]}
             records.append({"image": str(p), "shape": list(shape), "read": img.what, "scale": round(scale.factor, 6),
-                            "scale_source": ("the model's own scales (the finest)" if from_model else "--scales (the finest)")
+                            "scale_source": (("the model's own scales (the finest)" if moved in (None, 1.0) else
+                                              f"the model's own scales moved by {moved:.4g} for --crater-px (the finest)")
+                                             if from_model else "--scales (the finest)")
                             if bands else scale.source, "gsd_km": scale.gsd_km, "tiles": tiles, **multi,
                             "georeferenced": img.georef is not None, "boxes": [list(b) for b in boxes],
                             "scores": [round(float(s), 4) for s in det.scores[keep]]})
@@ -414,6 +436,9 @@ def _ship(args) -> int:
 
     ck = shipped_checkpoint(args.run)
     _bands(args)  # scales and bands refused here, by run's own rules, not when the model is first run
+    if args.scales_crater_px is not None and args.scales is None:
+        raise ConfigError("--scales-crater-px says where --scales were chosen: give --scales too")
+    crater_px = None if args.scales_crater_px is None else ",".join(f"{v:g}" for v in args.scales_crater_px)
     from trn.data.datasets.labels import read_labels
     from trn.detect.model import epoch_record, load_detector
     from trn.detect.run import centre_sigma_px, evaluate
@@ -433,7 +458,7 @@ def _ship(args) -> int:
         finite = [e for e in errs if np.isfinite(e)]
         sigma = float(np.sqrt(np.mean(np.square(finite)))) if finite else None  # no matched detection: not measured
     out = ship_detector(args.run, args.out, args.gate_km, "trn-detect " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                        sigma, args.threshold, args.chosen_by, args.scales, args.bands, args.tta)
+                        sigma, args.threshold, args.chosen_by, args.scales, args.bands, args.tta, crater_px)
     print(f"shipped {ck} to {out}")
     return 0
 
@@ -629,6 +654,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="scales (network px per image px) that trn-detect run uses when given no scale of its own, "
                          "chosen on validation images; with --bands, one MIN-MAX band of image px each")
     sp.add_argument("--bands", default=None, metavar="MIN-MAX,...")
+    sp.add_argument("--scales-crater-px", type=_crater_px, default=None, metavar="MIN,MAX",
+                    help="with --scales: the crater sizes (image px) of the images they were chosen on; trn-detect run "
+                         "--crater-px keeps the scales for craters inside this range and moves them for others")
     sp.add_argument("--tta", choices=TTA_CHOICES, default=None,
                     help="test-time symmetry averaging that trn-detect run uses when given no --tta, chosen on "
                          "validation images (the threshold should be chosen with it)")

@@ -500,6 +500,20 @@ def parse_bands(scales: str, bands: str | None = None) -> list[ScaleBand]:
     return out
 
 
+def moved_bands(bands: list[ScaleBand] | tuple[ScaleBand, ...], chosen_px: tuple[float, float],
+                crater_px: tuple[float, float]) -> tuple[list[ScaleBand], float]:
+    """A model's scales and bands, chosen on images whose craters spanned ``chosen_px`` (MIN, MAX
+    image px), for an image whose craters span ``crater_px``: kept as they are when ``crater_px``
+    lies inside ``chosen_px``, else all moved by one factor k (scales times k, band edges over k) so
+    that the geometric middle of ``crater_px`` lands where that of ``chosen_px`` did. Returns the
+    bands and k (1 when kept)."""
+    (c0, c1), (lo, hi) = chosen_px, crater_px
+    if c0 <= lo and hi <= c1:
+        return list(bands), 1.0
+    k = math.sqrt(c0 * c1) / math.sqrt(lo * hi)
+    return [ScaleBand(b.factor * k, b.min_px / k, b.max_px / k) for b in bands], k
+
+
 @dataclass(frozen=True)
 class MultiScaleRun:
     """Detections of a whole image run at several scales (boxes in its pixels, scores descending),

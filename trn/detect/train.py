@@ -579,13 +579,15 @@ def shipped_checkpoint(run: str | Path) -> Path:
 def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, command: str,
                   centre_sigma_px: float | None = None, threshold: float | None = None,
                   chosen_by: str | None = None, run_scales: str | None = None, run_bands: str | None = None,
-                  run_tta: str | None = None) -> Path:
+                  run_tta: str | None = None, run_crater_px: str | None = None) -> Path:
     """Copy a run's best epoch (or the checkpoint ``run`` names, :func:`shipped_checkpoint`) to a
     model directory: ``detector.pt`` (weights, configs, history, the score threshold and size gate
     chosen on validation frames; ``threshold`` replaces the epoch's own best-F1 one where it was
     chosen on other validation images; ``chosen_by`` says on the card how a named checkpoint's epoch
     was chosen; ``run_scales`` / ``run_bands``, as ``trn-detect run --scales / --bands`` takes them,
-    the scales that command uses when given none; ``run_tta``, the test-time symmetry averaging it
+    the scales that command uses when given none; ``run_crater_px`` ("MIN,MAX"), the crater sizes in
+    image px of the images they were chosen on, so that ``trn-detect run --crater-px`` can keep or
+    move them (:func:`trn.detect.tiles.moved_bands`); ``run_tta``, the test-time symmetry averaging it
     uses when given none, a name of :data:`trn.detect.tiles.TTA_VIEWS`), ``log.jsonl``, ``curves.png`` and
     ``MODEL_CARD.md``."""
     out = Path(out)
@@ -598,7 +600,7 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
     out.mkdir(parents=True, exist_ok=True)
     save_checked({**ck, "optimizer": {}, "score_threshold": threshold, "gate_km": gate_km,
                   "centre_sigma_px": centre_sigma_px, "run_scales": run_scales, "run_bands": run_bands,
-                  "run_tta": run_tta},
+                  "run_tta": run_tta, "run_crater_px": run_crater_px},
                  out / "detector.pt")
     history = ck["history"]
     (out / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in history), encoding="utf-8")
@@ -634,7 +636,10 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
                                              f"{own['val_recall']}") + ")",
         f"- Size gate: {'none' if gate_km is None else f'{gate_km} km (chosen on validation frames)'}",
         "- Scales for trn-detect run: " + (f"{run_scales}" + (f", bands {run_bands} image px" if run_bands else "") +
-                                            " (chosen on validation images)" if run_scales else
+                                            " (chosen on validation images" +
+                                            (f" whose craters span {run_crater_px.replace(',', '-')} px; "
+                                             "--crater-px outside that range moves them" if run_crater_px else "") +
+                                            ")" if run_scales else
                                             "from the image's ground sampling or the command line"),
         "- Test-time symmetry for trn-detect run: " + (f"{run_tta}, {TTA_VIEWS[run_tta]} views of each tile averaged "
                                                       "(chosen on validation images)" if run_tta else "none"),
