@@ -5,7 +5,7 @@
     trn-detect train --config models/detector.yaml --out /work/runs/det [--resume] [--stop-after N]
     trn-detect eval MODEL --data data/luna1 [--json OUT]
     trn-detect run MODEL IMAGE_OR_FOLDER ... --out DIR [--gsd KM | --crater-px MIN,MAX] [--catalogue CSV]
-    trn-detect real-set craterdanet-nac --from SNAPSHOT --out /work/data-real/craterdanet-nac
+    trn-detect real-set craterdanet-nac|robbins-ctx-mars --from SNAPSHOT --out DIR
 """
 
 from __future__ import annotations
