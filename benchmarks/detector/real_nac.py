@@ -196,10 +196,9 @@ def cmd_score(args) -> int:
         raise SystemExit("the test split is scored with thresholds chosen on validation: give --threshold and "
                          "--range-threshold")
     min_side, max_side = LABELLED_SIDE_PX[args.set]
+    if args.split == "test" and args.min_side is not None and args.min_side != min_side:
+        raise SystemExit(f"the test split is scored with the rule fixed before scoring: --min-side {min_side:g}")
     min_side = args.min_side if args.min_side is not None else min_side
-    if args.split == "test" and min_side != MIN_LABELLED_SIDE_PX:
-        raise SystemExit(f"the test split is scored with the rule fixed before scoring: --min-side "
-                         f"{MIN_LABELLED_SIDE_PX:g}")
     bands = [ScaleBand(args.factor)] if args.factor is not None else parse_bands(args.scales, args.bands)
     ck = _checkpoint(args.model)
     model, meta = load_detector(ck)
@@ -315,7 +314,7 @@ def cmd_sweep(args) -> int:
               f"AP {s['ap50']:.4f} t {s['threshold']}")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"set": args.set, "split": args.split,
+        args.json.write_text(json.dumps({"set": args.set, "split": args.split, "model": str(args.model),
                                          "labels": int(sum(len(im.boxes) for im in images)),
                                          "min_labelled_side_px": min_side, "max_labelled_side_px": max_side,
                                          "floor": args.floor,
@@ -332,6 +331,14 @@ def cmd_choose(args) -> int:
     """The combinations every sweep scored, ranked by the mean of their labelled-range F1s (each at
     its own best-F1 threshold)."""
     docs = [json.loads(Path(p).read_text(encoding="utf-8")) for p in args.sweeps]
+    sets = [d.get("set", SET) for d in docs]
+    if len(set(sets)) != len(sets):
+        raise SystemExit(f"each sweep must be of another set; got {sets}")
+    floors = {d.get("floor") for d in docs}
+    if len(floors) != 1:
+        raise SystemExit(f"the sweeps kept boxes above different floors {sorted(map(str, floors))}: run them alike")
+    for p, d in zip(args.sweeps, docs):  # the weights are the caller's to check: a path may name a copy
+        print(f"{p}: set {d.get('set', SET)}, model {d.get('model', 'not recorded')}")
     per = [{_key(r["bands"]): r for r in d["rows"]} for d in docs]
     shared = set(per[0]).intersection(*per[1:])
     if not shared:
@@ -379,13 +386,17 @@ def cmd_offset(args) -> int:
             continue
         iou = iou_matrix(gt, d.boxes)
         near = iou.max(axis=1) >= 0.3
+        if not near.any():
+            print(f"{im.path.name}: no label of {args.min_label_px:g} px or more overlaps a detection at IoU 0.3")
+            continue
         j = iou.argmax(axis=1)[near]
         g, b = gt[near], d.boxes[j]
         off = np.stack([(b[:, 0] + b[:, 1] - g[:, 0] - g[:, 1]) / 2, (b[:, 2] + b[:, 3] - g[:, 2] - g[:, 3]) / 2], 1)
         print(f"{im.path.name}: {len(g)} labels found of {len(gt)}; median offset x {np.median(off[:, 0]):+.2f} px, "
               f"y {np.median(off[:, 1]):+.2f} px")
-        cx, cy = (g[:, 0] + g[:, 1]) / 2, (g[:, 2] + g[:, 3]) / 2
         h, w = a.shape
+        cx = np.clip((g[:, 0] + g[:, 1]) / 2, 0, w - 1)  # a label past the edge counts in the part at the edge
+        cy = np.clip((g[:, 2] + g[:, 3]) / 2, 0, h - 1)
         for r in range(args.grid):
             for c in range(args.grid):
                 k = (cy * args.grid // h == r) & (cx * args.grid // w == c)

@@ -2,6 +2,7 @@
 ship, evaluate, run on a folder, and the navigation scenarios on its boxes."""
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -470,16 +471,27 @@ def test_crater_sizes_keep_or_move_the_scales_a_model_carries(det_run, tmp_path,
     assert "give --scales too" in capsys.readouterr().err
 
 
-def test_moved_bands_keep_a_range_inside_and_move_one_outside_by_the_ratio_of_middles():
+def test_moved_bands_keep_a_range_inside_move_a_narrow_one_just_inside_and_centre_a_wide_one():
     from trn.detect.tiles import ScaleBand, moved_bands
 
     bands = [ScaleBand(2.5, 0.0, 48.0), ScaleBand(0.5, 48.0)]
-    assert moved_bands(bands, (8.0, 340.0), (12.0, 80.0)) == (bands, 1.0)
-    out, k = moved_bands(bands, (8.0, 340.0), (4.0, 170.0))
-    assert k == pytest.approx(2.0)
+    assert moved_bands(bands, (8.0, 340.0), (12.0, 80.0)) == (bands, 1.0, True)
+    assert moved_bands(bands, (8.0, 340.0), (8.0, 340.0)) == (bands, 1.0, True)
+    # no wider than the chosen range: moved only as far as it must be, so k grows from 1 at the edges
+    out, k, kept = moved_bands(bands, (8.0, 340.0), (4.0, 170.0))
+    assert not kept and k == pytest.approx(2.0)
     assert [b.factor for b in out] == pytest.approx([5.0, 1.0])
-    assert [b.max_px for b in out][0] == pytest.approx(24.0) and out[1].min_px == pytest.approx(24.0)
+    assert out[0].max_px == pytest.approx(24.0) and out[1].min_px == pytest.approx(24.0)
     assert out[1].max_px == float("inf")
+    assert moved_bands(bands, (8.0, 340.0), (7.9, 9.0))[1] == pytest.approx(8.0 / 7.9)
+    assert moved_bands(bands, (8.0, 340.0), (300.0, 341.0))[1] == pytest.approx(340.0 / 341.0)
+    # wider: the geometric middles meet (here they already do: moved by 1, yet not kept)
+    out, k, kept = moved_bands(bands, (8.0, 340.0), (4.0, 680.0))
+    assert k == pytest.approx(1.0) and not kept
+    out, k, _ = moved_bands(bands, (8.0, 340.0), (2.0, 680.0))
+    assert k == pytest.approx(math.sqrt(8 * 340) / math.sqrt(2 * 680))
+    with pytest.raises(ConfigError, match="too far"):
+        moved_bands(bands, (8.0, 340.0), (0.001, 0.002))
 
 
 def test_a_shipped_model_shipped_again_with_new_scales_keeps_its_weights_and_centre_error(det_run, tmp_path,
@@ -503,6 +515,9 @@ def test_a_shipped_model_shipped_again_with_new_scales_keeps_its_weights_and_cen
         assert detect_main(["ship", str(copy / "detector.pt"), "--out", str(m), "--threshold", "0.3", "--scales",
                             "2,0.5", "--bands", "0-30,30-inf"]) == 0
         assert "box centre error" in capsys.readouterr().out
+        # without --threshold it keeps its own, and its centre error
+        assert detect_main(["ship", str(copy / "detector.pt"), "--out", str(tmp_path / "m1")]) == 0
+        assert load_detector(tmp_path / "m1" / "detector.pt")[1]["score_threshold"] == 0.3
         # another threshold is another operating point: its centre error is measured again, from the data
         assert detect_main(["ship", str(copy / "detector.pt"), "--out", str(tmp_path / "m2"), "--threshold",
                             "0.4"]) == 2

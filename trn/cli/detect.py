@@ -265,14 +265,15 @@ def _bands(args):
 def _bands_for_craters(bands, meta: dict, crater_px: tuple[float, float]):
     """A model's own bands for ``--crater-px``: kept or moved (:func:`trn.detect.tiles.moved_bands`)
     when the model says what crater sizes they were chosen for (``run_crater_px``), with the factor
-    they were moved by; (None, None) when it does not: one scale from --crater-px, as for a model
-    without scales."""
+    they were moved by (None when kept); (None, None) when it does not say: one scale from
+    --crater-px, as for a model without scales."""
     from trn.detect.tiles import moved_bands
 
     if not meta.get("run_crater_px"):
         return None, None
     lo, hi = (float(v) for v in meta["run_crater_px"].split(","))
-    return moved_bands(bands, (lo, hi), crater_px)
+    out, k, kept = moved_bands(bands, (lo, hi), crater_px)
+    return out, (None if kept else k)
 
 
 def _overlap(asked: int | None, input_size: int) -> int:
@@ -298,12 +299,13 @@ def _run(args) -> int:
 
     paths = _images(args.inputs)
     bands = _bands(args)
-    own, from_model, moved = None, False, None  # the model is loaded early when its own scales are to be read
+    own, from_model, moved, held = None, False, None, False  # the model is loaded early to read its own scales
     if bands is None and all(getattr(args, k) is None for k in ("scale", "gsd", "altitude_km")):
         own = _load_model(args.model)
         bands = _model_bands(own[4])
         if bands is not None and args.crater_px is not None:
             bands, moved = _bands_for_craters(bands, own[4], args.crater_px)
+            held = bands is not None and moved is None
         from_model = bands is not None
     cat = read_catalogue(args.catalogue, args.catalogue_columns) if args.catalogue is not None else None
     for p in paths:  # rasters refused before the model loads: a header read each, no pixels
@@ -319,13 +321,13 @@ def _run(args) -> int:
     if args.tta is None and tta:
         print(f"test-time symmetry {tta} ({TTA_VIEWS[tta]} views of each tile): the model's own, chosen on its "
               "validation images (--tta none for one view)")
-    if from_model and moved is None:
+    if from_model and not held and moved is None:
         print(f"scales {', '.join(b.describe() for b in bands)}: the model's own, chosen on its validation images "
               "(give --scales, --scale, --crater-px, --gsd or --altitude-km for others)")
     elif from_model:
         print(f"scales {', '.join(b.describe() for b in bands)}: " + (
             "the model's own, chosen on images whose craters span {0}-{1} px, which hold --crater-px {2:g}-{3:g}"
-            if moved == 1.0 else "the model's own moved by {4:.4g}, from images whose craters span {0}-{1} px to "
+            if held else "the model's own moved by {4:.4g}, from images whose craters span {0}-{1} px to "
             "--crater-px {2:g}-{3:g}").format(*own[4]["run_crater_px"].split(","), *args.crater_px, moved))
     threshold = chosen if args.threshold is None else args.threshold
     (args.out / "overlays").mkdir(parents=True, exist_ok=True)
@@ -366,7 +368,7 @@ def _run(args) -> int:
             multi = {} if bands is None else {"scales": [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px),
                                                           "tiles": n} for b, n in zip(bands, res.tiles)]}
             records.append({"image": str(p), "shape": list(shape), "read": img.what, "scale": round(scale.factor, 6),
-                            "scale_source": (("the model's own scales (the finest)" if moved in (None, 1.0) else
+                            "scale_source": (("the model's own scales (the finest)" if moved is None else
                                               f"the model's own scales moved by {moved:.4g} for --crater-px (the finest)")
                                              if from_model else "--scales (the finest)")
                             if bands else scale.source, "gsd_km": scale.gsd_km, "tiles": tiles, **multi,
@@ -444,8 +446,13 @@ def _ship(args) -> int:
     from trn.detect.run import centre_sigma_px, evaluate
 
     model, meta = load_detector(ck)
+    shipped = "centre_sigma_px" in meta  # a shipped model, shipped again: its threshold and gate unless told others
+    if args.threshold is None and shipped:
+        args.threshold = meta.get("score_threshold")
+    if args.gate_km is None and shipped:
+        args.gate_km = meta.get("gate_km")
     thr = args.threshold if args.threshold is not None else float(epoch_record(meta)["val_threshold"])
-    if "centre_sigma_px" in meta and thr == meta.get("score_threshold") and args.gate_km == meta.get("gate_km"):
+    if shipped and thr == meta.get("score_threshold") and args.gate_km == meta.get("gate_km"):
         # a shipped model shipped again (new scales, say) at its own threshold and gate: its box
         # centre error, measured on its training data's validation frames when it was first shipped
         # (None: no matched detection there), stays
@@ -610,7 +617,8 @@ def main(argv: list[str] | None = None) -> int:
                         "navigation camera)")
     r.add_argument("--crater-px", type=_crater_px, default=None, metavar="MIN,MAX",
                    help="the crater diameters to find, in image pixels: the image is scaled to bring them to the "
-                        "detector's own crater sizes (instead of the ground sampling)")
+                        "detector's own crater sizes (instead of the ground sampling); a model that carries its own "
+                        "scales and says for what crater sizes keeps them for craters inside those, else moves them")
     r.add_argument("--scale", type=float_between(0.001, 64.0), default=None, metavar="F",
                    help="network-input pixels per image pixel, overriding every other scale")
     _scale_options(r, "image")
@@ -645,9 +653,11 @@ def main(argv: list[str] | None = None) -> int:
     sp.add_argument("run", type=Path, help="detector run directory (its best.pt), or one of its checkpoints")
     sp.add_argument("--out", type=Path, required=True, help="model directory (e.g. models/detector)")
     sp.add_argument("--gate-km", type=float_between(0.0, 1000.0), default=None, metavar="KM",
-                    help="size gate chosen on validation frames (trn-detect eval --gate-km)")
+                    help="size gate chosen on validation frames (trn-detect eval --gate-km; default: none, or a "
+                         "shipped model's own)")
     sp.add_argument("--threshold", type=float_between(0.0, 1.0), default=None,
-                    help="score threshold chosen on validation images (default: the epoch's best-F1 one)")
+                    help="score threshold chosen on validation images (default: the epoch's best-F1 one, or a "
+                         "shipped model's own)")
     sp.add_argument("--chosen-by", default=None, metavar="TEXT",
                     help="how the given checkpoint's epoch was chosen, for the model card")
     sp.add_argument("--scales", default=None, metavar="F,F,...",

@@ -10,7 +10,9 @@ and refuses any file whose hash differs; :func:`verify_set` re-checks a copy.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import tempfile
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -266,7 +268,7 @@ CTX_TILE = re.compile(r"CTX/cropped_images/stacked_CTX_(\d\d)_(\d\d)\.png")
 # linear rule over 20-14 S, 174-180 E. Against the image they lie off by one constant shift (x, y):
 # craters of 30 px and more found by two detectors sit (-4.6, +2.6) px (models/detector_real at its
 # own scales, 142 craters) and (-4.5, +2.7) px (models/detector at the mosaic's sampling, 90) from
-# their labels; after the shift, the median offset in each ninth of the mosaic is within 1.5 px
+# their labels; after the shift, the median offset in each ninth of the mosaic is within 2.5 px
 # (docs/real_crater_sets.md). The labels are moved by it.
 CTX_LABEL_SHIFT_PX = (-4.6, 2.7)
 # The labelled size range, box side in image px: craters of 1-32 km (the mapping's own size range)
@@ -334,7 +336,8 @@ def read_corner_boxes(path: str | Path) -> np.ndarray:
 
 def ctx_mosaic(root: str | Path) -> Path:
     """The robbins-ctx-mars mosaic under ``root`` (a checked copy): its 9 x 9 tiles of 416 px put
-    back in place, written beside them as ``CTX/stacked_CTX.png`` (the same every time)."""
+    back in place, written beside them as ``CTX/stacked_CTX.png`` unless that file already holds
+    exactly this mosaic (through a uniquely named temporary file, replaced at once)."""
     import cv2
 
     root = Path(root)
@@ -351,10 +354,19 @@ def ctx_mosaic(root: str | Path) -> Path:
         r, c = int(m.group(1)), int(m.group(2))
         mosaic[r * CTX_TILE_PX:(r + 1) * CTX_TILE_PX, c * CTX_TILE_PX:(c + 1) * CTX_TILE_PX] = a
     out = root / "CTX" / f"{CTX_MOSAIC_NAME}.png"
-    tmp = out.with_name(out.stem + ".part.png")
-    if not cv2.imwrite(str(tmp), mosaic):
-        raise DataError("could not be written; is the set's directory writable?", tmp)
-    tmp.replace(out)
+    if out.is_file():
+        old = cv2.imread(str(out), cv2.IMREAD_GRAYSCALE)
+        if old is not None and np.array_equal(old, mosaic):
+            return out  # already there (a read-only copy of the set stays usable)
+    fd, tmp = tempfile.mkstemp(prefix=f".{CTX_MOSAIC_NAME}.", suffix=".png", dir=out.parent)
+    os.close(fd)
+    try:
+        if not cv2.imwrite(tmp, mosaic):
+            raise DataError("could not be written; is the set's directory writable?", Path(tmp))
+        os.replace(tmp, out)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
     return out
 
 
@@ -374,7 +386,7 @@ def real_images(name: str, root: str | Path, split: str | None = None) -> list[R
     s = real_set(name)
     splits = SET_SPLITS[name]
     if name == "robbins-ctx-mars":
-        return [im for im in _ctx_images(Path(root)) if split is None or im.split == split]
+        return [] if split not in (None, splits[CTX_MOSAIC_NAME]) else _ctx_images(Path(root))
     out = []
     for rel in sorted(p for p in s.files if p.endswith(".png")):
         obs = observation_of(rel)

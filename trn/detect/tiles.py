@@ -168,9 +168,10 @@ def tile_input(window: np.ndarray, tile: Tile, size: int, valid: np.ndarray | No
                min_std: float = MIN_STD) -> np.ndarray:
     """float32 [size, size]: the window resized to (tile.h, tile.w) (area averaging when shrinking;
     8 and 16 bit windows in their own type, as :func:`trn.detect.boxes.resize_frame` does),
-    standardised over its valid pixels as :func:`trn.detect.boxes.standardise` does a frame (the
-    spread floored at ``min_std``, in the window's own units: :func:`spread_floor`), and padded with
-    the mean (0). ``valid``: bool of the window's shape, False on no-data pixels."""
+    standardised over its valid pixels as :func:`trn.detect.boxes.standardise` does a frame, but
+    with the spread floored at ``min_std`` in the window's own units (:func:`spread_floor`: the
+    frame's MIN_STD for 8-bit images, a share of the image's grey range for others), and padded
+    with the mean (0). ``valid``: bool of the window's shape, False on no-data pixels."""
     a = np.asarray(window)
     if a.dtype not in (np.uint8, np.uint16):  # 8 and 16 bit are resized as they are, as a frame is
         a = a.astype(np.float32)
@@ -501,17 +502,28 @@ def parse_bands(scales: str, bands: str | None = None) -> list[ScaleBand]:
 
 
 def moved_bands(bands: list[ScaleBand] | tuple[ScaleBand, ...], chosen_px: tuple[float, float],
-                crater_px: tuple[float, float]) -> tuple[list[ScaleBand], float]:
+                crater_px: tuple[float, float]) -> tuple[list[ScaleBand], float, bool]:
     """A model's scales and bands, chosen on images whose craters spanned ``chosen_px`` (MIN, MAX
     image px), for an image whose craters span ``crater_px``: kept as they are when ``crater_px``
-    lies inside ``chosen_px``, else all moved by one factor k (scales times k, band edges over k) so
-    that the geometric middle of ``crater_px`` lands where that of ``chosen_px`` did. Returns the
-    bands and k (1 when kept)."""
+    lies inside ``chosen_px``; else all moved by one factor k (scales times k, band edges over k).
+    A range no wider (in ratio) than ``chosen_px`` is moved only as far as it must be to lie inside
+    it (k = MIN_chosen / MIN, or MAX_chosen / MAX), so that k grows from 1 as the range leaves;
+    a wider one has its geometric middle brought onto that of ``chosen_px``. Returns the bands, k
+    and whether they were kept."""
     (c0, c1), (lo, hi) = chosen_px, crater_px
+    if not (0 < c0 <= c1 and 0 < lo <= hi and math.isfinite(c1) and math.isfinite(hi)):
+        raise ConfigError(f"crater sizes {lo:g}-{hi:g} px against {c0:g}-{c1:g} px: expected 0 < MIN <= MAX")
     if c0 <= lo and hi <= c1:
-        return list(bands), 1.0
-    k = math.sqrt(c0 * c1) / math.sqrt(lo * hi)
-    return [ScaleBand(b.factor * k, b.min_px / k, b.max_px / k) for b in bands], k
+        return list(bands), 1.0, True
+    if hi / lo <= c1 / c0:
+        k = c0 / lo if lo < c0 else c1 / hi
+    else:
+        k = math.sqrt(c0 * c1) / math.sqrt(lo * hi)
+    try:
+        return [ScaleBand(b.factor * k, b.min_px / k, b.max_px / k) for b in bands], k, False
+    except ConfigError as exc:
+        raise ConfigError(f"crater sizes {lo:g}-{hi:g} px are too far from the {c0:g}-{c1:g} px the model's scales "
+                          f"were chosen on (the scales moved by {k:.3g}: {exc}); give --scale or --scales") from None
 
 
 @dataclass(frozen=True)
