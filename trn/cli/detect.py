@@ -263,17 +263,19 @@ def _bands(args):
 
 
 def _bands_for_craters(bands, meta: dict, crater_px: tuple[float, float]):
-    """A model's own bands for ``--crater-px``: kept or moved (:func:`trn.detect.tiles.moved_bands`)
-    when the model says what crater sizes they were chosen for (``run_crater_px``), with the factor
-    they were moved by (None when kept); (None, None) when it does not say: one scale from
-    --crater-px, as for a model without scales."""
+    """A model's own bands for ``--crater-px``, kept or moved (:func:`trn.detect.tiles.moved_bands`)
+    when the model says what crater sizes they were chosen for (``run_crater_px``), and where they
+    come from in words; (None, None) when it does not say: one scale from --crater-px, as for a
+    model without scales."""
     from trn.detect.tiles import moved_bands
 
     if not meta.get("run_crater_px"):
         return None, None
     lo, hi = (float(v) for v in meta["run_crater_px"].split(","))
     out, k, kept = moved_bands(bands, (lo, hi), crater_px)
-    return out, (None if kept else k)
+    chosen, asked = f"images whose craters span {lo:g}-{hi:g} px", f"--crater-px {crater_px[0]:g}-{crater_px[1]:g}"
+    return out, (f"the model's own, chosen on {chosen}, which hold {asked}" if kept else
+                 f"the model's own moved by {k:.4g}, from {chosen} to {asked}")
 
 
 def _overlap(asked: int | None, input_size: int) -> int:
@@ -299,14 +301,15 @@ def _run(args) -> int:
 
     paths = _images(args.inputs)
     bands = _bands(args)
-    own, from_model, moved, held = None, False, None, False  # the model is loaded early to read its own scales
+    own, own_scales, hint = None, None, ""  # the model is loaded early to read its own scales; where they come from
     if bands is None and all(getattr(args, k) is None for k in ("scale", "gsd", "altitude_km")):
         own = _load_model(args.model)
         bands = _model_bands(own[4])
+        own_scales = "the model's own, chosen on its validation images"
+        hint = " (give --scales, --scale, --crater-px, --gsd or --altitude-km for others)"
         if bands is not None and args.crater_px is not None:
-            bands, moved = _bands_for_craters(bands, own[4], args.crater_px)
-            held = bands is not None and moved is None
-        from_model = bands is not None
+            (bands, own_scales), hint = _bands_for_craters(bands, own[4], args.crater_px), ""
+    from_model = bands is not None and own_scales is not None
     cat = read_catalogue(args.catalogue, args.catalogue_columns) if args.catalogue is not None else None
     for p in paths:  # rasters refused before the model loads: a header read each, no pixels
         if not is_picture(p):
@@ -321,14 +324,8 @@ def _run(args) -> int:
     if args.tta is None and tta:
         print(f"test-time symmetry {tta} ({TTA_VIEWS[tta]} views of each tile): the model's own, chosen on its "
               "validation images (--tta none for one view)")
-    if from_model and not held and moved is None:
-        print(f"scales {', '.join(b.describe() for b in bands)}: the model's own, chosen on its validation images "
-              "(give --scales, --scale, --crater-px, --gsd or --altitude-km for others)")
-    elif from_model:
-        print(f"scales {', '.join(b.describe() for b in bands)}: " + (
-            "the model's own, chosen on images whose craters span {0}-{1} px, which hold --crater-px {2:g}-{3:g}"
-            if held else "the model's own moved by {4:.4g}, from images whose craters span {0}-{1} px to "
-            "--crater-px {2:g}-{3:g}").format(*own[4]["run_crater_px"].split(","), *args.crater_px, moved))
+    if from_model:
+        print(f"scales {', '.join(b.describe() for b in bands)}: {own_scales}{hint}")
     threshold = chosen if args.threshold is None else args.threshold
     (args.out / "overlays").mkdir(parents=True, exist_ok=True)
     maps = symmetry_averaged(torch_maps(model), TTA_VIEWS[tta]) if tta else torch_maps(model)
@@ -368,9 +365,7 @@ def _run(args) -> int:
             multi = {} if bands is None else {"scales": [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px),
                                                           "tiles": n} for b, n in zip(bands, res.tiles)]}
             records.append({"image": str(p), "shape": list(shape), "read": img.what, "scale": round(scale.factor, 6),
-                            "scale_source": (("the model's own scales (the finest)" if moved is None else
-                                              f"the model's own scales moved by {moved:.4g} for --crater-px (the finest)")
-                                             if from_model else "--scales (the finest)")
+                            "scale_source": (f"{own_scales} (the finest)" if from_model else "--scales (the finest)")
                             if bands else scale.source, "gsd_km": scale.gsd_km, "tiles": tiles, **multi,
                             "georeferenced": img.georef is not None, "boxes": [list(b) for b in boxes],
                             "scores": [round(float(s), 4) for s in det.scores[keep]]})
@@ -447,12 +442,10 @@ def _ship(args) -> int:
 
     model, meta = load_detector(ck)
     shipped = "centre_sigma_px" in meta  # a shipped model, shipped again: its threshold and gate unless told others
-    if args.threshold is None and shipped:
-        args.threshold = meta.get("score_threshold")
-    if args.gate_km is None and shipped:
-        args.gate_km = meta.get("gate_km")
-    thr = args.threshold if args.threshold is not None else float(epoch_record(meta)["val_threshold"])
-    if shipped and thr == meta.get("score_threshold") and args.gate_km == meta.get("gate_km"):
+    threshold = meta.get("score_threshold") if args.threshold is None and shipped else args.threshold
+    gate_km = meta.get("gate_km") if args.gate_km is None and shipped else args.gate_km
+    thr = threshold if threshold is not None else float(epoch_record(meta)["val_threshold"])
+    if shipped and thr == meta.get("score_threshold") and gate_km == meta.get("gate_km"):
         # a shipped model shipped again (new scales, say) at its own threshold and gate: its box
         # centre error, measured on its training data's validation frames when it was first shipped
         # (None: no matched detection there), stays
@@ -460,12 +453,12 @@ def _ship(args) -> int:
         print(f"{ck}: a shipped model at its own threshold and size gate; its box centre error "
               + ("(not measured)" if sigma is None else f"{sigma:.2f} px") + " kept")
     else:
-        errs = [centre_sigma_px(evaluate(model, read_labels(d), "val", thr, gate_km=args.gate_km))
+        errs = [centre_sigma_px(evaluate(model, read_labels(d), "val", thr, gate_km=gate_km))
                 for d in meta["train_config"]["data"]]
         finite = [e for e in errs if np.isfinite(e)]
         sigma = float(np.sqrt(np.mean(np.square(finite)))) if finite else None  # no matched detection: not measured
-    out = ship_detector(args.run, args.out, args.gate_km, "trn-detect " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
-                        sigma, args.threshold, args.chosen_by, args.scales, args.bands, args.tta, crater_px)
+    out = ship_detector(args.run, args.out, gate_km, "trn-detect " + " ".join(shlex.quote(a) for a in sys.argv[1:]),
+                        sigma, threshold, args.chosen_by, args.scales, args.bands, args.tta, crater_px)
     print(f"shipped {ck} to {out}")
     return 0
 

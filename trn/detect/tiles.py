@@ -371,15 +371,17 @@ class TileBoxes:
 
 def tile_boxes(maps: MapsFn, source: WindowSource, factor: float, input_size: int, stride: int,
                score_threshold: float, overlap: int = DEFAULT_OVERLAP, batch: int = 16,
-               top_k: int = DEFAULT_TOP_K, nms_threshold: float = 0.5, progress: bool | None = None) -> TileBoxes:
+               top_k: int = DEFAULT_TOP_K, nms_threshold: float = 0.5, progress: bool | None = None,
+               min_std: float | None = None) -> TileBoxes:
     """The boxes of every tile of the image behind ``source`` at ``factor`` network px per image px,
-    in image px, before the whole-image NMS (the arguments as :func:`detect_tiled` takes them)."""
+    in image px, before the whole-image NMS (the arguments as :func:`detect_tiled` takes them;
+    ``min_std``: the image's :func:`spread_floor`, measured here when not given)."""
     from tqdm import tqdm
 
     if batch < 1:
         raise ConfigError(f"tile batch {batch}: expected at least 1")
     tiles = tile_grid(source.shape, factor, input_size, overlap)
-    floor = spread_floor(source)
+    floor = spread_floor(source) if min_std is None else min_std
     boxes, scores, cuts, owner, biggest, tile_no = [], [], [], [], 0, 0
     show = (len(tiles) >= PROGRESS_TILES) if progress is None else progress
     bar = tqdm(total=len(tiles), desc="tiles", unit="tile", disable=None if show else True, mininterval=2.0)
@@ -570,8 +572,9 @@ def detect_multiscale(maps: MapsFn, source: WindowSource, bands: list[ScaleBand]
     scales is one box after the NMS."""
     if not bands:
         raise ConfigError("no scales given: expected at least one scale and its size band")
+    floor = spread_floor(source)  # once for the image, not once a scale
     runs = [tile_boxes(maps, source, b.factor, input_size, stride, score_threshold, overlap, batch, top_k,
-                       nms_threshold, progress) for b in bands]
+                       nms_threshold, progress, floor) for b in bands]
     det, band = merge_bands([(r.boxes, r.scores) for r in runs], bands, nms_threshold)
     return MultiScaleRun(det, tuple(bands), tuple(r.tiles for r in runs), band, max(r.batch_bytes for r in runs))
 
