@@ -4,7 +4,10 @@ CraterDANet set, ``--set craterdanet-nac``, the default) and a Mars CTX mosaic w
 train and validation images, and whole images of a split scored.
 
 ``frames`` writes a detector data directory (tiles of the train and validation images at a scale,
-at the network's input size) for ``trn-detect train``; test images are never written.
+at the network's input size) for ``trn-detect train``; test images are never written. ``--val``
+keeps only the named validation observations for validation and trains on the others (or, with
+``--other-val drop``, leaves them out): a study of more training images, scored with ``score
+--observations`` on what stayed out.
 ``score`` runs a detector on every whole image of a split, tiled as ``trn-detect run`` tiles
 it (one NMS over the image), and matches its boxes to every label of the image at IoU 0.5:
 precision, recall and F1 at a score threshold, AP@0.5, recall by labelled box size; on the
@@ -29,6 +32,8 @@ check of a set's label registration (the Mars mosaic's labels are moved by
 ``trn.detect.realsets.CTX_LABEL_SHIFT_PX``).
 
     python benchmarks/detector/real_nac.py frames --root ~/trn-data-real/craterdanet-nac --factor 2 --out DIR
+    python benchmarks/detector/real_nac.py frames --root ~/trn-data-real/craterdanet-nac --factor 2 --out DIR \
+        --val M115143943 --other-val train     # the other validation observations trained on
     python benchmarks/detector/real_nac.py score RUN_OR_MODEL --root ~/trn-data-real/craterdanet-nac \
         --split val --factor 2 --runners torch --json OUT.json
     python benchmarks/detector/real_nac.py score RUN_OR_MODEL --root ~/trn-data-real/craterdanet-nac \
@@ -42,6 +47,7 @@ check of a set's label registration (the Mars mosaic's labels are moved by
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import sys
@@ -162,10 +168,27 @@ def by_size(images, matches, threshold: float) -> list[dict]:
     return rows
 
 
+def _observations(images, spec: str, what: str) -> set[str]:
+    """The observations named in ``spec`` (comma-separated), each checked to be among ``images``."""
+    named = {o for o in spec.split(",") if o}
+    unknown = sorted(named - {im.observation for im in images})
+    if not named or unknown:
+        raise SystemExit(f"{what} {spec!r}: {', '.join(unknown) or 'nothing'} is not an observation of these images "
+                         f"({', '.join(sorted({im.observation for im in images}))})")
+    return named
+
+
 def cmd_frames(args) -> int:
     images = real_images(SET, args.root, "train") + real_images(SET, args.root, "val")
+    if args.val is not None:
+        # a study of more training images: the named validation observations stay validation, the
+        # other validation observations move into training (or are left out: the same study's control)
+        keep = _observations([im for im in images if im.split == "val"], args.val, "--val")
+        images = [im if im.split == "train" or im.observation in keep else dataclasses.replace(im, split="train")
+                  for im in images if im.split == "train" or im.observation in keep or args.other_val == "train"]
     path = write_tile_frames(images, args.out, args.factor)
-    print(f"{path}: tiles of {len(images)} images (train and val) at factor {args.factor}")
+    splits = ", ".join(f"{sum(im.split == s for im in images)} {s}" for s in ("train", "val"))
+    print(f"{path}: tiles of {len(images)} images ({splits}) at factor {args.factor}")
     return 0
 
 
@@ -203,6 +226,11 @@ def cmd_score(args) -> int:
     images = real_images(args.set, args.root, args.split)
     if not images:
         raise SystemExit(f"{args.set} has no {args.split} images")
+    if args.observations is not None:
+        if args.split == "test":
+            raise SystemExit("the test split is scored whole: --observations is for validation studies")
+        named = _observations(images, args.observations, "--observations")
+        images = [im for im in images if im.observation in named]
     doc = {"model": str(ck), "set": args.set, "split": args.split, "images": [im.path.name for im in images],
            "labels": int(sum(len(im.boxes) for im in images)), "factor": args.factor,
            "bands": [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px)} for b in bands],
@@ -284,6 +312,11 @@ def cmd_sweep(args) -> int:
     images = real_images(args.set, args.root, args.split)
     if not images:
         raise SystemExit(f"{args.set} has no {args.split} images")
+    if args.observations is not None:
+        if args.split == "test":
+            raise SystemExit("the test split is scored whole: --observations is for validation studies")
+        named = _observations(images, args.observations, "--observations")
+        images = [im for im in images if im.observation in named]
     min_side, max_side = LABELLED_SIDE_PX[args.set]
     maps = torch_maps(model)
     scales = [float(v) for v in args.scales.split(",")]
@@ -412,12 +445,17 @@ def main(argv: list[str] | None = None) -> int:
                                                             "never trained on)")
     f.add_argument("--factor", type=float, required=True, help="network px per image px")
     f.add_argument("--out", type=Path, required=True)
+    f.add_argument("--val", help="validation observations to keep as validation, e.g. M115143943; the other "
+                                 "validation observations go by --other-val (default: the set's own split)")
+    f.add_argument("--other-val", choices=("train", "drop"), default="train",
+                   help="with --val: the other validation observations are trained on (train) or left out (drop)")
     f.set_defaults(fn=cmd_frames)
     s = sub.add_parser("score", help="whole images of a split, tiled, against every label")
     s.add_argument("model", type=Path, help="a run directory, checkpoint or model directory")
     s.add_argument("--root", type=Path, required=True)
     s.add_argument("--set", default=SET, choices=tuple(LABELLED_SIDE_PX))
     s.add_argument("--split", choices=("train", "val", "test"), required=True)
+    s.add_argument("--observations", help="only these observations of the split, e.g. M115143943 (not the test split)")
     s.add_argument("--factor", type=float, help="network px per image px (one scale)")
     s.add_argument("--scales", help="several scales, e.g. 2,0.6, each keeping its --bands")
     s.add_argument("--bands", help="one size band a scale, image px, e.g. 0-24,24-inf (default: "
