@@ -178,6 +178,17 @@ def _observations(images, spec: str, what: str) -> set[str]:
     return named
 
 
+def _named_only(images, args) -> list:
+    """``images`` of the observations ``--observations`` names (all of them without it); never a
+    part of the test split."""
+    if args.observations is None:
+        return images
+    if args.split == "test":
+        raise SystemExit("the test split is scored whole: --observations is for validation studies")
+    named = _observations(images, args.observations, "--observations")
+    return [im for im in images if im.observation in named]
+
+
 def cmd_frames(args) -> int:
     images = real_images(SET, args.root, "train") + real_images(SET, args.root, "val")
     if args.val is not None:
@@ -226,11 +237,7 @@ def cmd_score(args) -> int:
     images = real_images(args.set, args.root, args.split)
     if not images:
         raise SystemExit(f"{args.set} has no {args.split} images")
-    if args.observations is not None:
-        if args.split == "test":
-            raise SystemExit("the test split is scored whole: --observations is for validation studies")
-        named = _observations(images, args.observations, "--observations")
-        images = [im for im in images if im.observation in named]
+    images = _named_only(images, args)
     doc = {"model": str(ck), "set": args.set, "split": args.split, "images": [im.path.name for im in images],
            "labels": int(sum(len(im.boxes) for im in images)), "factor": args.factor,
            "bands": [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px)} for b in bands],
@@ -312,11 +319,7 @@ def cmd_sweep(args) -> int:
     images = real_images(args.set, args.root, args.split)
     if not images:
         raise SystemExit(f"{args.set} has no {args.split} images")
-    if args.observations is not None:
-        if args.split == "test":
-            raise SystemExit("the test split is scored whole: --observations is for validation studies")
-        named = _observations(images, args.observations, "--observations")
-        images = [im for im in images if im.observation in named]
+    images = _named_only(images, args)
     min_side, max_side = LABELLED_SIDE_PX[args.set]
     maps = torch_maps(model)
     scales = [float(v) for v in args.scales.split(",")]
@@ -481,6 +484,7 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--root", type=Path, required=True)
     w.add_argument("--set", default=SET, choices=tuple(LABELLED_SIDE_PX))
     w.add_argument("--split", choices=("train", "val", "test"), default="val")
+    w.add_argument("--observations", help="only these observations of the split, e.g. M115143943 (not the test split)")
     w.add_argument("--scales", required=True, help="the scales to run, e.g. 2,1.6,1.2,1,0.8,0.6")
     w.add_argument("--edges", default="12,16,20,24,28,32,40,48,64", help="band boundaries to try, image px")
     w.add_argument("--cache", type=Path, required=True, help="directory for each scale's boxes")
