@@ -191,6 +191,8 @@ def _named_only(images, args) -> list:
 
 def cmd_frames(args) -> int:
     images = real_images(SET, args.root, "train") + real_images(SET, args.root, "val")
+    if args.val is None and args.other_val != "train":
+        raise SystemExit("--other-val goes with --val (the validation observations to keep)")
     if args.val is not None:
         # a study of more training images: the named validation observations stay validation, the
         # other validation observations move into training (or are left out: the same study's control)
