@@ -178,9 +178,12 @@ def _observations(images, spec: str, what: str) -> set[str]:
     return named
 
 
-def _named_only(images, args) -> list:
-    """``images`` of the observations ``--observations`` names (all of them without it); never a
-    part of the test split."""
+def _split_images(args) -> list:
+    """The images of ``args.split`` of ``args.set``, only those of the observations
+    ``--observations`` names where it is given (never a part of the test split)."""
+    images = real_images(args.set, args.root, args.split)
+    if not images:
+        raise SystemExit(f"{args.set} has no {args.split} images")
     if args.observations is None:
         return images
     if args.split == "test":
@@ -197,8 +200,14 @@ def cmd_frames(args) -> int:
         # a study of more training images: the named validation observations stay validation, the
         # other validation observations move into training (or are left out: the same study's control)
         keep = _observations([im for im in images if im.split == "val"], args.val, "--val")
-        images = [im if im.split == "train" or im.observation in keep else dataclasses.replace(im, split="train")
-                  for im in images if im.split == "train" or im.observation in keep or args.other_val == "train"]
+        kept = []
+        for im in images:  # in the set's order, as without --val
+            if im.split == "val" and im.observation not in keep:
+                if args.other_val == "drop":
+                    continue
+                im = dataclasses.replace(im, split="train")
+            kept.append(im)
+        images = kept
     path = write_tile_frames(images, args.out, args.factor)
     splits = ", ".join(f"{sum(im.split == s for im in images)} {s}" for s in ("train", "val"))
     print(f"{path}: tiles of {len(images)} images ({splits}) at factor {args.factor}")
@@ -236,10 +245,7 @@ def cmd_score(args) -> int:
     bands = [ScaleBand(args.factor)] if args.factor is not None else parse_bands(args.scales, args.bands)
     ck = _checkpoint(args.model)
     model, meta = load_detector(ck)
-    images = real_images(args.set, args.root, args.split)
-    if not images:
-        raise SystemExit(f"{args.set} has no {args.split} images")
-    images = _named_only(images, args)
+    images = _split_images(args)
     doc = {"model": str(ck), "set": args.set, "split": args.split, "images": [im.path.name for im in images],
            "labels": int(sum(len(im.boxes) for im in images)), "factor": args.factor,
            "bands": [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px)} for b in bands],
@@ -318,10 +324,7 @@ def cmd_sweep(args) -> int:
     if args.split == "test":
         raise SystemExit("settings are chosen on validation images only; the test split is scored once with score")
     model, _ = load_detector(_checkpoint(args.model))
-    images = real_images(args.set, args.root, args.split)
-    if not images:
-        raise SystemExit(f"{args.set} has no {args.split} images")
-    images = _named_only(images, args)
+    images = _split_images(args)
     min_side, max_side = LABELLED_SIDE_PX[args.set]
     maps = torch_maps(model)
     scales = [float(v) for v in args.scales.split(",")]
