@@ -3,7 +3,7 @@
     trn-data build luna1 --source ../shared/data/moon --out data/luna1
     trn-data build luna1-synth --out data/luna1-synth --seed 0
     trn-data check data/luna1
-    trn-data dense-catalogue --world ~/.cache/trn/luna1-synth-v2-seed0/.world --min-km 1
+    trn-data dense-catalogue --world ~/.cache/trn/luna1-synth-v3-seed0/.world --min-km 1
 """
 
 from __future__ import annotations
@@ -68,10 +68,16 @@ def _add_build_options(p: argparse.ArgumentParser) -> None:
                    help="a crater's frame views are consecutive frames of one pass: one altitude, pointing and "
                         "Sun, the crater moving LO to HI px along the image per view (LRO: about 100-160); "
                         "exclusive with --frame-view-pass-sun")
-    p.add_argument("--illumination", choices=("physical", "baked"), default="physical",
-                   help="baked: the paper's scene conditions, one texture shaded once under a light fixed to the "
+    p.add_argument("--illumination", choices=("physical", "baked"), default=None,
+                   help="physical (default; baked with --scene authors): the real Sun, cast shadows, a night side; "
+                        "baked: the paper's scene conditions, one texture shaded once under a light fixed to the "
                         "local horizon, draped over the terrain for landmarks and frames alike (no Sun, no night, no "
-                        "cast shadows); a diagnostic world")
+                        "cast shadows), so every frame's visible craters are boxed")
+    p.add_argument("--scene", choices=("physical", "authors"), default="physical",
+                   help="authors: Luna-1 as its authors rendered it, their camera (the trajectory's positions "
+                        "divided by 1500 about a unit-radius Moon: times 1737.4/1500 in km, 360-407 km up on the LRO "
+                        "arc, attitude unchanged) under their light (--illumination baked unless given); default "
+                        "physical: the trajectory as flown, which map navigation and lost-in-space fixes need")
     p.add_argument("--segments", type=int_between(1, 200), default=None, metavar="N",
                    help="fly the trajectory N times, on N ground tracks spread in longitude and each 1.7 days "
                         "after the last (other Suns): with --annotate-validation-of, the validation orbit")
@@ -110,7 +116,8 @@ def _check_build_paths(a: argparse.Namespace) -> None:
 def _render_config(a: argparse.Namespace) -> RenderConfig:
     base = RenderConfig()
     return replace(base, nav_size=a.nav_size, crater_size=a.crater_size, shadows=not a.no_shadows,
-                   photometry=a.photometry, light_elevation_deg=a.light_elevation, illumination=a.illumination,
+                   photometry=a.photometry, light_elevation_deg=a.light_elevation,
+                   illumination=a.illumination or ("baked" if a.scene == "authors" else "physical"),
                    detail=replace(base.detail, enabled=not a.no_detail))
 
 
@@ -217,7 +224,7 @@ def main(argv: list[str] | None = None) -> int:
                               frame_views=args.frame_views, segments=segments,
                               frame_view_ranges=_frame_view_ranges(args),
                               annotate_validation_of=args.annotate_validation_of,
-                              annotate_training_of=args.annotate_training_of)
+                              annotate_training_of=args.annotate_training_of, scene=args.scene)
             _print_summary(build_luna1(cfg))
             return 0
         from trn.data.datasets.build import build_synthetic_luna1
@@ -230,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:
                                         views=args.views, frame_views=args.frame_views, segments=segments,
                                         frame_view_ranges=_frame_view_ranges(args),
                                         annotate_validation_of=args.annotate_validation_of,
-                                        annotate_training_of=args.annotate_training_of)
+                                        annotate_training_of=args.annotate_training_of, scene=args.scene)
         _print_summary(summary)
         return 0
 

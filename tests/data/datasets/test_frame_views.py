@@ -204,6 +204,8 @@ def test_validation_orbit_boxes_validation_craters_only(boxed_world, tmp_path):
     val = validation_craters(tmp_path / "main")
     meta = luna1.Luna1Metadata.read(tmp_path / "main" / luna1.METADATA)
     forced = {str(b.id) for f in luna1.read_annotations(tmp_path / "main" / luna1.ANNOTATIONS) for b in f.boxes}
+    forced |= {str(c) for v in meta.navigation_craters.values() for c in v}  # both scenes' sequences
+    assert set(meta.navigation_craters) == {"physical", "authors"}
     split = split_ids([str(c) for c in sorted(meta.craters)], forced, 0.5, 0.1, 0)
     assert val == {int(c) for c in split.val} and val
     segments = validation_segments(12)

@@ -1,5 +1,6 @@
 """Landmark set readers: HiRISE v3 variants grouped as views, generic folders, Luna-1 craters."""
 
+import json
 import cv2
 import numpy as np
 import pytest
@@ -164,3 +165,30 @@ def test_the_split_refuses_a_navigation_sequence_without_readable_annotations(tm
     (tmp_path / "lro_navigation" / "annotations.txt").write_text("nav_images/0.png 5,1,9,1,9 6,1,9,1,9 7,1,9,1,9\n")
     split = split_identities(ls, tmp_path, "luna1")
     assert {"5", "6", "7"} <= set(split.test)
+
+
+def test_the_split_forces_every_scenes_navigation_craters_into_the_test_half(tmp_path):
+    from trn.data.datasets.landmarks import forced_craters, split_identities
+    from trn.data.datasets.luna1 import Luna1Metadata
+
+    for i in range(1, 41):
+        img(tmp_path / "crater_images" / f"{i}.png")
+    (tmp_path / "lro_navigation").mkdir()
+    (tmp_path / "lro_navigation" / "annotations.txt").write_text("nav_images/0.png 5,1,9,1,9\n")
+    meta = Luna1Metadata(craters={i: {} for i in range(1, 41)},
+                         navigation_craters={"physical": [5, 6], "authors": [7, 30, 31, 32]})
+    (tmp_path / "metadata.json").write_text(meta.to_json())
+    assert forced_craters(tmp_path) == {"5", "6", "7", "30", "31", "32"}
+    ls = read_luna1_landmarks(tmp_path)
+    split = split_identities(ls, tmp_path, "luna1")
+    assert {"5", "6", "7", "30", "31", "32"} <= set(split.test) and len(split.test) == 20
+    assert not {"5", "6", "7", "30", "31", "32"} & set(split.train + split.val)
+    # a build of the other scene (another annotations file, the same metadata lists) splits alike
+    (tmp_path / "lro_navigation" / "annotations.txt").write_text("nav_images/0.png 31,1,9,1,9 7,1,9,1,9\n")
+    assert split_identities(ls, tmp_path, "luna1") == split
+    # a hostile list is refused, naming the file and the fix
+    doc = json.loads(meta.to_json())
+    doc["navigation_craters"] = {"authors": ["7", 1.5]}
+    (tmp_path / "metadata.json").write_text(json.dumps(doc))
+    with pytest.raises(DataError, match="navigation_craters.*run its trn-data build command again"):
+        forced_craters(tmp_path)

@@ -26,14 +26,14 @@ from trn.data.catalogues.catalogue import Catalogue, catalogue_registration, fin
 from trn.data.datasets import luna1
 from trn.data.datasets.annotate import AnnotateConfig, annotate_frame
 from trn.data.datasets.frame_views import FrameViewRanges, render_frame_track, render_frame_view
-from trn.data.datasets.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION, split_ids
+from trn.data.datasets.landmarks import SPLIT_SEED, TEST_FRACTION, VAL_FRACTION, forced_craters, split_ids
 from trn.data.files import atomic_write_text
 from trn.data.progress import progress
 from trn.data.worlds.ephemeris import sun_direction_body
 from trn.data.worlds.render import RENDERER_VERSION, CraterView, RenderConfig, Surface, render_crater, render_frame
 from trn.data.worlds.synth import SynthConfig, make_world
 from trn.data.worlds.terrain import Albedo, load_albedo, load_elevation
-from trn.data.worlds.trajectory import (Trajectory, read_trajectory, segment_trajectory, write_poses_csv,
+from trn.data.worlds.trajectory import (Trajectory, read_trajectory, scaled_trajectory, segment_trajectory, write_poses_csv,
                                         write_poses_kitti)
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, xyz_to_latlon
@@ -42,6 +42,13 @@ log = logging.getLogger(__name__)
 MANIFEST = luna1.BUILD_MANIFEST
 BUILD_PARTS = ("all", "scenarios")
 BUILD_LOG = "build_log.json"
+# "physical": the source's trajectory as flown. "authors": the Luna-1 authors' Blender scene, whose
+# camera sits at the trajectory's positions divided by AUTHORS_POSITION_DIVISOR about a Moon of
+# radius one (droneslab/mars, data/lro_navigation/pose_csv/blender_world_poses.txt against
+# data/pose_csv/LROCWAC_22Sep06_000000_6H_10S_poses.csv; docs/luna1-build.md): in lunar
+# kilometres the positions times MOON_RADIUS_KM / 1500, attitudes unchanged.
+SCENES = ("physical", "authors")
+AUTHORS_POSITION_DIVISOR = 1500.0
 
 
 @dataclass(frozen=True)
@@ -81,6 +88,10 @@ class BuildConfig:
     annotate_training_of: box only the craters of the training half of that build's split: a
         training orbit, navigation frames whose boxes name training craters only (its pixels show
         whatever lies there, as a validation orbit's do). Exclusive with annotate_validation_of.
+    scene: "physical" (the trajectory as flown) or "authors" (the Luna-1 authors' camera: every
+        position scaled by MOON_RADIUS_KM / 1500, attitude unchanged; 360-407 km up on the LRO
+        arc). The authors' light is ``render.illumination = "baked"``, which ``trn-data build
+        --scene authors`` sets; under it no frame has a Sun, so no crater loses its box to one.
     parts: "all", or "scenarios": render first only what the four scenarios read (the landmarks
         of the test half, drawn by the same split as training, and the annotated frames); the
         build stays marked incomplete and the same command with parts "all" renders the rest,
@@ -108,6 +119,7 @@ class BuildConfig:
     segments: tuple[tuple[float, float], ...] = ()
     annotate_validation_of: Path | None = None
     annotate_training_of: Path | None = None
+    scene: str = "physical"
     render: RenderConfig = field(default_factory=RenderConfig)
     annotate: AnnotateConfig = field(default_factory=AnnotateConfig)
 
@@ -126,6 +138,8 @@ class BuildConfig:
             raise ConfigError(f"views={self.views}: expected 0 to 16 extra renders per crater")
         if not 0 <= self.frame_views <= 64:
             raise ConfigError(f"frame_views={self.frame_views}: expected 0 to 64 frame-domain views per crater")
+        if self.scene not in SCENES:
+            raise ConfigError(f"scene={self.scene!r}: expected one of {SCENES}")
         if self.parts not in BUILD_PARTS:
             raise ConfigError(f"parts={self.parts!r}: expected one of {BUILD_PARTS}")
         if self.view_ranges is None:
@@ -145,6 +159,8 @@ class BuildConfig:
             "max_dem_ppd": self.max_dem_ppd, "use_albedo": self.use_albedo, "render": self.render.key_dict(),
             "annotate": asdict(self.annotate), "min_diameter_km": self.min_diameter_km, "max_abs_lat": self.max_abs_lat,
         }
+        if self.scene != "physical":  # likewise
+            doc["scene"] = self.scene
         if self.segments:  # only then, so that the key of every earlier build stays what it was
             doc["segments"] = [list(map(float, seg)) for seg in self.segments]
         reg = catalogue_registration(self.source)
@@ -352,7 +368,8 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
 
     t = time.perf_counter()
     log.info("build %s: reading the trajectory, the catalogue and the surface of %s", out, source)
-    traj = read_trajectory(source)
+    flown = read_trajectory(source)
+    traj = scene_trajectory(flown, cfg.scene)
     one_pass = len(traj)
     if cfg.segments:
         traj = segment_trajectory(traj, cfg.segments)
@@ -386,11 +403,13 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     def height(la: np.ndarray, lo: np.ndarray) -> np.ndarray:
         return elevation.height(la, lo, coarse)
 
+    lit = cfg.render.illumination == "physical"  # the baked light has no Sun and no night side
     frames: list[luna1.FrameAnnotation] = []
     for i in progress(frame_ids, desc="annotate", unit="frame"):
         k = traj.kitti[i]
-        boxes = annotate_frame(boxed, k[:, :3], k[:, 3], camera, height, sun[i], cfg.annotate)
+        boxes = annotate_frame(boxed, k[:, :3], k[:, 3], camera, height, sun[i] if lit else None, cfg.annotate)
         frames.append(luna1.FrameAnnotation(i, f"nav_images/{i}.png", tuple(boxes)))
+    nav_craters = scene_navigation_craters(flown, cat, camera, height)
     timings["annotate_s"] = time.perf_counter() - t
 
     seen = sorted({b.id for f in frames for b in f.boxes})
@@ -412,10 +431,11 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     write_poses_csv(out / luna1.POSES_CSV, traj.poses[:n_frames])
     write_poses_kitti(out / luna1.POSES_KITTI, traj.kitti[:n_frames])
     meta = _metadata(cfg, cat, cat_path, order, traj, frame_ids, sun, one_pass)
+    meta.navigation_craters = {k: sorted(set(v) & chosen) for k, v in nav_craters.items()}
     atomic_write_text(out / luna1.METADATA, meta.to_json())
     wanted_craters, wanted_frames = set(order), set(frame_ids)
     if cfg.parts == "scenarios":
-        wanted_craters = scenario_craters(order, frames)
+        wanted_craters = scenario_craters(order, frames, nav_craters)
         wanted_frames = {f.frame for f in frames if f.boxes}
     _STATE.update(out=out, surface=surface, render=cfg.render, trajectory=traj, sun=sun, view_ranges=cfg.view_ranges,
                   seed=cfg.seed, annotate=cfg.annotate, frame_view_ranges=cfg.frame_view_ranges)
@@ -455,10 +475,42 @@ def build_luna1(cfg: BuildConfig) -> BuildSummary:
     return summary
 
 
-def scenario_craters(order: list[int], frames: list[luna1.FrameAnnotation]) -> set[int]:
+def scene_trajectory(flown: Trajectory, scene: str) -> Trajectory:
+    """The trajectory a scene's camera flies: ``flown`` itself, or the authors' (positions scaled
+    by MOON_RADIUS_KM / AUTHORS_POSITION_DIVISOR, attitudes unchanged)."""
+    if scene not in SCENES:
+        raise ConfigError(f"scene={scene!r}: expected one of {SCENES}")
+    if scene == "physical":
+        return flown
+    return scaled_trajectory(flown, MOON_RADIUS_KM / AUTHORS_POSITION_DIVISOR, "the authors' camera")
+
+
+def scene_navigation_craters(flown: Trajectory, cat: Catalogue, camera, height) -> dict[str, list[int]]:
+    """For each scene, the craters its navigation sequence over ``flown`` (every epoch, one pass)
+    boxes under the default annotation rule: under the real Sun for "physical", with no Sun rule
+    for "authors" (its light is fixed to the camera). The split forces both sets into the test
+    half whichever scene a build renders, so that the two builds of one source split alike."""
+    rule = AnnotateConfig()
+    sun = sun_direction_body(flown.epochs) if len(flown) else np.zeros((0, 3))
+    out: dict[str, list[int]] = {}
+    for scene in SCENES:
+        traj = scene_trajectory(flown, scene)
+        seen: set[int] = set()
+        for i in range(len(traj)):
+            k = traj.kitti[i]
+            seen |= {b.id for b in annotate_frame(cat, k[:, :3], k[:, 3], camera, height,
+                                                  sun[i] if scene == "physical" else None, rule)}
+        out[scene] = sorted(seen)
+    return out
+
+
+def scenario_craters(order: list[int], frames: list[luna1.FrameAnnotation],
+                     navigation: dict[str, list[int]] | None = None) -> set[int]:
     """The craters whose landmark images the scenarios read: the test half of the split that the
-    shipped models and ``trn-sim`` draw (navigation craters first, default fractions and seed)."""
+    shipped models and ``trn-sim`` draw (the craters of this build's sequence and of ``navigation``,
+    each scene's sequence, first; default fractions and seed)."""
     forced = {str(b.id) for f in frames for b in f.boxes}
+    forced |= {str(c) for v in (navigation or {}).values() for c in v}
     split = split_ids([str(c) for c in sorted(order)], forced, TEST_FRACTION, VAL_FRACTION, SPLIT_SEED)
     return {int(c) for c in split.test}
 
@@ -500,7 +552,7 @@ def _frame_view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, ind
     doc = {"render_key": key, "seed": cfg.seed, "ranges": cfg.frame_view_ranges.key_dict(),
            "annotate": asdict(cfg.annotate), "halves": "train+val (test half excluded)"}
     _record_views(out / luna1.FRAME_VIEWS_MANIFEST, doc, cfg.frame_views, luna1.FRAME_VIEWS_DIR)
-    test = scenario_craters(order, frames)
+    test = scenario_craters(order, frames, luna1.Luna1Metadata.read(out / luna1.METADATA).navigation_craters)
     tasks = []
     for c in sorted(order):
         if c in test:
@@ -520,15 +572,14 @@ def _frame_view_tasks(cfg: BuildConfig, out: Path, key: str, cat: Catalogue, ind
 
 def split_craters(build: str | Path, half: str = "validation") -> set[int]:
     """The ``half`` ("training" or "validation") of a Luna-1 build's split, as training and
-    trn-sim draw it (its navigation craters forced into the test half first, the default
-    fractions and seed)."""
+    trn-sim draw it (the craters of either scene's navigation sequence forced into the test half
+    first, :func:`trn.data.datasets.landmarks.forced_craters`; the default fractions and seed)."""
     root = Path(build)
     meta_path, ann_path = root / luna1.METADATA, root / luna1.ANNOTATIONS
     if not meta_path.is_file() or not ann_path.is_file():
         raise DataError("needs a finished Luna-1 build (metadata.json and annotations) to draw its split from", root)
     ids = [str(c) for c in sorted(luna1.Luna1Metadata.read(meta_path).craters)]
-    forced = {str(b.id) for f in luna1.read_annotations(ann_path) for b in f.boxes}
-    split = split_ids(ids, forced, TEST_FRACTION, VAL_FRACTION, SPLIT_SEED)
+    split = split_ids(ids, forced_craters(root), TEST_FRACTION, VAL_FRACTION, SPLIT_SEED)
     if half not in ("training", "validation"):
         raise ConfigError(f"split half {half!r}: expected 'training' or 'validation'")
     return {int(c) for c in (split.val if half == "validation" else split.train)}
@@ -570,6 +621,8 @@ def _metadata(cfg: BuildConfig, cat: Catalogue, cat_path: Path, order: list[int]
     source = {"directory": Path(cfg.source).name, "catalogue": cat_path.name, "trajectory": traj.name,
               "filter": {"min_diameter_km": cfg.min_diameter_km, "max_abs_lat": cfg.max_abs_lat},
               "seed": cfg.seed, "max_dem_ppd": cfg.max_dem_ppd, "use_albedo": cfg.use_albedo}
+    if cfg.scene != "physical":
+        source["scene"] = cfg.scene
     if cfg.segments:
         source["segments"] = [{"rotation_deg": float(r), "epoch_offset_s": float(o), "first_frame": j * one_pass,
                                "frames": one_pass} for j, (r, o) in enumerate(cfg.segments)]
@@ -588,10 +641,10 @@ def build_synthetic_luna1(cfg: SynthConfig, out: Path, world_dir: Path | None = 
                           annotate: AnnotateConfig | None = None, parts: str = "all", render_frames: bool = True,
                           views: int = 0, frame_views: int = 0, segments: tuple = (),
                           annotate_validation_of: Path | None = None, annotate_training_of: Path | None = None,
-                          frame_view_ranges: "FrameViewRanges | None" = None) -> BuildSummary:
+                          frame_view_ranges: "FrameViewRanges | None" = None, scene: str = "physical") -> BuildSummary:
     """Make (or reuse) the procedural world, then build its Luna-1 dataset with the common builder
     (``parts``, ``render_frames``, ``views``, ``frame_views``, ``segments``, ``annotate_validation_of``,
-    ``annotate_training_of``: see :class:`BuildConfig`)."""
+    ``annotate_training_of``, ``scene``: see :class:`BuildConfig`)."""
     out = Path(out)
     world_dir = Path(world_dir) if world_dir is not None else out / ".world"
     make_world(cfg, world_dir)
@@ -600,5 +653,5 @@ def build_synthetic_luna1(cfg: SynthConfig, out: Path, world_dir: Path | None = 
                        annotate=annotate or AnnotateConfig(), parts=parts, render_frames=render_frames, views=views,
                        frame_views=frame_views, segments=tuple(segments),
                        annotate_validation_of=annotate_validation_of, annotate_training_of=annotate_training_of,
-                       frame_view_ranges=frame_view_ranges or FrameViewRanges())
+                       frame_view_ranges=frame_view_ranges or FrameViewRanges(), scene=scene)
     return build_luna1(bcfg)

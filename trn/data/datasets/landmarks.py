@@ -315,22 +315,37 @@ def luna1_identities(root: str | Path) -> list[str] | None:
     return [str(c) for c in sorted(Luna1Metadata.read(path).craters)]
 
 
+def forced_craters(root: str | Path) -> set[str]:
+    """The craters a Luna-1 build's split forces into the test half: every crater its own
+    navigation sequence boxes, and every crater either scene's sequence over the source's
+    trajectory boxes (metadata.json's ``navigation_craters``, written by ``trn-data build``), so
+    that the physical build and the authors' scene split alike and no model trains on a crater a
+    scenario of either queries."""
+    root = Path(root)
+    forced: set[str] = set()
+    # a navigation sequence without a readable annotations file would let its craters into the
+    # training half (trn-sim refuses such a dataset): read_annotations refuses it, naming why
+    if (root / NAV_DIR).exists():
+        forced = {str(b.id) for f in read_annotations(root / ANNOTATIONS) for b in f.boxes}
+    if (root / METADATA).is_file():
+        for craters in Luna1Metadata.read(root / METADATA).navigation_craters.values():
+            forced |= {str(c) for c in craters}
+    return forced
+
+
 def split_identities(ls: LandmarkSet, path: str | Path, kind: str = "auto",
                      test_fraction: float = TEST_FRACTION, val_fraction: float = VAL_FRACTION,
                      split_seed: int = SPLIT_SEED) -> Split:
     """The instance-disjoint split of the landmark set ``ls`` read from ``path`` (``kind`` given or
     ``auto``): ``test_fraction`` of the identities go to the test half; for Luna-1 every crater
-    seen in the navigation sequence goes to the test half first, and the identities are the
+    seen in either scene's navigation sequence goes to the test half first (:func:`forced_craters`), and the identities are the
     build's craters (metadata.json) where it lists them. ``val_fraction`` of the train identities
     are held out for validation. Fewer than two training identities is refused."""
     ids = ls.instances
     forced: set[str] = set()
     kind = detect_kind(path) if kind == "auto" else kind
     if kind == "luna1":
-        # a navigation sequence without a readable annotations file would let its craters into the
-        # training half (trn-sim refuses such a dataset): read_annotations refuses it, naming why
-        if (Path(path) / NAV_DIR).exists():
-            forced = {str(b.id) for f in read_annotations(Path(path) / ANNOTATIONS) for b in f.boxes}
+        forced = forced_craters(path)
         listed = luna1_identities(path)
         if listed is not None and set(ids) <= set(listed):
             ids = listed

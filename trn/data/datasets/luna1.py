@@ -164,6 +164,11 @@ class Luna1Metadata:
     frames: per frame {frame, epoch_utc, sun_dir_body [3], sun_elevation_deg (at the sub-camera
         point), altitude_km}.
     camera: {width, height, fov_deg}.
+    navigation_craters: scene name -> the craters that scene's navigation sequence boxes over the
+        source's trajectory (the default annotation rule, every frame), whichever scene this build
+        renders; the split forces all of them into the test half, so that every build of one
+        source splits alike (:func:`trn.data.datasets.landmarks.forced_craters`). Empty in builds
+        made before it existed.
     """
 
     source: dict = field(default_factory=dict)
@@ -171,6 +176,7 @@ class Luna1Metadata:
     craters: dict[int, dict] = field(default_factory=dict)
     frames: list[dict] = field(default_factory=list)
     camera: dict = field(default_factory=dict)
+    navigation_craters: dict[str, list[int]] = field(default_factory=dict)
 
     def to_json(self) -> str:
         doc = {
@@ -178,6 +184,8 @@ class Luna1Metadata:
             "renderer": self.renderer, "camera": self.camera,
             "craters": {str(k): v for k, v in sorted(self.craters.items())}, "frames": self.frames,
         }
+        if self.navigation_craters:  # only then, so that every earlier build's file stays what it was
+            doc["navigation_craters"] = {k: sorted(int(c) for c in v) for k, v in sorted(self.navigation_craters.items())}
         return json.dumps(doc, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -200,8 +208,14 @@ class Luna1Metadata:
             craters = {int(k): dict(v) for k, v in doc.get("craters", {}).items()}
         except (TypeError, ValueError):
             raise DataError("metadata 'craters' must map integer ids to objects", path) from None
+        nav = doc.get("navigation_craters", {})
+        if not isinstance(nav, dict) or not all(
+                isinstance(v, list) and all(type(c) is int for c in v) for v in nav.values()):
+            raise DataError("metadata 'navigation_craters' must map scene names to lists of integer crater ids; "
+                            "rebuild the dataset's metadata (run its trn-data build command again)", path)
         return cls(source=doc.get("source", {}), renderer=doc.get("renderer", {}), craters=craters,
-                   frames=list(doc.get("frames", [])), camera=doc.get("camera", {}))
+                   frames=list(doc.get("frames", [])), camera=doc.get("camera", {}),
+                   navigation_craters={str(k): list(v) for k, v in nav.items()})
 
 
 @dataclass

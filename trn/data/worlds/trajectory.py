@@ -147,3 +147,15 @@ def segment_trajectory(traj: Trajectory, segments: tuple[tuple[float, float], ..
         epochs += [e + dt.timedelta(seconds=float(offset_s)) for e in traj.epochs]
     name = f"{traj.name} in {len(segments)} segments"
     return Trajectory(name, np.concatenate(poses), np.concatenate(kitti), epochs)
+
+
+def scaled_trajectory(traj: Trajectory, factor: float, label: str) -> Trajectory:
+    """``traj`` with every position multiplied by ``factor`` about the Moon's centre and the
+    attitudes unchanged: the same ground track seen from another height (``label`` names it)."""
+    if not (np.isfinite(factor) and factor > 0):
+        raise ConfigError(f"trajectory scale {factor}: expected a finite factor > 0")
+    kitti = traj.kitti.copy()
+    kitti[:, :, 3] *= factor
+    poses = traj.poses.copy()
+    poses[:, :3] *= factor
+    return Trajectory(f"{traj.name} ({label})", poses, kitti, list(traj.epochs))
