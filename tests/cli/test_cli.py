@@ -1,5 +1,6 @@
 """The console entry points, run as a user would (in-process for speed)."""
 
+import json
 from pathlib import Path
 
 import pytest
@@ -87,8 +88,10 @@ def test_sim_default_model_and_landmarks_set(tmp_path, capsys):
                        "--out", str(tmp_path / "r"), "--no-progress", "--threads", "1"])
     assert rc == 0
     out = capsys.readouterr().out
-    assert "| flight_conv2d_se_union |" in out and "Incremental Recall@1" in out  # the shipped default model
-    assert (tmp_path / "r" / "report.json").is_file()
+    assert "| flight_pair |" in out and "Incremental Recall@1" in out  # the shipped default pair
+    doc = json.loads((tmp_path / "r" / "report.json").read_text())
+    # landmark renders are embedded by the pair's landmark descriptor
+    assert {r["extra"]["descriptor"] for r in doc["results"]} == {"flight_conv2d_se_union"}
 
 
 def test_sim_rejects_bad_options(tmp_path, capsys):

@@ -287,3 +287,54 @@ def test_scenario_seeds_are_32_bit_whole_numbers(seed):
         sc.ScenarioSettings(seed=seed)
     s = sc.ScenarioSettings(seed=sc.MAX_SEED)
     sc._generator(s.seed, 1000)  # the largest seed still seeds a torch generator
+
+
+def test_detections_jitter_brightness_only_as_the_authors_evaluation_does():
+    from trn.errors import ConfigError
+
+    # droneslab/mars src/eval.py: ColorJitter(0.25, 0., 0., 0.): brightness only, no contrast
+    s = sc.ScenarioSettings()
+    assert (s.jitter, s.contrast_jitter) == (0.25, 0.0)
+    both = sc.ScenarioSettings(contrast_jitter=0.25)
+    a = [sc.draw_detection(0, "a", (100, 160, 100, 160), s, rng, (512, 512))
+         for rng in [np.random.default_rng(7)] for _ in range(50)]
+    b = [sc.draw_detection(0, "a", (100, 160, 100, 160), both, rng, (512, 512))
+         for rng in [np.random.default_rng(7)] for _ in range(50)]
+    assert all(d.contrast == 1.0 for d in a) and any(d.contrast != 1.0 for d in b)
+    assert all(0.75 <= d.brightness <= 1.25 for d in a) and len({d.brightness for d in a}) > 40
+    # the contrast range never moves the box, brightness and angle draws that follow it
+    assert [(d.box, d.brightness, d.angle) for d in a] == [(d.box, d.brightness, d.angle) for d in b]
+    with pytest.raises(ConfigError, match="contrast_jitter"):
+        sc.ScenarioSettings(contrast_jitter=1.5)
+
+
+def test_a_pair_embeds_frame_crops_with_its_frame_descriptor_and_landmark_renders_with_its_landmark_one(tmp_path):
+    from trn.errors import ConfigError
+    from trn.sim.embedders import PairEmbedder, for_source
+
+    ds = write_dataset(tmp_path / "d", [[0], [0], [0], [0]])
+    frames, landmarks = Oracle(), Oracle()
+    frames.name, landmarks.name = "frame_oracle", "landmark_oracle"
+    frames.operating_threshold = 0.5
+    pair = PairEmbedder("pair", frames, landmarks)
+    assert for_source(pair, "frames") is frames and for_source(pair, "landmarks") is landmarks
+    assert for_source(frames, "landmarks") is frames  # a single model embeds both
+    with pytest.raises(ConfigError, match="pair is a descriptor pair"):
+        pair(np.zeros((1, SIZE, SIZE), np.float32))  # nothing reaches a pair unrouted
+    s = quiet(orbits=((0, 1), (2, 2), (3, 3)))
+    rep = run_luna1(ds, [pair], ["recall_at_1", "incremental_recall_at_1"], s, {}, progress=False,
+                    operating_points=True)
+    assert landmarks.seen and not frames.seen  # landmark renders never reach the frame descriptor
+    n_landmark_views = len(landmarks.seen)
+    rep2 = run_luna1(ds, [pair], ["moon_navigation", "lost_in_space"], s, {}, progress=False, operating_points=True)
+    assert frames.seen and len(landmarks.seen) == n_landmark_views  # nor frame crops the landmark descriptor
+    results = rep.results + rep2.results
+    assert {r.method for r in results} == {"pair"}
+    assert {r.scenario: r.extra["descriptor"] for r in results} == {
+        "recall_at_1": "landmark_oracle", "incremental_recall_at_1": "landmark_oracle",
+        "moon_navigation": "frame_oracle", "lost_in_space": "frame_oracle"}
+    # each member at its own operating point, named in the report
+    assert rep2.context["thresholds"] == {"pair frames": 0.5, "pair landmarks": 0.9}
+    assert rep2.context["pairs"] == {"pair": {"frames": "frame_oracle", "landmarks": "landmark_oracle"}}
+    assert {r.scenario: r.settings["threshold"] for r in results}["moon_navigation"] == 0.5
+    assert {r.scenario: r.settings["threshold"] for r in results}["recall_at_1"] == 0.9

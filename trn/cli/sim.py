@@ -23,10 +23,10 @@ from trn.db.tokens import SEED_METHODS, TokenConfig
 from trn.errors import ConfigError
 from trn.models.registry import DEFAULT_MODEL, MODELS_DIR
 from trn.sim import scenarios as sc
-from trn.sim.embedders import BACKENDS, make_embedder
+from trn.sim.embedders import BACKENDS, for_source, make_embedder
 from trn.sim.prepare import QUICK_CRATERS, QUICK_PPD, QUICK_STEP_S, cache_root, prepare_luna1, summarize
 
-ABLATION = ["flight_conv2d_se_union", "flight_conv2d_se_frames", "flight_conv2d_se_nav", "flight_conv2d_se", "flight_ric_ca", "flight_ric_ca_mars", "ncc"]
+ABLATION = ["flight_pair", "flight_conv2d_se_union", "flight_conv2d_se_frames", "flight_conv2d_se_nav", "flight_conv2d_se", "flight_ric_ca", "flight_ric_ca_mars", "ncc"]
 QUICK_LANDMARKS = 300
 
 
@@ -236,12 +236,17 @@ def _map_build(args) -> int:
     if args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out} is a file; a map is a directory: give a new or existing directory")
     held = chunk_craters(args.out)  # craters an interrupted build already embedded: not this run's work
-    emb = make_embedder(args.model, None, args.threads, args.backend)
+    from trn.models.registry import read_pair
+
+    # a map is matched against frame crops: a pair's frame descriptor embeds it
+    pair = read_pair(args.model) if args.model != "ncc" else None
+    spec = pair.frames if pair is not None else args.model
+    emb = make_embedder(spec, None, args.threads, args.backend)
     m = build_map(check_before_scenarios(args.data), emb, args.out, args.source,
                   appearance=args.appearance, workers=args.threads,
                   catalogue=str(args.catalogue_file) if args.catalogue_file else args.catalogue,
                   near_track_km=args.near_track, chunk=args.chunk, executor="ray" if args.ray else args.executor,
-                  model_spec=args.model, ray_address=args.ray, backend=args.backend)
+                  model_spec=spec, ray_address=args.ray, backend=args.backend)
     size = sum(f.stat().st_size for f in Path(args.out).iterdir() if f.is_file())
     print(f"map {args.out}: {len(m.ids)} craters ({m.info['catalogue']} catalogue) embedded by {m.info['model']} "
           f"({m.info['appearance']} appearance, {m.info['surface']}); {size / 2 ** 20:.1f} MiB on disk, built in "
@@ -319,8 +324,9 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
             _print_lost_fixes(name, lis)
             _draw_lost(dsk, lis_map, lis, out / f"lost_in_space__{kind}_boxes.jpg")
             lis_doc[name] = lis
-        for emb in embedders:
-            name = emb.name if kind == "annotations" else f"{emb.name} [{kind} boxes]"
+        for flown in embedders:
+            name = flown.name if kind == "annotations" else f"{flown.name} [{kind} boxes]"
+            emb = for_source(flown, "frames")  # the map's views are matched against frame crops
             if "lost_in_space_fix" in which and lis_map is None:
                 from trn.nav.onboard_map import descriptor_crater_map
 
@@ -526,7 +532,7 @@ def _embedders(args) -> list:
                 continue
             for s in shortlists:
                 e = make_embedder(m, TokenConfig(k=k, seeds=seeds), args.threads, args.backend)
-                e.shortlist = s
+                for_source(e, "landmarks").shortlist = s  # a pair's tokens re-rank its landmark descriptor
                 e.name = f"{e.name}+tok{k}s{s}"
                 out.append(e)
     return out

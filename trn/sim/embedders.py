@@ -22,7 +22,8 @@ import torch
 from trn.db.tokens import TokenConfig, instance_tokens
 from trn.errors import ConfigError, DataError
 from trn.models.descriptor import Descriptor
-from trn.models.registry import DEFAULT_MODEL, MODELS_DIR, resolve_model  # noqa: F401  (re-exported)
+from trn.models.registry import (DEFAULT_MODEL, MODELS_DIR, SOURCES, DescriptorPair, read_pair,  # noqa: F401
+                                 resolve_model)
 from trn_board.preprocess import disk_cells, part_tokens
 
 
@@ -229,6 +230,40 @@ class NCCEmbedder:
         return Embeddings(out, None)
 
 
+class PairEmbedder:
+    """Two descriptors flown together (:class:`trn.models.registry.DescriptorPair`): ``frames``
+    embeds crops cut from navigation frames and the views an onboard map matches against them,
+    ``landmarks`` embeds landmark renders. It embeds nothing itself: every caller asks
+    :func:`for_source` for the member of its source, so that a frame crop never reaches the
+    landmark descriptor nor the reverse."""
+
+    def __init__(self, name: str, frames: Embedder, landmarks: Embedder):
+        self.name = name
+        self.members = {"frames": frames, "landmarks": landmarks}
+
+    @property
+    def description(self) -> str:
+        return f"{self.name} (frames: {self.members['frames'].name}, landmarks: {self.members['landmarks'].name})"
+
+    def __call__(self, images: np.ndarray) -> Embeddings:
+        raise ConfigError(f"{self.name} is a descriptor pair: embed frame crops with its frame descriptor "
+                          f"({self.members['frames'].name}) and landmark renders with its landmark descriptor "
+                          f"({self.members['landmarks'].name}), through for_source")
+
+
+def for_source(emb, source: str):
+    """The embedder that embeds ``source`` ("frames" or "landmarks"): a pair's member, or ``emb``
+    itself when it is a single model (which then embeds both)."""
+    if source not in SOURCES:
+        raise ConfigError(f"descriptor source {source!r}: expected one of {SOURCES}")
+    return emb.members[source] if isinstance(emb, PairEmbedder) else emb
+
+
+def pair_members(embedders) -> dict[str, dict[str, str]]:
+    """{pair name: {source: member name}} for the pairs among ``embedders`` (for reports)."""
+    return {e.name: {k: m.name for k, m in e.members.items()} for e in embedders if isinstance(e, PairEmbedder)}
+
+
 BACKENDS = ("torch", "onnx", "onnx-int8", "onnx-int8-kernels", "tflite", "tflite-float")
 _EXPORT_FILES = {"onnx": "model.onnx", "onnx-int8": "model_int8.onnx", "onnx-int8-kernels": "model_int8.onnx",
                  "tflite": "model_int8.tflite", "tflite-float": "model_float.tflite"}
@@ -296,6 +331,9 @@ def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int 
 
     if backend not in BACKENDS:
         raise ConfigError(f"backend {backend!r}: expected one of {BACKENDS}")
+    pair = read_pair(spec) if spec != "ncc" else None
+    if pair is not None:
+        return make_pair_embedder(pair, token_cfg, threads, backend)
     if threads:
         torch.set_num_threads(threads)
     if spec == "ncc":
@@ -318,6 +356,17 @@ def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int 
     emb = TorchEmbedder(load_descriptor(path), name, token_cfg)
     emb.operating_threshold = _operating_threshold(path.parent)
     return emb
+
+
+def make_pair_embedder(pair: DescriptorPair, token_cfg: TokenConfig | None = None, threads: int | None = None,
+                       backend: str = "torch") -> PairEmbedder:
+    """A pair's two embedders, each at its own operating point. Instance tokens (``token_cfg``)
+    re-rank the landmark descriptor's matches; the frame descriptor keeps its own (learned part
+    tokens, or none)."""
+    frames = make_embedder(pair.frames, None, threads, backend)
+    landmarks = make_embedder(pair.landmarks, token_cfg, threads, backend)
+    name = pair.name if backend == "torch" else f"{pair.name}@{backend}"
+    return PairEmbedder(name, frames, landmarks)
 
 
 def _operating_threshold(*dirs: Path) -> float | None:

@@ -14,7 +14,7 @@ from trn.data.datasets.landmarks import LandmarkSet, read_luna1_landmarks, split
 from trn.data.datasets.luna1 import Luna1Dataset
 from trn.errors import ConfigError, DataError
 from trn.sim import scenarios as sc
-from trn.sim.embedders import Embedder
+from trn.sim.embedders import Embedder, for_source, pair_members
 from trn.sim.prepare import builtin_world
 from trn.sim.report import Report, result_line
 
@@ -59,7 +59,12 @@ def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequen
     world = builtin_world(ds.root)
     if world:
         rep.context["world"] = world
-    rep.context["thresholds"] = {e.name: settings_for(e, s, operating_points).threshold for e in embedders}
+    # a pair's members each match at their own threshold: "<pair> frames" and "<pair> landmarks"
+    rep.context["thresholds"] = {
+        (e.name if for_source(e, src) is e else f"{e.name} {src}"): settings_for(for_source(e, src), s, operating_points).threshold
+        for e in embedders for src in ("frames", "landmarks")}
+    if pair_members(embedders):
+        rep.context["pairs"] = pair_members(embedders)
     need_landmarks = any(x in sc.LANDMARK_SCENARIOS for x in scenarios)
     names: list[str] = []
     ls = None
@@ -76,8 +81,10 @@ def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequen
     banks: dict[int, sc.LandmarkViews] = {}
     jobs = [(e, x) for e in embedders for x in scenarios]
     bar = tqdm(jobs, desc="scenarios", disable=not progress, unit="run")
-    for emb, name in bar:
-        bar.set_postfix_str(f"{emb.name}: {name}")
+    for flown, name in bar:
+        bar.set_postfix_str(f"{flown.name}: {name}")
+        # landmark renders against landmark renders, frame crops against frame crops: never mixed
+        emb = for_source(flown, "landmarks" if name in sc.LANDMARK_SCENARIOS else "frames")
         se = settings_for(emb, s, operating_points)
         if name in sc.LANDMARK_SCENARIOS:
             if emb.input_size not in banks:
@@ -88,6 +95,9 @@ def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequen
             r = sc.moon_navigation(ds, emb, se, dets, timing)
         else:
             r = sc.lost_in_space(ds, emb, se)
+        if emb is not flown:
+            r.method = flown.name
+            r.extra["descriptor"] = emb.name
         rep.results.append(r)
         log.info("%s in %.1f s", result_line(r), r.wall_s)
         if on_result:
@@ -102,9 +112,13 @@ def run_landmarks(ls: LandmarkSet, kind: str, root: str, embedders: Sequence[Emb
     names = test_identities(ls, kind, root, s)
     rep = Report({**context, "seed": s.seed, "threshold": s.threshold, "nms": s.nms, "test_landmarks": len(names)})
     banks: dict[int, sc.LandmarkViews] = {}
-    for emb, name in tqdm([(e, x) for e in embedders for x in scenarios], desc="scenarios", disable=not progress):
+    for flown, name in tqdm([(e, x) for e in embedders for x in scenarios], desc="scenarios", disable=not progress):
+        emb = for_source(flown, "landmarks")
         if emb.input_size not in banks:
             banks[emb.input_size] = sc.LandmarkViews(ls, names, emb.input_size)
         fn = sc.recall_at_1 if name == "recall_at_1" else sc.incremental_recall_at_1
-        rep.results.append(fn(banks[emb.input_size], emb, s))
+        r = fn(banks[emb.input_size], emb, s)
+        if emb is not flown:
+            r.method, r.extra["descriptor"] = flown.name, emb.name
+        rep.results.append(r)
     return rep

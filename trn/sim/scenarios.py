@@ -57,7 +57,9 @@ class ScenarioSettings:
     nms / nms_threshold: "release" (boxes sorted by bottom edge, overlap = intersection over the
     other box's area) or "standard" (IoU, larger boxes first), at this overlap.
     shrink_px / shift_px: detector noise, pixels: each side moves in by U{0..shrink}, the box
-    shifts by U{-shift..shift} in x and y. jitter: brightness and contrast factors U[1 - j, 1 + j].
+    shifts by U{-shift..shift} in x and y. jitter: the crop's brightness factor U[1 - j, 1 + j];
+    contrast_jitter: its contrast factor likewise, 0 as in the authors' evaluation (droneslab/mars
+    ``src/eval.py``: ``ColorJitter(0.25, 0., 0., 0.)``, brightness only).
     angle_deg: crop rotation range, integer degrees. orbits: Lost-in-Space frame ranges
     (inclusive); None: Luna-1's when the dataset has 2,161 frames, else thirds of the frames.
     max_landmarks / max_frames: caps for quick runs (None: everything).
@@ -74,6 +76,7 @@ class ScenarioSettings:
     shrink_px: int = 10
     shift_px: int = 10
     jitter: float = 0.25
+    contrast_jitter: float = 0.0
     angle_deg: tuple[int, int] = (15, 345)
     orbits: tuple[tuple[int, int], ...] | None = None
     max_landmarks: int | None = None
@@ -92,8 +95,9 @@ class ScenarioSettings:
             raise ConfigError(f"nms_threshold={self.nms_threshold}: need (0, 1]")
         if self.shrink_px < 0 or self.shift_px < 0:
             raise ConfigError(f"detector noise shrink_px={self.shrink_px}, shift_px={self.shift_px}: need >= 0")
-        if not 0.0 <= self.jitter < 1.0:
-            raise ConfigError(f"jitter={self.jitter}: need [0, 1)")
+        for name in ("jitter", "contrast_jitter"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ConfigError(f"{name}={getattr(self, name)}: need [0, 1)")
         if not 0 <= self.angle_deg[0] <= self.angle_deg[1] <= 360:
             raise ConfigError(f"angle_deg={self.angle_deg}: need 0 <= low <= high <= 360")
         if self.shortlist < 1:
@@ -195,7 +199,8 @@ def draw_detection(frame: int, label: str, box: tuple[int, int, int, int], s: Sc
     """A detector's detection of an annotated box: its box noise, photometric jitter and rotation
     drawn from ``rng`` in that order (the scenarios' and the training orbits' one draw)."""
     box = jitter_box(box, rng, s.shrink_px, s.shift_px, frame_shape)
-    bright, contrast = rng.uniform(1 - s.jitter, 1 + s.jitter, size=2)
+    # two draws whatever the ranges, so that the box and angle draws after them never move
+    bright, contrast = rng.uniform((1 - s.jitter, 1 - s.contrast_jitter), (1 + s.jitter, 1 + s.contrast_jitter))
     angle = float(rng.integers(s.angle_deg[0], s.angle_deg[1] + 1))
     return Detection(frame, label, box, float(bright), float(contrast), angle)
 
