@@ -417,3 +417,36 @@ def test_a_signed_manifest_nested_too_deep_is_refused(signed):
     (b.directory / SIGNATURE).write_bytes(load_private_key(tmp / "keys" / "trn_signing_key.pem").sign(data))
     with pytest.raises(DataError, match="manifest is nested too deep to read"):
         verify_bundle(b.directory, pub)
+
+
+def test_cli_bundles_a_descriptor_pair_each_export_checked_against_its_own_model(tmp_path, capsys):
+    export_cli = _run_export_and_key(tmp_path)  # "run": the frame descriptor, exported to exp
+    _run_dir(tmp_path, "lm", 1)
+    assert export_cli.main(["onnx", "--model", str(tmp_path / "lm"), "--out", str(tmp_path / "lm_exp"),
+                            "--no-parity", "--threads", "1"]) == 0
+    (tmp_path / "pair").mkdir()
+    (tmp_path / "pair" / "pair.json").write_text(json.dumps({"frames": "../run", "landmarks": "../lm"}))
+    key = str(tmp_path / "k" / "trn_signing_key.pem")
+
+    def bundle(out: str, *extra: str) -> int:
+        return export_cli.main(["bundle", "--model", str(tmp_path / "pair"), "--key", key, "--out", str(tmp_path / out),
+                                "--version", "3", *extra])
+
+    assert bundle("b", "--export", str(tmp_path / "exp"), "--landmark-export", str(tmp_path / "lm_exp")) == 0
+    out = capsys.readouterr().out
+    assert "pair pair: frames run, landmarks lm" in out
+    m = json.loads((tmp_path / "b" / "manifest.json").read_text())
+    assert m["format_version"] == 3 and m["model"] == "run" and m["landmarks"]["model"] == "lm"
+    assert m["landmarks"]["files"]["model.onnx"] == "landmarks_model.onnx"
+    assert m["landmarks"]["model_card"]["sha256"] == m["files"]["landmarks_MODEL_CARD.md"]["sha256"]
+    assert export_cli.main(["verify", str(tmp_path / "b"), "--pub", str(tmp_path / "k" / "trn_signing_key.pub")]) == 0
+    # the exports swapped: each is checked against its own member's weights
+    assert bundle("x1", "--export", str(tmp_path / "lm_exp"), "--landmark-export", str(tmp_path / "exp")) == 2
+    assert "another model's" in capsys.readouterr().err and not (tmp_path / "x1").exists()
+    # a pair without its landmark export, a single model with one
+    assert bundle("x2", "--export", str(tmp_path / "exp")) == 2
+    assert "is a descriptor pair" in capsys.readouterr().err
+    assert export_cli.main(["bundle", "--model", str(tmp_path / "run"), "--export", str(tmp_path / "exp"),
+                            "--landmark-export", str(tmp_path / "lm_exp"), "--key", key, "--out",
+                            str(tmp_path / "x3")]) == 2
+    assert "is for a descriptor pair" in capsys.readouterr().err

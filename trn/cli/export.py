@@ -92,7 +92,11 @@ def build_parser() -> Parser:
     b = sub.add_parser("bundle", help="a signed deployment bundle (directory and tar) of a trn-export directory")
     b.add_argument("--model", required=True, metavar="NAME|PATH", help="the model the export was made from (checked: "
                    "the export's reports must name its weights, head.npz must be its head)")
-    b.add_argument("--export", required=True, type=Path, help="the trn-export output directory of that model")
+    b.add_argument("--export", required=True, type=Path, help="the trn-export output directory of that model (of a "
+                   "pair: of its frame descriptor)")
+    b.add_argument("--landmark-export", type=Path, default=None,
+                   help="a descriptor pair's landmark descriptor's trn-export directory (the bundle then carries both: "
+                        "the board embeds each request with the descriptor its source names)")
     b.add_argument("--version", type=bundle_version, default=None,
                    help="bundle version, 1 to 2**53 - 1, signed in the manifest; a board refuses one below the highest "
                         "it accepted (default: the signing time in UTC as YYYYMMDDHHMMSS)")
@@ -126,10 +130,22 @@ def _bundle(args) -> int:
     from trn.export.bundle import bundle_model
 
     b = bundle_model(args.model, args.export, args.out, args.key, args.version, args.threshold, args.detector,
-                     args.map)
+                     args.map, args.landmark_export)
     m = b.manifest
-    print(f"export checked against {m['model']}'s weights (sha256 {m['source']['weights_sha256'][:12]}): "
-          + ", ".join(m["source"]["checked"]))
+    for sec in (m, m.get("landmarks")):
+        if sec is not None:
+            print(f"export checked against {sec['model']}'s weights (sha256 {sec['source']['weights_sha256'][:12]}): "
+                  + ", ".join(sec["source"]["checked"]))
+    if m.get("pair"):
+        print(f"pair {m['pair']['name']}: frames {m['pair']['frames']}, landmarks {m['pair']['landmarks']} (landmark "
+              f"threshold {m['landmarks']['match_threshold']:g})")
+        tpu = m["edgetpu"]
+        if "param_bytes_mapped_sum" in tpu:
+            print(f"Edge TPU operator rules: frames {tpu['frames']['mapped_ops']} mapped / {tpu['frames']['cpu_ops']} "
+                  f"on the CPU, landmarks {tpu['landmarks']['mapped_ops']} / {tpu['landmarks']['cpu_ops']}; parameters "
+                  f"{tpu['param_bytes_mapped_sum'] / 2 ** 20:.2f} MiB together against the "
+                  f"{tpu['cache_bytes'] / 2 ** 20:.0f} MiB cache ({'both fit' if tpu['both_fit_cache'] else 'do not fit'}"
+                  "; not compiled)")
     print(f"match threshold in the manifest: {m['match_threshold']:g}"
           + (" (the model's operating point)" if args.threshold is None and m["match_threshold"] != 0.9 else ""))
     print(f"bundle: {b.directory} ({m['model']}, version {m['bundle_version']}, {len(m['files'])} files, signed) "

@@ -135,14 +135,17 @@ def _run(args) -> int:
             size = int(c.info()["input_size"])
         crops, src = real_crops(args.data, size, n=min(args.n, 1000))
         rec = bench(args.board, crops, args.out, args.n, args.warmup, src)
-        b, rt = rec["board_ms"], rec["round_trip_ms"]
         m = rec["model"]
         print(f"{m['model']} v{m.get('bundle_version')} ({m['backend']}, manifest "
               f"{str(m.get('manifest_sha256'))[:12]}) at {args.board}, {args.n} crops from {src}")
-        print(f"on the board: p50 {b['p50']:.3f} p95 {b['p95']:.3f} p99 {b['p99']:.3f} max {b['max']:.3f} ms")
-        print(f"round trip:   p50 {rt['p50']:.3f} p95 {rt['p95']:.3f} p99 {rt['p99']:.3f} max {rt['max']:.3f} ms")
-        print(f"throughput {rec['throughput_per_s']:.1f} crops/s; {args.out / 'latency_histogram.png'}, "
-              f"{args.out / 'bench.json'}")
+        for name, t in (rec.get("descriptors") or {"model": rec}).items():
+            b, rt = t["board_ms"], t["round_trip_ms"]
+            if name != "model":
+                print(f"{name} descriptor {t['model']}:")
+            print(f"on the board: p50 {b['p50']:.3f} p95 {b['p95']:.3f} p99 {b['p99']:.3f} max {b['max']:.3f} ms")
+            print(f"round trip:   p50 {rt['p50']:.3f} p95 {rt['p95']:.3f} p99 {rt['p99']:.3f} max {rt['max']:.3f} ms")
+            print(f"throughput {t['throughput_per_s']:.1f} crops/s")
+        print(f"{args.out / 'latency_histogram.png'}, {args.out / 'bench.json'}")
         return 0
     if args.cmd == "stop":
         from trn.hw.client import BoardClient

@@ -40,13 +40,34 @@ from pathlib import Path
 
 from trn.errors import ConfigError, DataError, differing_digests
 
-from trn_board.bundle import BUNDLE_FORMAT, FORMAT_VERSION, MANIFEST, SIGNATURE  # noqa: F401  (re-exported)
+from trn_board.bundle import (BUNDLE_FORMAT, FORMAT_VERSION, MANIFEST, PAIR_FORMAT_VERSION,  # noqa: F401  (re-exported)
+                              SIGNATURE)
 from trn_board.bundle import model_name_problem, version_problem
 from trn_board.bundle import sha256_file as file_sha256
 
 GRAPHS = ("model.onnx", "model_int8.onnx", "model_int8.tflite", "model_int8_edgetpu.tflite")
 PAYLOAD = (*GRAPHS, "head.npz")
 CARD = "MODEL_CARD.md"
+# a pair bundle's landmark descriptor: its files carry this prefix beside the frame descriptor's
+LANDMARKS_PREFIX = "landmarks_"
+
+
+@dataclass(frozen=True)
+class DescriptorExport:
+    """One descriptor as a bundle carries it: its export directory, plain name, card, input and
+    embedding sizes, operating threshold, int8 notes, what its export was checked against, and how
+    its crops are prepared (:class:`trn.models.descriptor.DescriptorConfig`)."""
+
+    export_dir: Path
+    model_name: str
+    input_size: int
+    embedding_dim: int
+    threshold: float
+    card: Path | None = None
+    quantisation: dict | None = None
+    source: dict | None = None
+    input_norm: str = "minmax"
+    crop_margin: float = 1.0
 
 
 def _crypto():
@@ -282,7 +303,8 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
                 input_size: int, embedding_dim: int, threshold: float, card: Path | None = None,
                 quantisation: dict | None = None, *, version: int | None = None, source: dict | None = None,
                 detector: str | Path | None = None, map_dir: str | Path | None = None,
-                input_norm: str = "minmax", crop_margin: float = 1.0) -> Bundle:
+                input_norm: str = "minmax", crop_margin: float = 1.0,
+                landmarks: DescriptorExport | None = None, pair_name: str | None = None) -> Bundle:
     """Write the bundle directory ``out`` (refused when it exists) and ``out``.tar, signed.
 
     ``card``: the model card (bundled as MODEL_CARD.md and bound by its sha256; else the export
@@ -295,8 +317,11 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     index and crater metadata the bundle also carries (``map`` in the manifest); refused when the
     map was embedded by another model or at another size. ``input_norm`` / ``crop_margin``: how
     the model's crops are cut and prepared (:class:`trn.models.descriptor.DescriptorConfig`),
-    written into the manifest's ``input.preprocess``. Signs what it is given: use
-    :func:`bundle_model` for a bundle of a trained model."""
+    written into the manifest's ``input.preprocess``. ``landmarks``: a second descriptor, for
+    landmark renders (format 3: the top level is then the frame descriptor, the one the map was
+    embedded by; ``landmarks`` in the manifest describes the other, its files prefixed
+    ``landmarks_``, and ``pair`` names both under ``pair_name``). Signs what it is given: use
+    :func:`bundle_model` for a bundle of a trained model or pair."""
     serialization, _ = _crypto()
     version = derived_version() if version is None else version
     problem = version_problem(version) or model_name_problem(model_name)  # what every board refuses
@@ -315,6 +340,16 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
                         export_dir)
     tfl = _tflite_spec(export_dir)
     parts = _parts_spec(export_dir, tfl)
+    if landmarks is not None:
+        problem = model_name_problem(landmarks.model_name) or (None if pair_name is None else model_name_problem(pair_name))
+        if problem is not None:
+            raise ConfigError(problem)
+        lm_files = [Path(landmarks.export_dir) / f for f in PAYLOAD if (Path(landmarks.export_dir) / f).is_file()]
+        if not any(f.suffix in (".onnx", ".tflite") for f in lm_files):
+            raise DataError("no exported model of the landmark descriptor to bundle; run trn-export first",
+                            landmarks.export_dir)
+        lm_tfl = _tflite_spec(Path(landmarks.export_dir))
+        lm_parts = _parts_spec(Path(landmarks.export_dir), lm_tfl)
     det = detector_spec(detector) if detector is not None else None
     board_map = map_spec(map_dir, model_name, embedding_dim) if map_dir is not None else None
     tmp = out.with_name(f".{out.name}.tmp")
@@ -330,6 +365,12 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
             shutil.copy2(Path(map_dir) / f, tmp / f)
     if card_src.is_file():
         shutil.copy2(card_src, tmp / CARD)
+    if landmarks is not None:
+        for f in lm_files:
+            shutil.copy2(f, tmp / f"{LANDMARKS_PREFIX}{f.name}")
+        lm_card = landmarks.card if landmarks.card is not None else Path(landmarks.export_dir) / CARD
+        if Path(lm_card).is_file():
+            shutil.copy2(lm_card, tmp / f"{LANDMARKS_PREFIX}{CARD}")
     for f in sorted(tmp.iterdir()):
         entries[f.name] = {"sha256": file_sha256(f), "bytes": f.stat().st_size}
     pub = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
@@ -354,6 +395,14 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
         manifest["detector"] = det
     if board_map is not None:
         manifest["map"] = board_map
+    if landmarks is not None:
+        manifest["format_version"] = PAIR_FORMAT_VERSION
+        manifest["pair"] = {"name": pair_name, "frames": model_name, "landmarks": landmarks.model_name,
+                            "routing": "INFER and PARTS name their crops' source in the header's flags: 1 crops cut "
+                                       "from navigation frames (this top level's model, the map's), 2 landmark "
+                                       "renders (the landmarks section's); 0 is refused"}
+        manifest["landmarks"] = _landmark_section(landmarks, entries, lm_tfl, lm_parts)
+        manifest["edgetpu"] = _pair_edgetpu(export_dir, Path(landmarks.export_dir))
     data = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8")
     (tmp / MANIFEST).write_bytes(data)
     (tmp / SIGNATURE).write_bytes(key.sign(data))
@@ -365,6 +414,55 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
             t.add(p, arcname=f"{out.name}/{p.name}")
     tmp_tar.replace(tar)
     return Bundle(out, tar, manifest)
+
+
+def _edgetpu_of(export_dir: Path) -> dict | None:
+    """The operator-rule report ``trn-export tflite`` wrote beside an int8 backbone, summarised;
+    None when there is none."""
+    path = export_dir / "edgetpu_report.json"
+    if not path.is_file():
+        return None
+    try:
+        doc = json.loads(path.read_text(encoding="utf-8"))
+        return {k: doc[k] for k in ("ready", "mapped_ops", "cpu_ops", "param_bytes_mapped", "streamed_bytes", "verdict")}
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, RecursionError, KeyError, TypeError):
+        raise DataError("the Edge TPU report is unreadable; re-run trn-export tflite", path) from None
+
+
+def _pair_edgetpu(frames_export: Path, landmarks_export: Path) -> dict:
+    """Both descriptors' Edge TPU operator reports and their parameters summed against the on-chip
+    cache: co-compiled (``edgetpu_compiler`` given both files), the two models share it, so both
+    stay cached only when the sum fits; otherwise switching between them streams parameters."""
+    from trn.export.edgetpu import CACHE_BYTES
+
+    rep = {"frames": _edgetpu_of(frames_export), "landmarks": _edgetpu_of(landmarks_export), "cache_bytes": CACHE_BYTES}
+    if rep["frames"] is not None and rep["landmarks"] is not None:
+        total = rep["frames"]["param_bytes_mapped"] + rep["landmarks"]["param_bytes_mapped"]
+        rep |= {"param_bytes_mapped_sum": total, "both_fit_cache": total <= CACHE_BYTES,
+                "checked": "operator rules of each graph (trn.export.edgetpu); not compiled or co-compiled by "
+                           "edgetpu_compiler"}
+    return rep
+
+
+def _landmark_section(d: DescriptorExport, entries: dict, tfl: dict | None, parts: dict | None) -> dict:
+    """A pair bundle's ``landmarks`` section: the landmark descriptor described as the top level
+    describes the frame descriptor, each file by its role (its name in a trn-export directory) and
+    its name in the bundle."""
+    files = {f: LANDMARKS_PREFIX + f for f in PAYLOAD if LANDMARKS_PREFIX + f in entries}
+    card = LANDMARKS_PREFIX + CARD
+    sec = {"model": d.model_name, "files": files,
+           "model_card": {"file": card, "sha256": entries[card]["sha256"]} if card in entries else None,
+           "source": d.source,
+           "input": {"name": "image", "shape": [1, 1, d.input_size, d.input_size], "dtype": "float32",
+                     "preprocess": _preprocess(d.input_size, d.input_norm, d.crop_margin)},
+           "outputs": {"embedding": [1, d.embedding_dim], "token_map": "[1, D, h, w]", "saliency": "[1, h, w]"},
+           "embedding_dim": d.embedding_dim, "match_threshold": d.threshold, "quantisation": d.quantisation or {}}
+    if tfl:
+        sec["tflite"] = {**tfl, "file": LANDMARKS_PREFIX + tfl["file"], "head": LANDMARKS_PREFIX + tfl["head"]}
+    if parts is not None:
+        sec["parts"] = parts
+        sec["outputs"]["part_map"] = "[1, part_dim, h, w]"
+    return sec
 
 
 # -- provenance: is this export directory really this model's export?
@@ -488,12 +586,10 @@ def check_export(export_dir: str | Path, weights: str | Path, model_name: str, m
     return {"weights_sha256": want, "checked": checked}
 
 
-def bundle_model(model: str, export_dir: str | Path, out: str | Path, key_path: str | Path,
-                 version: int | None = None, threshold: float | None = None, detector: str | Path | None = None,
-                 map_dir: str | Path | None = None) -> Bundle:
-    """A bundle of a trained model (a shipped name, a run directory or a checkpoint): its name, its
-    card, its input size and embedding size, its operating point (unless ``threshold``), and the
-    export directory cross-checked against its weights (:func:`check_export`) before signing."""
+def describe_export(model: str, export_dir: str | Path, threshold: float | None = None) -> DescriptorExport:
+    """A trained model (a shipped name, a run directory or a checkpoint) as a bundle carries it:
+    its name, card, sizes, operating point (unless ``threshold``) and input preparation, with its
+    export directory cross-checked against its weights (:func:`check_export`)."""
     from trn.models.checkpoint import load_descriptor
     from trn.models.operating_point import model_threshold
     from trn.models.registry import resolve_model
@@ -515,9 +611,33 @@ def bundle_model(model: str, export_dir: str | Path, out: str | Path, key_path: 
                                      "calibration": (doc.get("export") or {}).get("note"),
                                      "agreement_with_fp32": doc.get("agreement_with_fp32")}}
     thr = model_threshold(weights.parent) if threshold is None else threshold
-    return make_bundle(export_dir, out, key_path, name, desc.cfg.input_size, desc.cfg.embed_dim, thr, card, quant,
-                       version=version, source=source, detector=detector, map_dir=map_dir,
-                       input_norm=desc.cfg.input_norm, crop_margin=desc.cfg.crop_margin)
+    return DescriptorExport(Path(export_dir), name, desc.cfg.input_size, desc.cfg.embed_dim, thr, card, quant, source,
+                            desc.cfg.input_norm, desc.cfg.crop_margin)
+
+
+def bundle_model(model: str, export_dir: str | Path, out: str | Path, key_path: str | Path,
+                 version: int | None = None, threshold: float | None = None, detector: str | Path | None = None,
+                 map_dir: str | Path | None = None, landmark_export: str | Path | None = None) -> Bundle:
+    """A bundle of a trained model, or of a descriptor pair (:class:`trn.models.registry.DescriptorPair`:
+    ``export_dir`` is then its frame descriptor's export, ``landmark_export`` its landmark
+    descriptor's), each export cross-checked against its model's weights before signing.
+    ``threshold`` overrides the (frame) descriptor's operating point."""
+    from trn.models.registry import read_pair
+
+    pair = read_pair(model)
+    if pair is None and landmark_export is not None:
+        raise ConfigError(f"--landmark-export is for a descriptor pair; {model!r} is one model: drop it, or bundle a "
+                          "pair (e.g. flight_pair)")
+    if pair is not None and landmark_export is None:
+        raise ConfigError(f"{model} is a descriptor pair (frames: {pair.frames}, landmarks: {pair.landmarks}): give "
+                          f"--export the frame descriptor's export and --landmark-export the landmark descriptor's "
+                          f"(e.g. export/{Path(pair.landmarks).name})")
+    d = describe_export(pair.frames if pair is not None else model, export_dir, threshold)
+    lm = describe_export(pair.landmarks, landmark_export) if pair is not None else None
+    return make_bundle(export_dir, out, key_path, d.model_name, d.input_size, d.embedding_dim, d.threshold, d.card,
+                       d.quantisation, version=version, source=d.source, detector=detector, map_dir=map_dir,
+                       input_norm=d.input_norm, crop_margin=d.crop_margin, landmarks=lm,
+                       pair_name=pair.name if pair is not None else None)
 
 
 def verify_bundle(directory: str | Path, public_key: bytes) -> dict:

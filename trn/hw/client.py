@@ -69,21 +69,21 @@ class BoardClient:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _exchange(self, mtype: int, payload: bytes) -> tuple[int, int, int, bytes]:
+    def _exchange(self, mtype: int, payload: bytes, flags: int = 0) -> tuple[int, int, int, bytes]:
         self.rid += 1
-        self.sock.sendall(P.pack(mtype, self.rid, payload))
+        self.sock.sendall(P.pack(mtype, self.rid, payload, flags))
         version, rtype, _flags, rid, length = P.read_header(self.sock)
         return version, rtype, rid, P.recv_exact(self.sock, length)
 
-    def request(self, mtype: int, payload: bytes = b"") -> bytes:
+    def request(self, mtype: int, payload: bytes = b"", flags: int = 0) -> bytes:
         try:
-            version, rtype, rid, body = self._exchange(mtype, payload)
+            version, rtype, rid, body = self._exchange(mtype, payload, flags)
         except (ConnectionError, BrokenPipeError) as exc:
             if mtype not in _IDEMPOTENT:
                 raise DataError(f"the board agent at {self.host}:{self.port} closed the connection ({exc})") from None
             self.sock.close()
             self.sock = self._connect()
-            version, rtype, rid, body = self._exchange(mtype, payload)
+            version, rtype, rid, body = self._exchange(mtype, payload, flags)
         if rtype == P.ERROR:
             code = P.ERROR_HEAD.unpack_from(body)[0] if len(body) >= 2 else None
             raise P.ProtocolError(body[2:].decode("utf-8", "replace"), code)
@@ -109,15 +109,17 @@ class BoardClient:
                                 "--stop-token-file", token) from None
         self.request(P.SHUTDOWN, token or b"")
 
-    def infer(self, crops: np.ndarray) -> InferResult:
-        t_rx, t_start, t_end, rt, body = self._crops_request(P.INFER, crops)
+    def infer(self, crops: np.ndarray, source: int = P.SOURCE_NONE) -> InferResult:
+        """Embeddings of ``crops``; ``source`` (:data:`trn_board.protocol.SOURCES`) names what they
+        are, which a bundle of two descriptors needs to choose the descriptor."""
+        t_rx, t_start, t_end, rt, body = self._crops_request(P.INFER, crops, source)
         n, dim = P.INFER_REPLY.unpack_from(body)[3:]
         emb = np.frombuffer(body, ">f4", offset=P.INFER_REPLY.size).astype(np.float32).reshape(n, dim)
         return InferResult(emb, (t_end - t_start) / 1e6, (t_end - t_rx) / 1e6, rt)
 
-    def parts(self, crops: np.ndarray) -> PartsResult:
+    def parts(self, crops: np.ndarray, source: int = P.SOURCE_NONE) -> PartsResult:
         """Embeddings and part tokens of a bundle whose model has learned part tokens (INFO's parts)."""
-        t_rx, t_start, t_end, rt, body = self._crops_request(P.PARTS, crops)
+        t_rx, t_start, t_end, rt, body = self._crops_request(P.PARTS, crops, source)
         n, dim, k, kd = P.PARTS_REPLY.unpack_from(body)[3:]
         if len(body) != P.PARTS_REPLY.size + 4 * (n * dim + n * k * kd):
             raise P.ProtocolError(f"PARTS answer of {len(body)} bytes for {n} x {dim} embeddings and {n} x {k} x {kd} "
@@ -126,13 +128,14 @@ class BoardClient:
         return PartsResult(vals[:n * dim].reshape(n, dim), (t_end - t_start) / 1e6, (t_end - t_rx) / 1e6, rt,
                            vals[n * dim:].reshape(n, k, kd))
 
-    def _crops_request(self, mtype: int, crops: np.ndarray) -> tuple[int, int, int, float, bytes]:
+    def _crops_request(self, mtype: int, crops: np.ndarray, source: int = P.SOURCE_NONE
+                       ) -> tuple[int, int, int, float, bytes]:
         crops = np.asarray(crops, np.float32)
         if crops.ndim != 3 or crops.shape[1] != crops.shape[2]:
             raise DataError(f"crops have shape {crops.shape}; expected [n, S, S]")
         payload = P.INFER_HEAD.pack(crops.shape[0], crops.shape[1]) + np.ascontiguousarray(crops, ">f4").tobytes()
         t0 = time.perf_counter()
-        body = self.request(mtype, payload)
+        body = self.request(mtype, payload, source)
         rt = (time.perf_counter() - t0) * 1e3
         t_rx, t_start, t_end = P.INFER_REPLY.unpack_from(body)[:3]
         return t_rx, t_start, t_end, rt, body
@@ -264,7 +267,18 @@ def check_board_model(client: BoardClient, emb, crops: np.ndarray | None = None,
     from it included, to 0.44-0.62).
     Returns the board's identity for the record."""
     info = info or client.info()
-    want, have = model_name(emb), str(info.get("model"))
+    members = getattr(emb, "members", None)
+    if members is not None:  # a pair: the board must run both, each checked through its own source
+        pair = info.get("pair") or {}
+        if not pair:
+            raise ConfigError(f"the board at {client.host}:{client.port} runs one descriptor ({info.get('model')}); "
+                              f"you evaluate the pair {model_name(emb)}: flash the pair's bundle (trn-export bundle "
+                              f"--model {model_name(emb)} --export ... --landmark-export ...)")
+        checked = [check_board_model(client, m, crops, min_cosine, info) for m in members.values()]
+        return checked[0]
+    want = model_name(emb)
+    source, info = board_descriptor(info, want)
+    have = str(info.get("model"))
     ident = f"{have} v{info.get('bundle_version')} (manifest {str(info.get('manifest_sha256'))[:12]})"
     if want != have:
         raise ConfigError(f"the board at {client.host}:{client.port} runs {ident}; you evaluate {want}: flash the "
@@ -275,7 +289,7 @@ def check_board_model(client: BoardClient, emb, crops: np.ndarray | None = None,
                           f"{emb.input_size} px: flash the bundle of the model you evaluate")
     x = probe_crops(size) if crops is None else np.asarray(crops, np.float32)
     ground = emb(x).global_
-    board = np.concatenate([client.infer(x[i:i + 16]).embeddings for i in range(0, len(x), 16)])
+    board = np.concatenate([client.infer(x[i:i + 16], source).embeddings for i in range(0, len(x), 16)])
     cos = np.sum(ground * board, axis=1) / np.maximum(
         np.linalg.norm(ground, axis=1) * np.linalg.norm(board, axis=1), 1e-12)
     med, low = float(np.median(cos)), float(cos.min())
@@ -285,6 +299,20 @@ def check_board_model(client: BoardClient, emb, crops: np.ndarray | None = None,
                           "graphs or other weights; flash a bundle of the model you evaluate")
     return BoardIdentity(have, info.get("bundle_version"), str(info.get("manifest_sha256")), info.get("weights_sha256"),
                          str(info.get("backend")), med, low)
+
+
+def board_descriptor(info: dict, name: str) -> tuple[int, dict]:
+    """(the source flag that reaches it, its INFO entry with the bundle's identity) of the board's
+    descriptor named ``name``: a pair bundle's member of that name, else the bundle's one model
+    (source 0: the board then says which model it runs)."""
+    pair = info.get("pair") or {}
+    for flag, source in P.SOURCES.items():
+        member = pair.get(source)
+        if isinstance(member, dict) and member.get("model") == name:
+            return flag, {**info, **member}
+    if pair:  # a pair that does not carry ``name``: its frame descriptor is what it runs by default
+        return P.SOURCE_FRAMES, {**info, **pair.get("frames", {})}
+    return P.SOURCE_NONE, info
 
 
 def _stats(v: np.ndarray) -> dict:
@@ -309,24 +337,39 @@ def bench(board: str, crops: np.ndarray, out_dir: str | Path, n: int = 500, warm
         raise DataError(f"crops have shape {crops.shape}; expected [n >= 1, S, S]")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    timed: dict[str, dict] = {}
     with BoardClient(board) as c:
         info = c.info()
-        s = int(info["input_size"])
-        if crops.shape[1:] != (s, s):
-            raise DataError(f"crops are {crops.shape[1]} px; the board's model takes {s} px")
-        for i in range(warmup):
-            c.infer(crops[i % len(crops)][None])
-        board_ms, rt_ms = np.empty(n), np.empty(n)
-        t0 = time.perf_counter()
-        for i in range(n):
-            r = c.infer(crops[i % len(crops)][None])
-            board_ms[i], rt_ms[i] = r.board_ms, r.round_trip_ms
-        wall = time.perf_counter() - t0
+        pair = info.get("pair") or {}
+        # a pair bundle: each descriptor timed through its own source, the frame descriptor first
+        sources = [(flag, name) for flag, name in P.SOURCES.items() if name in pair] or [(P.SOURCE_NONE, "model")]
+        for flag, name in sources:
+            s = int((pair.get(name) or info)["input_size"])
+            if crops.shape[1:] != (s, s):
+                raise DataError(f"crops are {crops.shape[1]} px; the board's {name} descriptor takes {s} px")
+            for i in range(warmup):
+                c.infer(crops[i % len(crops)][None], flag)
+            board_ms, rt_ms = np.empty(n), np.empty(n)
+            t0 = time.perf_counter()
+            for i in range(n):
+                r = c.infer(crops[i % len(crops)][None], flag)
+                board_ms[i], rt_ms[i] = r.board_ms, r.round_trip_ms
+            wall = time.perf_counter() - t0
+            timed[name] = {"model": (pair.get(name) or info).get("model"), "board_ms": _stats(board_ms),
+                           "round_trip_ms": _stats(rt_ms), "throughput_per_s": n / wall, "_board": board_ms,
+                           "_rt": rt_ms}
         health = c.health()
+    first = next(iter(timed.values()))
+    board_ms, rt_ms = first.pop("_board"), first.pop("_rt")
     rec = {"board": board, "model": info, "crops": crops_source, "n": n, "warmup": warmup,
-           "board_ms": _stats(board_ms), "round_trip_ms": _stats(rt_ms), "throughput_per_s": n / wall,
+           "board_ms": first["board_ms"], "round_trip_ms": first["round_trip_ms"],
+           "throughput_per_s": first["throughput_per_s"],
            "ground": f"{platform.node()} {platform.machine()} Python {platform.python_version()}", "health": health,
            "utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if pair:
+        for t in timed.values():
+            t.pop("_board", None), t.pop("_rt", None)
+        rec["descriptors"] = timed
     fig, ax = plt.subplots(figsize=(7, 3.6))
     hi = float(np.percentile(rt_ms, 99.5)) * 1.1
     bins = np.linspace(0, max(hi, 1e-3), 60)

@@ -149,9 +149,10 @@ class BoardTiming:
         return BoardTiming(self.board, self.client, self.info, Path(detector_tflite))
 
     def frames(self, emb, counts: list[int], db_sizes: list[int], crops=None, images=None) -> tuple[dict, list[float]]:
-        from trn.hw.client import check_board_model
+        from trn.hw.client import board_descriptor, check_board_model, model_name
 
         identity = check_board_model(self.client, emb, info=self.info)  # the model evaluated, or refused
+        source, described = board_descriptor(self.info, model_name(emb))  # a pair's member: through its source
         if self.detector_tflite is not None and images is None:
             raise ConfigError("detection timing on the board needs the frames; this scenario gives none")
         rng = np.random.default_rng(0)
@@ -168,9 +169,9 @@ class BoardTiming:
                                                                   )).board_total_ms)
                 t_board += det_ms[-1]
             # a bundle with part tokens answers them too (PARTS): what the database needs per crop
-            embed = self.client.parts if self.info.get("parts") else self.client.infer
+            embed = self.client.parts if described.get("parts") else self.client.infer
             for j in range(0, n, limit):
-                t_board += embed(x[j:j + limit]).board_total_ms
+                t_board += embed(x[j:j + limit], source).board_total_ms
             q = rng.standard_normal((n, emb.dim)).astype(np.float32)
             t0 = time.perf_counter()
             if m and n:
@@ -179,7 +180,7 @@ class BoardTiming:
             board.append((t_board - (det_ms[-1] if det_ms else 0.0)) / max(n, 1))
             ms.append(t_board + t_search)
         per = float(np.median([b for b, n in zip(board, counts) if n])) if any(counts) else 0.0
-        extra = {"board_model": self.info.get("model"), "board": identity.to_dict()}
+        extra = {"board_model": described.get("model"), "board": identity.to_dict()}
         if det_ms:
             extra |= {"detector_ms_per_frame": float(np.median(det_ms)), "detector_ms_p99": float(np.percentile(det_ms, 99)),
                       "covers": COVERS_DETECTOR_BOARD}

@@ -137,8 +137,13 @@ def _edgetpu_available() -> bool:
                                                       "/usr/lib/arm-linux-gnueabihf"))
 
 
+# the roles a descriptor's files play (the frame descriptor's files carry these names; a landmark
+# descriptor's section maps each role to its own file)
+ROLES = ("model.onnx", "model_int8.onnx", "model_int8.tflite", "model_int8_edgetpu.tflite", "head.npz")
+
+
 def _needs(backend: str, files: dict) -> tuple[str, ...]:
-    """The bundle files a backend runs."""
+    """The roles a backend runs (``files``: the roles a descriptor has)."""
     if backend == "edgetpu":
         return "model_int8_edgetpu.tflite", "head.npz"
     if backend == "tflite":
@@ -183,46 +188,33 @@ def open_verified(bundle: str | Path, public_key: bytes | None) -> tuple[Path, d
     return d, manifest, digest, where
 
 
-class BoardModel:
-    """The descriptor of a verified bundle: crops [n, S, S] float32 in [0, 1] -> embeddings [n, D].
+class BoardDescriptor:
+    """One descriptor of a verified bundle: crops [n, S, S] float32 in [0, 1] -> embeddings [n, D].
+    ``section``: the manifest itself (the bundle's frame descriptor) or its ``landmarks`` section;
+    ``files``: role (``model.onnx``, ``model_int8.tflite``, ``head.npz``, ...) -> the bundle's file
+    of that role."""
 
-    ``public_key``: None to verify with the anchor of the board root that holds the bundle."""
-
-    def __init__(self, bundle: str | Path, public_key: bytes | None = None, threads: int = 1, backend: str = "auto"):
-        if backend not in BACKENDS:
-            raise ModelError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
-        if not 1 <= int(threads) <= MAX_THREADS:
-            raise ModelError(f"threads = {threads}; expected 1 to {MAX_THREADS}")
-        self.dir, self.manifest, self.manifest_sha256, self.trust = open_verified(bundle, public_key)
-        self.threads = int(threads)
-        files = self.manifest["files"]
-        self.input_size = int(self.manifest["input"]["shape"][-1])
-        self.embedding_dim = int(self.manifest["embedding_dim"])
+    def __init__(self, directory: Path, section: dict, files: dict[str, str], threads: int, backend: str):
+        self.dir, self.threads = directory, threads
+        self.name = str(section["model"])
+        self.section = section
+        self.files = files
+        self.input_size = int(section["input"]["shape"][-1])
+        self.embedding_dim = int(section["embedding_dim"])
         usable = usable_backends(files)
         if backend == "auto":
             usable_here = [b for b in usable if b != "edgetpu" or _edgetpu_available()]
             if not usable_here:
-                raise ModelError(f"{self.dir}: the bundle holds no model this agent can run (files: {sorted(files)})")
+                raise ModelError(f"{self.dir}: the bundle holds no model of {self.name} this agent can run "
+                                 f"(files: {sorted(files.values())})")
             backend = usable_here[0]
         elif backend not in usable:
-            raise ModelError(f"{self.dir}: backend {backend} needs {' and '.join(_needs(backend, files))}, which this "
-                             f"bundle does not hold (files: {sorted(files)}); "
+            raise ModelError(f"{self.dir}: backend {backend} needs {' and '.join(_needs(backend, files))} of "
+                             f"{self.name}, which this bundle does not hold (files: {sorted(files.values())}); "
                              + (f"use --backend {' or '.join(usable)} or auto" if usable else "re-make the bundle"))
         self.backend = backend
-        self.model_file = _needs(backend, files)[0]
-        self.parts = self._parts_section(self.manifest.get("parts"))
-        self.detector = self.manifest.get("detector")
-        self.detector_error = None
-        self.map = None
-        if self.manifest.get("map") is not None:  # a signed map that does not load refuses the bundle
-            m = self.manifest["map"]
-            try:
-                self.map = BoardMap(self.dir / m["index"], self.dir / m["craters_file"], dim=self.embedding_dim,
-                                    craters=int(m["craters"]), visit=int(m["visit"]))
-            except ImportError:
-                raise ModelError("the bundle carries a map and this board has no FAISS: install faiss-cpu") from None
-            except (MapError, KeyError, TypeError, ValueError) as exc:
-                raise ModelError(f"{self.dir}: the bundle's map cannot be used ({exc})") from None
+        self.model_file = files[_needs(backend, files)[0]]
+        self.parts = self._parts_section(section.get("parts"))
         try:
             self._load(backend)
         except ModelError:
@@ -232,25 +224,17 @@ class BoardModel:
                              f"({type(exc).__name__}: {exc})"[:600]) from None
 
     def _parts_section(self, sec) -> dict | None:
-        """The manifest's ``parts`` (a model with learned part tokens), typed; None without one."""
+        """The section's ``parts`` (a model with learned part tokens), typed; None without one."""
         if sec is None:
             return None
         keys = ("tokens", "dim", *PART_SETTINGS)
         if not isinstance(sec, dict) or sec.get("output") != PART_OUTPUT or not all(
                 isinstance(sec.get(k), (int, float)) and not isinstance(sec.get(k), bool) for k in keys):
-            raise ModelError(f"{self.dir}: the manifest's parts section is not one this agent reads (output "
-                             f"{PART_OUTPUT!r} and numbers {', '.join(keys)}); re-make the bundle")
+            raise ModelError(f"{self.dir}: the manifest's parts section of {self.name} is not one this agent reads "
+                             f"(output {PART_OUTPUT!r} and numbers {', '.join(keys)}); re-make the bundle")
         return {"output": PART_OUTPUT, **{k: sec[k] for k in keys}}
 
     def _load(self, backend: str) -> None:
-        if self.detector is not None:
-            try:  # the detector is an int8 TFLite graph (compiled for the Edge TPU: a later step)
-                self.det_it = tflite_interpreter(self.dir / self.detector["file"], self.threads, False)
-                self.det_in = self.det_it.get_input_details()[0]
-                self.det_out = {d["name"]: d for d in self.det_it.get_output_details()}
-                self.detector_size = int(self.det_in["shape"][1])
-            except ModelError as exc:
-                self.detector, self.detector_error = None, f"crater detector not loaded: {exc}"
         if backend in ("tflite", "edgetpu"):
             self.it = tflite_interpreter(self.dir / self.model_file, self.threads, backend == "edgetpu")
             self.inp = self.it.get_input_details()[0]
@@ -258,7 +242,8 @@ class BoardModel:
             self.out = next((d for d in outs if d["name"] == "feature_map"), outs[0])
             self.part_out = next((d for d in outs if d["name"] == PART_OUTPUT), None)
             has_parts = self.part_out is not None
-            with np.load(self.dir / "head.npz", allow_pickle=False) as z:
+            head = self.dir / self.files["head.npz"]
+            with np.load(head, allow_pickle=False) as z:
                 self.w, self.b = z["weight"].astype(np.float32), z["bias"].astype(np.float32)
                 self.prelu = z["prelu"].astype(np.float32)
                 self.p, self.eps = float(z["p"]), float(z["eps"])
@@ -266,8 +251,7 @@ class BoardModel:
                 # graphs hold that step themselves); heads exported before it carry no field
                 self.input_norm = str(z["input_norm"]) if "input_norm" in z.files else "minmax"
             if self.input_norm not in ("minmax", "disk"):
-                raise ModelError(f"{self.dir / 'head.npz'}: unknown input preparation {self.input_norm!r}; "
-                                 "re-export the model")
+                raise ModelError(f"{head}: unknown input preparation {self.input_norm!r}; re-export the model")
             self.input_size = int(self.inp["shape"][1])
         else:
             try:
@@ -284,15 +268,125 @@ class BoardModel:
             raise ModelError(f"{self.dir / self.model_file}: the manifest and the model disagree on part tokens; "
                              "re-make the bundle")
 
+    def info(self, listed: dict) -> dict:
+        sec = self.section
+        card = sec.get("model_card") or {}
+        return {"model": self.name, "weights_sha256": (sec.get("source") or {}).get("weights_sha256"),
+                "model_card_sha256": card.get("sha256"), "backend": self.backend, "file": self.model_file,
+                "file_sha256": listed[self.model_file]["sha256"], "input_size": self.input_size,
+                "embedding_dim": self.embedding_dim, "match_threshold": sec.get("match_threshold"),
+                "parts": self.parts}
+
+    def _head(self, feat: np.ndarray) -> np.ndarray:
+        f = np.maximum(feat, self.eps)
+        pooled = np.power((f * f * f if self.p == 3.0 else np.power(f, self.p)).mean(axis=(1, 2)), 1.0 / self.p)
+        y = pooled @ self.w.T + self.b
+        y = np.where(y >= 0, y, self.prelu * y)
+        return y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-12)
+
+    def embed(self, crops: np.ndarray) -> np.ndarray:
+        return self._run(crops)[0]
+
+    def embed_parts(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(embeddings [n, D], part tokens [n, L, Dt]) of a descriptor with part tokens."""
+        emb, part_map = self._run(crops)
+        if part_map is None:
+            raise ModelError(f"{self.name} has no part tokens (INFO's parts is null)")
+        return emb, part_tokens(part_map)
+
+    def _run(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
+        """(embeddings [n, D], the part head's map [n, Dt, h, w] channels first, or None)."""
+        if self.backend == "onnx":
+            outs = self.sess.run(None, {self.in_name: crops[:, None].astype(np.float32)})
+            return np.asarray(outs[0], np.float32), (np.asarray(outs[3], np.float32) if self.parts else None)
+        feats, parts = [], []
+        s, z = self.inp["quantization"]
+        if self.input_norm == "disk":
+            crops = standardize_disk(crops)
+        for im in crops:
+            q = np.clip(np.round(im[None, :, :, None] / s) + z, -128, 127).astype(self.inp["dtype"])
+            self.it.set_tensor(self.inp["index"], q)
+            self.it.invoke()
+            feats.append(self._output(self.out))
+            if self.part_out is not None:
+                parts.append(self._output(self.part_out))
+        emb = self._head(np.stack(feats)).astype(np.float32)
+        return emb, (np.moveaxis(np.stack(parts), -1, 1) if parts else None)
+
+    def _output(self, detail: dict) -> np.ndarray:
+        so, zo = detail["quantization"]
+        return (self.it.get_tensor(detail["index"])[0].astype(np.float32) - zo) * so
+
+
+class BoardModel:
+    """A verified bundle: its descriptor (or its pair of descriptors: ``frames`` embeds crops cut
+    from navigation frames and is the one its map was embedded by, ``landmarks`` embeds landmark
+    renders), its crater detector and its map. The frame descriptor's attributes (``backend``,
+    ``model_file``, ``parts``, ``input_size``, ``embedding_dim``) are the bundle's own.
+
+    ``public_key``: None to verify with the anchor of the board root that holds the bundle."""
+
+    def __init__(self, bundle: str | Path, public_key: bytes | None = None, threads: int = 1, backend: str = "auto"):
+        if backend not in BACKENDS:
+            raise ModelError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
+        if not 1 <= int(threads) <= MAX_THREADS:
+            raise ModelError(f"threads = {threads}; expected 1 to {MAX_THREADS}")
+        self.dir, self.manifest, self.manifest_sha256, self.trust = open_verified(bundle, public_key)
+        self.threads = int(threads)
+        listed = self.manifest["files"]
+        frames = BoardDescriptor(self.dir, self.manifest, {f: f for f in ROLES if f in listed}, self.threads, backend)
+        self.descriptors = {"frames": frames}
+        if self.manifest.get("landmarks") is not None:
+            sec = self.manifest["landmarks"]
+            self.descriptors["landmarks"] = BoardDescriptor(self.dir, sec, dict(sec["files"]), self.threads, backend)
+        self.pair = len(self.descriptors) > 1
+        self.backend, self.model_file, self.parts = frames.backend, frames.model_file, frames.parts
+        self.input_size, self.embedding_dim = frames.input_size, frames.embedding_dim
+        self.detector = self.manifest.get("detector")
+        self.detector_error = None
+        self.map = None
+        if self.manifest.get("map") is not None:  # a signed map that does not load refuses the bundle
+            m = self.manifest["map"]
+            try:
+                self.map = BoardMap(self.dir / m["index"], self.dir / m["craters_file"], dim=self.embedding_dim,
+                                    craters=int(m["craters"]), visit=int(m["visit"]))
+            except ImportError:
+                raise ModelError("the bundle carries a map and this board has no FAISS: install faiss-cpu") from None
+            except (MapError, KeyError, TypeError, ValueError) as exc:
+                raise ModelError(f"{self.dir}: the bundle's map cannot be used ({exc})") from None
+        if self.detector is not None:
+            try:  # the detector is an int8 TFLite graph (compiled for the Edge TPU: a later step)
+                self.det_it = tflite_interpreter(self.dir / self.detector["file"], self.threads, False)
+                self.det_in = self.det_it.get_input_details()[0]
+                self.det_out = {d["name"]: d for d in self.det_it.get_output_details()}
+                self.detector_size = int(self.det_in["shape"][1])
+            except ModelError as exc:
+                self.detector, self.detector_error = None, f"crater detector not loaded: {exc}"
+
+    def for_source(self, source: int) -> BoardDescriptor:
+        """The descriptor a request's source (:data:`trn_board.protocol.SOURCES`) names. A bundle of
+        one descriptor embeds every source with it; a pair refuses a request that names none."""
+        if source not in (P.SOURCE_NONE, *P.SOURCES):
+            raise ModelError(f"source flag {source}; send {P.SOURCE_FRAMES} for crops cut from navigation frames or "
+                             f"{P.SOURCE_LANDMARKS} for landmark renders")
+        if not self.pair:
+            return self.descriptors["frames"]
+        if source == P.SOURCE_NONE:
+            d = self.descriptors
+            raise ModelError(f"this bundle carries two descriptors (frames: {d['frames'].name}, landmarks: "
+                             f"{d['landmarks'].name}); name the request's source in the header's flags: "
+                             f"{P.SOURCE_FRAMES} for crops cut from navigation frames, {P.SOURCE_LANDMARKS} for "
+                             "landmark renders")
+        return self.descriptors[P.SOURCES[source]]
+
     def info(self) -> dict:
         m, files = self.manifest, self.manifest["files"]
-        card = m.get("model_card") or {}
-        return {"model": m["model"], "bundle_version": m["bundle_version"], "manifest_sha256": self.manifest_sha256,
-                "weights_sha256": (m.get("source") or {}).get("weights_sha256"),
-                "model_card_sha256": card.get("sha256"),
-                "backend": self.backend, "file": self.model_file, "file_sha256": files[self.model_file]["sha256"],
-                "input_size": self.input_size, "embedding_dim": self.embedding_dim,
-                "match_threshold": m.get("match_threshold"), "trust": self.trust, "parts": self.parts,
+        frames = self.descriptors["frames"]
+        return {**frames.info(files), "bundle_version": m["bundle_version"], "manifest_sha256": self.manifest_sha256,
+                "trust": self.trust,
+                "pair": None if not self.pair else {
+                    "name": (m.get("pair") or {}).get("name"),
+                    **{k: d.info(files) for k, d in self.descriptors.items()}},
                 "detector": None if self.detector is None else {
                     "file": self.detector["file"], "file_sha256": files[self.detector["file"]]["sha256"],
                     "input_size": self.detector_size, "score_threshold": self.detector["score_threshold"],
@@ -319,45 +413,12 @@ class BoardModel:
         return decode_input(maps[0][:, :, 0], maps[1].transpose(2, 0, 1), maps[2].transpose(2, 0, 1),
                             int(self.detector["stride"]), self.detector_size, float(self.detector["score_threshold"]))
 
-    def _head(self, feat: np.ndarray) -> np.ndarray:
-        f = np.maximum(feat, self.eps)
-        pooled = np.power((f * f * f if self.p == 3.0 else np.power(f, self.p)).mean(axis=(1, 2)), 1.0 / self.p)
-        y = pooled @ self.w.T + self.b
-        y = np.where(y >= 0, y, self.prelu * y)
-        return y / np.maximum(np.linalg.norm(y, axis=1, keepdims=True), 1e-12)
+    def embed(self, crops: np.ndarray, source: int = 0) -> np.ndarray:
+        return self.for_source(source).embed(crops)
 
-    def embed(self, crops: np.ndarray) -> np.ndarray:
-        return self._run(crops)[0]
-
-    def embed_parts(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(embeddings [n, D], part tokens [n, L, Dt]) of a bundle with part tokens."""
-        emb, part_map = self._run(crops)
-        if part_map is None:
-            raise ModelError("this bundle's model has no part tokens (INFO's parts is null)")
-        return emb, part_tokens(part_map)
-
-    def _run(self, crops: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-        """(embeddings [n, D], the part head's map [n, Dt, h, w] channels first, or None)."""
-        if self.backend == "onnx":
-            outs = self.sess.run(None, {self.in_name: crops[:, None].astype(np.float32)})
-            return np.asarray(outs[0], np.float32), (np.asarray(outs[3], np.float32) if self.parts else None)
-        feats, parts = [], []
-        s, z = self.inp["quantization"]
-        if self.input_norm == "disk":
-            crops = standardize_disk(crops)
-        for im in crops:
-            q = np.clip(np.round(im[None, :, :, None] / s) + z, -128, 127).astype(self.inp["dtype"])
-            self.it.set_tensor(self.inp["index"], q)
-            self.it.invoke()
-            feats.append(self._output(self.out))
-            if self.part_out is not None:
-                parts.append(self._output(self.part_out))
-        emb = self._head(np.stack(feats)).astype(np.float32)
-        return emb, (np.moveaxis(np.stack(parts), -1, 1) if parts else None)
-
-    def _output(self, detail: dict) -> np.ndarray:
-        so, zo = detail["quantization"]
-        return (self.it.get_tensor(detail["index"])[0].astype(np.float32) - zo) * so
+    def embed_parts(self, crops: np.ndarray, source: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(embeddings [n, D], part tokens [n, L, Dt]) of a descriptor with part tokens."""
+        return self.for_source(source).embed_parts(crops)
 
 
 # -- the server
@@ -395,7 +456,8 @@ class Agent:
         self.max_batch = max_batch
         board_map = getattr(model, "map", None)
         queries = max_batch * (board_map.dim if board_map is not None else 0) * 4
-        self.max_payload = max(P.INFER_HEAD.size + max_batch * model.input_size ** 2 * 4,
+        sizes = [d.input_size for d in getattr(model, "descriptors", {}).values()] or [model.input_size]
+        self.max_payload = max(P.INFER_HEAD.size + max_batch * max(sizes) ** 2 * 4,
                                P.DETECT_HEAD.size + getattr(model, "detector_size", 0) ** 2 * 4,
                                P.SCORE_HEAD.size + queries + (P.MAX_SCORE_ROWS * 4 if board_map is not None else 0))
         self.max_connections = max_connections
@@ -443,15 +505,20 @@ class Agent:
                             "trn_loaded": any(m == "trn" or m.startswith("trn.") for m in mods)}}
 
     # -- requests
-    def _infer(self, conn: socket.socket, rid: int, payload: bytes, t_received: int, parts: bool = False) -> None:
+    def _infer(self, conn: socket.socket, rid: int, payload: bytes, t_received: int, parts: bool = False,
+               source: int = P.SOURCE_NONE) -> None:
         what = "PARTS" if parts else "INFER"
-        if parts and self.model.parts is None:
+        try:  # the descriptor the request's source names (a pair refuses a request that names none)
+            model = self.model.for_source(source) if hasattr(self.model, "for_source") else self.model
+        except ModelError as exc:
+            return self._error(conn, rid, P.BAD_PAYLOAD, str(exc))
+        if parts and model.parts is None:
             return self._error(conn, rid, P.BAD_PAYLOAD, "this bundle's model has no part tokens (INFO's parts is "
                                                           "null); send INFER")
         if len(payload) < P.INFER_HEAD.size:
             return self._error(conn, rid, P.BAD_PAYLOAD, f"{what} payload shorter than its 4-byte head (n, size)")
         n, size = P.INFER_HEAD.unpack_from(payload)
-        s = self.model.input_size
+        s = model.input_size
         if not 1 <= n <= self.max_batch:
             return self._error(conn, rid, P.BAD_PAYLOAD, f"n = {n} crops; send 1 to {self.max_batch} per request")
         if size != s:
@@ -464,11 +531,11 @@ class Agent:
         if not np.isfinite(crops).all():
             return self._error(conn, rid, P.NON_FINITE, "crops contain NaN or infinite values")
         if parts:
-            t0, t1, (emb, toks) = self._timed(self.model.embed_parts, crops)
+            t0, t1, (emb, toks) = self._timed(model.embed_parts, crops)
             emb, toks = np.ascontiguousarray(emb, dtype=">f4"), np.ascontiguousarray(toks, dtype=">f4")
             body = P.PARTS_REPLY.pack(t_received, t0, t1, *emb.shape, *toks.shape[1:]) + emb.tobytes() + toks.tobytes()
             return self._send(conn, P.PARTS | P.REPLY, rid, body)
-        t0, t1, emb = self._timed(self.model.embed, crops)
+        t0, t1, emb = self._timed(model.embed, crops)
         emb = np.ascontiguousarray(emb, dtype=">f4")
         body = P.INFER_REPLY.pack(t_received, t0, t1, emb.shape[0], emb.shape[1]) + emb.tobytes()
         self._send(conn, P.INFER | P.REPLY, rid, body)
@@ -592,7 +659,7 @@ class Agent:
                 first = False
                 conn.settimeout(self.io_timeout)  # a client stalling mid-message is dropped
                 try:
-                    version, mtype, _flags, rid, length = P.read_header(conn)
+                    version, mtype, flags, rid, length = P.read_header(conn)
                 except P.ProtocolError as exc:
                     self._error(conn, 0, exc.code, exc.message)
                     return
@@ -615,7 +682,7 @@ class Agent:
                     elif mtype == P.HEALTH:
                         self._send(conn, P.HEALTH | P.REPLY, rid, json.dumps(self.health()).encode())
                     elif mtype in (P.INFER, P.PARTS):
-                        self._infer(conn, rid, payload, t_received, parts=mtype == P.PARTS)
+                        self._infer(conn, rid, payload, t_received, parts=mtype == P.PARTS, source=flags)
                     elif mtype == P.DETECT:
                         self._detect(conn, rid, payload, t_received)
                     elif mtype == P.SEARCH:
@@ -754,7 +821,8 @@ def main(argv: list[str] | None = None) -> int:
         signal.signal(sig, lambda *_: agent.shutdown())
     host, port = agent.address
     info = model.info()
-    print(f"trn agent {os.getpid()} serving {info['model']} v{info['bundle_version']} ({model.backend}, "
+    served = info["model"] if not model.pair else " + ".join(f"{k} {d.name}" for k, d in model.descriptors.items())
+    print(f"trn agent {os.getpid()} serving {served} v{info['bundle_version']} ({model.backend}, "
           f"{args.threads} interpreter / {blas_threads() or args.blas_threads} BLAS threads) on {host}:{port}; "
           f"manifest {info['manifest_sha256'][:12]}, verified with the {model.trust}; stop requests "
           f"{'need the token in ' + str(args.stop_token_file) if token else 'off'}", flush=True)

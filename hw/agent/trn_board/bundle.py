@@ -27,6 +27,11 @@ MANIFEST = "manifest.json"
 SIGNATURE = "manifest.sig"
 BUNDLE_FORMAT = "trn-bundle"
 FORMAT_VERSION = 2
+# 3: a bundle of two descriptors, the manifest's top level the frame descriptor and its
+# ``landmarks`` section the landmark descriptor (``pair`` names both); a board that reads only 2
+# refuses it rather than serve landmark renders with the frame descriptor
+PAIR_FORMAT_VERSION = 3
+FORMAT_VERSIONS = (FORMAT_VERSION, PAIR_FORMAT_VERSION)
 # The largest bundle version: 2**53 - 1, the largest whole number every JSON reader holds exactly
 # (a double's 53-bit significand; it also fits a signed 64-bit counter). The default version, the
 # signing time as YYYYMMDDHHMMSS, stays below 10**14, so a bound this far above it leaves room for
@@ -89,7 +94,7 @@ def model_name_problem(name: object) -> str | None:
 FILE_FIELDS = {"tflite": ("file", "head"), "detector": ("file",), "map": ("index", "craters_file")}
 
 
-def _named_files(manifest: dict, where: Path) -> list[tuple[str, object]]:
+def _named_files(manifest: dict, where: Path, prefix: str = "") -> list[tuple[str, object]]:
     """(field, file name) of every file the manifest names outside ``files`` (the model card's is
     checked with its hash); BundleError for such a section that is not a mapping."""
     out = []
@@ -98,9 +103,44 @@ def _named_files(manifest: dict, where: Path) -> list[tuple[str, object]]:
         if sec is None:
             continue
         if not isinstance(sec, dict):
-            raise BundleError(f"manifest field {section} is {str(sec)[:80]!r}, not a mapping", where)
-        out += [(f"{section}.{k}", sec.get(k)) for k in keys]
+            raise BundleError(f"manifest field {prefix}{section} is {str(sec)[:80]!r}, not a mapping", where)
+        out += [(f"{prefix}{section}.{k}", sec.get(k)) for k in keys]
     return out
+
+
+LANDMARK_FIELDS = ("model", "files", "input", "embedding_dim")
+
+
+def _check_landmarks(manifest: dict, listed: dict, where: Path) -> list[tuple[str, object]]:
+    """The landmark descriptor's section of a pair bundle, checked as the top level is: a plain
+    model name, its role -> file map naming listed files, its card bound by hash; (field, file name)
+    of the files it names."""
+    sec, pair = manifest.get("landmarks"), manifest.get("pair")
+    if manifest.get("format_version") != PAIR_FORMAT_VERSION:
+        if sec is not None or pair is not None:
+            raise BundleError(f"manifest carries a landmark descriptor but format_version "
+                              f"{manifest.get('format_version')!r}; a bundle of two descriptors is format "
+                              f"{PAIR_FORMAT_VERSION}: re-make it with trn-export bundle", where)
+        return []
+    if not isinstance(sec, dict) or not all(k in sec for k in LANDMARK_FIELDS):
+        raise BundleError(f"a format {PAIR_FORMAT_VERSION} bundle needs a landmarks section with "
+                          f"{', '.join(LANDMARK_FIELDS)}", where)
+    if not isinstance(pair, dict) or pair.get("frames") != manifest.get("model") or pair.get("landmarks") != sec["model"]:
+        raise BundleError("manifest field pair must name the top-level model as frames and the landmarks section's "
+                          "model as landmarks", where)
+    problem = model_name_problem(sec["model"])
+    if problem is not None:
+        raise BundleError(f"landmarks: {problem}", where)
+    files = sec["files"]
+    if not isinstance(files, dict) or not files:
+        raise BundleError("manifest field landmarks.files must map roles to the bundle's files", where)
+    out = [(f"landmarks.files.{role}", name) for role, name in files.items()]
+    card = sec.get("model_card")
+    if card is not None and (not isinstance(card, dict) or card.get("file") not in listed
+                             or card.get("sha256") != listed[card.get("file")]["sha256"]):
+        raise BundleError("the landmark descriptor's model card is not the file the manifest lists (model_card.file "
+                          "and model_card.sha256 must name a listed file and its hash)", where)
+    return out + _named_files(sec, where, "landmarks.")
 
 
 def check_manifest(manifest: object, where: Path) -> dict:
@@ -108,9 +148,10 @@ def check_manifest(manifest: object, where: Path) -> dict:
     if not isinstance(manifest, dict) or manifest.get("format") != BUNDLE_FORMAT:
         raise BundleError(f"manifest is not a {BUNDLE_FORMAT!r} manifest", where)
     fv = manifest.get("format_version")
-    if fv != FORMAT_VERSION:
+    if type(fv) is not int or fv not in FORMAT_VERSIONS:
         raise BundleError(f"manifest format_version is {fv!r}; this board reads {FORMAT_VERSION} (a bundle version, "
-                          "the model card's hash): re-make the bundle with trn-export bundle", where)
+                          f"the model card's hash) and {PAIR_FORMAT_VERSION} (two descriptors): re-make the bundle with "
+                          "trn-export bundle", where)
     problem = version_problem(manifest.get("bundle_version")) or model_name_problem(manifest.get("model"))
     if problem is not None:
         raise BundleError(problem, where)
@@ -124,7 +165,7 @@ def check_manifest(manifest: object, where: Path) -> dict:
         if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int) \
                 or not isinstance(meta.get("sha256"), str):
             raise BundleError(f"manifest entry of {name!r} has no bytes and sha256", where)
-    for field, name in _named_files(manifest, where):
+    for field, name in _named_files(manifest, where) + _check_landmarks(manifest, listed, where):
         if not isinstance(name, str) or name not in listed:
             raise BundleError(f"manifest field {field} is {str(name)[:80]!r}, which is not one of the bundle's listed "
                               "files (a name in a manifest is data, never a path)", where)

@@ -5,7 +5,9 @@ Every message, both ways, is a 16-byte header and a payload::
     magic  4 bytes  b"TRNB"
     version 1 byte  PROTOCOL_VERSION
     type   1 byte   a request type, or (request type | 0x80) for its answer, or ERROR
-    flags  2 bytes  0 (reserved)
+    flags  2 bytes  INFER and PARTS: the crops' source (SOURCE_FRAMES 1: cut from navigation frames,
+                    SOURCE_LANDMARKS 2: landmark renders; 0: none, refused by a bundle of two
+                    descriptors); 0 otherwise
     id     4 bytes  the request id, echoed in the answer
     length 4 bytes  payload bytes that follow (at most the server's limit)
 
@@ -19,7 +21,9 @@ Every message, both ways, is a 16-byte header and a payload::
 - HEALTH (empty) -> JSON: uptime, requests, errors, open connections, idle connections evicted,
   peak resident memory, and the process: pid, BLAS and interpreter threads, whether torch or trn
   is loaded (never, on a board).
-- INFER: ``n`` (u16), ``size`` (u16), then n x size x size float32 crops, min-max normalised to
+- INFER (the header's flags name the crops' source; a bundle of two descriptors, INFO's ``pair``,
+  embeds each source with its own descriptor and refuses a request that names none):
+  ``n`` (u16), ``size`` (u16), then n x size x size float32 crops, min-max normalised to
   [0, 1], row-major -> ``t_received``, ``t_start``, ``t_end`` (u64 nanoseconds of the board's
   monotonic clock: the request fully read, inference started, inference done), ``n`` (u16),
   ``dim`` (u16), then n x dim float32 L2-normalised embeddings.
@@ -74,6 +78,10 @@ SCORE_REPLY = struct.Struct("!QQQHI")
 MAX_SCORE_ROWS = 1 << 16  # map rows one SCORE request may name
 ERROR_HEAD = struct.Struct("!H")
 
+# the source of an INFER or PARTS request's crops, in the header's flags
+SOURCE_NONE, SOURCE_FRAMES, SOURCE_LANDMARKS = 0, 1, 2
+SOURCES = {SOURCE_FRAMES: "frames", SOURCE_LANDMARKS: "landmarks"}
+
 # error codes
 BAD_MAGIC, BAD_VERSION, UNKNOWN_TYPE, TOO_LARGE, BAD_PAYLOAD, NON_FINITE, BUSY, INTERNAL, FORBIDDEN = range(1, 10)
 ERROR_NAMES = {BAD_MAGIC: "BAD_MAGIC", BAD_VERSION: "BAD_VERSION", UNKNOWN_TYPE: "UNKNOWN_TYPE",
@@ -91,8 +99,8 @@ class ProtocolError(Exception):
         self.message = message
 
 
-def pack(mtype: int, rid: int, payload: bytes = b"") -> bytes:
-    return HEADER.pack(MAGIC, PROTOCOL_VERSION, mtype, 0, rid & 0xFFFFFFFF, len(payload)) + payload
+def pack(mtype: int, rid: int, payload: bytes = b"", flags: int = 0) -> bytes:
+    return HEADER.pack(MAGIC, PROTOCOL_VERSION, mtype, flags, rid & 0xFFFFFFFF, len(payload)) + payload
 
 
 def error_payload(code: int, message: str) -> bytes:
