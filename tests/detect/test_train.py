@@ -331,7 +331,9 @@ def test_trn_sim_runs_the_navigation_scenarios_on_each_kind_of_box(det_run, boxe
                      str(tmp_path / "low.pt"), "--threads", "1", "--no-progress", "--out", str(out)]) == 0
     doc = json.loads((out / "report.json").read_text())
     methods = {r["method"] for r in doc["results"]}
-    assert {m.split(" [")[-1] for m in methods} == {"flight_conv2d_se_union", "union boxes]", "detector boxes]"}
+    assert {m.split(" [")[-1] for m in methods} == {"flight_pair", "union boxes]", "detector boxes]"}
+    # frame crops of every box kind reach the pair's frame descriptor only
+    assert {r["extra"]["descriptor"] for r in doc["results"]} == {"flight_conv2d_se_nav"}
     assert set(doc["context"]["boxes"]) == {"annotations", "union", "detector"}
 
 

@@ -338,3 +338,5 @@ def test_a_pair_embeds_frame_crops_with_its_frame_descriptor_and_landmark_render
     assert rep2.context["pairs"] == {"pair": {"frames": "frame_oracle", "landmarks": "landmark_oracle"}}
     assert {r.scenario: r.settings["threshold"] for r in results}["moon_navigation"] == 0.5
     assert {r.scenario: r.settings["threshold"] for r in results}["recall_at_1"] == 0.9
+    assert ("pair is a descriptor pair: frame crops embedded by frame_oracle, landmark renders by landmark_oracle"
+            in rep2.markdown())

@@ -139,7 +139,7 @@ def _bundle(args) -> int:
     if m.get("pair"):
         print(f"pair {m['pair']['name']}: frames {m['pair']['frames']}, landmarks {m['pair']['landmarks']} (landmark "
               f"threshold {m['landmarks']['match_threshold']:g})")
-        tpu = m["edgetpu"]
+        tpu = m.get("edgetpu") or {}
         if "param_bytes_mapped_sum" in tpu:
             print(f"Edge TPU operator rules: frames {tpu['frames']['mapped_ops']} mapped / {tpu['frames']['cpu_ops']} "
                   f"on the CPU, landmarks {tpu['landmarks']['mapped_ops']} / {tpu['landmarks']['cpu_ops']}; parameters "

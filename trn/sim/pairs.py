@@ -69,7 +69,8 @@ def perturbed(clean: list[sc.Detection], parts: tuple[str, ...], s: sc.ScenarioS
     out = []
     for d in clean:
         box = jitter_box(d.box, rng, s.shrink_px, s.shift_px, frame_shape) if "noise" in parts else d.box
-        bright, contrast = rng.uniform(1 - s.jitter, 1 + s.jitter, size=2)
+        # as the scenarios draw it (trn.sim.scenarios.draw_detection): brightness, then contrast
+        bright, contrast = rng.uniform((1 - s.jitter, 1 - s.contrast_jitter), (1 + s.jitter, 1 + s.contrast_jitter))
         angle = float(rng.integers(s.angle_deg[0], s.angle_deg[1] + 1))
         photometric = "photometric" in parts
         out.append(replace(d, box=box, brightness=float(bright) if photometric else 1.0,

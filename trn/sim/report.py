@@ -70,6 +70,11 @@ def _thresholds(c: dict) -> str:
     return str(next(iter(per.values()), c.get("threshold")))
 
 
+def _pair_text(name: str, members: dict) -> str:
+    return (f"{name} is a descriptor pair: frame crops embedded by {members.get('frames')}, landmark renders by "
+            f"{members.get('landmarks')}")
+
+
 @dataclass
 class Report:
     """Results of one run. ``context``: dataset, command, models and anything else worth keeping.
@@ -230,6 +235,8 @@ class Report:
             if key in c:
                 value = _thresholds(c) if key == "threshold" else c[key]
                 parts.append(f"<li><b>{html.escape(key)}</b>: <code>{html.escape(str(value))}</code></li>")
+        for name, m in (c.get("pairs") or {}).items():
+            parts.append(f"<li>{html.escape(_pair_text(name, m))}</li>")
         parts += ["</ul>", "<h2>Summary</h2>", f'<p class="legend">{html.escape(legend(self.scenarios()))}</p>',
                   _html_table(self.table_rows(), "summary")]
         by_stem = {p.stem: p for p in images}
@@ -285,7 +292,8 @@ class Report:
         if c.get("world"):
             lines.append(f"- world: {c['world']}")
         lines += [f"- command: `{c.get('command')}`",
-                  f"- seed: {c.get('seed')}, threshold: {_thresholds(c)}, NMS: {c.get('nms')}", ""]
+                  f"- seed: {c.get('seed')}, threshold: {_thresholds(c)}, NMS: {c.get('nms')}"]
+        lines += [f"- {_pair_text(name, m)}" for name, m in (c.get("pairs") or {}).items()] + [""]
         lines += self.table()
         if self.timing_table():
             lines += ["", "Frame latency of Moon Navigation:", ""] + self.timing_table()
@@ -459,7 +467,8 @@ def plot_all(rep: Report, out: Path) -> list[Path]:
                 if len(v):
                     a.hist(np.clip(v, -0.2, 1.0), bins=bins, alpha=0.6, color=col,
                            label=f"{HIST_NAMES[key, read_only]} ({len(v)})")
-            t = per.get(r.method, rep.context.get("threshold", 0.9))
+            # the threshold the result ran at (a pair's members each at their own)
+            t = (r.settings or {}).get("threshold", per.get(r.method, rep.context.get("threshold", 0.9)))
             a.axvline(t, color="k", ls="--", lw=1, label=f"threshold {t:g}")
             a.set_title(_wrap(r.method, 30), fontsize=9)
             a.set_xlabel("decision score")
