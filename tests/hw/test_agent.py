@@ -676,3 +676,60 @@ def test_search_on_a_bundle_without_a_map_says_so(agent):
         assert c.info()["map"] is None
         with pytest.raises(Exception, match="no map"):
             c.search(np.ones((1, 512), np.float32), 3)
+
+
+def test_a_map_swapped_on_disk_between_the_check_and_the_load_is_never_served(bundle, tmp_path, monkeypatch):
+    """The audit's race, made deterministic: right after the agent has verified the bundle, another
+    signed bundle's index of the same size takes the signed one's place (an atomic rename), and the
+    signed file comes back once the agent has loaded. The agent parses the bytes it verified, so it
+    serves the signed map, not the one that was on disk while it loaded."""
+    import os
+
+    import trn_board.agent as agent_mod
+    from trn.export.bundle import make_bundle
+    from trn.hw.client import BoardClient
+    from trn.nav.onboard_map import OnboardMap
+
+    _, pub, tmp = bundle
+    key = tmp / "keys" / "trn_signing_key.pem"
+    mine, x = _indexed_map(tmp_path / "mine", "tiny-se", n=800)
+    # another map of the same craters and size: other vectors (another seed)
+    from tests.nav.test_map_index import vector_map
+    from trn.nav.onboard_map import write_map_index
+
+    write_map_index(vector_map(tmp_path / "other2", 800, seed=5, model="tiny-se", dim=512, input_size=SIZE),
+                    "IVF-SQ8", visit=8)
+    b = make_bundle(tmp / "export", tmp_path / "b", key, "tiny-se", SIZE, 512, 0.9, version=7, map_dir=mine)
+    b2 = make_bundle(tmp / "export", tmp_path / "b2", key, "tiny-se", SIZE, 512, 0.9, version=7,
+                     map_dir=tmp_path / "other2")
+    name = b.manifest["map"]["index"]
+    assert (b.directory / name).stat().st_size == (b2.directory / name).stat().st_size
+    assert (b.directory / name).read_bytes() != (b2.directory / name).read_bytes()
+    real = agent_mod.read_verified
+    swapped = []
+
+    def verify_then_swap(d, k):
+        out = real(d, k)
+        os.replace(b.directory / name, tmp_path / "signed.index")  # set the signed file aside
+        (tmp_path / "intruder").write_bytes((b2.directory / name).read_bytes())
+        os.replace(tmp_path / "intruder", b.directory / name)      # the other map in its place
+        swapped.append(True)
+        return out
+
+    monkeypatch.setattr(agent_mod, "read_verified", verify_then_swap)
+    model = BoardModel(b.directory, pub)
+    os.replace(tmp_path / "signed.index", b.directory / name)      # the signed file back
+    assert swapped
+    ground = OnboardMap.load(mine).board
+    q = x[[3, 400, 799]] + 0.02
+    q /= np.linalg.norm(q, axis=1, keepdims=True)
+    a = Agent(model, "127.0.0.1", 0, io_timeout=1.0)
+    t = a.start()
+    try:
+        with BoardClient(a.address) as c:
+            got = c.search(q, 5)
+    finally:
+        a.shutdown()
+        t.join(5)
+    rows, sims = ground.search(q, 5)
+    assert np.array_equal(got.ids, ground.ids[rows]) and np.allclose(got.similarities, sims)

@@ -195,7 +195,7 @@ def _runs(root):
     from trn_board.bundle import BundleError
 
     try:
-        d, manifest, _, _ = open_verified(root / "current", None)
+        d, manifest, _, _, _ = open_verified(root / "current", None)
     except (BundleError, OSError):
         return None
     assert d.parent == (root / "bundles").resolve()  # never outside the board root

@@ -117,8 +117,10 @@ def load_interpreter(path: str | Path, threads: int = 1, edgetpu: bool = False):
     models the same way (:func:`trn_board.agent.tflite_interpreter`)."""
     from trn_board.agent import ModelError, tflite_interpreter
 
+    from trn.data.files import read_bytes
+
     try:
-        return tflite_interpreter(Path(path), threads, edgetpu)
+        return tflite_interpreter(read_bytes(Path(path), "TFLite model"), threads, edgetpu)
     except ModelError as exc:
         raise DataError(f"{exc}: pip install -e '.[export]' (ai-edge-litert) or tflite-runtime") from None
     except (ValueError, RuntimeError) as exc:

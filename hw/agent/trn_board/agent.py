@@ -37,6 +37,7 @@ if __name__ == "__main__":  # the board program: pin BLAS threads before numpy (
 import argparse  # noqa: E402
 import ctypes  # noqa: E402
 import hmac  # noqa: E402
+import io  # noqa: E402
 import json  # noqa: E402
 import resource  # noqa: E402
 import secrets  # noqa: E402
@@ -58,7 +59,7 @@ from trn_board.detect import decode_input  # noqa: E402
 from trn_board.mapindex import BoardMap, MapError  # noqa: E402
 from trn_board.preprocess import PART_OUTPUT, PART_SETTINGS, part_tokens, standardize_disk  # noqa: E402
 from trn_board.options import ranged_int, seconds  # noqa: E402
-from trn_board.bundle import BundleError, manifest_sha256, verify_bundle  # noqa: E402
+from trn_board.bundle import BundleError, read_verified  # noqa: E402
 
 MAX_BATCH = 64
 BACKENDS = ("auto", "tflite", "edgetpu", "onnx")
@@ -114,8 +115,9 @@ def blas_threads(n: int | None = None) -> int | None:
 # -- the model
 
 
-def tflite_interpreter(path: Path, threads: int = 1, edgetpu: bool = False):
-    """tflite-runtime when installed, else ai-edge-litert; with the Edge TPU delegate on request."""
+def tflite_interpreter(content: bytes, threads: int = 1, edgetpu: bool = False):
+    """An interpreter of the flatbuffer ``content`` (the verified bytes, never the file again):
+    tflite-runtime when installed, else ai-edge-litert; with the Edge TPU delegate on request."""
     try:
         from tflite_runtime.interpreter import Interpreter, load_delegate  # type: ignore[import-not-found]
     except ImportError:
@@ -124,7 +126,7 @@ def tflite_interpreter(path: Path, threads: int = 1, edgetpu: bool = False):
         except ImportError:
             raise ModelError("no TFLite runtime on this board: install tflite-runtime or ai-edge-litert") from None
     delegates = [load_delegate("libedgetpu.so.1")] if edgetpu else None
-    it = Interpreter(model_path=str(path), num_threads=threads, experimental_delegates=delegates)
+    it = Interpreter(model_content=bytes(content), num_threads=threads, experimental_delegates=delegates)
     it.allocate_tensors()
     return it
 
@@ -174,18 +176,19 @@ def resolve_trust(bundle: str | Path, public_key: bytes | None) -> tuple[bytes, 
     return public_key, f"key {trust.fingerprint(public_key)} given on the command line", None
 
 
-def open_verified(bundle: str | Path, public_key: bytes | None) -> tuple[Path, dict, str, str]:
+def open_verified(bundle: str | Path, public_key: bytes | None) -> tuple[Path, dict, str, str, dict[str, bytes]]:
     """What the agent checks before it loads anything of ``bundle``: (its resolved directory, its
-    verified manifest, the manifest's sha256, where the key came from). In a board root it is
-    verified with the root's anchor and must be a bundle the board's state lets run
+    verified manifest, the manifest's sha256, where the key came from, every file's verified bytes).
+    Each file is read once and checked on those bytes, and the agent parses only them, so a file
+    replaced on disk after the check is never what it serves. In a board root the bundle is
+    verified with the root's anchor and must be one the board's state lets run
     (:func:`trn_board.install.check_runnable`: anti-rollback, never outside the root)."""
     key, where, board = resolve_trust(bundle, public_key)
     d = Path(bundle).resolve()
-    manifest = verify_bundle(d, key)
-    digest = manifest_sha256(d)
+    manifest, digest, blobs = read_verified(d, key)
     if board is not None:
         check_runnable(board, d, manifest, digest)
-    return d, manifest, digest, where
+    return d, manifest, digest, where, blobs
 
 
 class BoardDescriptor:
@@ -194,8 +197,9 @@ class BoardDescriptor:
     ``files``: role (``model.onnx``, ``model_int8.tflite``, ``head.npz``, ...) -> the bundle's file
     of that role."""
 
-    def __init__(self, directory: Path, section: dict, files: dict[str, str], threads: int, backend: str):
-        self.dir, self.threads = directory, threads
+    def __init__(self, directory: Path, section: dict, files: dict[str, str], threads: int, backend: str,
+                 blobs: dict[str, bytes]):
+        self.dir, self.threads, self.blobs = directory, threads, blobs
         self.name = str(section["model"])
         self.section = section
         self.files = files
@@ -236,14 +240,14 @@ class BoardDescriptor:
 
     def _load(self, backend: str) -> None:
         if backend in ("tflite", "edgetpu"):
-            self.it = tflite_interpreter(self.dir / self.model_file, self.threads, backend == "edgetpu")
+            self.it = tflite_interpreter(self.blobs[self.model_file], self.threads, backend == "edgetpu")
             self.inp = self.it.get_input_details()[0]
             outs = self.it.get_output_details()
             self.out = next((d for d in outs if d["name"] == "feature_map"), outs[0])
             self.part_out = next((d for d in outs if d["name"] == PART_OUTPUT), None)
             has_parts = self.part_out is not None
             head = self.dir / self.files["head.npz"]
-            with np.load(head, allow_pickle=False) as z:
+            with np.load(io.BytesIO(self.blobs[self.files["head.npz"]]), allow_pickle=False) as z:
                 self.w, self.b = z["weight"].astype(np.float32), z["bias"].astype(np.float32)
                 self.prelu = z["prelu"].astype(np.float32)
                 self.p, self.eps = float(z["p"]), float(z["eps"])
@@ -261,7 +265,7 @@ class BoardDescriptor:
             so = ort.SessionOptions()
             so.intra_op_num_threads = self.threads
             so.inter_op_num_threads = 1
-            self.sess = ort.InferenceSession(str(self.dir / self.model_file), so, providers=["CPUExecutionProvider"])
+            self.sess = ort.InferenceSession(self.blobs[self.model_file], so, providers=["CPUExecutionProvider"])
             self.in_name = self.sess.get_inputs()[0].name
             has_parts = PART_OUTPUT in [o.name for o in self.sess.get_outputs()]
         if has_parts != (self.parts is not None):
@@ -331,14 +335,16 @@ class BoardModel:
             raise ModelError(f"unknown backend {backend!r}; one of {', '.join(BACKENDS)}")
         if not 1 <= int(threads) <= MAX_THREADS:
             raise ModelError(f"threads = {threads}; expected 1 to {MAX_THREADS}")
-        self.dir, self.manifest, self.manifest_sha256, self.trust = open_verified(bundle, public_key)
+        self.dir, self.manifest, self.manifest_sha256, self.trust, blobs = open_verified(bundle, public_key)
         self.threads = int(threads)
         listed = self.manifest["files"]
-        frames = BoardDescriptor(self.dir, self.manifest, {f: f for f in ROLES if f in listed}, self.threads, backend)
+        frames = BoardDescriptor(self.dir, self.manifest, {f: f for f in ROLES if f in listed}, self.threads, backend,
+                                 blobs)
         self.descriptors = {"frames": frames}
         if self.manifest.get("landmarks") is not None:
             sec = self.manifest["landmarks"]
-            self.descriptors["landmarks"] = BoardDescriptor(self.dir, sec, dict(sec["files"]), self.threads, backend)
+            self.descriptors["landmarks"] = BoardDescriptor(self.dir, sec, dict(sec["files"]), self.threads, backend,
+                                                            blobs)
         self.pair = len(self.descriptors) > 1
         self.backend, self.model_file, self.parts = frames.backend, frames.model_file, frames.parts
         self.input_size, self.embedding_dim = frames.input_size, frames.embedding_dim
@@ -349,14 +355,17 @@ class BoardModel:
             m = self.manifest["map"]
             try:
                 self.map = BoardMap(self.dir / m["index"], self.dir / m["craters_file"], dim=self.embedding_dim,
-                                    craters=int(m["craters"]), visit=int(m["visit"]))
+                                    craters=int(m["craters"]), visit=int(m["visit"]),
+                                    content=(blobs[m["index"]], blobs[m["craters_file"]]))
             except ImportError:
                 raise ModelError("the bundle carries a map and this board has no FAISS: install faiss-cpu") from None
             except (MapError, KeyError, TypeError, ValueError) as exc:
                 raise ModelError(f"{self.dir}: the bundle's map cannot be used ({exc})") from None
+        for d in self.descriptors.values():
+            d.blobs = None  # parsed: the runtimes hold what they need
         if self.detector is not None:
             try:  # the detector is an int8 TFLite graph (compiled for the Edge TPU: a later step)
-                self.det_it = tflite_interpreter(self.dir / self.detector["file"], self.threads, False)
+                self.det_it = tflite_interpreter(blobs[self.detector["file"]], self.threads, False)
                 self.det_in = self.det_it.get_input_details()[0]
                 self.det_out = {d["name"]: d for d in self.det_it.get_output_details()}
                 self.detector_size = int(self.det_in["shape"][1])

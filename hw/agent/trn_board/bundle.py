@@ -196,9 +196,9 @@ def check_layout(directory: str | Path) -> Path:
     return d
 
 
-def verify_bundle(directory: str | Path, public_key: bytes) -> dict:
-    """The manifest of the bundle in ``directory`` once everything checks; BundleError otherwise."""
-    d = check_layout(directory)
+def _signed_manifest(d: Path, public_key: bytes) -> tuple[dict, bytes]:
+    """(the manifest, its exact bytes) of the bundle directory ``d`` once its signature and fields
+    check; the bytes are read once, and what is parsed is what was verified."""
     man, sig = d / MANIFEST, d / SIGNATURE
     if not sig.is_file():
         raise BundleError("bundle is not signed (no manifest.sig); sign it with trn-export bundle --key", d)
@@ -218,7 +218,16 @@ def verify_bundle(directory: str | Path, public_key: bytes) -> dict:
     extra = sorted(present - set(listed))
     if extra:
         raise BundleError(f"files not in the manifest: {extra}", d)
-    for name, meta in listed.items():
+    return manifest, data
+
+
+def verify_bundle(directory: str | Path, public_key: bytes) -> dict:
+    """The manifest of the bundle in ``directory`` once everything checks; BundleError otherwise.
+    Each file is hashed as it is on disk now: a program that then opens the files again to use them
+    must use :func:`read_verified` instead, which returns the bytes it verified."""
+    d = check_layout(directory)
+    manifest, _ = _signed_manifest(d, public_key)
+    for name, meta in manifest["files"].items():
         f = d / name
         if not f.is_file():
             raise BundleError("file listed in the manifest is missing", f)
@@ -228,3 +237,28 @@ def verify_bundle(directory: str | Path, public_key: bytes) -> dict:
         if sha256_file(f) != meta["sha256"]:
             raise BundleError("sha256 differs from the manifest (the file was changed)", f)
     return manifest
+
+
+def read_verified(directory: str | Path, public_key: bytes) -> tuple[dict, str, dict[str, bytes]]:
+    """(the manifest, its sha256, every listed file's bytes) of the bundle in ``directory``, each
+    file read once and checked on the bytes read: whatever is parsed from these bytes is what was
+    signed, even if the files on disk are replaced meanwhile. BundleError otherwise."""
+    d = check_layout(directory)
+    manifest, data = _signed_manifest(d, public_key)
+    blobs: dict[str, bytes] = {}
+    for name, meta in manifest["files"].items():
+        f = d / name
+        try:
+            with open(f, "rb") as fh:
+                blob = fh.read(meta["bytes"] + 1)  # one byte past the signed size tells a longer file
+        except FileNotFoundError:
+            raise BundleError("file listed in the manifest is missing", f) from None
+        except IsADirectoryError:
+            raise BundleError("a bundle holds plain files only; this directory is not one", f) from None
+        if len(blob) != meta["bytes"]:
+            raise BundleError(f"has {'more than ' if len(blob) > meta['bytes'] else ''}{len(blob)} bytes, the "
+                              f"manifest says {meta['bytes']} (truncated or replaced)", f)
+        if hashlib.sha256(blob).hexdigest() != meta["sha256"]:
+            raise BundleError("sha256 differs from the manifest (the file was changed)", f)
+        blobs[name] = blob
+    return manifest, hashlib.sha256(data).hexdigest(), blobs

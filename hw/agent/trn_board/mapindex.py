@@ -30,11 +30,14 @@ class MapError(Exception):
         self.path = path
 
 
-def read_craters(path: Path) -> tuple[np.ndarray, np.ndarray]:
+def read_craters(path: Path, content: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
     """(crater ids [n], int32 as the file stores them when they fit, else int64; metadata float32
-    [n, 4] in :data:`CRATER_COLUMNS` order)."""
+    [n, 4] in :data:`CRATER_COLUMNS` order), from ``content`` (the file's verified bytes) when given,
+    else from the file."""
+    import io
+
     try:
-        with np.load(path, allow_pickle=False) as z:
+        with np.load(path if content is None else io.BytesIO(content), allow_pickle=False) as z:
             ids, meta = np.asarray(z["ids"]), np.asarray(z["craters"])
     except FileNotFoundError:
         raise MapError("no crater metadata file; rebuild the map's index (trn-sim map index)", path) from None
@@ -142,11 +145,13 @@ class BoardMap:
     ``craters`` when given: the bundle's embedding size and crater count) before any search."""
 
     def __init__(self, index_path: str | Path, craters_path: str | Path, dim: int | None = None,
-                 craters: int | None = None, visit: int = 0):
+                 craters: int | None = None, visit: int = 0, content: tuple[bytes, bytes] | None = None):
+        """``content``: the index's and the metadata's bytes, already verified (a bundle's), parsed
+        instead of the files, which are then named in messages only."""
         import faiss
 
         self.index_path, self.craters_path = Path(index_path), Path(craters_path)
-        if not self.index_path.is_file():
+        if content is None and not self.index_path.is_file():
             raise MapError("no map index file; build it with trn-sim map index", self.index_path)
         try:
             # Without FAISS's precomputed tables: an inverted file of product codes ranked by L2
@@ -154,11 +159,17 @@ class BoardMap:
             # for 4,096 lists of 64-byte codes, two and a half times the index itself), which
             # searches of one query at a time do not need (measured on the million-crater map: the
             # same results, p50 1.43 against 1.39 ms; docs/million_map.md).
-            self.index = faiss.read_index(str(self.index_path), faiss.IO_FLAG_SKIP_PRECOMPUTE_TABLE)
+            if content is None:
+                self.index = faiss.read_index(str(self.index_path), faiss.IO_FLAG_SKIP_PRECOMPUTE_TABLE)
+            else:
+                reader = faiss.VectorIOReader()
+                faiss.copy_array_to_vector(np.frombuffer(content[0], dtype=np.uint8), reader.data)
+                self.index = faiss.read_index(reader, faiss.IO_FLAG_SKIP_PRECOMPUTE_TABLE)
+                del reader
         except RuntimeError as exc:
             raise MapError(f"not a readable FAISS index ({str(exc).splitlines()[0][:200]}); rebuild it with "
                            "trn-sim map index", self.index_path) from None
-        self.ids, self.meta = read_craters(self.craters_path)
+        self.ids, self.meta = read_craters(self.craters_path, None if content is None else content[1])
         n = int(self.index.ntotal)
         if n != len(self.ids):
             raise MapError(f"the index holds {n} craters and the metadata {len(self.ids)}: they disagree; rebuild the "
