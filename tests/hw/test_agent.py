@@ -647,7 +647,10 @@ def test_search_and_score_requests_search_the_bundled_map_index(bundle, tmp_path
             for call, match in [(lambda: c.search(q[:, :100], 5), "BAD_PAYLOAD.*512"),
                                 (lambda: c.search(q, 0), "BAD_PAYLOAD.*k = 0"),
                                 (lambda: c.score(q, np.array([3000])), "BAD_PAYLOAD.*outside"),
-                                (lambda: c.score(np.full((1, 512), np.nan, np.float32), cand), "NON_FINITE")]:
+                                (lambda: c.score(np.full((1, 512), np.nan, np.float32), cand), "NON_FINITE"),
+                                # finite but far from unit norm: the similarities would overflow
+                                (lambda: c.search(np.full((1, 512), 3e38, np.float32), 5), "BAD_PAYLOAD.*norm"),
+                                (lambda: c.score(np.full((1, 512), 3e38, np.float32), cand), "BAD_PAYLOAD.*norm")]:
                 with pytest.raises(Exception, match=match):
                     call()
     finally:
@@ -733,3 +736,29 @@ def test_a_map_swapped_on_disk_between_the_check_and_the_load_is_never_served(bu
         t.join(5)
     rows, sims = ground.search(q, 5)
     assert np.array_equal(got.ids, ground.ids[rows]) and np.allclose(got.similarities, sims)
+
+
+@pytest.mark.parametrize("edit, what", [
+    (lambda m: m["detector"].update(stride=0), "detector.stride is 0"),
+    (lambda m: m["detector"].update(score_threshold=float("nan")), "NaN is not a number"),
+    (lambda m: m["detector"].update(score_threshold=1.5), "detector.score_threshold is 1.5"),
+    (lambda m: m["detector"]["input"].update(shape=[1, 0, 64, 1]), "detector.input.shape"),
+    (lambda m: m["input"].update(shape=[1, 1, 0, 0]), "input.shape is \\[1, 1, 0, 0\\]"),
+    (lambda m: m.update(embedding_dim=0), "embedding_dim is 0"),
+    (lambda m: m.update(match_threshold=float("inf")), "Infinity is not a number"),
+])
+def test_a_signed_manifest_with_numbers_a_board_cannot_use_is_refused(bundle, tmp_path, edit, what):
+    """An audit's reproductions: each of these signed manifests loaded and served nonsense."""
+    from trn.export.bundle import MANIFEST, SIGNATURE, load_private_key, make_bundle
+
+    _, pub, tmp = bundle
+    key = tmp / "keys" / "trn_signing_key.pem"
+    b = make_bundle(tmp / "export", tmp_path / "b", key, "tiny-se", SIZE, 512, 0.9, version=6,
+                    detector=_detector_export(tmp_path))
+    doc = json.loads((b.directory / MANIFEST).read_text())
+    edit(doc)
+    data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()  # Python writes NaN and Infinity
+    (b.directory / MANIFEST).write_bytes(data)
+    (b.directory / SIGNATURE).write_bytes(load_private_key(key).sign(data))
+    with pytest.raises(BundleError, match=what):
+        BoardModel(b.directory, pub)

@@ -3,6 +3,7 @@ numeric text rows, text written atomically, and images (PNG structure checked be
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import zlib
@@ -21,6 +22,33 @@ def read_bytes(path: Path, what: str) -> bytes:
         return path.read_bytes()
     except OSError as exc:
         raise unreadable(path, what, exc) from None
+
+
+def _finite_float(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v):
+        raise ValueError(f"the number {text[:40]} is beyond a 64-bit float")
+    return v
+
+
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number (JSON has no {name}; a file trn writes never holds one)")
+
+
+def read_json(path: Path, what: str, fix: str) -> object:
+    """The JSON document in ``path``; :class:`DataError` naming ``what``, the path, the cause and
+    ``fix`` (what to do) for a file that is missing or unreadable, not UTF-8, not JSON, nested too
+    deep for the parser, or holding a number JSON does not have (NaN, Infinity, 1e999) or an integer
+    too long for Python to read (over 4,300 digits)."""
+    data = read_bytes(Path(path), what)
+    try:
+        return json.loads(data.decode("utf-8"), parse_float=_finite_float, parse_constant=_no_constant)
+    except UnicodeDecodeError:
+        raise DataError(f"{what} is not UTF-8 text; {fix}", path) from None
+    except RecursionError:  # Python's json reads nesting by recursion
+        raise DataError(f"{what} is nested too deep to read as JSON; {fix}", path) from None
+    except ValueError as exc:  # JSONDecodeError, the hooks above, an integer too long to convert
+        raise DataError(f"{what} is not readable JSON ({str(exc)[:200]}); {fix}", path) from None
 
 
 def unreadable(path: Path, what: str, exc: OSError) -> DataError:

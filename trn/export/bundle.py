@@ -246,8 +246,14 @@ def detector_spec(detector_export: str | Path) -> dict:
         raise DataError(f"no {DETECTOR_FILE} with its export_report.json here; run trn-detect export", d)
     from trn.export.tflite_format import read_tflite
 
-    doc = json.loads(rep.read_text(encoding="utf-8"))
-    if (doc.get("tflite") or {}).get("sha256") != file_sha256(path):
+    from trn.data.files import read_json
+
+    doc = read_json(rep, "the detector's export report", "run trn-detect export again")
+    if not isinstance(doc, dict) or not isinstance(doc.get("tflite"), dict) or \
+            not isinstance(doc.get("score_threshold"), (int, float)):
+        raise DataError("the detector's export report is not one trn-detect export writes (no tflite section or score "
+                        "threshold); run trn-detect export again", rep)
+    if doc["tflite"].get("sha256") != file_sha256(path):
         raise DataError(f"{DETECTOR_FILE} is not the file its export_report.json describes; run trn-detect export again",
                         path)
     info = read_tflite(path)
@@ -403,7 +409,14 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
                                        "renders (the landmarks section's); 0 is refused"}
         manifest["landmarks"] = _landmark_section(landmarks, entries, lm_tfl, lm_parts)
         manifest["edgetpu"] = _pair_edgetpu(export_dir, Path(landmarks.export_dir))
-    data = (json.dumps(manifest, indent=1, sort_keys=True) + "\n").encode("utf-8")
+    from trn_board.bundle import BundleError, check_manifest
+
+    try:  # what every board would refuse is never signed
+        check_manifest(json.loads(json.dumps(manifest)), out / MANIFEST)
+    except BundleError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise DataError(exc.message, exc.path) from None
+    data = (json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False) + "\n").encode("utf-8")
     (tmp / MANIFEST).write_bytes(data)
     (tmp / SIGNATURE).write_bytes(key.sign(data))
     tmp.replace(out)

@@ -597,6 +597,14 @@ class Agent:
         if not np.isfinite(q).all():
             self._error(conn, rid, P.NON_FINITE, "descriptors contain NaN or infinite values")
             return None
+        # L2-normalised, as INFER answers them: finite values as large as 3e38 would overflow the
+        # similarities (in float64, so that the norm itself cannot)
+        norms = np.linalg.norm(q.astype(np.float64), axis=1)
+        bad = np.nonzero(np.abs(norms - 1.0) > 0.01)[0]
+        if bad.size:
+            self._error(conn, rid, P.BAD_PAYLOAD, f"descriptor {int(bad[0])} has norm {norms[bad[0]]:.6g}; send "
+                                                  "L2-normalised descriptors (norm 1, as INFER answers them)")
+            return None
         return fields, q
 
     def _search(self, conn: socket.socket, rid: int, payload: bytes, t_received: int) -> None:

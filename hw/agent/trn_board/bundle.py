@@ -109,6 +109,45 @@ def _named_files(manifest: dict, where: Path, prefix: str = "") -> list[tuple[st
 
 
 LANDMARK_FIELDS = ("model", "files", "input", "embedding_dim")
+MAX_SIDE = 4096  # the largest image side a descriptor or detector input may declare
+
+
+def _number(v: object, lo: float, hi: float) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool) and lo <= v <= hi
+
+
+def _shape(v: object, n: int) -> bool:
+    return isinstance(v, list) and len(v) == n and all(type(x) is int and 1 <= x <= MAX_SIDE for x in v)
+
+
+def _check_values(manifest: dict, where: Path) -> None:
+    """The numbers a board computes with, in range: every descriptor's input shape and embedding
+    size, its match threshold; the detector's stride, score threshold and input shape."""
+    for prefix, sec in (("", manifest), ("landmarks.", manifest.get("landmarks"))):
+        if sec is None:
+            continue
+        shape = (sec.get("input") or {}).get("shape") if isinstance(sec.get("input"), dict) else None
+        if not _shape(shape, 4):
+            raise BundleError(f"manifest field {prefix}input.shape is {str(shape)[:80]}; expected four whole numbers "
+                              f"from 1 to {MAX_SIDE}", where)
+        if type(sec.get("embedding_dim")) is not int or not 1 <= sec["embedding_dim"] <= 65536:
+            raise BundleError(f"manifest field {prefix}embedding_dim is {str(sec.get('embedding_dim'))[:40]}; expected "
+                              "a whole number from 1 to 65536", where)
+        if sec.get("match_threshold") is not None and not _number(sec["match_threshold"], -1.0, 1.0):
+            raise BundleError(f"manifest field {prefix}match_threshold is {str(sec['match_threshold'])[:40]}; expected "
+                              "a cosine from -1 to 1", where)
+    det = manifest.get("detector")
+    if det is not None:
+        if type(det.get("stride")) is not int or not 1 <= det["stride"] <= 64:
+            raise BundleError(f"manifest field detector.stride is {str(det.get('stride'))[:40]}; expected a whole "
+                              "number from 1 to 64", where)
+        if not _number(det.get("score_threshold"), 0.0, 1.0):
+            raise BundleError(f"manifest field detector.score_threshold is {str(det.get('score_threshold'))[:40]}; "
+                              "expected a number from 0 to 1", where)
+        shape = det.get("input", {}).get("shape") if isinstance(det.get("input"), dict) else None
+        if not _shape(shape, 4):
+            raise BundleError(f"manifest field detector.input.shape is {str(shape)[:80]}; expected four whole numbers "
+                              f"from 1 to {MAX_SIDE}", where)
 
 
 def _check_landmarks(manifest: dict, listed: dict, where: Path) -> list[tuple[str, object]]:
@@ -165,6 +204,7 @@ def check_manifest(manifest: object, where: Path) -> dict:
         if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int) \
                 or not isinstance(meta.get("sha256"), str):
             raise BundleError(f"manifest entry of {name!r} has no bytes and sha256", where)
+    _check_values(manifest, where)
     for field, name in _named_files(manifest, where) + _check_landmarks(manifest, listed, where):
         if not isinstance(name, str) or name not in listed:
             raise BundleError(f"manifest field {field} is {str(name)[:80]!r}, which is not one of the bundle's listed "
@@ -196,6 +236,10 @@ def check_layout(directory: str | Path) -> Path:
     return d
 
 
+def _no_constant(name: str) -> float:
+    raise ValueError(f"{name} is not a number JSON has")
+
+
 def _signed_manifest(d: Path, public_key: bytes) -> tuple[dict, bytes]:
     """(the manifest, its exact bytes) of the bundle directory ``d`` once its signature and fields
     check; the bytes are read once, and what is parsed is what was verified."""
@@ -206,9 +250,9 @@ def _signed_manifest(d: Path, public_key: bytes) -> tuple[dict, bytes]:
     if not verify(public_key, data, sig.read_bytes()):
         raise BundleError("signature does not match: the manifest was changed or signed by another key", man)
     try:
-        manifest = json.loads(data.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise BundleError(f"manifest is not JSON ({exc})", man) from None
+        manifest = json.loads(data.decode("utf-8"), parse_constant=_no_constant)
+    except (UnicodeDecodeError, ValueError) as exc:  # JSONDecodeError, NaN or Infinity, an integer too long
+        raise BundleError(f"manifest is not JSON a board reads ({str(exc)[:200]})", man) from None
     except RecursionError:  # Python's json reads nesting by recursion
         raise BundleError("manifest is nested too deep to read (a manifest is a few levels deep); this is no bundle "
                           "trn-export made", man) from None

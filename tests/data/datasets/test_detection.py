@@ -166,6 +166,43 @@ def test_malformed_label_files_are_refused(tmp_path, doc, what):
         read_labels(tmp_path)
 
 
+def _labels(frames=None, settings=None, **frame):
+    f = {"frame": 0, "split": "train", "segment": 0, "altitude_km": 100, "sun_elevation_deg": 10, "lat_deg": 0,
+         "lon_deg": 0, "boxes": [{"id": 1, "box": [5, 10, 0, 10], "diameter_km": 5, "sun_elevation_deg": 10,
+                                  "clipped": False}], **frame}
+    doc = {"format": "trn-detection-labels", "version": 1, "frames": frames if frames is not None else [f]}
+    if settings is not None:
+        doc["settings"] = settings
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize("doc, what", [
+    # an audit's reproductions: each was a traceback (OverflowError, TypeError) or silently accepted
+    (_labels().replace("[5, 10, 0, 10]", "[5, Infinity, 0, 10]"), "Infinity is not a number"),
+    (_labels().replace('"altitude_km": 100', '"altitude_km": NaN'), "NaN is not a number"),
+    (_labels().replace('"altitude_km": 100', '"altitude_km": 1e999'), "beyond a 64-bit float"),
+    (_labels(altitude_km=-5), "altitude_km of frame 0 -5 is outside"),
+    (_labels().replace("[5, 10, 0, 10]", "[5, 100000000000, 0, 10]"), "box coordinate 100000000000 is outside"),
+    (_labels().replace("[5, 10, 0, 10]", "[-100000000000, 10, 0, 10]"), "box coordinate -100000000000 is outside"),
+    (_labels(lat_deg=91), "lat_deg of frame 0 91 is outside"),
+    (json.dumps({"format": "trn-detection-labels", "version": 1, "frames": [json.loads(_labels())["frames"][0]] * 2}),
+     "frame 0 is listed twice"),
+    (_labels(settings=[1, 2]), "settings is list, not a mapping"),
+    (_labels(settings={"rule": "strict"}), "settings.rule is str, not a mapping"),
+    (_labels(settings={"rule": {"smal_min_km": 3}}), "unknown keys \\['smal_min_km'\\]"),
+    (_labels(settings={"rule": {"small_min_km": 30}}), "settings.rule: union catalogue ranges"),
+    (_labels().replace('"segment": 0', '"segment": ' + "9" * 5001), "not readable JSON"),
+    ("[" * 100000 + "]" * 100000, "nested too deep"),
+])
+def test_label_files_with_out_of_range_or_hostile_fields_are_refused_by_name(tmp_path, doc, what):
+    (tmp_path / LABELS).write_text(doc, encoding="utf-8")
+    with pytest.raises(DataError, match=what) as e:
+        read_labels(tmp_path)
+    assert LABELS in str(e.value) and "label the directory again" in str(e.value)
+    (tmp_path / LABELS).write_text(_labels(), encoding="utf-8")
+    assert read_labels(tmp_path).frames[0].boxes[0].box == (5, 10, 0, 10)  # the same file, well formed, reads
+
+
 def test_missing_label_file_names_itself(tmp_path):
     with pytest.raises(DataError, match="detection labels"):
         read_labels(tmp_path)

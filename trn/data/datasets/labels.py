@@ -17,8 +17,8 @@ import numpy as np
 
 from trn.data.catalogues.catalogue import UnionRule
 from trn.data.datasets import luna1
-from trn.data.files import atomic_write_text, read_bytes, read_gray
-from trn.errors import DataError
+from trn.data.files import atomic_write_text, read_gray, read_json
+from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM
 
 
@@ -103,36 +103,74 @@ def write_labels(root: Path, settings: dict, frames: list[LabelledFrame]) -> Pat
     return path
 
 
+# bounds of a labelled field: a box lies in a frame (no image side exceeds 65,535 px), the Sun and the
+# sub-camera point are angles, the camera flies above the surface
+MAX_PX = 65535
+
+
+def _bounded(v: object, lo: float, hi: float, name: str) -> float:
+    x = float(v)  # a non-number is a TypeError or ValueError, named by the caller
+    if not (lo <= x <= hi):
+        raise ValueError(f"{name} {v!r} is outside [{lo:g}, {hi:g}]")
+    return x
+
+
+def _settings(doc: dict) -> dict:
+    """The labels' ``settings``: a mapping whose ``rule`` (when present) is a mapping of
+    :class:`UnionRule` fields."""
+    settings = doc.get("settings", {})
+    if not isinstance(settings, dict):
+        raise ValueError(f"settings is {type(settings).__name__}, not a mapping")
+    rule = settings.get("rule", {})
+    if not isinstance(rule, dict):
+        raise ValueError(f"settings.rule is {type(rule).__name__}, not a mapping")
+    unknown = sorted(set(rule) - set(UnionRule.__dataclass_fields__))
+    if unknown:
+        raise ValueError(f"settings.rule has unknown keys {unknown}; known: {sorted(UnionRule.__dataclass_fields__)}")
+    try:
+        UnionRule(**rule)  # its own checks of the values
+    except ConfigError as exc:
+        raise ValueError(f"settings.rule: {exc}") from None
+    return dict(settings)
+
+
 def read_labels(root: str | Path) -> DetectionLabels:
-    """A directory's ``detection_labels.json``; every malformed field is refused by name."""
+    """A directory's ``detection_labels.json``; every malformed or out-of-range field is refused by
+    name (a box outside [0, 65535] px or empty, an altitude that is not above the surface, an angle
+    out of range, a frame listed twice, settings or a rule that are not mappings of known keys)."""
     root = Path(root)
     path = root / LABELS
-    try:
-        doc = json.loads(read_bytes(path, "detection labels").decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise DataError(f"detection labels are not readable JSON ({exc}); label the directory again", path) from None
-    except RecursionError:  # Python's json reads nesting by recursion
-        raise DataError("detection labels are nested too deep to read as JSON (they are a few levels deep); label "
-                        "the directory again", path) from None
+    doc = read_json(path, "detection labels", "label the directory again (trn-detect label)")
     if not isinstance(doc, dict) or doc.get("format") != LABELS_FORMAT or doc.get("version") != LABELS_VERSION:
         raise DataError(f"not {LABELS_FORMAT} version {LABELS_VERSION}; label the directory again with this trn", path)
     frames = []
+    seen: set[int] = set()
     try:
+        settings = _settings(doc)
         for f in doc["frames"]:
-            boxes = tuple(LabelledBox(int(b["id"]), tuple(int(v) for v in b["box"]), float(b["diameter_km"]),
-                                      float(b["sun_elevation_deg"]), bool(b["clipped"])) for b in f["boxes"])
-            for b in boxes:
-                l, r, t, bt = b.box
-                if len(b.box) != 4 or r <= l or bt <= t:
-                    raise ValueError(f"box {b.box} of crater {b.id} in frame {f['frame']} is empty")
+            n = int(f["frame"])
+            if n in seen:
+                raise ValueError(f"frame {n} is listed twice")
+            seen.add(n)
+            boxes = []
+            for b in f["boxes"]:
+                box = tuple(int(_bounded(v, 0, MAX_PX, "box coordinate")) for v in b["box"])
+                if len(box) != 4 or box[1] <= box[0] or box[3] <= box[2]:
+                    raise ValueError(f"box {b['box']} of crater {b['id']} in frame {n} is empty")
+                boxes.append(LabelledBox(int(b["id"]), box, _bounded(b["diameter_km"], 1e-6, 1e5, "diameter_km"),
+                                         _bounded(b["sun_elevation_deg"], -90, 90, "sun_elevation_deg"),
+                                         bool(b["clipped"])))
             if f["split"] not in SPLITS:
-                raise ValueError(f"split {f['split']!r} of frame {f['frame']}: expected one of {SPLITS}")
-            frames.append(LabelledFrame(int(f["frame"]), f["split"], int(f["segment"]), float(f["altitude_km"]),
-                                        float(f["sun_elevation_deg"]), float(f["lat_deg"]), float(f["lon_deg"]),
-                                        boxes))
-    except (KeyError, TypeError, ValueError) as exc:
-        raise DataError(f"malformed detection labels: {exc}; label the directory again", path) from None
-    return DetectionLabels(root, dict(doc.get("settings", {})), tuple(frames))
+                raise ValueError(f"split {f['split']!r} of frame {n}: expected one of {SPLITS}")
+            frames.append(LabelledFrame(n, f["split"], int(f["segment"]),
+                                        _bounded(f["altitude_km"], 1e-3, 1e6, f"altitude_km of frame {n}"),
+                                        _bounded(f["sun_elevation_deg"], -90, 90, f"sun_elevation_deg of frame {n}"),
+                                        _bounded(f["lat_deg"], -90, 90, f"lat_deg of frame {n}"),
+                                        _bounded(f["lon_deg"], -360, 360, f"lon_deg of frame {n}"), tuple(boxes)))
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        what = f"missing field {exc}" if isinstance(exc, KeyError) else str(exc)
+        raise DataError(f"malformed detection labels: {what}; label the directory again", path) from None
+    return DetectionLabels(root, settings, tuple(frames))
 
 
 def write_union_annotations(root: Path, frames: list[LabelledFrame], image_dir: str) -> None:
