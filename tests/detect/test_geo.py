@@ -175,6 +175,35 @@ def test_a_catalogue_without_the_named_columns_is_refused(tmp_path, capsys):
         read_catalogue(cat)
 
 
+def test_a_catalogue_that_is_a_fifo_a_directory_or_not_a_csv_is_named_as_such(tmp_path):
+    """An audit's reproductions: a FIFO and a directory were reported as "does not exist", and a
+    field over the csv module's 131,072 characters (a one-line GeoJSON) was a traceback."""
+    import os
+
+    with pytest.raises(DataError, match="catalogue does not exist"):
+        read_catalogue(tmp_path / "nowhere.csv")
+    (tmp_path / "dir.csv").mkdir()
+    with pytest.raises(DataError, match="catalogue is a directory"):
+        read_catalogue(tmp_path / "dir.csv")
+    os.mkfifo(tmp_path / "pipe.csv")
+    with pytest.raises(DataError, match="not a regular file"):  # refused without opening it (it would block)
+        read_catalogue(tmp_path / "pipe.csv")
+    big = tmp_path / "big.csv"
+    big.write_text("lat,lon,diameter_km\n1,2," + "9" * 200_000 + "\n")
+    with pytest.raises(DataError, match=r"big.csv:2: is not a crater CSV .*field larger than field limit"):
+        read_catalogue(big)
+    geo = tmp_path / "craters.geojson"
+    geo.write_text('{"type": "FeatureCollection", "features": [' + ", ".join(
+        ['{"type": "Feature", "geometry": {"type": "Point", "coordinates": [1.0, 2.0]}}'] * 3000) + "]}")
+    with pytest.raises(DataError, match="is JSON \\(a GeoJSON\\?\\), not CSV"):
+        read_catalogue(geo)
+    wide = tmp_path / "wide.csv"
+    wide.write_text(",".join(f"c{i}" for i in range(5000)) + "\n" + ",".join("1" * 5000) + "\n")
+    with pytest.raises(DataError, match=r"its columns are \['c0', .*'c11', '... 4988 more'\]") as e:
+        read_catalogue(wide)
+    assert len(str(e.value)) < 600  # the columns are listed, not the file
+
+
 def test_a_geotiff_without_rasterio_names_the_extra(tmp_path):
     tif = write_geotiff(tmp_path / "scene.tif", Equirectangular())
     code = ("import sys; sys.modules['rasterio'] = None; from trn.cli.detect import main; "

@@ -67,8 +67,12 @@ def read_catalogue(path: Path, columns: dict[str, str] | None = None) -> Catalog
     the file's column names; fields it leaves out are found among :data:`KNOWN_COLUMNS`. Rows with
     an empty value are skipped; a value that is not a number is an error naming file and line."""
     path = Path(path)
-    if not path.is_file():
+    if not path.exists():
         raise DataError("catalogue does not exist; give a CSV file of craters", path)
+    if path.is_dir():
+        raise DataError("catalogue is a directory; give a CSV file of craters", path)
+    if not path.is_file():  # a FIFO or a device: reading it could block or never end
+        raise DataError("catalogue is not a regular file (a FIFO, socket or device); give a CSV file of craters", path)
     columns = dict(columns or {})
     try:
         fh = open(path, newline="", encoding="utf-8-sig")
@@ -83,17 +87,21 @@ def read_catalogue(path: Path, columns: dict[str, str] | None = None) -> Catalog
             dialect = csv.excel
         except UnicodeDecodeError:
             raise DataError("is not UTF-8 text; give the catalogue as a CSV file", path) from None
-        reader = csv.reader(fh, dialect)
+        if sample.lstrip()[:1] in ("{", "["):
+            raise DataError("is JSON (a GeoJSON?), not CSV; give the catalogue as a CSV file with a header row and "
+                            "one crater a row", path)
+        reader = _rows(csv.reader(fh, dialect), path)
         header = next(reader, None)
         if not header:
             raise DataError("catalogue is empty; it needs a header row and one crater a row", path)
         header = [h.strip() for h in header]
+        shown = [h[:40] for h in header[:12]] + ([f"... {len(header) - 12} more"] if len(header) > 12 else [])
         lower = {h.lower(): i for i, h in enumerate(header)}
         idx: dict[str, int] = {}
         for f in FIELDS:
             if f in columns:
                 if columns[f] not in header:
-                    raise DataError(f"has no column {columns[f]!r} (given for {f}); its columns are {header}; fix "
+                    raise DataError(f"has no column {columns[f]!r} (given for {f}); its columns are {shown}; fix "
                                     "--catalogue-columns", path)
                 idx[f] = header.index(columns[f])
             else:
@@ -102,7 +110,7 @@ def read_catalogue(path: Path, columns: dict[str, str] | None = None) -> Catalog
                     idx[f] = hit
                 elif f != "id":
                     raise DataError(f"has no {f} column (looked for {', '.join(KNOWN_COLUMNS[f])}); its columns are "
-                                    f"{header}; name it with --catalogue-columns lat=COL,lon=COL,diameter_km=COL", path)
+                                    f"{shown}; name it with --catalogue-columns lat=COL,lon=COL,diameter_km=COL", path)
         ids, lat, lon, dia = [], [], [], []
         for line, row in enumerate(reader, start=2):
             if not row or all(not c.strip() for c in row):
@@ -126,6 +134,24 @@ def read_catalogue(path: Path, columns: dict[str, str] | None = None) -> Catalog
             lat.append(vals[0]), lon.append(vals[1]), dia.append(vals[2])
     return Catalogue(path, np.asarray(ids, dtype=object), np.asarray(lat, np.float64), np.asarray(lon, np.float64),
                      np.asarray(dia, np.float64))
+
+
+def _rows(reader, path: Path):
+    """The reader's rows; a row the csv module refuses (a field over its 131,072-character limit,
+    as a one-line GeoJSON given as a catalogue has) is a DataError naming the file and the line."""
+    line = 0
+    while True:
+        try:
+            row = next(reader)
+        except StopIteration:
+            return
+        except csv.Error as exc:
+            raise DataError(f"is not a crater CSV the csv module can read ({exc}); give a CSV file of craters, one a row "
+                            "(a GeoJSON or other file is not one)", path, line + 1) from None
+        except UnicodeDecodeError:
+            raise DataError("is not UTF-8 text; give the catalogue as a CSV file", path, line + 1) from None
+        line += 1
+        yield row
 
 
 @dataclass(frozen=True)
