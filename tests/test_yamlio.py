@@ -74,3 +74,11 @@ def test_every_shipped_yaml_file_loads():
     assert files
     for p in files:
         assert isinstance(load_yaml(p.read_text(encoding="utf-8")), dict), p
+
+
+def test_an_integer_too_long_for_python_is_a_yaml_error_at_its_position():
+    # an audit's reproduction: a 5,001-digit integer in a trn-train config was a ValueError traceback
+    with pytest.raises(YamlError, match="line 2, column 9: an integer of 5001 characters is too long") as e:
+        load_yaml("lr: 0.1\nepochs: " + "9" * 5001 + "\n")
+    assert e.value.line == 2
+    assert load_yaml("epochs: " + "9" * 4000) == {"epochs": int("9" * 4000)}  # long but readable: read

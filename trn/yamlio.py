@@ -69,6 +69,17 @@ class Yaml12Loader(yaml.SafeLoader):
         return super().construct_mapping(node, deep=deep)
 
 
+def _construct_int(loader: Yaml12Loader, node: yaml.ScalarNode) -> int:
+    """PyYAML's integer, or a ConstructorError at its position when Python refuses to read it
+    (over 4,300 digits: ``sys.get_int_max_str_digits``), instead of a bare ValueError."""
+    try:
+        return yaml.SafeLoader.construct_yaml_int(loader, node)
+    except ValueError:
+        raise ConstructorError(None, None, f"an integer of {len(str(node.value))} characters is too long to read "
+                               "(at most 4,300 digits)", node.start_mark) from None
+
+
+Yaml12Loader.add_constructor("tag:yaml.org,2002:int", _construct_int)
 Yaml12Loader.add_implicit_resolver(
     "tag:yaml.org,2002:float",
     re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)(?:[eE][-+]?[0-9]+)?$"
