@@ -204,6 +204,27 @@ def test_a_catalogue_that_is_a_fifo_a_directory_or_not_a_csv_is_named_as_such(tm
     assert len(str(e.value)) < 600  # the columns are listed, not the file
 
 
+def test_a_png_claiming_65535_px_a_side_is_named_and_a_failed_run_leaves_no_empty_output(tmp_path, capsys):
+    """An audit's reproductions: OpenCV's pixel limit was a cv2.error traceback, and the failed run
+    left an empty --out with overlays/; --out on a file named an internal sub-path."""
+    import struct
+    import zlib
+
+    def chunk(t: bytes, d: bytes) -> bytes:
+        return struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d) & 0xFFFFFFFF)
+
+    png = tmp_path / "huge.png"
+    png.write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 65535, 65535, 8, 0, 0, 0, 0))
+                    + chunk(b"IDAT", zlib.compress(bytes(100))) + chunk(b"IEND", b""))
+    assert main(["run", "models/detector", str(png), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "huge.png: image declares more pixels (65535 x 65535 px) than OpenCV decodes" in err
+    assert "Traceback" not in err and not (tmp_path / "o").exists()
+    (tmp_path / "f").write_text("x")
+    assert main(["run", "models/detector", str(png), "--out", str(tmp_path / "f")]) == 2
+    assert f"--out {tmp_path / 'f'} is a file" in capsys.readouterr().err
+
+
 def test_a_geotiff_without_rasterio_names_the_extra(tmp_path):
     tif = write_geotiff(tmp_path / "scene.tif", Equirectangular())
     code = ("import sys; sys.modules['rasterio'] = None; from trn.cli.detect import main; "

@@ -286,6 +286,23 @@ def _overlap(asked: int | None, input_size: int) -> int:
 
 
 def _run(args) -> int:
+    """``trn-detect run``; a run that fails leaves no empty output directory behind (the folders
+    it made and left empty are removed; anything written is kept)."""
+    if args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {args.out} is a file; a run writes a directory: give a new or existing directory")
+    made = [d for d in (args.out, args.out / "overlays") if not d.exists()]
+    try:
+        return _detect_images(args)
+    except BaseException:
+        for d in reversed(made):
+            try:
+                d.rmdir()  # only when empty
+            except OSError:
+                pass
+        raise
+
+
+def _detect_images(args) -> int:
     import json
 
     import cv2

@@ -110,7 +110,16 @@ def read_image(path: Path, flags: int = cv2.IMREAD_GRAYSCALE, what: str = "image
         _, problem = png_structure(data)
         if problem:
             raise DataError(f"{what} {problem}; replace or re-render it", path)
-    img = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    try:
+        img = cv2.imdecode(np.frombuffer(data, np.uint8), flags)
+    except cv2.error as exc:  # OpenCV refuses some headers by exception rather than by None
+        if "CV_IO_MAX_IMAGE_PIXELS" in str(exc):
+            size = png_structure(data)[0] if data[:8] == PNG_SIGNATURE else None
+            shown = f" ({size[1]} x {size[0]} px)" if size else ""
+            raise DataError(f"{what} declares more pixels{shown} than OpenCV decodes (2**30); cut it into tiles, or "
+                            "give it as a GeoTIFF, which is read window by window", path) from None
+        raise DataError(f"{what} cannot be decoded ({str(exc).strip().splitlines()[-1][:200]}); replace or re-render "
+                        "it", path) from None
     if img is None:
         raise DataError(f"{what} cannot be decoded (corrupt or not an image); replace or re-render it", path)
     return img
