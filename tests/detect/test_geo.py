@@ -225,6 +225,38 @@ def test_a_png_claiming_65535_px_a_side_is_named_and_a_failed_run_leaves_no_empt
     assert f"--out {tmp_path / 'f'} is a file" in capsys.readouterr().err
 
 
+class FarOff(Equirectangular):
+    """An audit's case: a geotransform whose origin lies far off the body (y 1e13 m): latitudes of
+    millions of degrees, which were written to CSV and GeoJSON without a word."""
+    y0 = 1e13
+
+
+class Geographic(Equirectangular):
+    crs = f"+proj=longlat +R={R_M:.0f} +no_defs"
+    x0, y0 = 10.0, 600.0  # degrees: the top rows lie past the pole
+
+
+class OffTheDisc(Equirectangular):
+    """An orthographic view whose corner pixels lie off the Moon's disc."""
+    crs = f"+proj=ortho +lat_0=0 +lon_0=0 +R={R_M:.0f} +units=m +no_defs"
+    x0, y0 = R_M * 0.999, R_M * 0.2
+
+
+@pytest.mark.parametrize("proj", [FarOff(), Geographic(), OffTheDisc()], ids=["far-off", "past-the-pole", "off-the-disc"])
+def test_a_geotransform_that_puts_pixels_off_the_body_is_an_error_naming_file_and_transform(tmp_path, proj, capsys):
+    tif = write_geotiff(tmp_path / "bad.tif", proj)
+    img = open_image(tif)
+    try:
+        with pytest.raises(DataError, match=r"bad.tif: .*(geotransform|outside where the CRS)") as e:
+            img.georef.to_lonlat(np.array([0.0, SHAPE[1] - 1.0]), np.array([0.0, SHAPE[0] - 1.0]))
+    finally:
+        img.close()
+    assert "Traceback" not in str(e.value)
+    assert main(["run", "models/detector", str(tif), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.tif" in err and "Traceback" not in err and not (tmp_path / "o" / "detections.csv").exists()
+
+
 def test_a_geotiff_without_rasterio_names_the_extra(tmp_path):
     tif = write_geotiff(tmp_path / "scene.tif", Equirectangular())
     code = ("import sys; sys.modules['rasterio'] = None; from trn.cli.detect import main; "

@@ -72,12 +72,13 @@ class Georef:
 
     transform: tuple[float, float, float, float, float, float]
     crs: object
+    path: object = None  # the raster, named in errors
     radius_km: float = field(init=False)
 
     def __post_init__(self) -> None:
         a, b, _, d, e, _ = self.transform
         if not np.isfinite(self.transform).all() or abs(a * e - b * d) < 1e-300:
-            raise DataError(f"the raster's geotransform {self.transform} is not invertible")
+            raise DataError(f"the raster's geotransform {self.transform} is not invertible", self.path)
         self.radius_km = body_radius_km(self.crs)
         self._geo = geographic_of(self.crs)
 
@@ -94,9 +95,24 @@ class Georef:
         x = a * np.asarray(cols, np.float64) + b * np.asarray(rows, np.float64) + c
         y = d * np.asarray(cols, np.float64) + e * np.asarray(rows, np.float64) + f
         if self.crs.is_geographic:
-            return wrap_lon(x), y
-        lon, lat = warp(self.crs, self._geo, x.ravel().tolist(), y.ravel().tolist())
-        return wrap_lon(np.asarray(lon).reshape(x.shape)), np.asarray(lat, np.float64).reshape(y.shape)
+            lon, lat = x, y
+        else:
+            try:
+                lon, lat = warp(self.crs, self._geo, x.ravel().tolist(), y.ravel().tolist())
+            except Exception as exc:  # noqa: BLE001 - PROJ's own errors (CPLE_AppDefinedError, ...) vary
+                raise DataError(f"some pixels lie outside where the CRS {self.crs.to_string()!r} maps to the body "
+                                f"({type(exc).__name__}: {str(exc)[:160]}); is the geotransform {self.transform} "
+                                "right for this CRS?", self.path) from None
+            lon, lat = np.asarray(lon, np.float64).reshape(x.shape), np.asarray(lat, np.float64).reshape(y.shape)
+        bad = ~(np.isfinite(lon) & np.isfinite(lat) & (np.abs(lat) <= 90.0 + 1e-9))
+        if bad.any():
+            k = int(np.flatnonzero(bad)[0])
+            raise DataError(f"pixel ({float(np.ravel(cols)[k] if np.ndim(cols) else cols):g}, "
+                            f"{float(np.ravel(rows)[k] if np.ndim(rows) else rows):g}) maps to latitude "
+                            f"{float(np.ravel(lat)[k]):.6g}, longitude {float(np.ravel(lon)[k]):.6g}: not a point of "
+                            f"the body; the geotransform {self.transform} or the CRS {self.crs.to_string()!r} is "
+                            "wrong (or the pixel lies off a projection's disc)", self.path)
+        return wrap_lon(lon), lat
 
     def to_pixel(self, lon: np.ndarray, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(col, row) continuous pixel positions of points (lon deg east, lat deg)."""

@@ -150,7 +150,7 @@ def open_image(path: Path) -> OpenedImage:
     if ds.crs is not None:
         t = ds.transform
         try:
-            georef = Georef((t.a, t.b, t.c, t.d, t.e, t.f), ds.crs)
+            georef = Georef((t.a, t.b, t.c, t.d, t.e, t.f), ds.crs, path)
         except DataError as exc:
             ds.close()
             raise DataError(exc.message, path) from None
