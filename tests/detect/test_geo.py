@@ -122,7 +122,8 @@ def test_run_on_a_geotiff_writes_latitude_longitude_and_a_catalogue_report(tmp_p
     with open(cat, "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["CRATER_ID", "LAT_CIRC_IMG", "LON_CIRC_IMG", "DIAM_CIRC_IMG"])
-        w.writerows([[f"T{i}", la, lo, d] for i, (la, lo, d) in enumerate(zip(lat, lon, dia))])
+        # longitudes as a -360..0 catalogue would give them: every file written gives them in [0, 360)
+        w.writerows([[f"T{i}", la, lo - 360.0, d] for i, (la, lo, d) in enumerate(zip(lat, lon, dia))])
         w.writerow(["far", 0.0, 200.0, 10.0])       # off the image
     out = tmp_path / "out"
     assert main(["run", "models/detector", str(tif), "--out", str(out), "--threshold", "0.1", "--catalogue", str(cat),
@@ -141,6 +142,12 @@ def test_run_on_a_geotiff_writes_latitude_longitude_and_a_catalogue_report(tmp_p
     rep = json.loads((out / "catalogue_report.json").read_text())[0]
     assert rep["craters_on_image"] == 6 and rep["matched"] + rep["missed"] == 6
     assert rep["matched"] == sum(1 for row in rows if row["catalogue_id"])
+    # new: the detections written (at or above the threshold) that match no catalogue crater; the
+    # run scored lower ones too (for the AP), which are neither (an audit found 24,091 new of 138)
+    assert rep["new"] == len(rows) - rep["matched"] == sum(1 for row in rows if not row["catalogue_id"])
+    assert rep["detections_at_threshold"] == len(rows)
+    missed = list(csv.DictReader(open(out / "catalogue_missed.csv")))
+    assert all(0 <= float(m["lon"]) < 360 for m in missed)  # one longitude convention in every file
 
 
 def test_a_corrupt_raster_is_refused_naming_the_file(tmp_path, capsys):

@@ -168,7 +168,10 @@ class CatalogueComparison:
 
     def to_dict(self, cat: Catalogue) -> dict:
         return {"catalogue": str(cat.path), "craters_on_image": int(len(self.in_view)),
-                "matched": int((self.det_match >= 0).sum()), "new": int((self.det_match < 0).sum()),
+                "matched": int((self.det_match >= 0).sum()),
+                # detections at or above the threshold that match no catalogue crater (those below it,
+                # kept for the AP, are neither matched nor new)
+                "new": int(self.summary["detections_at_threshold"]) - int((self.det_match >= 0).sum()),
                 "missed": int(len(self.missed)), **self.summary}
 
 
@@ -190,7 +193,8 @@ def compare(det: Detections, georef: Georef, shape: tuple[int, int], cat: Catalo
     hit = np.zeros(len(in_view), bool)
     hit[det_match[det_match >= 0]] = True
     return CatalogueComparison(in_view, gt, det_match, np.flatnonzero(~hit),
-                               {"threshold": threshold, "min_px": min_px, "iou": iou, **s.to_dict()})
+                               {"threshold": threshold, "min_px": min_px, "iou": iou,
+                                "detections_at_threshold": int(keep.sum()), **s.to_dict()})
 
 
 def detection_rows(image: Path, det: Detections, georef: Georef | None, threshold: float,
@@ -244,11 +248,15 @@ def write_geojson(path: Path, rows: list[dict], radius_km: float) -> None:
 
 
 def missed_rows(cat: Catalogue, comparison: CatalogueComparison) -> list[dict]:
-    """The catalogue craters on the image that no detection matched: id, lat, lon, diameter and box."""
+    """The catalogue craters on the image that no detection matched: id, lat, lon (degrees east in
+    [0, 360), as detections.csv gives them, whatever convention the catalogue file uses), diameter
+    and box."""
+    from trn.geometry import wrap_lon
+
     out = []
     for j in comparison.missed:
         i = comparison.in_view[j]
         l, r, t, b = (round(float(v), 2) for v in comparison.boxes[j])
-        out.append({"catalogue_id": str(cat.ids[i]), "lat": float(cat.lat[i]), "lon": float(cat.lon[i]),
+        out.append({"catalogue_id": str(cat.ids[i]), "lat": float(cat.lat[i]), "lon": float(wrap_lon(cat.lon[i])),
                     "diameter_km": float(cat.diameter_km[i]), "l": l, "r": r, "t": t, "b": b})
     return out
