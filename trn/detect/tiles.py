@@ -174,13 +174,16 @@ def tile_input(window: np.ndarray, tile: Tile, size: int, valid: np.ndarray | No
     with the mean (0). ``valid``: bool of the window's shape, False on no-data pixels."""
     a = np.asarray(window)
     if a.dtype not in (np.uint8, np.uint16):  # 8 and 16 bit are resized as they are, as a frame is
-        a = a.astype(np.float32)
+        # float64: a float32 image may hold finite values up to 3.4e38, whose squares (the spread)
+        # and sums (area averaging) overflow float32
+        a = a.astype(np.float64)
         if not np.isfinite(a).all():
             bad = ~np.isfinite(a)
             valid = ~bad if valid is None else (valid & ~bad)
-            a = np.where(bad, 0.0, a).astype(np.float32)
+            a = np.where(bad, 0.0, a)
     interp = cv2.INTER_AREA if tile.w <= a.shape[1] else cv2.INTER_LINEAR
-    r = cv2.resize(a, (tile.w, tile.h), interpolation=interp).astype(np.float32)
+    r = cv2.resize(a, (tile.w, tile.h), interpolation=interp)
+    r = r.astype(np.float32) if r.dtype != np.float64 else r
     if r.ndim == 1:  # cv2 squeezes a single row or column
         r = r.reshape(tile.h, tile.w)
     out = np.zeros((size, size), np.float32)
