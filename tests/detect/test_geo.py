@@ -264,6 +264,24 @@ def test_a_geotransform_that_puts_pixels_off_the_body_is_an_error_naming_file_an
     assert "bad.tif" in err and "Traceback" not in err and not (tmp_path / "o" / "detections.csv").exists()
 
 
+def test_an_image_name_with_a_line_break_is_refused_before_it_can_inject_an_annotation_line(tmp_path, capsys):
+    import cv2
+
+    from trn.data.datasets.luna1 import Box, FrameAnnotation, read_annotations, write_annotations
+
+    img = np.full((64, 64), 100, np.uint8)
+    bad = tmp_path / "a\n7.png 1,0,9,0,9.png"  # would write a second line, a frame 7 with a box
+    cv2.imwrite(str(tmp_path / "plain.png"), img)
+    (bad).write_bytes((tmp_path / "plain.png").read_bytes())
+    assert main(["run", "models/detector", str(bad), "--out", str(tmp_path / "o"), "--gsd", "0.1"]) == 2
+    assert "line break" in capsys.readouterr().err and not (tmp_path / "o").exists()
+    with pytest.raises(DataError, match="rename the image"):
+        write_annotations(tmp_path / "ann.txt", [FrameAnnotation(0, "x\ny.png", (Box(1, 0, 9, 0, 9),))])
+    assert not (tmp_path / "ann.txt").exists()
+    write_annotations(tmp_path / "ann.txt", [FrameAnnotation(0, "nav_images/0.png", (Box(1, 0, 9, 0, 9),))])
+    assert len(read_annotations(tmp_path / "ann.txt")) == 1
+
+
 def test_a_geotiff_without_rasterio_names_the_extra(tmp_path):
     tif = write_geotiff(tmp_path / "scene.tif", Equirectangular())
     code = ("import sys; sys.modules['rasterio'] = None; from trn.cli.detect import main; "

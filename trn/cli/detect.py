@@ -206,6 +206,12 @@ def _images(inputs: list[Path]) -> list[Path]:
             raise ConfigError(f"{p} does not exist; give image files or folders of images")
     if not out:
         raise ConfigError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {[str(p) for p in inputs]}")
+    from trn.data.datasets.luna1 import image_token_problem
+
+    for p in out:  # before any work: annotations.txt names every image on one line
+        problem = image_token_problem(str(p))
+        if problem:
+            raise ConfigError(problem)
     return out
 
 

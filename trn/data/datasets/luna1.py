@@ -150,7 +150,21 @@ def read_annotations(path: str | Path) -> list[FrameAnnotation]:
     return frames
 
 
+def image_token_problem(image: str) -> str | None:
+    """Why ``image`` cannot be the first token of an annotations.txt line (a line is the image
+    path and boxes separated by spaces, one frame a line), or None."""
+    if not image or any(c.isspace() or ord(c) < 32 or ord(c) == 127 for c in image):
+        return (f"image path {image!r} holds a space, a line break or a control character, which an annotations.txt "
+                "line cannot carry (its fields are separated by spaces); rename the image")
+    return None
+
+
 def write_annotations(path: str | Path, frames: Iterable[FrameAnnotation]) -> None:
+    frames = list(frames)
+    for f in frames:
+        problem = image_token_problem(f.image)
+        if problem:  # refused before anything is written: one name would inject a line
+            raise DataError(problem, Path(path))
     atomic_write_text(Path(path), "".join(f.to_line() + "\n" for f in frames))
 
 
