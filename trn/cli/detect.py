@@ -208,11 +208,19 @@ def _images(inputs: list[Path]) -> list[Path]:
         raise ConfigError(f"no images ({', '.join(IMAGE_SUFFIXES)}) in {[str(p) for p in inputs]}")
     from trn.data.datasets.luna1 import image_token_problem
 
-    for p in out:  # before any work: annotations.txt names every image on one line
-        problem = image_token_problem(str(p))
+    for p in out:  # before any work: annotations.txt names every image on one line (its name where its
+        problem = image_token_problem(p.name)  # folders' path holds a space: _annotation_image)
         if problem:
-            raise ConfigError(problem)
+            raise ConfigError(f"{problem} ({p.name!r} in {str(p.parent)!r})")
     return out
+
+
+def _annotation_image(p: Path) -> str:
+    """How annotations.txt names image ``p``: its path, or its file name where a folder of the path
+    holds a space (a line's fields are separated by spaces)."""
+    from trn.data.datasets.luna1 import image_token_problem
+
+    return str(p) if image_token_problem(str(p)) is None else p.name
 
 
 def _crater_px(text: str) -> tuple[float, float]:
@@ -394,7 +402,7 @@ def _detect_images(args) -> int:
                             "scores": [round(float(s), 4) for s in det.scores[keep]]})
             scales.setdefault(said, []).append(p)
             frame = int(p.stem) if p.stem.isdigit() else k
-            frames.append(FrameAnnotation(frame, str(p), tuple(Box(j + 1, *b) for j, b in enumerate(boxes)
+            frames.append(FrameAnnotation(frame, _annotation_image(p), tuple(Box(j + 1, *b) for j, b in enumerate(boxes)
                                                              if b[1] > b[0] and b[3] > b[2])))
             pic, f = preview(img)
             shown = type(det)(det.boxes * np.float32(f), det.scores)
