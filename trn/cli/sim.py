@@ -651,7 +651,9 @@ def _run(args, argv) -> int:
     written = rep.write(out)
     print()
     print("\n".join(rep.table() + [""] + rep.sweep_table()))
-    print(f"\nreport: {out / 'report.md'} ({len(written)} files) in {time.perf_counter() - t0:.0f} s")
+    main_page = out / "report.html" if (out / "report.html").is_file() else out / "report.md"
+    print(f"\nreport: {main_page} (open it in a browser; report.md and report.json beside it, {len(written)} files) "
+          f"in {time.perf_counter() - t0:.0f} s")
     return 0
 
 

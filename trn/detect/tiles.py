@@ -58,7 +58,7 @@ REFERENCE_GSD_KM = 2.0 * REFERENCE_ALTITUDE_KM / (CAMERA_PX / (2.0 * math.tan(ma
 REFERENCE_CRATER_PX = (16.0, 96.0)
 DEFAULT_OVERLAP = 96        # input px shared by neighbouring tiles
 DEFAULT_TOP_K = 256         # peaks decoded per tile
-PROGRESS_TILES = 16         # a progress bar from this many tiles on (quiet when not on a terminal)
+PROGRESS_TILES = 16         # progress from this many tiles on (a bar on a terminal, log lines elsewhere)
 TRIM_EVERY = 8              # tile batches between two hand-backs of freed heap memory (module docstring)
 
 
@@ -381,13 +381,17 @@ def tile_boxes(maps: MapsFn, source: WindowSource, factor: float, input_size: in
     ``min_std``: the image's :func:`spread_floor`, measured here when not given)."""
     from tqdm import tqdm
 
+    from trn.data.progress import progress as progress_of
+
     if batch < 1:
         raise ConfigError(f"tile batch {batch}: expected at least 1")
     tiles = tile_grid(source.shape, factor, input_size, overlap)
     floor = spread_floor(source) if min_std is None else min_std
     boxes, scores, cuts, owner, biggest, tile_no = [], [], [], [], 0, 0
     show = (len(tiles) >= PROGRESS_TILES) if progress is None else progress
-    bar = tqdm(total=len(tiles), desc="tiles", unit="tile", disable=None if show else True, mininterval=2.0)
+    # a bar on a terminal, a log line every 30 s elsewhere (a redirected run of a large image is never
+    # silent for minutes)
+    bar = progress_of(total=len(tiles), desc="tiles", unit="tile") if show else tqdm(total=len(tiles), disable=True)
     for k_batch, group in enumerate(_batches(tiles, batch), 1):
         x = np.stack([_read_tile(source, t, input_size, floor) for t in group])
         biggest = max(biggest, x.nbytes)
