@@ -37,8 +37,10 @@ def unreadable(path: Path) -> Path:
     return path
 
 
-def run(argv: list[str], cwd: Path | None = None, timeout: float = 120) -> subprocess.CompletedProcess:
-    """``argv`` (a command line) run without the power to read mode-000 files; text output."""
+def run(argv: list[str], cwd: Path | None = None, timeout: float = 900) -> subprocess.CompletedProcess:
+    """``argv`` (a command line) run without the power to read mode-000 files; text output. The
+    timeout only catches a hang: a command that imports torch can take minutes to start on a
+    machine another CPU-heavy job shares, and a shorter one failed these tests under load."""
     return subprocess.run(prefix() + argv, capture_output=True, text=True, cwd=cwd, timeout=timeout)
 
 

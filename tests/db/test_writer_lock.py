@@ -357,3 +357,31 @@ def test_readers_racing_checkpoints_read_a_consistent_pair(tmp_path):
         storm.kill()
         storm.wait()
     assert sizes == sorted(sizes) and sizes[-1] > sizes[0]  # the writer went on meanwhile
+
+
+def test_a_reader_that_opened_the_next_journal_before_it_became_the_journal_reads_its_inserts(tmp_path):
+    """The race behind a flaky read-only open, made deterministic: a reader opens the new snapshot,
+    the old journal, and the checkpoint's next journal; before it reads them the writer renames the
+    next journal into place and appends inserts to it (the same file). Its bytes then hold records
+    (and maybe a torn last one): the inserts after the snapshot, which the reader must replay; a
+    writable open of the same files, which no crash can leave, is still refused."""
+    from trn.db import store
+
+    p = tmp_path / "c.trndb"
+    rng = np.random.default_rng(0)
+    db = LandmarkDB.open(p, DBConfig(dim=16))
+    db.add(rng.normal(size=(3, 16)).astype(np.float32), labels=["a", "b", "c"])
+    old = store.journal_path(p).read_bytes()  # generation g, three records
+    db.checkpoint()
+    db.add(rng.normal(size=(2, 16)).astype(np.float32), labels=["d", "e"])
+    db.close()
+    new = store.journal_path(p).read_bytes()  # generation g + 1, two records
+    store.next_journal_path(p).write_bytes(new)
+    store.journal_path(p).write_bytes(old)
+    with LandmarkDB.open(p, read_only=True) as ro:
+        assert sorted(ro.labels) == ["a", "b", "c", "d", "e"]
+    store.next_journal_path(p).write_bytes(new + new[-20:])  # an insert being written: a torn tail
+    with LandmarkDB.open(p, read_only=True) as ro:
+        assert sorted(ro.labels) == ["a", "b", "c", "d", "e"]
+    with pytest.raises(DataError, match="stale"):
+        LandmarkDB.open(p)

@@ -605,7 +605,7 @@ class LandmarkDB:
                 raise DataError("landmark database does not exist; create it first", path)
             raise DataError(missing_snapshot_message(path, jdata), path)
         db = cls._from_snapshot(path, read_only=False, data=files[path])
-        state = journal_state(db, path, files)
+        state = journal_state(db, path, files, reader=True)
         if state.kind in ("match", "next", "adopt"):
             db._replay_records(state)
             if state.scan.torn_bytes:
@@ -754,10 +754,14 @@ def missing_snapshot_message(path: Path, jdata: bytes | None = None) -> str:
             "empty database here)")
 
 
-def journal_state(db: "LandmarkDB", path: Path, files: dict[Path, bytes | None] | None = None) -> JournalState:
+def journal_state(db: "LandmarkDB", path: Path, files: dict[Path, bytes | None] | None = None,
+                  reader: bool = False) -> JournalState:
     """Classify the journal beside the snapshot ``db`` was loaded from (``path``); reads only.
     ``files``: the bytes of the journal and the next journal (None: absent) read together with
-    the snapshot (:func:`_read_pair`); read from disk when not given."""
+    the snapshot (:func:`_read_pair`); read from disk when not given. ``reader``: for a read-only
+    open, whose bytes are read after the files were opened: a next journal it opened may have been
+    renamed into place and written to since (the same file), so its records and a torn last one
+    are the writer's inserts after the snapshot, not a stopped checkpoint's leftovers."""
     jpath, npath = store.journal_path(path), store.next_journal_path(path)
     if files is None:
         files = {f: store.read_journal_file(f) for f in (jpath, npath)}
@@ -790,8 +794,8 @@ def journal_state(db: "LandmarkDB", path: Path, files: dict[Path, bytes | None] 
         nscan = _scan_or_message(npath, files[npath])
         old_ok = scan is None or (isinstance(scan, store.JournalScan) and scan.header.key == prev
                                   and scan.header.generation == gen - 1)
-        if (isinstance(nscan, store.JournalScan) and names(nscan.header) and not nscan.records
-                and nscan.damage is None and not nscan.torn_bytes and old_ok):
+        fresh = reader or (not nscan.records and not nscan.torn_bytes) if isinstance(nscan, store.JournalScan) else False
+        if isinstance(nscan, store.JournalScan) and names(nscan.header) and fresh and nscan.damage is None and old_ok:
             return JournalState("next", npath, nscan)
     if scan is None:
         if key == 0:
