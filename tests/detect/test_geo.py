@@ -282,6 +282,36 @@ def test_an_image_name_with_a_line_break_is_refused_before_it_can_inject_an_anno
     assert len(read_annotations(tmp_path / "ann.txt")) == 1
 
 
+def test_a_plain_equirectangular_png_with_its_bounds_gets_latitude_and_longitude(tmp_path, capsys):
+    """A user with a plain equirectangular map and no CRS (as ../shared/data/moon/albedo): the
+    bounds and the body's radius on the command line give it what a GeoTIFF carries."""
+    import cv2
+
+    proj = Equirectangular()
+    lat, lon, dia = truth_craters(proj)
+    c, r = proj.pixel(lat, lon)
+    png = tmp_path / "map.png"
+    cv2.imwrite(str(png), bowl_image(c, r, dia / 0.1))
+    w, n = math.degrees(proj.x0 / R_M), math.degrees(proj.y0 / R_M)
+    e, s = w + math.degrees(SHAPE[1] * PX_M / R_M), n - math.degrees(SHAPE[0] * PX_M / R_M)
+    out = tmp_path / "out"
+    bounds = f"{w!r},{e!r},{s!r},{n!r}"
+    assert main(["run", "models/detector", str(png), "--out", str(out), "--threshold", "0.1",
+                 "--equirectangular", bounds]) == 0
+    assert "ground sampling from the raster's transform and CRS" in capsys.readouterr().out
+    rows = list(csv.DictReader(open(out / "detections.csv")))
+    assert rows
+    for row in rows:
+        tlon, tlat = proj.lonlat(float(row["x"]), float(row["y"]))
+        assert ground_km(tlat, tlon, float(row["lat"]), float(row["lon"])) < 0.1
+    tif = write_geotiff(tmp_path / "scene.tif", proj)  # a raster with its own CRS: the option is refused
+    assert main(["run", "models/detector", str(tif), "--out", str(tmp_path / "o2"), "--equirectangular", bounds]) == 2
+    assert "carries its own map projection" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["run", "models/detector", str(png), "--out", str(tmp_path / "o3"), "--equirectangular", "10,5,0,1"])
+    assert "W < E" in capsys.readouterr().err
+
+
 def test_a_geotiff_without_rasterio_names_the_extra(tmp_path):
     tif = write_geotiff(tmp_path / "scene.tif", Equirectangular())
     code = ("import sys; sys.modules['rasterio'] = None; from trn.cli.detect import main; "

@@ -10,6 +10,7 @@
 
 from __future__ import annotations
 
+import math
 import argparse
 import sys
 from pathlib import Path
@@ -223,6 +224,46 @@ def _annotation_image(p: Path) -> str:
     return str(p) if image_token_problem(str(p)) is None else p.name
 
 
+def _bounds(text: str) -> tuple[float, float, float, float]:
+    try:
+        w, e, s, n = (float(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: expected W,E,S,N in degrees, e.g. 0,360,-90,90") from None
+    if not all(math.isfinite(v) for v in (w, e, s, n)) or not (w < e <= w + 360.0 and -90.0 <= s < n <= 90.0):
+        raise argparse.ArgumentTypeError(f"{text!r}: expected W < E (at most 360 degrees apart) and "
+                                         "-90 <= S < N <= 90")
+    return w, e, s, n
+
+
+def _open(p: Path, args):
+    """The image at ``p``; with --equirectangular, georeferenced by those bounds on a sphere of
+    --radius-km (a plain map of the body, whose file carries no CRS)."""
+    from dataclasses import replace
+
+    from trn.detect.geo import Georef
+    from trn.detect.raster import open_image
+
+    img = open_image(p)
+    bounds = getattr(args, "equirectangular", None)
+    if bounds is None:
+        return img
+    if img.georef is not None:
+        img.close()
+        raise ConfigError(f"{p} carries its own map projection (CRS); --equirectangular is for plain images: drop it")
+    w, e, s, n = bounds
+    rows, cols = img.source.shape
+    transform = ((e - w) / cols, 0.0, w, 0.0, -(n - s) / rows, n)
+    crs = f"+proj=longlat +R={args.radius_km * 1000.0:.3f} +no_defs"
+    try:
+        georef = Georef.from_string(transform, crs)
+    except BaseException:
+        img.close()
+        raise
+    georef.path = p
+    return replace(img, georef=georef, what=f"{img.what}, equirectangular {w:g}..{e:g} E, {s:g}..{n:g} N on a "
+                                           f"{args.radius_km:g} km sphere")
+
+
 def _crater_px(text: str) -> tuple[float, float]:
     try:
         lo, hi = (float(v) for v in text.split(","))
@@ -326,7 +367,7 @@ def _detect_images(args) -> int:
     from trn.detect.catalogue import (compare, detection_rows, missed_rows, read_catalogue, write_csv,
                                       write_geojson)
     from trn.detect.model import STRIDE
-    from trn.detect.raster import is_picture, open_image, preview
+    from trn.detect.raster import is_picture, preview
     from trn.detect.run import overlay, size_gate
     from trn.detect.tiles import TTA_VIEWS, detect_multiscale, detect_tiled, symmetry_averaged, torch_maps
 
@@ -344,7 +385,7 @@ def _detect_images(args) -> int:
     cat = read_catalogue(args.catalogue, args.catalogue_columns) if args.catalogue is not None else None
     for p in paths:  # rasters refused before the model loads: a header read each, no pixels
         if not is_picture(p):
-            img = open_image(p)
+            img = _open(p, args)
             try:
                 _check_scale_and_georef(img, args, cat is not None, bands)
             finally:
@@ -364,7 +405,7 @@ def _detect_images(args) -> int:
     records, frames, rows, missed, reports, scales = [], [], [], [], [], {}
     radius = float("nan")
     for k, p in enumerate(paths):
-        img = open_image(p)
+        img = _open(p, args)
         try:
             scale = _check_scale_and_georef(img, args, cat is not None, bands)
             overlap = _overlap(args.overlap, model.cfg.input_size)
@@ -630,6 +671,12 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", type=Path, required=True, help="output directory")
     r.add_argument("--threshold", type=float_between(0.0, 1.0), default=None,
                    help="score threshold (default: the one chosen on validation frames)")
+    r.add_argument("--equirectangular", type=_bounds, default=None, metavar="W,E,S,N",
+                   help="the images are plain equirectangular maps (no CRS of their own) spanning longitudes W to E "
+                        "(degrees east) and latitudes S to N, pixel edges: latitude and longitude then come from these "
+                        "bounds (needs the geo extra), as for a GeoTIFF")
+    r.add_argument("--radius-km", type=float_between(1.0, 100000.0), default=1737.4, metavar="KM",
+                   help="the body's radius for --equirectangular (default 1737.4, the Moon)")
     r.add_argument("--gsd", type=float_between(1e-7, 1000.0), default=None, metavar="KM",
                    help="ground sampling of the images, km per pixel (0.1 for 100 m); default: a georeferenced "
                         "raster's own")
