@@ -354,6 +354,59 @@ def _yaml_config(path: Path, data: str, body: str = "model: {preset: flight}\nep
     return str(path)
 
 
+def _labels_doc(**frame) -> str:
+    f = {"frame": 0, "split": "val", "segment": 0, "altitude_km": 100, "sun_elevation_deg": 10, "lat_deg": 0,
+         "lon_deg": 0, "boxes": [{"id": 1, "box": [3, 9, 0, 9], "diameter_km": 5, "sun_elevation_deg": 10,
+                                  "clipped": False}], **frame}
+    return json.dumps({"format": "trn-detection-labels", "version": 1, "frames": [f]})
+
+
+# label files an audit found read with a traceback or silently (name -> text), and their families
+HOSTILE_LABELS = {
+    "infinity_in_a_box": _labels_doc().replace("[3, 9, 0, 9]", "[3, Infinity, 0, 9]"),
+    "nan_altitude": _labels_doc().replace('"altitude_km": 100', '"altitude_km": NaN'),
+    "huge_float_altitude": _labels_doc().replace('"altitude_km": 100', '"altitude_km": 1e999'),
+    "negative_altitude": _labels_doc(altitude_km=-5),
+    "box_of_1e11_px": _labels_doc().replace("[3, 9, 0, 9]", "[3, 100000000000, 0, 9]"),
+    "latitude_91": _labels_doc(lat_deg=91),
+    "frame_listed_twice": json.dumps({"format": "trn-detection-labels", "version": 1,
+                                      "frames": [json.loads(_labels_doc())["frames"][0]] * 2}),
+    "settings_a_list": json.dumps({**json.loads(_labels_doc()), "settings": [1, 2]}),
+    "rule_not_a_mapping": json.dumps({**json.loads(_labels_doc()), "settings": {"rule": "strict"}}),
+    "rule_unknown_key": json.dumps({**json.loads(_labels_doc()), "settings": {"rule": {"smal_min_km": 3}}}),
+    "integer_of_5001_digits": _labels_doc().replace('"segment": 0', '"segment": ' + "9" * 5001),
+}
+HOSTILE_LABEL_WORDS = {"infinity_in_a_box": "Infinity", "nan_altitude": "NaN", "huge_float_altitude": "64-bit float",
+                       "negative_altitude": "altitude_km", "box_of_1e11_px": "box coordinate",
+                       "latitude_91": "lat_deg", "frame_listed_twice": "listed twice", "settings_a_list": "settings",
+                       "rule_not_a_mapping": "settings.rule", "rule_unknown_key": "smal_min_km",
+                       "integer_of_5001_digits": "not readable JSON"}
+
+
+def _detect_run_fixtures(root: Path) -> None:
+    """Images and catalogues for trn-detect run: a PNG whose header claims 65535 x 65535 px, a
+    catalogue that is a FIFO, a directory, JSON, or holds a field over the csv module's limit, an
+    image whose name holds a line break."""
+    import struct
+    import zlib
+
+    d = root / "detect_run"
+    d.mkdir()
+
+    def chunk(t: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + t + data + struct.pack(">I", zlib.crc32(t + data) & 0xFFFFFFFF)
+
+    (d / "huge.png").write_bytes(b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", 65535, 65535, 8, 0, 0, 0, 0))
+                                 + chunk(b"IDAT", zlib.compress(bytes(100))) + chunk(b"IEND", b""))
+    cv2.imwrite(str(d / "plain.png"), np.full((64, 64), 120, np.uint8))
+    (d / "line\nbreak.png").write_bytes((d / "plain.png").read_bytes())
+    os.mkfifo(d / "fifo.csv")
+    (d / "dir.csv").mkdir()
+    (d / "craters.geojson").write_text('{"type": "FeatureCollection", "features": []}', encoding="utf-8")
+    (d / "big_field.csv").write_text("lat,lon,diameter_km\n1,2," + "9" * 200_000 + "\n", encoding="utf-8")
+    (d / "cfg_5001_digits.yaml").write_text("epochs: " + "9" * 5001 + "\n", encoding="utf-8")
+
+
 def build_fixtures(root: Path, optional: bool = True) -> Fixtures:
     """Everything the cases need, under ``root``. ``optional``: also the tiny procedural world, the
     landmark database, the key pair and the signed bundle (some trn-data, trn-db, trn-export and
@@ -432,6 +485,10 @@ def build_fixtures(root: Path, optional: bool = True) -> Fixtures:
                                      '"diameter_km": 5, "sun_elevation_deg": 10, "clipped": false}]}]}')):
         (det / name).mkdir(parents=True)
         (det / name / "detection_labels.json").write_text(text, encoding="utf-8")
+    for name, text in HOSTILE_LABELS.items():
+        (det / name).mkdir(parents=True)
+        (det / name / "detection_labels.json").write_text(text, encoding="utf-8")
+    _detect_run_fixtures(root)
     for name, body in (("ok", "data: [x]\nepochs: 2\n"),
                        ("unknown_key", "data: [x]\nepochs: 2\nwings: 3\n"), ("epochs_text", "data: [x]\nepochs: many\n"),
                        ("no_data", "epochs: 2\n"), ("crop_too_big", "data: [x]\ncrop: 1024\n"),
@@ -1001,6 +1058,25 @@ def cases(fx: Fixtures) -> list[Case]:
             ["empty.pt|detection labels|detection_labels.json"])
         add("trn-detect", f"sheet of labels: {name}", ["sheet", p("detlabels", name), "--out", p("runs", "s.png")],
             ["detection_labels.json"])
+    for name, word in HOSTILE_LABEL_WORDS.items():
+        add("trn-detect", f"eval on labels: {name}", ["eval", str(REPO / "models" / "detector"), "--data",
+                                                      p("detlabels", name)], ["detection_labels.json", word])
+    real = str(REPO / "models" / "detector")
+    run = ["run", real, "--out", p("runs", "detect_run"), "--gsd", "0.1"]
+    add("trn-detect", "run on a PNG claiming 65535 x 65535 px", run + [p("detect_run", "huge.png")],
+        ["huge.png", "65535 x 65535"])
+    add("trn-detect", "run on an image whose name holds a line break", run + [p("detect_run", "line\nbreak.png")],
+        ["line break"])
+    for name, word in (("fifo.csv", "not a regular file"), ("dir.csv", "is a directory"),
+                       ("craters.geojson", "not CSV"), ("big_field.csv", "field larger than field limit")):
+        add("trn-detect", f"run --catalogue {name}", run + [p("detect_run", "plain.png"), "--catalogue",
+                                                           p("detect_run", name)], [name, word])
+    add("trn-detect", "run --out a file", ["run", real, p("detect_run", "plain.png"), "--out", p("a_file"), "--gsd", "0.1"],
+        ["--out", "is a file"])
+    add("trn-detect", "run --equirectangular with W > E", run + [p("detect_run", "plain.png"), "--equirectangular",
+                                                               "10,5,0,1"], ["--equirectangular", "W < E"])
+    add("trn-train", "a config integer of 5,001 digits", ["--config", p("detect_run", "cfg_5001_digits.yaml"), "--out",
+                                                          p("runs", "train"), "--check"], ["5001 characters"])
     add("trn-detect", "sheet of a dir without labels", ["sheet", good, "--out", p("runs", "s.png")],
         ["detection_labels.json"])
     add("trn-detect", "eval a missing model", ["eval", p("no_such_model"), "--data", good], ["no_such_model"])
