@@ -204,11 +204,11 @@ def check_manifest(manifest: object, where: Path) -> dict:
         if not isinstance(meta, dict) or not isinstance(meta.get("bytes"), int) \
                 or not isinstance(meta.get("sha256"), str):
             raise BundleError(f"manifest entry of {name!r} has no bytes and sha256", where)
-    _check_values(manifest, where)
     for field, name in _named_files(manifest, where) + _check_landmarks(manifest, listed, where):
         if not isinstance(name, str) or name not in listed:
             raise BundleError(f"manifest field {field} is {str(name)[:80]!r}, which is not one of the bundle's listed "
                               "files (a name in a manifest is data, never a path)", where)
+    _check_values(manifest, where)  # after the names: a name that is a path is named as such first
     card = manifest.get("model_card")
     if card is not None:
         if not isinstance(card, dict) or card.get("file") not in listed or \

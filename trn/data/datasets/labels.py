@@ -136,7 +136,7 @@ def _settings(doc: dict) -> dict:
 
 def read_labels(root: str | Path) -> DetectionLabels:
     """A directory's ``detection_labels.json``; every malformed or out-of-range field is refused by
-    name (a box outside [0, 65535] px or empty, an altitude that is not above the surface, an angle
+    name (a box outside [0, 65535] px or empty, a negative altitude or diameter (0: unknown), an angle
     out of range, a frame listed twice, settings or a rule that are not mappings of known keys)."""
     root = Path(root)
     path = root / LABELS
@@ -157,13 +157,14 @@ def read_labels(root: str | Path) -> DetectionLabels:
                 box = tuple(int(_bounded(v, 0, MAX_PX, "box coordinate")) for v in b["box"])
                 if len(box) != 4 or box[1] <= box[0] or box[3] <= box[2]:
                     raise ValueError(f"box {b['box']} of crater {b['id']} in frame {n} is empty")
-                boxes.append(LabelledBox(int(b["id"]), box, _bounded(b["diameter_km"], 1e-6, 1e5, "diameter_km"),
+                # 0 km and 0 km altitude: unknown (a real image without a georeference, trn.detect.realsets)
+                boxes.append(LabelledBox(int(b["id"]), box, _bounded(b["diameter_km"], 0.0, 1e5, "diameter_km"),
                                          _bounded(b["sun_elevation_deg"], -90, 90, "sun_elevation_deg"),
                                          bool(b["clipped"])))
             if f["split"] not in SPLITS:
                 raise ValueError(f"split {f['split']!r} of frame {n}: expected one of {SPLITS}")
             frames.append(LabelledFrame(n, f["split"], int(f["segment"]),
-                                        _bounded(f["altitude_km"], 1e-3, 1e6, f"altitude_km of frame {n}"),
+                                        _bounded(f["altitude_km"], 0.0, 1e6, f"altitude_km of frame {n}"),
                                         _bounded(f["sun_elevation_deg"], -90, 90, f"sun_elevation_deg of frame {n}"),
                                         _bounded(f["lat_deg"], -90, 90, f"lat_deg of frame {n}"),
                                         _bounded(f["lon_deg"], -360, 360, f"lon_deg of frame {n}"), tuple(boxes)))
