@@ -17,11 +17,12 @@ from trn.data.datasets.annotate import AnnotateConfig, crater_box
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, east_north_up, latlon_to_xyz, nadir_pose, xyz_to_latlon
 from trn.nav.ekf import MU_KM3_S2
-from trn.nav.constellation import Constellation, joint_fit, joint_fit_many
 from trn.nav.fix import solve_bearings
 from trn.nav.lost import (REASONS, CraterMap, Hypothesis, Join, LostConfig, LostFix, Sigmas, WindowFixer,
-                          _settled_many, _with_altimeter, box_geometry, frame_hypotheses, frame_view, fuse_fixes,
+                          box_geometry, frame_hypotheses, frame_view, fuse_fixes,
                           horizontal_sigma_km, predicted_view, predicted_views, score, score_many, terrain_refined)
+from trn.nav.lost.constellation import Constellation, joint_fit, joint_fit_many
+from trn.nav.lost.hypotheses import settled_many, with_altimeter
 from trn.nav.motion import Displacement
 from trn.nav.terrain_check import TerrainMatch
 
@@ -166,7 +167,7 @@ def test_hypotheses_settled_in_step_settle_as_each_alone():
             step[i] += 1
         return out
 
-    got = _settled_many([script[i][0] if script[i] else None for i in range(5)], evaluate, refit)
+    got = settled_many([script[i][0] if script[i] else None for i in range(5)], evaluate, refit)
     # 0: its refit fails; 1: rises twice, then its refit fails; 2: still rising after four
     # evaluations; 3: its second score does not rise, so the first stays; 4: no first fit
     assert [h.llr if h else None for h in got] == [0.0, 3.0, 8.0, 5.0, None]
@@ -571,9 +572,9 @@ def test_the_displacements_covariance_is_carried_into_the_fix():
     pairs = [(con.merged_index(1, j), r) for j, r in enumerate(rows)]
     fit = joint_fit(con, cmap, pairs, sc0)
     p_b, cov_b = solve_bearings(cmap.positions[rows], con.views[1].b, float(con.views[1].sig_rad[0]), EXACT.landmark_km)
-    p_ref, cov_ref = _with_altimeter(p_b - (sc1 - sc0), cov_b + c, radius_of(sc0), EXACT.range_km)
+    p_ref, cov_ref = with_altimeter(p_b - (sc1 - sc0), cov_b + c, radius_of(sc0), EXACT.range_km)
     assert np.allclose(fit.position, p_ref, atol=1e-6) and np.allclose(fit.cov, cov_ref, rtol=1e-6, atol=1e-12)
-    own_p, own_cov = _with_altimeter(p_b, cov_b, radius_of(sc1), EXACT.range_km)
+    own_p, own_cov = with_altimeter(p_b, cov_b, radius_of(sc1), EXACT.range_km)
     assert np.allclose(fit.members[1][1], own_cov, rtol=1e-6, atol=1e-12)
     assert np.allclose(fit.members[1][0], own_p, atol=1e-6)
     traces = []
@@ -589,7 +590,7 @@ def test_a_constellations_search_scores_at_most_motion_max_scored_places():
     it is fixed at the truth among several scored places; ``motion_max_scored`` = 1 scores only
     the best supported place (the truth here, with no rival to set a margin) and seeds as many
     hypotheses; a frame's own search keeps ``max_scored``."""
-    from trn.nav.constellation import search
+    from trn.nav.lost.constellation import search
 
     cmap, (sc0, rot0, b0), (sc1, rot1, b1) = frame_pair(lambda r0, r1: len(r0) == 2 == len(r1) and not r0 & r1)
 

@@ -966,7 +966,7 @@ def draw_lost_in_space(ds: Luna1Dataset, cmap, rep: dict, path, per_kind: int = 
     frames drawn."""
     import cv2
 
-    from trn.nav.lost import LostConfig, Sigmas, VisibilityRule, _prepare, predicted_view
+    from trn.nav.lost import LostConfig, Sigmas, VisibilityRule, prepare_frame, predicted_view
 
     rows = [r for r in rep["frames"] if r["detections"] >= 2]
     rng = np.random.default_rng(seed)
@@ -985,7 +985,7 @@ def draw_lost_in_space(ds: Luna1Dataset, cmap, rep: dict, path, per_kind: int = 
             fr = r["frame"]
             img = cv2.cvtColor(ds.load_frame(fr), cv2.COLOR_GRAY2BGR)
             p = np.array(r["position_km"] if r["declared"] else r["best_position_km"])
-            f = _prepare(np.array(r["boxes"]), rot[fr], float(np.linalg.norm(ds.poses[fr, :3])),
+            f = prepare_frame(np.array(r["boxes"]), rot[fr], float(np.linalg.norm(ds.poses[fr, :3])),
                          np.array(ds.metadata.frames[fr]["sun_dir_body"]), cam, sig,
                          VisibilityRule(**rep["rule"]), cfg)
             rows_p, _, boxes_p, _, _ = predicted_view(f, cmap, p)

@@ -2,7 +2,7 @@
 
 A frame of two craters alone has chance rivals in a map of tens of thousands: a third crater is
 what rules them out (``docs/lost_in_space.md``). When the neighbouring frames share no crater with
-it, the window of :class:`trn.nav.lost.WindowFixer` cannot add theirs; but the terrain's motion
+it, the window of :class:`trn.nav.lost.window.WindowFixer` cannot add theirs; but the terrain's motion
 between the frames (:func:`trn.nav.motion.terrain_displacement`) says where the spacecraft moved,
 so their detections are lines of sight from known places relative to this frame's, and the frames'
 craters form one constellation. Here:
@@ -29,7 +29,7 @@ craters form one constellation. Here:
 5. **Deciding.** :func:`search` decides as a window does (the distinct craters of the
    constellation, the score and the margin over other places); :func:`carried` scores one place
    only, a declared frame's fix carried through the displacements, and the window decides from
-   each frame's own evidence there (:class:`trn.nav.lost.WindowFixer`).
+   each frame's own evidence there (:class:`trn.nav.lost.window.WindowFixer`).
 
 Units km, frames body-fixed, as :mod:`trn.nav.lost`.
 """
@@ -43,8 +43,9 @@ import numpy as np
 from trn.errors import DataError
 from trn.geometry import MOON_RADIUS_KM
 from trn.nav.fix import pixel_bearings
-from trn.nav.lost import (REASONS, CraterMap, Hypothesis, LostFix, Member, _Frame, _seeded, _settled_many,
-                          _with_altimeter, decide, joined_evidence, score_many)
+from trn.nav.lost.config import REASONS
+from trn.nav.lost.hypotheses import (CraterMap, Hypothesis, LostFix, Member, FrameView, seeded_hypotheses, settled_many,
+                                     with_altimeter, decide, joined_evidence, score_many)
 
 
 @dataclass(frozen=True)
@@ -68,7 +69,7 @@ class Constellation:
     ``radii`` [M] (each frame's altimeter distance) and ``priors`` (each offset's inverse
     covariance), computed once for :func:`joint_fit_many`."""
 
-    def __init__(self, views: list[_Frame], offsets: list[np.ndarray], covs: list[np.ndarray]):
+    def __init__(self, views: list[FrameView], offsets: list[np.ndarray], covs: list[np.ndarray]):
         if not views or not len(views) == len(offsets) == len(covs):
             raise DataError(f"a constellation needs one offset and one covariance per frame (frames {len(views)}, "
                             f"offsets {len(offsets)}, covariances {len(covs)}), at least one frame")
@@ -215,7 +216,7 @@ def joint_fit_many(con: Constellation, cmap: CraterMap,
                 covs.append(cov[:, :3, :3] + con.covs[m])
         c = np.stack(covs, 1)
         # every frame's place, each updated with its own altimeter, in one step
-        p, c = _with_altimeter(np.stack(pos, 1), (c + np.swapaxes(c, -1, -2)) / 2.0, con.radii, sig.range_km)
+        p, c = with_altimeter(np.stack(pos, 1), (c + np.swapaxes(c, -1, -2)) / 2.0, con.radii, sig.range_km)
         for g, i in enumerate(idx):
             if not bad[g]:
                 out[i] = _Fit(p[g, 0], c[g, 0], tuple(zip(p[g], c[g])))
@@ -248,13 +249,13 @@ def search(con: Constellation, cmap: CraterMap) -> LostFix:
     as a window of ``len(con)`` frames (:func:`trn.nav.lost.decide`); the declared fix is the
     reference frame's, its best hypotheses carry every frame as a :class:`trn.nav.lost.Member`."""
     fr = con.merged
-    hyps_p, hyps_pairs, kept, n_cand = _seeded(fr, cmap, fr.sims, None, fr.cfg.motion_max_scored)
+    hyps_p, hyps_pairs, kept, n_cand = seeded_hypotheses(fr, cmap, fr.sims, None, fr.cfg.motion_max_scored)
     if n_cand == 0:
         return LostFix(False, REASONS[4])
     if not len(hyps_p):
         return LostFix(False, REASONS[5], hypotheses=0, candidates=n_cand)
     first = joint_fit_many(con, cmap, [(hyps_pairs[k], hyps_p[k], None) for k in kept])
-    settled = _settled_many(first, lambda fits: evaluate(con, cmap, fits),
+    settled = settled_many(first, lambda fits: evaluate(con, cmap, fits),
                             lambda todo: joint_fit_many(con, cmap, [(pairs, hyps_p[kept[i]], cor)
                                                                     for i, pairs, cor in todo]))
     scored = [h for h in settled if h is not None]
@@ -267,5 +268,5 @@ def carried(con: Constellation, cmap: CraterMap, position: np.ndarray, cov: np.n
     assigned and refitted until it settles (module docstring, step 5). None when nothing is
     assigned."""
     start = _Fit(position, cov, tuple((con.placed(position, m), cov + con.covs[m]) for m in range(len(con))))
-    return _settled_many([start], lambda fits: evaluate(con, cmap, fits),
+    return settled_many([start], lambda fits: evaluate(con, cmap, fits),
                          lambda todo: [joint_fit(con, cmap, pairs, position, cor) for _, pairs, cor in todo])[0]
