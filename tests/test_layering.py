@@ -18,10 +18,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TRN = ROOT / "trn"
 TRN_BOARD = ROOT / "hw" / "agent" / "trn_board"
 
-# Lowest first. A module belongs to the longest entry its dotted name starts with (so
-# trn.detect.train, the detector's training loop, sits above trn.train, whose schedule it
-# reuses, while the rest of trn.detect sits below export). Peers in one tuple import each other
-# neither way.
+# Lowest first. A module belongs to the longest entry its dotted name starts with. Peers in one
+# tuple import each other neither way.
 LAYERS: list[tuple[str, ...]] = [
     ("trn_board",),                # board-side: bundle checks, preprocessing, map index, agent
     ("trn",),                      # the package root: its conventions and version
@@ -36,8 +34,7 @@ LAYERS: list[tuple[str, ...]] = [
     ("trn.export",),               # ONNX / TFLite export, signed bundles
     ("trn.hw",),                   # board profiles, latency, flashing, the board client
     ("trn.sim",),                  # embedders, scenarios, metrics, reports
-    ("trn.nav", "trn.train"),      # navigation from recognised craters; descriptor training
-    ("trn.detect.train",),         # detector training (uses trn.train's schedule)
+    ("trn.nav", "trn.train"),      # navigation from recognised craters; descriptor and detector training
     ("trn.cli",),                  # the command lines
 ]
 LEVEL: dict[str, int] = {name: i for i, names in enumerate(LAYERS) for name in names}
@@ -153,7 +150,7 @@ def test_the_documented_order_is_this_order():
     ("trn.export.bundle", "def f():\n    from trn.nav.onboard_map import OnboardMap\n"),
     ("trn.models.x", "from trn.db import LandmarkDB\n"),
     ("trn.detect.run", "from trn.train.loop import lr_factor\n"),
-    ("trn.detect", "from .train import train_detector\n"),
+    ("trn.detect", "from trn.train.detector import train_detector\n"),
     ("trn_board.agent", "from trn.errors import DataError\n"),
     ("trn.errors", "from trn_board.bundle import BundleError\nimport trn.geometry\n"),
 ])
@@ -170,9 +167,99 @@ def test_a_violation_is_caught(module, source):
     ("trn.data.worlds.synth", "from trn.data.catalogues.catalogue import write_catalogue\n"),
     ("trn.sim.x", "from trn.navigation import x\nfrom trn.trainer import y\n"),
     ("trn.export.bundle", "from trn.models.registry import resolve_model\nfrom trn.db.map_format import OnboardMap\n"),
-    ("trn.detect.train", "from trn.train.loop import lr_factor\n"),
+    ("trn.train.detector", "from trn.train.loop import lr_factor\n"),
     ("trn.cli.sim", "from trn.nav.onboard_map import build_map\nfrom trn.train.loop import train\n"),
     ("trn.models.x", "import numpy\nfrom trn_board.preprocess import standardize_disk\n"),
 ])
 def test_an_allowed_import_passes(module, source):
     assert not violations(source, module)
+
+
+def import_graph(sources: dict[str, tuple[str, bool]]) -> dict[str, set[str]]:
+    """Module -> the modules of ``sources`` it imports (``sources``: dotted name -> (source, is it a
+    package's ``__init__``)). An imported name resolves to the longest of its prefixes that is a
+    module of ``sources`` (``from a.b import c`` reaches ``a.b.c`` where that is a module, else
+    ``a.b``); the parent packages Python runs on the way are not edges, as a package's own
+    ``__init__`` always runs before its parts."""
+    graph: dict[str, set[str]] = {}
+    for mod, (source, is_package) in sources.items():
+        out = set()
+        names = imported(source, mod, is_package)
+        # ``from a import b`` yields ``a`` and ``a.b``: the module named is ``a.b`` (or ``a`` when b
+        # is a name in it, which ``a.b`` resolves to), so ``a`` alone adds nothing
+        for line, name in names:
+            if any(ln == line and other.startswith(name + ".") for ln, other in names):
+                continue
+            parts = name.split(".")
+            for n in range(len(parts), 0, -1):
+                target = ".".join(parts[:n])
+                if target in sources:
+                    if target != mod:
+                        out.add(target)
+                    break
+        graph[mod] = out
+    return graph
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of ``graph`` with more than one module (Tarjan's), each
+    sorted: every module of one can reach every other, so each holds an import circle."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w in sorted(graph.get(v, ())):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            comp = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                comp.append(w)
+                if w == v:
+                    break
+            if len(comp) > 1:
+                found.append(sorted(comp))
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return found
+
+
+def test_no_import_circle_between_modules():
+    """No module of trn or trn_board reaches itself through the modules it imports, imports inside
+    functions included (a circle that only a late import keeps from failing is still a circle)."""
+    import sys
+    sys.setrecursionlimit(max(sys.getrecursionlimit(), 5000))
+    sources = {mod: (path.read_text(encoding="utf-8"), path.name == "__init__.py") for path, mod in modules()}
+    found = circles(import_graph(sources))
+    assert not found, "import circles:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+@pytest.mark.parametrize("sources, expected", [
+    ({"trn.a": ("from trn.b import f\n", False), "trn.b": ("def g():\n    from trn.a import h\n", False)},
+     [["trn.a", "trn.b"]]),
+    ({"trn.p": ("from trn.p.x import f\n", True), "trn.p.x": ("from trn.p.y import g\n", False),
+      "trn.p.y": ("import trn.p.x\n", False)}, [["trn.p.x", "trn.p.y"]]),
+    ({"trn.a": ("from trn.b import f\n", False), "trn.b": ("from trn.c import g\n", False),
+      "trn.c": ("from . import a\n", False)}, [["trn.a", "trn.b", "trn.c"]]),
+    ({"trn.p": ("from trn.p.x import f\n", True), "trn.p.x": ("from trn.q import g\n", False),
+      "trn.q": ("", False)}, []),
+    ({"trn.p": ("from trn.p.x import f\n", True), "trn.p.x": ("from trn.p import y\n", False),
+      "trn.p.y": ("", False)}, []),
+])
+def test_a_circle_is_found(sources, expected):
+    """Two modules that import each other (one inside a function), a circle between a package's
+    parts, one of three modules, and a package whose parts import one way (no circle)."""
+    assert circles(import_graph(sources)) == expected

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from trn.detect.boxes import decode, peaks, preprocess_frame
-from trn.detect.train import targets
+from trn.train.detector import targets
 from trn.errors import DataError
 
 

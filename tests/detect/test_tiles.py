@@ -15,7 +15,7 @@ from trn.detect.model import STRIDE, CraterDetector, DetectorConfig
 from trn.detect.tiles import (REFERENCE_CRATER_PX, REFERENCE_GSD_KM, ArraySource, ImageScale, ScaleBand, box_side,
                               choose_scale, default_bands, detect_multiscale, detect_tiled, nms_large, tile_boxes,
                               tile_grid, torch_maps)
-from trn.detect.train import targets
+from trn.train.detector import targets
 from trn.errors import ConfigError
 
 
@@ -75,7 +75,7 @@ def _tile_targets(b, t, out, heat, sz, off, k):
 
 def oracle(image_shape, craters, factor, size, overlap):
     """A perfect detector for the tiler: for each tile, in the order the tiler runs them, the
-    training targets (:func:`trn.detect.train.targets`) of the crater boxes as far as they show in
+    training targets (:func:`trn.train.detector.targets`) of the crater boxes as far as they show in
     that tile (clipped at its edges, as a real network sees a cut crater)."""
     tiles = iter(tile_grid(image_shape, factor, size, overlap))
 

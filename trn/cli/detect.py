@@ -82,7 +82,7 @@ def _sheet(args) -> int:
 
 
 def _train(args) -> int:
-    from trn.detect.train import DetectTrainConfig, train_detector
+    from trn.train.detector import DetectTrainConfig, train_detector
     from trn.train.config import apply_overrides
     from trn.yamlio import YamlError, load_yaml
 
@@ -501,7 +501,7 @@ def _ship(args) -> int:
 
     import numpy as np
 
-    from trn.detect.train import ship_detector, shipped_checkpoint
+    from trn.train.detector import ship_detector, shipped_checkpoint
 
     ck = shipped_checkpoint(args.run)
     _bands(args)  # scales and bands refused here, by run's own rules, not when the model is first run
@@ -537,7 +537,7 @@ def _ship(args) -> int:
 
 def _average(args) -> int:
     from trn.detect.model import epoch_score
-    from trn.detect.train import average_checkpoints
+    from trn.train.detector import average_checkpoints
 
     rec = average_checkpoints(args.checkpoints, args.out, args.bn_batches)
     print(f"averaged epochs {rec['averaged_epochs'][0]}-{rec['averaged_epochs'][1]} into {args.out / 'averaged.pt'}: "

@@ -401,7 +401,7 @@ def real_images(name: str, root: str | Path, split: str | None = None) -> list[R
 
 def write_tile_frames(images: list[RealImage], out: str | Path, factor: float, size: int = 256,
                       overlap: int = 64, min_box: float = 4.0) -> Path:
-    """A detector data directory (the labels format :func:`trn.detect.train.load_frames` reads) of
+    """A detector data directory (the labels format :func:`trn.train.detector.load_frames` reads) of
     the tiles of ``images`` at ``factor`` network px per image px: each image resized by
     ``factor`` and cut into ``size`` px tiles (``overlap`` px shared, the last tile of a row or
     column ending at the image edge), a tile being one frame of ``size`` px, already at the

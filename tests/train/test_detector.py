@@ -16,7 +16,7 @@ from trn.data.datasets.detection import DetectionBuildConfig, build_detection_se
 from trn.data.datasets.labels import read_labels
 from trn.data.worlds.render import RenderConfig
 from trn.detect.model import CraterDetector, DetectorConfig, load_detector
-from trn.detect.train import DetectTrainConfig, augment, focal_loss, train_detector
+from trn.train.detector import DetectTrainConfig, augment, focal_loss, train_detector
 from trn.errors import ConfigError
 
 SMALL = RenderConfig(nav_size=64, crater_size=32)
@@ -53,7 +53,7 @@ def test_flags_follow_their_boxes_through_crops_and_turns():
 
 
 def test_an_ignored_box_has_no_peak_and_no_loss_inside():
-    from trn.detect.train import targets
+    from trn.train.detector import targets
 
     boxes = np.array([[8, 40, 8, 40], [64, 96, 64, 96]], np.float32)
     heat, size, off, mask, weight = targets(boxes, 32, np.array([False, True]))
@@ -81,7 +81,7 @@ def test_ignoring_by_relief_needs_a_source_per_directory():
 def test_invisible_labels_are_ignored_by_the_test_sequences_rule():
     from trn.data.datasets.detection import RELIEF_VISIBLE_CONTRAST
     from trn.data.datasets.labels import LabelledBox, LabelledFrame
-    from trn.detect.train import ignored_boxes
+    from trn.train.detector import ignored_boxes
 
     # relief 0.02 under a Sun of 40 deg: contrast 4 * 0.02 / tan 40 = 0.095, below the 0.10 rule;
     # 0.03 at 40 deg: 0.143, kept; 0.002 under a Sun of 3 deg: 0.153, kept (low Sun shows any relief)
@@ -101,7 +101,7 @@ def test_invisible_labels_are_ignored_by_the_test_sequences_rule():
 
 def test_validation_under_the_rule_counts_only_the_kept_labels():
     from trn.data.datasets.labels import LabelledBox, LabelledFrame
-    from trn.detect.train import FrameSet, evaluate_set
+    from trn.train.detector import FrameSet, evaluate_set
 
     boxes = tuple(LabelledBox(i, (8 + 40 * i, 40 + 40 * i, 8, 40), 5.0, 30.0, False) for i in range(3))
     f = LabelledFrame(0, "val", 1, 100.0, 30.0, 0.0, 0.0, boxes)
@@ -341,7 +341,7 @@ def test_best_epoch_is_chosen_by_the_recorded_ap_as_the_threshold_is():
     """An epoch whose AP rounds up to the best recorded value is the best (the bug that kept an
     earlier epoch in best.pt); a later epoch wins a tie; a worse one is not the best."""
     from trn.detect.model import chosen_threshold
-    from trn.detect.train import is_best
+    from trn.train.detector import is_best
 
     h = [{"epoch": 1, "val_ap50": 0.6293, "val_threshold": 0.33}, {"epoch": 2, "val_ap50": 0.6376, "val_threshold": 0.35}]
     assert is_best(h) and chosen_threshold({"history": h}) == 0.35
@@ -353,7 +353,7 @@ def test_the_selection_rule_can_weigh_each_set_alike():
     """Under select="mean_of_sets" an epoch is chosen by the mean of its sets' AP, not the pooled
     AP that the set with more labels rules; the threshold follows the chosen epoch."""
     from trn.detect.model import chosen_threshold
-    from trn.detect.train import is_best
+    from trn.train.detector import is_best
 
     h = [{"epoch": 1, "val_ap50": 0.60, "val_select": 0.55, "val_threshold": 0.3},
          {"epoch": 2, "val_ap50": 0.62, "val_select": 0.50, "val_threshold": 0.4}]
@@ -550,7 +550,7 @@ def test_a_model_shipped_with_test_time_symmetry_uses_it_unless_told_none(det_ru
 
 
 def test_running_mean_is_the_plain_mean_of_the_weight_sets():
-    from trn.detect.train import running_mean
+    from trn.train.detector import running_mean
 
     states = [{"w": torch.tensor([float(i), 2.0 * i]), "n": torch.tensor(i)} for i in range(1, 5)]
     mean = None
@@ -582,7 +582,7 @@ def test_averaged_weights_survive_a_resume_are_validated_and_shipped(det_run, tm
     card = (tmp_path / "m" / "MODEL_CARD.md").read_text()
     assert "Weights averaged over epochs 2-3, BatchNorm statistics re-estimated on 3 training batches" in card
     assert load_detector(tmp_path / "m" / "detector.pt")[1]["score_threshold"] == a["averaged"]["val_threshold"]
-    from trn.detect.train import shipped_checkpoint
+    from trn.train.detector import shipped_checkpoint
     from trn.detect.model import CHECKPOINT_FORMAT as DETECTOR
     from trn.models.checkpoint import load_checked, save_checked
 
