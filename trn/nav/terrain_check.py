@@ -13,7 +13,7 @@ verifies a place the same way, against a map image (Mars 2020's Lander Vision Sy
 descent images to an orbital map; OSIRIS-REx's Natural Feature Tracking renders its features
 from the shape model under the predicted Sun).
 
-Measured on the validation orbit (docs/lost_in_space.md, 32 pixels per degree for the real world's
+Measured on the validation orbit (docs/studies/lost_in_space.md, 32 pixels per degree for the real world's
 64 pixels-per-degree frames, 64 px a side): the prediction at the true position correlates
 0.90-0.98 with the frame (5-95 %), 2 km away 0.63 (median), 5 km away 0.34, 20 km or more about 0.
 The check therefore also refuses a right identification whose position is off by kilometres.
@@ -28,7 +28,7 @@ boresight gives the horizontal offset from the fix to the place the frame was ta
 (``LostConfig.terrain_shift_floor_px``), in quadrature with a part that grows with what the frame
 and the prediction do not share, the root of 1 - peak correlation scaled to
 ``LostConfig.terrain_shift_sigma_px`` at a peak of 0.9 (:meth:`TerrainMatch.sigma_km`). Measured
-(docs/lost_in_space.md): fitted on one real-world validation sequence, the growing part held a
+(docs/studies/lost_in_space.md): fitted on one real-world validation sequence, the growing part held a
 second one's errors (mean normalised squared error 2.10 for 2 degrees of freedom) where a constant
 sigma gave 1.20; but on the built-in world, whose check map is the frames' own terrain, it was
 overconfident, so the default is the constant 0.15 px.
@@ -37,7 +37,7 @@ The peak is then carried further by Lucas-Kanade steps (:meth:`TerrainCheck.refi
 position the peak gives, the prediction is rendered again at four times the side and area-averaged
 to the compared size, as the frame itself is, and one linearised least-squares step (gain and
 offset free, both images blurred by a pixel) measures the shift left; the next step starts where
-this one led. Measured on the validation sequences (docs/lost_in_space.md): the parabola through
+this one led. Measured on the validation sequences (docs/studies/lost_in_space.md): the parabola through
 the peak pulls the estimate towards whole pixels, and a prediction sampled once per reduced pixel
 puts shadows and shading where the frame's average does not, most where the Sun is low (an error
 of 0.17 px toward the Sun on the built-in world's frames under a Sun below 15 degrees); the steps
@@ -63,7 +63,7 @@ from trn.geometry import MOON_RADIUS_KM, ray_sphere_intersection
 MIN_LIT_FRACTION = 0.1  # of the prediction's pixels: fewer lit in both and the check has no answer
 # Gaussian blur (reduced pixels) of both images before a Lucas-Kanade step (gradient_shift). Without
 # it the steps overshot where the Sun is low on the built-in world's validation frames (the
-# along-Sun error changed sign from step to step); 1 px let them converge (docs/lost_in_space.md).
+# along-Sun error changed sign from step to step); 1 px let them converge (docs/studies/lost_in_space.md).
 GRADIENT_BLUR_PX = 1.0
 
 

@@ -4,7 +4,7 @@ attitude and the altimeter, with no position prior.
 Crater-pattern identification (Christian et al. 2021; Hamel et al. 2025) matches the geometry of a
 frame's craters against a catalogue. With the attitude known, the pattern is searched by geometry
 first: the descriptor finds a detection's own crater first in the whole map for too few of them
-(``docs/lost_in_space.md``) to seed the search, so it is an optional filter here, not the source of
+(``docs/studies/lost_in_space.md``) to seed the search, so it is an optional filter here, not the source of
 candidates.
 
 1. **Boxes.** Each box gives a line of sight and an apparent diameter. A box cut by one frame edge
@@ -65,7 +65,7 @@ candidates.
    rendered anew and supersampled).
 
 Two options are measured on validation and off by default, because each one declared more wrong
-fixes there (``docs/lost_in_space.md``, third round):
+fixes there (``docs/studies/lost_in_space.md``, third round):
 - the descriptor's evidence for each assigned detection (``descriptor_similarity`` /
   ``descriptor_nats``);
 - a second search of an undecided frame where the window's declared frames predict it

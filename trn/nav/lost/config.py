@@ -69,7 +69,7 @@ class LostConfig:
     search_near_declared: a frame the window does not decide is searched again where the window's
         declared frames predict it, and a window's fix must lie within that prediction's gate
         (:class:`WindowFixer`). Off by default: on validation it fixed more frames and more of them
-        wrongly (docs/lost_in_space.md).
+        wrongly (docs/studies/lost_in_space.md).
     fuse_declared: a declared fix is refined with the fixes declared earlier in the window (a fix
         declared late, with those on both sides of it): one position and velocity, bent by central
         gravity, fitted to all of them (:func:`fuse_fixes`); at least 3 fixes spanning 10 s, each
@@ -91,11 +91,11 @@ class LostConfig:
         (:class:`trn.nav.motion.MotionConfig` ``scale``): the measurement's cost on a board.
     motion_max_scored: distinct positions a constellation's search refits and scores (as
         ``max_scored`` for one frame; the best supported first): what bounds its time. 30, chosen
-        on the validation sequences (docs/lost_in_space.md): the same fixes as 100 but one, in
+        on the validation sequences (docs/studies/lost_in_space.md): the same fixes as 100 but one, in
         two thirds of the time at the 99th percentile of a frame on detected boxes.
 
     The wrong-fix guards (:class:`WindowFixer`, every fix before it is declared; all but the
-    terrain check off by default, measured in docs/lost_in_space.md):
+    terrain check off by default, measured in docs/studies/lost_in_space.md):
     carry_max_deficit: a frame fixed where a declared neighbour's fix, carried by the terrain's
         motion, puts it must be consistent on its own: its own score there may fall at most this
         many nats below the best of its own hypotheses at another place (farther than
@@ -114,7 +114,7 @@ class LostConfig:
         correlate with the frame by at least ``terrain_min_ncc`` (normalised cross-correlation over
         the pixels lit in both); a fix whose frame gives no answer (night, too few lit pixels) is
         not refused by it. On by default at 0.8, chosen on the validation sequence
-        (docs/lost_in_space.md): it needs the frames and the map's elevation, so a caller with
+        (docs/studies/lost_in_space.md): it needs the frames and the map's elevation, so a caller with
         boxes alone turns it off.
     terrain_refine: with the check, a fix it passes is refined by the correlation's peak
         (:meth:`trn.nav.terrain_check.TerrainCheck.match`): the horizontal offset from the fix to
@@ -136,7 +136,7 @@ class LostConfig:
         to 42-85 m (15-33 m over those it refined), but on the built-in world's it ended with 2
         fewer fixes within 2 km (893 of 895, marginal terrain checks decided otherwise
         downstream), which the rule written before the rows does not allow
-        (docs/lost_in_space.md). With it on, 1 step, 4 times supersampled, 2 per frame and
+        (docs/studies/lost_in_space.md). With it on, 1 step, 4 times supersampled, 2 per frame and
         0.0175 px are what that rule chose.
     """
 
