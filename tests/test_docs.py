@@ -1,8 +1,10 @@
 """The README and docs/ speak of the product: its use, its results and its design.
 
 Fails when README.md or a docs page names an issue number or speaks of a work session, when the
-README grows past one screenful of set-up plus one short section per task, or when the set-up
-command, the main job and the test command leave its first screen.
+README grows past one screenful of set-up plus one short section per task, when the set-up
+command, the main job and the test command leave its first screen, when a manual grows past
+what a maintainer can keep true, or when a study (the dated runs, choices and dropped levers of a
+topic, under docs/studies/) is not linked from a manual.
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ DOCS = ROOT / "docs"
 NOT_YET_SCANNED: set[str] = set()
 
 README_MAX_LINES = 250
+MANUAL_MAX_LINES = 400
+STUDIES = DOCS / "studies"
 FIRST_SCREEN_LINES = 60
 SETUP_COMMAND = 'python -m pip install -e ".[dev,export,ray,geo]"'
 MAIN_JOB = "trn-sim run luna1"
@@ -40,7 +44,11 @@ SESSION_ALLOWED = [
 
 
 def pages() -> list[Path]:
-    return [README] + sorted(p for p in DOCS.glob("*.md") if p.name not in NOT_YET_SCANNED)
+    return [README] + sorted(p for p in [*DOCS.glob("*.md"), *STUDIES.glob("*.md")] if p.name not in NOT_YET_SCANNED)
+
+
+def manuals() -> list[Path]:
+    return sorted(DOCS.glob("*.md"))
 
 
 def findings(text: str, pattern: re.Pattern[str], allowed: list[re.Pattern[str]] = ()) -> list[str]:
@@ -91,3 +99,29 @@ def test_the_index_lists_every_page() -> None:
     index = (DOCS / "index.md").read_text(encoding="utf-8")
     missing = [p.name for p in sorted(DOCS.glob("*.md")) if p.name != "index.md" and f"({p.name})" not in index]
     assert not missing, f"docs/index.md does not list {missing}"
+
+
+@pytest.mark.parametrize("page", manuals(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_a_manual_fits_its_budget(page: Path) -> None:
+    """A manual gives its topic's use, design and current figures; what was measured on the way
+    belongs to its study."""
+    lines = page.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= MANUAL_MAX_LINES, (f"{page.relative_to(ROOT)} has {len(lines)} lines, at most "
+                                            f"{MANUAL_MAX_LINES}: move dated runs and choices to docs/studies/")
+
+
+def linked_studies(text: str) -> set[str]:
+    """The study files a manual's text links to (``studies/NAME.md``, with or without an anchor)."""
+    return set(re.findall(r"\(studies/([A-Za-z0-9_.-]+\.md)(?:#[^)]*)?\)", text))
+
+
+def test_every_study_is_linked_from_a_manual() -> None:
+    linked = set().union(*(linked_studies(p.read_text(encoding="utf-8")) for p in manuals()))
+    studies = {p.name for p in STUDIES.glob("*.md")}
+    assert studies <= linked, f"studies no manual links to: {sorted(studies - linked)}"
+    assert linked <= studies, f"manuals link to studies that do not exist: {sorted(linked - studies)}"
+
+
+def test_the_study_link_check_reads_links() -> None:
+    text = "see [the runs](studies/lost_in_space.md) and [x](studies/detector.md#a-b), not studies/x.md"
+    assert linked_studies(text) == {"lost_in_space.md", "detector.md"}
