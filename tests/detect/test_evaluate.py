@@ -112,3 +112,34 @@ def test_large_unmatched_detections_are_left_out_above_the_labelled_size_range()
     assert m.gt_hit.tolist() == [False, True]
     unbounded = match_frame_min_side(det, scores, gt, 10.0)
     assert unbounded.scores.tolist() == [0.9, 0.8, 0.7]
+
+
+def test_matching_in_chunks_is_the_whole_matrix_greedy_match(monkeypatch):
+    """Many detections against many labels: the chunked rows give exactly the greedy match of the
+    whole IoU matrix (a reference written here), ties in score included."""
+    import trn.detect.evaluate as ev
+    from trn.detect.boxes import iou_matrix
+
+    rng = np.random.default_rng(0)
+
+    def boxes(n):
+        xy = rng.uniform(0, 300, (n, 2))
+        side = rng.uniform(4, 40, (n, 1))
+        return np.hstack([xy[:, :1], xy[:, :1] + side, xy[:, 1:], xy[:, 1:] + side])
+
+    gt = boxes(400)
+    det = np.vstack([gt[rng.permutation(400)[:300]] + rng.normal(0, 2, (300, 4)), boxes(900)])
+    scores = np.round(rng.uniform(0, 1, len(det)), 2)  # ties
+    iou = iou_matrix(det, gt)
+    hit, label, taken = np.zeros(len(det), bool), np.full(len(det), -1), np.zeros(len(gt), bool)
+    for i in np.argsort(-scores, kind="stable"):
+        cand = np.where(taken, -1.0, iou[i])
+        j = int(np.argmax(cand))
+        if cand[j] >= 0.5:
+            hit[i], label[i], taken[j] = True, j, True
+    monkeypatch.setattr(ev, "MATCH_CHUNK", 7)
+    m = match_frame(det, scores, gt)
+    assert hit.sum() > 200
+    np.testing.assert_array_equal(m.det_hit, hit)
+    np.testing.assert_array_equal(m.det_label, label)
+    np.testing.assert_array_equal(m.gt_hit, taken)
