@@ -701,7 +701,7 @@ def main(argv: list[str] | None = None) -> int:
                    help="test-time symmetry averaging: each tile also run mirrored (mirror, 2x the time), flipped "
                         "both ways (flips, 4x) or under all eight symmetries of the square (dihedral, 8x), the maps "
                         "averaged; none: one view (default: the model's own choice, if it was shipped with one; "
-                        "docs/detector.md gives what each did on the real NAC validation images)")
+                        "docs/studies/detector.md gives what each did on the real NAC validation images)")
     r.add_argument("--mirror", dest="tta", action="store_const", const="mirror", help="the same as --tta mirror")
     r.add_argument("--catalogue", type=Path, default=None, metavar="CSV",
                    help="a crater catalogue (CSV with latitude, longitude and diameter in km) to compare with over "

@@ -350,11 +350,13 @@ def make_embedder(spec: str, token_cfg: TokenConfig | None = None, threads: int 
                                "kernels" if backend.endswith("-kernels") else "reference")
         # an export of a shipped model flies with that model's operating point
         emb.operating_threshold = _operating_threshold(path.parent, MODELS_DIR / base)
+        emb.model_dir = MODELS_DIR / base if (MODELS_DIR / base).is_dir() else path.parent
         return emb
     path = resolve_model(spec)
     name = path.parent.name if path.name == "weights.pt" else path.stem
     emb = TorchEmbedder(load_descriptor(path), name, token_cfg)
     emb.operating_threshold = _operating_threshold(path.parent)
+    emb.model_dir = path.parent  # its split.json and config.yaml say what it trained on
     return emb
 
 

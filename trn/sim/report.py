@@ -62,6 +62,20 @@ def result_line(r: ScenarioResult) -> str:
             f"{counts_text(r)})")
 
 
+def trained_on_lines(c: dict) -> list[str]:
+    """One line per descriptor that trained or validated on craters the run queries (the
+    context's ``trained_on``, :mod:`trn.sim.provenance`): its figures there are not recognition of
+    unseen craters."""
+    out = []
+    for name, by_source in (c.get("trained_on") or {}).items():
+        for source, n in by_source.items():
+            if n.get("trained_on"):
+                what = "landmark renders" if source == "landmarks" else "navigation frames' craters"
+                out.append(f"{name} trained or validated on {n['trained_on']} of the {n['queried']} {what} this run "
+                           "queries: its figures on them are not recognition of unseen craters")
+    return out
+
+
 def _thresholds(c: dict) -> str:
     """The match threshold of a run, or each model's where they differ (operating points)."""
     per = c.get("thresholds") or {}
@@ -237,6 +251,7 @@ class Report:
                 parts.append(f"<li><b>{html.escape(key)}</b>: <code>{html.escape(str(value))}</code></li>")
         for name, m in (c.get("pairs") or {}).items():
             parts.append(f"<li>{html.escape(_pair_text(name, m))}</li>")
+        parts += [f"<li><b>{html.escape(line)}</b></li>" for line in trained_on_lines(c)]
         parts += ["</ul>", "<h2>Summary</h2>", f'<p class="legend">{html.escape(legend(self.scenarios()))}</p>',
                   _html_table(self.table_rows(), "summary")]
         by_stem = {p.stem: p for p in images}
@@ -293,7 +308,8 @@ class Report:
             lines.append(f"- world: {c['world']}")
         lines += [f"- command: `{c.get('command')}`",
                   f"- seed: {c.get('seed')}, threshold: {_thresholds(c)}, NMS: {c.get('nms')}"]
-        lines += [f"- {_pair_text(name, m)}" for name, m in (c.get("pairs") or {}).items()] + [""]
+        lines += [f"- {_pair_text(name, m)}" for name, m in (c.get("pairs") or {}).items()]
+        lines += [f"- **{line}**" for line in trained_on_lines(c)] + [""]
         lines += self.table()
         if self.timing_table():
             lines += ["", "Frame latency of Moon Navigation:", ""] + self.timing_table()

@@ -16,6 +16,7 @@ from trn.errors import ConfigError, DataError
 from trn.sim import scenarios as sc
 from trn.sim.embedders import Embedder, for_source, pair_members
 from trn.sim.prepare import builtin_world
+from trn.sim.provenance import trained_on
 from trn.sim.report import Report, result_line
 
 log = logging.getLogger(__name__)
@@ -78,6 +79,7 @@ def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequen
     if "moon_navigation" in scenarios:
         frames = sc.navigation_frames(ds, s)
         dets = sc.detect(ds, frames, s, np.random.default_rng([s.seed, 3]), sc.frame_shape(ds)) if frames else None
+    _record_trained_on(rep, ds, embedders, scenarios, names, s)
     banks: dict[int, sc.LandmarkViews] = {}
     jobs = [(e, x) for e in embedders for x in scenarios]
     bar = tqdm(jobs, desc="scenarios", disable=not progress, unit="run")
@@ -103,6 +105,30 @@ def run_luna1(ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequen
         if on_result:
             on_result(r)
     return rep
+
+
+def _record_trained_on(rep: Report, ds: Luna1Dataset, embedders: Sequence[Embedder], scenarios: Sequence[str],
+                       landmark_names: Sequence[str], s: sc.ScenarioSettings) -> None:
+    """Each descriptor's count of the run's queried craters it trained or validated on
+    (:func:`trn.sim.provenance.trained_on`), in the report's context (``trained_on``: descriptor ->
+    {source -> {"queried", "trained_on"}}) and as a warning where it is above zero."""
+    queried: dict[str, set[str]] = {}
+    if any(x in sc.LANDMARK_SCENARIOS for x in scenarios):
+        queried["landmarks"] = {str(n) for n in landmark_names}
+    if any(x not in sc.LANDMARK_SCENARIOS for x in scenarios):
+        frames = set(sc.navigation_frames(ds, s))
+        queried["frames"] = {str(b.id) for f in ds.frames if f.frame in frames for b in f.boxes}
+    out: dict[str, dict] = {}
+    for flown in embedders:
+        for source, ids in queried.items():
+            emb = for_source(flown, source)
+            n = trained_on(getattr(emb, "model_dir", None), ds.root, ids)
+            out.setdefault(emb.name, {})[source] = {"queried": len(ids), "trained_on": n}
+            if n:
+                log.warning("%s trained or validated on %d of the %d craters this run queries (%s): its %s figures "
+                            "are not recognition of unseen craters", emb.name, n, len(ids), source,
+                            "Recall@1" if source == "landmarks" else "Moon Navigation and Lost-in-Space")
+    rep.context["trained_on"] = out
 
 
 def run_landmarks(ls: LandmarkSet, kind: str, root: str, embedders: Sequence[Embedder], scenarios: Sequence[str],
