@@ -99,6 +99,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="map navigation drops, before any search, detections whose box seen from the altimeter's "
                          "height spans less than FACTOR x the map's smallest crater (default: no gate; 1.0 was "
                          "chosen on the detector's validation frames, docs/detector.md)")
+    l1.add_argument("--map-error", default=None, metavar="SIGMA_KM[,LENGTH_KM]",
+                    help="the onboard map carries a simulated registration error: a smooth seeded field (--seed) of "
+                         "SIGMA_KM per horizontal axis, correlated over LENGTH_KM (default 300), moving its craters "
+                         "and its elevation alike; every fix's covariance carries it and errors stay against the "
+                         "truth (default: a perfect map; trn.nav.map_error)")
     l1.add_argument("--cold-start", action="store_true", default=None,
                     help="map_navigation with no initial state: the filter starts from the first verified "
                          "lost-in-space fix (and re-initialises from the fixes when it has lost track)")
@@ -306,12 +311,20 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
     lost = "lost_in_space_fix" in which or bool(args.cold_start)
     lis_map = _lost_map(args, source, lost_cfg, lost)
     terrain = dataset_terrain_check(ds, source, lost_cfg) if lost else None
+    map_error = None
+    if getattr(args, "map_error", None):
+        from trn.nav.map_error import MapError
+
+        map_error = MapError.parse(args.map_error, seed=settings.seed)
+        lis_map = map_error.crater_map(lis_map) if lis_map is not None else None
 
     def onboard(emb):
         if emb.name not in maps:
-            maps[emb.name] = OnboardMap.load(args.map) if args.map else build_map(
+            omap = OnboardMap.load(args.map) if args.map else build_map(
                 ds, emb, out / f"map_{emb.name}", source, appearance=args.map_appearance or "catalogue",
                 workers=args.threads)
+            # the map as the spacecraft holds it: built from the truth, then moved by its own error
+            maps[emb.name] = omap if map_error is None else map_error.onboard_map(omap)
         return maps[emb.name]
 
     for kind, dsk, summary, sk in sources:
@@ -319,7 +332,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
         if "lost_in_space_fix" in which and lis_map is not None:  # geometry first: no descriptor, one run
             name = f"union catalogue map [{kind} boxes]"
             lis = lost_in_space_fixes(dsk, lis_map, sk, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed,
-                                      gate_km=gate_km(args.map_gate, lis_map), terrain=terrain)
+                                      gate_km=gate_km(args.map_gate, lis_map), terrain=terrain, map_error=map_error)
             lis |= {"boxes": summary, "map": "union catalogue of " + str(source)}
             _print_lost_fixes(name, lis)
             _draw_lost(dsk, lis_map, lis, out / f"lost_in_space__{kind}_boxes.jpg")
@@ -333,7 +346,8 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
                 omap = onboard(emb)
                 dmap = descriptor_crater_map(omap)
                 lis = lost_in_space_fixes(dsk, dmap, sk, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed, emb=emb,
-                                          omap=omap, compressed=bool(args.map_index), terrain=terrain)
+                                          omap=omap, compressed=bool(args.map_index), terrain=terrain,
+                                          map_error=map_error)
                 lis |= {"boxes": summary, "map": f"descriptor map {args.map or 'built from the dataset'}"}
                 _print_lost_fixes(name, lis)
                 _draw_lost(dsk, dmap, lis, out / f"lost_in_space__{emb.name}_{kind}_boxes.jpg")
@@ -343,7 +357,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
             omap = onboard(emb)
             rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate, cold_start=bool(args.cold_start),
                                  cold_velocity=args.cold_velocity or "image", lost_cfg=lost_cfg, lis_map=lis_map,
-                                 compressed=bool(args.map_index), terrain=terrain)
+                                 compressed=bool(args.map_index), terrain=terrain, map_error=map_error)
             rep["boxes"] = summary
             _print_map_navigation(name, rep)
             plot_navigation(rep, out / f"map_navigation__{name.replace(' ', '_')}.png",
@@ -461,6 +475,7 @@ SCENARIO_OPTIONS = (
     ("--map-source", "map_source", MAP_SCENARIOS),
     ("--map-appearance", "map_appearance", MAP_SCENARIOS),
     ("--map-gate", "map_gate", MAP_SCENARIOS),
+    ("--map-error", "map_error", MAP_SCENARIOS),
     ("--map-index", "map_index", MAP_SCENARIOS),
     ("--lis-candidates", "lis_candidates", MAP_SCENARIOS),
     ("--lis-min-inliers", "lis_min_inliers", MAP_SCENARIOS),

@@ -13,7 +13,7 @@ from __future__ import annotations
 import datetime as dt
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import cv2
 import numpy as np
@@ -612,7 +612,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
                    thresholds: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9, 0.95), n_sigma: float = 3.0,
                    box_sigma_px: float | None = None, gate: float | None = None, cold_start: bool = False,
                    cold_velocity: str = "image", lost_cfg=None, lis_map=None, compressed: bool = False,
-                   terrain=None) -> dict:
+                   terrain=None, map_error=None) -> dict:
     """Navigation with TRN at ``s.threshold`` and at each of ``thresholds``, against dead
     reckoning: each detection matched within its search window (:class:`SearchWindow`).
     Recognition against the whole map (no window) is reported beside it. ``box_sigma_px``: the
@@ -627,7 +627,9 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     (:func:`lost_in_space_fixes`). ``compressed``: every similarity from the map's compressed index (its
     decoded codes, :meth:`OnboardMap.vectors`) in place of the exact vectors. The windows score
     their candidates only (:class:`CandidateScores`); the whole-map figures beside them, and the
-    cold start's lost-in-space search, use every crater's similarity."""
+    cold start's lost-in-space search, use every crater's similarity. ``map_error``: the error
+    ``omap`` and ``lis_map`` already carry (:class:`trn.nav.map_error.MapError`), for the cold
+    start's fixes (:func:`lost_in_space_fixes`)."""
     sensors = sensors or SensorModel()
     cold = None
     flat = frame_detections(ds, s)
@@ -639,7 +641,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
 
         lis = lost_in_space_fixes(ds, lis_map if lis_map is not None else descriptor_crater_map(omap), s, sensors,
                                   lost_cfg, box_sigma_px, s.seed, emb=emb, omap=omap, matches=(flat, sims),
-                                  terrain=terrain)
+                                  terrain=terrain, map_error=map_error)
         frame_at = {float(x): k for k, x in enumerate(frame_times(ds))}
         late: dict[int, list] = {}
         for r in lis["frames"]:
@@ -692,7 +694,7 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
 def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None = None, cfg=None,
                         box_sigma_px: float | None = None, seed: int = 0, emb=None, omap=None,
                         matches: tuple[list, np.ndarray] | None = None, compressed: bool = False,
-                        gate_km: float | None = None, terrain=None) -> dict:
+                        gate_km: float | None = None, terrain=None, map_error=None) -> dict:
     """Every frame's lost-in-space fix against the whole map ``cmap`` (:class:`trn.nav.lost.CraterMap`),
     with no position prior (:func:`trn.nav.lost.frame_hypotheses`, then :class:`trn.nav.lost.WindowFixer`
     over the frames in time order): the star tracker's attitude and the altimeter as
@@ -716,7 +718,10 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     and window; ``motion_ms``: every pair measured for the frame, back to the previous frame with
     boxes; ``own_pair_ms``: the pair from the frame just before it, the one a board measures when
     the frame arrives); summaries by detections per frame (a declared fix farther than 2 km from
-    the truth is a wrong fix)."""
+    the truth is a wrong fix). ``map_error`` (:class:`trn.nav.map_error.MapError`): the error the
+    map ``cmap`` (and ``omap``) already carries, moved by the caller (:meth:`MapError.crater_map`):
+    the terrain is predicted from the map's elevation, moved alike, and every declared fix's
+    covariance carries the map's own; the errors stay against the truth."""
     import functools
 
     from trn.nav.lost import LostConfig, Sigmas, VisibilityRule, WindowFixer, frame_hypotheses, frame_view
@@ -768,7 +773,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     frame_at = {round(float(x), 3): k for k, x in enumerate(t_all)}
     attitude: dict[int, np.ndarray] = {}  # each frame's star-tracker attitude, as drawn for its search
     verify = terrain_verifier(ds, terrain, attitude, frame_at, cfg.window_s,
-                              cfg.terrain_reach_km if cfg.terrain_refine else None) if cfg.terrain_check else None
+                              cfg.terrain_reach_km if cfg.terrain_refine else None, map_error) if cfg.terrain_check else None
+    map_cov = None if map_error is None or map_error.sigma_km == 0 else map_error.covariance
     window = WindowFixer(cfg, cmap, verify)
     motion = SequenceMotion(ds, sensors, MotionConfig(scale=cfg.motion_scale), seed) if cfg.motion_joins else None
     rows: list[dict] = []
@@ -806,11 +812,11 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                      "candidates": fx.candidates, "hypotheses": fx.hypotheses, "ms": ms, "motion_ms": motion_ms,
                      "own_pair_ms": own_pair_ms,
                      "boxes": boxes.round(2).tolist(), "labels": [flat[k].label for k in ks]}
-                    | _fix_fields(fx, truth, [flat[k].label for k in ks], cmap, frame_at, float(t_all[fr])))
+                    | _fix_fields(fx, truth, [flat[k].label for k in ks], cmap, frame_at, float(t_all[fr]), map_cov))
         row_at[float(t_all[fr])] = rows[-1]
         for t_e, late, t_dec in window.late:  # earlier frames this frame decided, late
             r = row_at[t_e]
-            r |= _fix_fields(late, ds.poses[r["frame"], :3], r["labels"], cmap, frame_at, t_e) \
+            r |= _fix_fields(late, ds.poses[r["frame"], :3], r["labels"], cmap, frame_at, t_e, map_cov) \
                 | {"delay_s": t_dec - t_e}
         window.late.clear()
 
@@ -843,6 +849,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     ms = np.array([r["ms"] for r in rows]) if rows else np.zeros(1)
     dec_ms = np.array([r["ms"] for r in rows if r["declared"]]) if any(r["declared"] for r in rows) else np.zeros(1)
     return {"config": cfg.to_dict(), "sensors": sensors.to_dict(), "pixel_sigma": pix, "map_size": len(cmap),
+            "map_error": None if map_error is None else map_error.to_dict(),
             "detections": len(flat), "detections_before_gate": before, "gate_km": gate_km, "rule": {"min_box_px": rule.min_box_px,
                                               "min_sun_elevation_deg": rule.min_sun_elevation_deg},
             "by_detections": {k: summary([r for r in rows if f(r["detections"])]) for k, f in bins.items()},
@@ -895,7 +902,7 @@ def dataset_terrain_check(ds: Luna1Dataset, source, cfg):
 
 
 def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray], frame_at: dict[float, int],
-                     keep_s: float = math.inf, reach_km: float | None = 3.0):
+                     keep_s: float = math.inf, reach_km: float | None = 3.0, map_error=None):
     """The terrain check of :class:`trn.nav.lost.WindowFixer` (its ``verify``): for a frame's time
     and a fixed position, the match of the frame on disk (read once, reduced) with the frame
     ``terrain`` predicts there (:meth:`trn.nav.terrain_check.TerrainCheck.match`, its peak searched
@@ -905,7 +912,10 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
     the position (:meth:`trn.nav.terrain_check.TerrainCheck.refine`), or None. Reduced frames
     more than ``keep_s`` older than the latest one checked are let go (the window's length: no fix
     reaches further back). The callable keeps each check's time (``ms``, rendering and
-    correlation), each refinement's (``refine_ms``) and its count of answers."""
+    correlation), each refinement's (``refine_ms``) and its count of answers. ``map_error``: the
+    map's registration error (:class:`trn.nav.map_error.MapError`): the frame predicted at a
+    position is the map's, rendered from the true elevation where the map's terrain truly is
+    (:meth:`MapError.true_position`)."""
     if terrain is None:
         raise ConfigError(NO_TERRAIN_MAP)
     reduced: dict[int, tuple[float, np.ndarray | None]] = {}  # frame -> (its time, the frame reduced)
@@ -922,6 +932,8 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
         if reduced[k][1] is None:
             return None
         sun = np.asarray(ds.metadata.frames[k]["sun_dir_body"], np.float64)
+        if map_error is not None:
+            position = map_error.true_position(position)
         t0 = clock()
         if passes:
             out = terrain.refine(reduced[k][1], attitude[k], position, sun, passes, supersample)
@@ -936,12 +948,17 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
     return verify
 
 
-def _fix_fields(fx, truth: np.ndarray, labels: list, cmap, frame_at: dict[float, int], t_s: float) -> dict:
+def _fix_fields(fx, truth: np.ndarray, labels: list, cmap, frame_at: dict[float, int], t_s: float,
+                map_cov=None) -> dict:
     """A frame's (at ``t_s``) row fields from its fix (declared or not) against the true position;
     ``joins``: the other frames the fix used (frame number, "crater" or "motion", seconds from this
-    frame); ``frame_at``: frame number by time (rounded to the millisecond)."""
+    frame); ``frame_at``: frame number by time (rounded to the millisecond); ``map_cov``: the
+    map's own covariance at a position (:meth:`trn.nav.map_error.MapError.covariance`), added once
+    to the fix's (its fusion with other fixes never saw it: they share it)."""
     ok = fx.declared
     d = fx.position - truth if ok else None
+    if ok and map_cov is not None:
+        fx = replace(fx, cov=fx.cov + map_cov(fx.position))
     return {"declared": ok, "reason": fx.reason, "frames_used": fx.frames, "delay_s": 0.0,
             "joins": [{"frame": frame_at.get(round(t_s + j.dt_s, 3)), "by": j.by, "dt_s": j.dt_s} for j in fx.joins],
             "position_km": fx.position.tolist() if ok else None, "cov_km2": fx.cov.tolist() if ok else None,
