@@ -83,3 +83,80 @@ def test_the_mars_mosaic_is_its_tiles_in_place_with_labels_moved_by_the_registra
     (tmp_path / tiles[5]).unlink()
     with pytest.raises(DataError, match="real-set robbins-ctx-mars"):
         ctx_mosaic(tmp_path)
+
+
+def test_voc_files_are_read_with_their_annotators_agreement_and_bad_ones_refused(tmp_path: Path) -> None:
+    from trn.detect.realsets import read_voc_boxes
+
+    obj = ("<object><name>crater</name><bndbox><xmin>{}</xmin><ymin>{}</ymin><xmax>{}</xmax><ymax>{}</ymax>"
+           "</bndbox>{}</object>")
+    (tmp_path / "a.xml").write_text("<annotation>" + obj.format(10, 20, 16, 27, "<confidence>3</confidence>")
+                                    + obj.format(1, 2, 4, 6, "<confidence>1</confidence>")
+                                    + obj.format(5, 5, 9, 9, "") + "</annotation>")
+    np.testing.assert_array_equal(read_voc_boxes(tmp_path / "a.xml"), [[10, 16, 20, 27], [1, 4, 2, 6], [5, 9, 5, 9]])
+    # the agreement filter keeps boxes of enough annotators, and boxes that carry no agreement (an expert's)
+    np.testing.assert_array_equal(read_voc_boxes(tmp_path / "a.xml", 2), [[10, 16, 20, 27], [5, 9, 5, 9]])
+    (tmp_path / "b.xml").write_text("<annotation>" + obj.format(10, 20, 10, 27, "") + "</annotation>")
+    with pytest.raises(DataError, match="object 1"):
+        read_voc_boxes(tmp_path / "b.xml")
+    (tmp_path / "c.xml").write_text("<annotation><object><bndbox><xmin>x</xmin></bndbox></object></annotation>")
+    with pytest.raises(DataError, match="numeric bndbox"):
+        read_voc_boxes(tmp_path / "c.xml")
+    (tmp_path / "d.xml").write_text("<annotation><object>")
+    with pytest.raises(DataError, match="not a Pascal VOC"):
+        read_voc_boxes(tmp_path / "d.xml")
+
+
+def test_the_mars_ctx_tiles_are_split_by_tile_with_the_expert_tiles_for_test() -> None:
+    from trn.detect.realsets import FRANCIS_SPLIT, FRANCIS_TILE
+
+    tiles = {FRANCIS_TILE.fullmatch(p).group(1) for p in real_set("francis-ctx-mars").files if FRANCIS_TILE.fullmatch(p)}
+    assert tiles == set("ABCDEFGHIJKL") == set(FRANCIS_SPLIT)
+    experts = {p.rsplit("-", 1)[1][0] for p in real_set("francis-ctx-mars").files if "/expert/" in p}
+    assert experts == {t for t, s in FRANCIS_SPLIT.items() if s == "test"}
+    assert {s for s in FRANCIS_SPLIT.values()} == {"train", "val", "test"}
+
+
+def test_the_command_line_names_every_catalogued_set() -> None:
+    from trn.cli.detect import REAL_SET_NAMES
+    from trn.detect.realsets import LABELLED_SIDE_PX, REAL_SETS, SET_SPLITS
+
+    assert set(REAL_SET_NAMES) == set(REAL_SETS) == set(SET_SPLITS) == set(LABELLED_SIDE_PX)
+
+
+def test_a_file_whose_hash_is_not_the_catalogued_one_is_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    """install_set copies a set out of a checkout only file by file against the catalogue: a file
+    changed in the checkout is refused by name and never written; verify_set names a copy's
+    missing and changed files."""
+    from trn.detect.realsets import install_set, verify_set
+
+    s = real_set("francis-ctx-mars")
+    checkout = tmp_path / "checkout"
+    for rel in s.files:
+        (checkout / rel).parent.mkdir(parents=True, exist_ok=True)
+        (checkout / rel).write_bytes(b"not the catalogued file")
+    out = tmp_path / "out"
+    with pytest.raises(DataError, match="SHA-256"):
+        install_set("francis-ctx-mars", checkout, out)
+    assert not any(p.is_file() for p in out.rglob("*")) if out.exists() else True
+    problems = verify_set("francis-ctx-mars", out)
+    assert len(problems) == len(s.files) and all(p.endswith("missing") for p in problems)
+    first = next(iter(s.files))
+    (out / first).parent.mkdir(parents=True, exist_ok=True)
+    (out / first).write_bytes(b"changed")
+    assert f"{first}: SHA-256 differs from the catalogue" in verify_set("francis-ctx-mars", out)
+
+
+MIRROR = Path("/work/.mirror/aliFrancis+mars-crater-catalogue/repo")
+
+
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="no snapshot of aliFrancis/mars-crater-catalogue here (fetch it)")
+def test_the_mars_ctx_set_installs_from_its_snapshot_and_reads_its_labels(tmp_path: Path) -> None:
+    from trn.detect.realsets import install_set, verify_set
+
+    install_set("francis-ctx-mars", MIRROR, tmp_path)
+    assert verify_set("francis-ctx-mars", tmp_path) == []
+    counts = {im.observation: len(im.boxes) for im in real_images("francis-ctx-mars", tmp_path)}
+    # expert boxes on the test tiles, merged boxes of two or more annotators elsewhere
+    assert counts["MC11E-D"] == 52 and counts["MC11E-L"] == 589 and counts["MC11E-A"] == 683
+    assert sum(counts.values()) == 3216

@@ -20,6 +20,8 @@ from trn.cli.common import (Parser, float_between, int_at_least, int_between, na
 from trn.errors import ConfigError, DataError
 
 TTA_CHOICES = ("mirror", "flips", "dihedral")  # the names of trn.detect.tiles.TTA_VIEWS, without loading it
+# the names of trn.detect.realsets.REAL_SETS (tests/detect/test_realsets.py checks they agree)
+REAL_SET_NAMES = ("craterdanet-nac", "robbins-ctx-mars", "francis-ctx-mars")
 
 
 def _build(args) -> int:
@@ -713,7 +715,7 @@ def main(argv: list[str] | None = None) -> int:
 
     rs = sub.add_parser("real-set", help="copy a catalogued real labelled image set out of its repository snapshot, "
                                          "each file checked by SHA-256 (docs/real_crater_sets.md); or check a copy")
-    rs.add_argument("name", choices=("craterdanet-nac", "robbins-ctx-mars"), help="the set")
+    rs.add_argument("name", choices=REAL_SET_NAMES, help="the set")
     rs.add_argument("--from", dest="source", type=Path, default=None, metavar="SNAPSHOT",
                     help="the repository's git snapshot or checkout (without it: check the copy in --out)")
     rs.add_argument("--out", type=Path, required=True, help="where the set lives, outside the work tree "

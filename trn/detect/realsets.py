@@ -175,7 +175,42 @@ eed8d9c3431791f42730ae456c8f7ea633a0c78832fa787e41924ad0f8b641e9  CTX/cropped_im
 b78facf43c45896e7341ac54a50273b7db7c9943255670ba08c300cd3b21cd5b  CTX/selected_craters_XY.txt
 """))
 
-REAL_SETS = {s.name: s for s in (CRATERDANET_NAC, ROBBINS_CTX_MARS)}
+# Mars CTX at 6 m per pixel, MC-11 East (CC BY 4.0): 12 tiles of 2,000 px, each crater boxed by six
+# annotators and merged (confidence: how many marked it), and an expert's boxes on 4 tiles
+FRANCIS_CTX_MARS = RealSet("francis-ctx-mars", "aliFrancis/mars-crater-catalogue",
+                           "cafa91458ef54f1f933a901fbbf77f89df594d8d", _manifest("""
+7e7170e3cebf88a9f60c7b8421418323c09304da1af4d5e90f4da1dc1c8a2661  LICENSE.txt
+6e8958025f1dcf3563c4e7a33f8d875fd9948dc1fc1e95e2df00e828a9b930c5  data/annotations/clustered/MC11E-A.xml
+3e38cf51a9b6e8563b88955a2d694bdb12589c901f405b6e6ee17b57fa49c2c8  data/annotations/clustered/MC11E-B.xml
+dc77c1627527672c343fb95debbba09e3979fbbc03b83316715468f762c93f52  data/annotations/clustered/MC11E-C.xml
+06c299b6354e5c87b53078d536901a53bf4be1ce8cfecbafd97cb1287e8cb24d  data/annotations/clustered/MC11E-D.xml
+113ad87b65638a9de5fa0c8bcc88d1e3f67bb0e47c6ca6d8e83b43ae3d331a3e  data/annotations/clustered/MC11E-E.xml
+1f454edd297d4f8e844206395bd90cddb9335cff9f7bbef9ab1965c8ffc1e393  data/annotations/clustered/MC11E-F.xml
+35cb173a28d46508ac6756d4f59d0116b1910138c9c25e0f26f98068de031ea8  data/annotations/clustered/MC11E-G.xml
+84f6aef2cec343c7cafd1403d58e42f97f3f39158b778091922aeecb2dbe5de6  data/annotations/clustered/MC11E-H.xml
+eaa4bc6402a3fe7530d8b934b468d69e347ee68e0d302c24663e6395ce53fd00  data/annotations/clustered/MC11E-I.xml
+87f2796a4af8fe67a8e6fac4b0f26c2db086956e7cdfa5438d0f54d676e27693  data/annotations/clustered/MC11E-J.xml
+07b53cd3b0e19c7653e1c21380f915495fb61be422a3ac1e0f1e9607a3f9a7be  data/annotations/clustered/MC11E-K.xml
+45e3b692803f119b979850aa5f768c9b03c05eeebc3b6ef84d0d872bb54e25f4  data/annotations/clustered/MC11E-L.xml
+b5a87e8ed1e284e78b533efce114d5c580fb035245c2a529d694d9ffa3ff182f  data/annotations/expert/MC11E-D.xml
+da125ccef3d2c97538cf0dab815e158b29ed87dc9aa89970e9bdc5f74a021a72  data/annotations/expert/MC11E-F.xml
+5fb7768d24f62d3cd44bbc28c0604e20fcdcbc39176bd316605be6a85a3b71b7  data/annotations/expert/MC11E-K.xml
+74f3cd728ca4ea79217c184eee4f397c42d10e7d811637f66e4f0eacb368067f  data/annotations/expert/MC11E-L.xml
+7bd10c568b9b97719b91890c33aea7bdb0975e8abbb224f63877c96ba32ffd6f  data/images/MC11E-A.png
+84be8e31f95162a622a884c642e35394a451c9279757f2df5249579b75aeef79  data/images/MC11E-B.png
+230f03cbc8bad2c96fb54a5a7c086c991a66d772c8382eef2de42b49a5aa8338  data/images/MC11E-C.png
+874d05e94ee03c7f476e392a4e7484a109f9e4799d9b935aac5d7e51e87527fa  data/images/MC11E-D.png
+9a9660f0f615bc793f9181999146de347a1bdc85ef0758ab84d854cb80972428  data/images/MC11E-E.png
+a0ce89ca29e2da8f8c624ab6ff89ea51fecf37d9f96900aa954c7c9c0a4c5659  data/images/MC11E-F.png
+37395c2f95d6393cd63f620000fe6d0ca8b0fde27acef5592ca61cb8db3a8d46  data/images/MC11E-G.png
+2ac52adab77395161592a8d69fb4e6916e496c7ea571c5b502dd5688a53a7ca6  data/images/MC11E-H.png
+b0af3e5ceca00693152cef579f171946f84564e8cbe6478210970f048f9c9537  data/images/MC11E-I.png
+c6c101d8aa42f9b9c9a153dc7d40d0688b539a420cdb1af63ab1b91f1ec331a0  data/images/MC11E-J.png
+ad6b0c23ff9d20c65dc9f4bf00c5596fc402633d2f8af2065afb5a2a5031056e  data/images/MC11E-K.png
+3eeb46ed9f5728e042517c3ac5c27a2b5b70272e114b569a0ace8b3373a41697  data/images/MC11E-L.png
+"""))
+
+REAL_SETS = {s.name: s for s in (CRATERDANET_NAC, ROBBINS_CTX_MARS, FRANCIS_CTX_MARS)}
 
 
 def real_set(name: str) -> RealSet:
@@ -259,7 +294,17 @@ CRATERDANET_NAC_SPLIT = {
 # robbins-ctx-mars is one image, the mosaic its 81 tiles were cut from, kept to check a detector on
 # another body: it is never trained on, and settings chosen with it are chosen on validation
 CTX_MOSAIC_NAME = "stacked_CTX"
-SET_SPLITS = {"craterdanet-nac": CRATERDANET_NAC_SPLIT, "robbins-ctx-mars": {CTX_MOSAIC_NAME: "val"}}
+# francis-ctx-mars, split by tile (fixed before any training, docs/real_crater_sets.md): the four
+# tiles an expert also labelled are the test split, scored against the expert's boxes; two tiles
+# choose settings; the other six train
+FRANCIS_SPLIT = {**dict.fromkeys("DFKL", "test"), **dict.fromkeys("BI", "val"), **dict.fromkeys("ACEGHJ", "train")}
+# a crater of the merged labels counts when at least this many of the six annotators boxed it
+# (written down before any training: one annotator's boxes are mostly faint pits, and against the
+# expert's tiles the boxes of two or more agree best in both directions)
+FRANCIS_MIN_CONFIDENCE = 2
+FRANCIS_TILE = re.compile(r"data/images/MC11E-([A-L])\.png")
+SET_SPLITS = {"craterdanet-nac": CRATERDANET_NAC_SPLIT, "robbins-ctx-mars": {CTX_MOSAIC_NAME: "val"},
+              "francis-ctx-mars": FRANCIS_SPLIT}
 
 CTX_TILE_PX = 416
 CTX_GRID = 9  # rows and columns of tiles: the mosaic is 3,744 px a side
@@ -273,7 +318,9 @@ CTX_TILE = re.compile(r"CTX/cropped_images/stacked_CTX_(\d\d)_(\d\d)\.png")
 CTX_LABEL_SHIFT_PX = (-4.6, 2.7)
 # The labelled size range, box side in image px: craters of 1-32 km (the mapping's own size range)
 # at 10.53 px per km (94.9 m per px)
-LABELLED_SIDE_PX = {"craterdanet-nac": (8.0, float("inf")), "robbins-ctx-mars": (10.5, 337.0)}
+LABELLED_SIDE_PX = {"craterdanet-nac": (8.0, float("inf")), "robbins-ctx-mars": (10.5, 337.0),
+                    # the annotators' and the expert's smallest boxes: 3-6 px; nothing larger is left out
+                    "francis-ctx-mars": (5.0, float("inf"))}
 
 
 @dataclass(frozen=True)
@@ -334,6 +381,61 @@ def read_corner_boxes(path: str | Path) -> np.ndarray:
     return np.array(rows, np.float32).reshape(-1, 4)
 
 
+def read_voc_boxes(path: str | Path, min_confidence: int = 0) -> np.ndarray:
+    """float32 [k, 4] (l, r, t, b) px of a Pascal VOC annotation file (``<object><bndbox>`` with
+    ``xmin ymin xmax ymax``), keeping the objects whose ``<confidence>`` (when they have one) is at
+    least ``min_confidence``. A file that is not such XML, or a box of no width or height, is
+    refused by name."""
+    import xml.etree.ElementTree as ElementTree
+
+    path = Path(path)
+    data = path.read_bytes()
+    if len(data) > 64 * 1024 * 1024:
+        raise DataError(f"is {len(data):,} bytes, more than a label file of 64 MiB", path)
+    try:
+        root = ElementTree.fromstring(data)
+    except ElementTree.ParseError as exc:
+        raise DataError(f"is not a Pascal VOC XML file ({exc})", path) from None
+    rows = []
+    for n, obj in enumerate(root.iter("object"), start=1):
+        conf = obj.findtext("confidence")
+        box = obj.find("bndbox")
+        try:
+            if conf is not None and int(conf) < min_confidence:
+                continue
+            x1, y1, x2, y2 = (float(box.findtext(k)) for k in ("xmin", "ymin", "xmax", "ymax"))
+        except (TypeError, ValueError, AttributeError):
+            raise DataError(f"object {n} has no numeric bndbox xmin ymin xmax ymax (or confidence)", path) from None
+        if not (np.isfinite([x1, y1, x2, y2]).all() and x2 > x1 and y2 > y1):
+            raise DataError(f"object {n}: the box has no width or height: {x1}, {y1}, {x2}, {y2}", path)
+        rows.append((x1, x2, y1, y2))
+    return np.array(rows, np.float32).reshape(-1, 4)
+
+
+def _francis_images(root: Path, split: str | None, labels: str = "default") -> list[RealImage]:
+    """The francis-ctx-mars tiles of ``split``: ``labels`` "default" gives the expert's boxes on
+    the test tiles and the merged boxes of at least :data:`FRANCIS_MIN_CONFIDENCE` annotators on
+    the others; "merged" those merged boxes on every tile."""
+    out = []
+    for rel in sorted(real_set("francis-ctx-mars").files):
+        m = FRANCIS_TILE.fullmatch(rel)
+        if m is None:
+            continue
+        tile = m.group(1)
+        if split is not None and FRANCIS_SPLIT[tile] != split:
+            continue
+        png = root / rel
+        expert = FRANCIS_SPLIT[tile] == "test" and labels == "default"
+        xml = root / "data" / "annotations" / ("expert" if expert else "clustered") / f"MC11E-{tile}.xml"
+        for f in (png, xml):
+            if not f.is_file():
+                raise DataError(f"missing; copy the set with trn-detect real-set francis-ctx-mars --from SNAPSHOT "
+                                f"--out {root}", f)
+        boxes = read_voc_boxes(xml, 0 if expert else FRANCIS_MIN_CONFIDENCE)
+        out.append(RealImage(png, f"MC11E-{tile}", FRANCIS_SPLIT[tile], boxes))
+    return out
+
+
 def ctx_mosaic(root: str | Path) -> Path:
     """The robbins-ctx-mars mosaic under ``root`` (a checked copy): its 9 x 9 tiles of 416 px put
     back in place, written beside them as ``CTX/stacked_CTX.png`` unless that file already holds
@@ -387,6 +489,8 @@ def real_images(name: str, root: str | Path, split: str | None = None) -> list[R
     splits = SET_SPLITS[name]
     if name == "robbins-ctx-mars":
         return [] if split not in (None, splits[CTX_MOSAIC_NAME]) else _ctx_images(Path(root))
+    if name == "francis-ctx-mars":
+        return _francis_images(Path(root), split)
     out = []
     for rel in sorted(p for p in s.files if p.endswith(".png")):
         obs = observation_of(rel)
