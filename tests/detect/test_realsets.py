@@ -160,3 +160,50 @@ def test_the_mars_ctx_set_installs_from_its_snapshot_and_reads_its_labels(tmp_pa
     # expert boxes on the test tiles, merged boxes of two or more annotators elsewhere
     assert counts["MC11E-D"] == 52 and counts["MC11E-L"] == 589 and counts["MC11E-A"] == 683
     assert sum(counts.values()) == 3216
+
+
+def test_yolo_files_are_read_in_pixels_and_bad_lines_refused(tmp_path: Path) -> None:
+    from trn.detect.realsets import read_yolo_boxes
+
+    (tmp_path / "a.txt").write_text("0 0.5 0.25 0.125 0.0625\n\n0 0.1 0.9 0.05 0.1\n")
+    np.testing.assert_allclose(read_yolo_boxes(tmp_path / "a.txt", 400, 200),
+                               [[175, 225, 43.75, 56.25], [30, 50, 170, 190]])
+    for bad, what in (("0 0.5 0.5 0 0.1", "line 1"), ("0 1.5 0.5 0.1 0.1", "line 1"), ("0 0.5 0.5 0.1", "line 1"),
+                      ("0 0.5 0.5 0.1 0.1\n0 a 0.5 0.1 0.1", "line 2")):
+        (tmp_path / "b.txt").write_text(bad)
+        with pytest.raises(DataError, match=what):
+            read_yolo_boxes(tmp_path / "b.txt", 416, 416)
+
+
+def test_the_themis_tiles_are_split_by_tile_with_each_duplicate_image_kept_once() -> None:
+    from trn.detect.realsets import SET_SPLITS, THEMIS_TILE, themis_split
+
+    files = real_set("themis-dayir-mars").files
+    split = SET_SPLITS["themis-dayir-mars"]
+    assert split == themis_split()  # the same every time
+    tiles = {Path(p).stem for p in files if THEMIS_TILE.fullmatch(p)}
+    assert set(split) == tiles and len(tiles) == 777
+    assert {f"dataset_generation/416_train_val/train/labels_backup/{t}.txt" for t in tiles} <= set(files)
+    by_hash: dict[str, list[str]] = {}
+    for p in files:
+        if THEMIS_TILE.fullmatch(p):
+            by_hash.setdefault(files[p], []).append(Path(p).stem)
+    for names in by_hash.values():  # one image: the lowest number is kept, every other is a duplicate
+        names.sort(key=lambda n: int(n[len("crater"):]))
+        assert split[names[0]] != "duplicate" and all(split[n] == "duplicate" for n in names[1:])
+    counts = {s: sum(v == s for v in split.values()) for s in ("train", "val", "test", "duplicate")}
+    assert counts["duplicate"] == 65 and counts["test"] > 80 and counts["val"] > 80
+
+
+THEMIS_MIRROR = Path("/work/.mirror/ACSE-jz1121+Crater_detection_self_training/repo")
+
+
+@pytest.mark.skipif(not THEMIS_MIRROR.is_dir(), reason="no snapshot of ACSE-jz1121/Crater_detection_self_training here")
+def test_the_themis_set_installs_from_its_snapshot_and_reads_its_labels(tmp_path: Path) -> None:
+    from trn.detect.realsets import install_set, verify_set
+
+    install_set("themis-dayir-mars", THEMIS_MIRROR, tmp_path)
+    assert verify_set("themis-dayir-mars", tmp_path) == []
+    images = real_images("themis-dayir-mars", tmp_path)
+    assert len(images) == 712 and sum(len(im.boxes) for im in images) == 4441
+    assert {im.split for im in images} == {"train", "val", "test"}

@@ -21,7 +21,7 @@ from trn.errors import ConfigError, DataError
 
 TTA_CHOICES = ("mirror", "flips", "dihedral")  # the names of trn.detect.tiles.TTA_VIEWS, without loading it
 # the names of trn.detect.realsets.REAL_SETS (tests/detect/test_realsets.py checks they agree)
-REAL_SET_NAMES = ("craterdanet-nac", "robbins-ctx-mars", "francis-ctx-mars")
+REAL_SET_NAMES = ("craterdanet-nac", "robbins-ctx-mars", "francis-ctx-mars", "themis-dayir-mars")
 
 
 def _build(args) -> int:

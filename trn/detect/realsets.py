@@ -210,7 +210,16 @@ ad6b0c23ff9d20c65dc9f4bf00c5596fc402633d2f8af2065afb5a2a5031056e  data/images/MC
 3eeb46ed9f5728e042517c3ac5c27a2b5b70272e114b569a0ace8b3373a41697  data/images/MC11E-L.png
 """))
 
-REAL_SETS = {s.name: s for s in (CRATERDANET_NAC, ROBBINS_CTX_MARS, FRANCIS_CTX_MARS)}
+# Mars THEMIS daytime infrared at 100 m per pixel (Apache 2.0 as the repository's README states):
+# 777 tiles of 416 px from the USGS controlled mosaics of equatorial quadrangles, and the Robbins
+# and Hynek (2020) catalogue's craters of 1 km and more as boxes. The 1,554 hashes are a file of
+# their own (trn/detect/manifests/)
+THEMIS_DAYIR_MARS = RealSet("themis-dayir-mars", "ACSE-jz1121/Crater_detection_self_training",
+                            "bbd13588185012674c94b1e422a1f4c462536555",
+                            _manifest((Path(__file__).parent / "manifests" / "themis-dayir-mars.sha256")
+                                      .read_text(encoding="utf-8")))
+
+REAL_SETS = {s.name: s for s in (CRATERDANET_NAC, ROBBINS_CTX_MARS, FRANCIS_CTX_MARS, THEMIS_DAYIR_MARS)}
 
 
 def real_set(name: str) -> RealSet:
@@ -303,8 +312,32 @@ FRANCIS_SPLIT = {**dict.fromkeys("DFKL", "test"), **dict.fromkeys("BI", "val"), 
 # expert's tiles the boxes of two or more agree best in both directions)
 FRANCIS_MIN_CONFIDENCE = 2
 FRANCIS_TILE = re.compile(r"data/images/MC11E-([A-L])\.png")
+THEMIS_TILE = re.compile(r"dataset_generation/416_train_val/train/images/crater(\d+)\.jpg")
+THEMIS_TILE_PX = 416
+
+
+def themis_split() -> dict[str, str]:
+    """themis-dayir-mars, split by tile (fixed before any training, docs/real_crater_sets.md):
+    tile name -> "train", "val" or "test", or "duplicate" for a tile whose image is byte for byte
+    an earlier tile's (65 in the set; the earlier one is kept, with its labels). The tiles' places
+    are not recorded and consecutive numbers are not neighbours, so each kept tile goes by a hash
+    of its name: 15 % test, 15 % validation, the rest training."""
+    files = real_set("themis-dayir-mars").files
+    seen: dict[str, str] = {}
+    out = {}
+    for rel in sorted((p for p in files if THEMIS_TILE.fullmatch(p)), key=lambda p: int(THEMIS_TILE.fullmatch(p).group(1))):
+        name = Path(rel).stem
+        if files[rel] in seen:
+            out[name] = "duplicate"
+            continue
+        seen[files[rel]] = name
+        u = int(hashlib.sha256(f"themis-dayir-mars:{name}".encode()).hexdigest()[:8], 16) / 16 ** 8
+        out[name] = "test" if u < 0.15 else "val" if u < 0.30 else "train"
+    return out
+
+
 SET_SPLITS = {"craterdanet-nac": CRATERDANET_NAC_SPLIT, "robbins-ctx-mars": {CTX_MOSAIC_NAME: "val"},
-              "francis-ctx-mars": FRANCIS_SPLIT}
+              "francis-ctx-mars": FRANCIS_SPLIT, "themis-dayir-mars": themis_split()}
 
 CTX_TILE_PX = 416
 CTX_GRID = 9  # rows and columns of tiles: the mosaic is 3,744 px a side
@@ -320,7 +353,9 @@ CTX_LABEL_SHIFT_PX = (-4.6, 2.7)
 # at 10.53 px per km (94.9 m per px)
 LABELLED_SIDE_PX = {"craterdanet-nac": (8.0, float("inf")), "robbins-ctx-mars": (10.5, 337.0),
                     # the annotators' and the expert's smallest boxes: 3-6 px; nothing larger is left out
-                    "francis-ctx-mars": (5.0, float("inf"))}
+                    "francis-ctx-mars": (5.0, float("inf")),
+                    # the catalogue's craters of 1 km and more at 100 m per px
+                    "themis-dayir-mars": (10.0, float("inf"))}
 
 
 @dataclass(frozen=True)
@@ -412,6 +447,42 @@ def read_voc_boxes(path: str | Path, min_confidence: int = 0) -> np.ndarray:
     return np.array(rows, np.float32).reshape(-1, 4)
 
 
+def read_yolo_boxes(path: str | Path, width: int, height: int) -> np.ndarray:
+    """float32 [k, 4] (l, r, t, b) px of a YOLO label file (``class xc yc w h`` a line, the centre
+    and size as fractions of the image's ``width`` x ``height``). A line that is not five numbers,
+    or a box of no width or height or outside the image, is refused by line."""
+    path = Path(path)
+    rows = []
+    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            _, xc, yc, w, h = (float(v) for v in line.split())
+        except ValueError:
+            raise DataError(f"line {n} is not five numbers class xc yc w h: {line.strip()[:60]!r}", path) from None
+        if not (w > 0 and h > 0 and 0 <= xc <= 1 and 0 <= yc <= 1 and w <= 2 and h <= 2):
+            raise DataError(f"line {n}: the box is empty or off the image: {line.strip()[:60]!r}", path)
+        rows.append(((xc - w / 2) * width, (xc + w / 2) * width, (yc - h / 2) * height, (yc + h / 2) * height))
+    return np.array(rows, np.float32).reshape(-1, 4)
+
+
+def _themis_images(root: Path, split: str | None) -> list[RealImage]:
+    """The themis-dayir-mars tiles of ``split`` (duplicates never), with the catalogue's boxes."""
+    out = []
+    splits = SET_SPLITS["themis-dayir-mars"]
+    for name, s in sorted(splits.items(), key=lambda kv: int(kv[0][len("crater"):])):
+        if s == "duplicate" or (split is not None and s != split):
+            continue
+        img = root / "dataset_generation" / "416_train_val" / "train" / "images" / f"{name}.jpg"
+        txt = root / "dataset_generation" / "416_train_val" / "train" / "labels_backup" / f"{name}.txt"
+        for f in (img, txt):
+            if not f.is_file():
+                raise DataError(f"missing; copy the set with trn-detect real-set themis-dayir-mars --from SNAPSHOT "
+                                f"--out {root}", f)
+        out.append(RealImage(img, name, s, read_yolo_boxes(txt, THEMIS_TILE_PX, THEMIS_TILE_PX)))
+    return out
+
+
 def _francis_images(root: Path, split: str | None, labels: str = "default") -> list[RealImage]:
     """The francis-ctx-mars tiles of ``split``: ``labels`` "default" gives the expert's boxes on
     the test tiles and the merged boxes of at least :data:`FRANCIS_MIN_CONFIDENCE` annotators on
@@ -491,6 +562,8 @@ def real_images(name: str, root: str | Path, split: str | None = None) -> list[R
         return [] if split not in (None, splits[CTX_MOSAIC_NAME]) else _ctx_images(Path(root))
     if name == "francis-ctx-mars":
         return _francis_images(Path(root), split)
+    if name == "themis-dayir-mars":
+        return _themis_images(Path(root), split)
     out = []
     for rel in sorted(p for p in s.files if p.endswith(".png")):
         obs = observation_of(rel)
