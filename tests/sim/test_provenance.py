@@ -1,5 +1,5 @@
-"""Which queried craters a descriptor trained on: worlds told apart by their catalogue, the
-``also`` datasets' prefixes, unknown worlds left unknown, and the default pair on the real builds."""
+"""Which queried craters a descriptor trained on: craters told by where they are, the ``also``
+datasets' prefixes, unknown worlds left unknown, and the default pair on the real builds."""
 
 from __future__ import annotations
 
@@ -9,14 +9,15 @@ from pathlib import Path
 import pytest
 
 from trn.models.registry import DEFAULT_MODEL, MODELS_DIR, read_pair
-from trn.sim.provenance import trained_on, training_identities, world_key
+from trn.sim.provenance import trained_on, training_craters
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def build(root: Path, catalogue: str, navigation: dict | None = None) -> Path:
+def build(root: Path, craters: dict[int, tuple[float, float, float]], navigation: dict | None = None) -> Path:
     root.mkdir(parents=True)
-    meta = {"source": {"catalogue": catalogue, "filter": {"min_diameter_km": 20.0}}}
+    meta = {"source": {"catalogue": "c.csv"},
+            "craters": {str(k): {"lat": a, "lon": o, "diameter_km": d} for k, (a, o, d) in craters.items()}}
     if navigation is not None:
         meta["navigation_craters"] = navigation
     (root / "metadata.json").write_text(json.dumps(meta))
@@ -31,31 +32,42 @@ def model(root: Path, path: str, also: list[str], train: list[str], val: list[st
     return root
 
 
-def test_a_model_trained_on_two_worlds_is_counted_per_world(tmp_path):
-    real = build(tmp_path / "data" / "real", "head.csv")
-    build(tmp_path / "data" / "synth", "synth.csv")
-    other_scene = build(tmp_path / "data" / "real-authors", "head.csv")  # another build of the same world
+REAL = {k: (float(k), 10.0 + k, 20.0 + k) for k in range(1, 10)}
+SYNTH = {k: (-float(k), 100.0 + k, 30.0 + k) for k in range(1, 10)}
+
+
+def test_a_model_trained_on_two_worlds_is_counted_by_where_its_craters_are(tmp_path):
+    real = build(tmp_path / "data" / "real", REAL)
+    synth = build(tmp_path / "data" / "synth", SYNTH)
+    # another build of the same world (another scene or orbit) lists the same craters
+    other_scene = build(tmp_path / "data" / "real-authors", {k: REAL[k] for k in (3, 4, 5)})
     m = model(tmp_path / "m", "data/real", ["data/synth"], train=["1", "2", "1:7"], val=["3", "1:8"],
               test=["4", "5", "1:9"])
-    known = training_identities(m, tmp_path)
-    assert known == {world_key(real): {"1", "2", "3"}, world_key(tmp_path / "data" / "synth"): {"7", "8"}}
+    assert training_craters(m, tmp_path) == {REAL[1], REAL[2], REAL[3], SYNTH[7], SYNTH[8]}
     assert trained_on(m, real, [1, 2, 4, 5], tmp_path) == 2
     assert trained_on(m, other_scene, [3, 4], tmp_path) == 1
-    assert trained_on(m, tmp_path / "data" / "synth", [1, 2, 9], tmp_path) == 0
-    assert trained_on(m, tmp_path / "data" / "synth", [7, 8, 9], tmp_path) == 2
+    assert trained_on(m, synth, [1, 2, 9], tmp_path) == 0
+    assert trained_on(m, synth, [7, 8, 9], tmp_path) == 2
 
 
-def test_a_world_the_model_never_saw_is_zero_and_an_unknown_one_is_none(tmp_path):
-    build(tmp_path / "data" / "real", "head.csv")
-    other = build(tmp_path / "data" / "mars", "robbins.csv")
+def test_a_world_that_numbers_its_craters_alike_is_not_confused(tmp_path):
+    """A world whose crater ids repeat another's (the built-in world's quick version) shares no
+    crater with it, and a world the model never saw counts zero."""
+    build(tmp_path / "data" / "real", REAL)
+    quick = build(tmp_path / "data" / "quick", {k: (float(k) + 0.5, 50.0, 25.0) for k in range(1, 10)})
+    m = model(tmp_path / "m", "data/real", [], train=["1", "2", "3"], val=[], test=["4"])
+    assert trained_on(m, quick, [1, 2, 3], tmp_path) == 0
+
+
+def test_unknown_craters_or_datasets_are_unknown(tmp_path):
+    build(tmp_path / "data" / "real", REAL)
     m = model(tmp_path / "m", "data/real", [], train=["1"], val=[], test=["2"])
-    assert trained_on(m, other, [1, 2], tmp_path) == 0
-    assert trained_on(m, tmp_path / "nowhere", [1], tmp_path) is None  # the run's world unknown
+    assert trained_on(m, tmp_path / "nowhere", [1], tmp_path) is None  # the run's craters unknown
     gone = model(tmp_path / "g", "data/absent", [], train=["1"], val=[], test=[])
-    assert training_identities(gone, tmp_path) is None  # the model's data not on this machine
+    assert training_craters(gone, tmp_path) is None  # the model's data not on this machine
     assert trained_on(gone, tmp_path / "data" / "real", [1], tmp_path) is None
     assert trained_on(None, tmp_path / "data" / "real", [1], tmp_path) is None
-    assert training_identities(tmp_path / "no-model", tmp_path) is None
+    assert training_craters(tmp_path / "no-model", tmp_path) is None
 
 
 def forced(build_root: Path) -> set[str]:
