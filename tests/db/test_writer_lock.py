@@ -1,7 +1,7 @@
-"""One writer at a time, with real processes: the lock is an exclusive flock on the journal itself,
-so deleting files cannot admit a second writer, checkpoints (which rename a new journal into place)
-open no window, and a writer whose journal is deleted or replaced from outside acknowledges
-nothing more."""
+"""One writer at a time, with real processes: a writer holds two exclusive flocks, on the journal
+itself and on the database's writer lock file, so neither deleting files nor replacing the journal
+admits a second writer; checkpoints (which rename a new journal into place) open no window; and a
+writer whose journal is deleted or replaced from outside acknowledges nothing more."""
 
 import os
 import shutil
@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from trn.db import DBConfig, LandmarkDB
-from trn.db.store import journal_path, next_journal_path, scan_journal
+from trn.db.store import journal_path, next_journal_path, scan_journal, writer_lock_path
 from trn.errors import DataError
 
 DIM = 16
@@ -195,9 +195,10 @@ def test_checkpoints_open_no_window_for_a_second_writer(tmp_path):
 
 
 def test_a_writer_whose_journal_is_replaced_acknowledges_nothing_more(tmp_path, writers):
-    """The journal deleted and put back from a copy (a new file): a second writer can open the
-    copy, and the first refuses every insert from then on, so no id is acknowledged twice and
-    no acknowledged insert is lost."""
+    """The journal deleted and put back from a copy (a new file): a second writer is refused (the
+    first holds the writer lock). With the writer lock file deleted too, the second can open the
+    copy, and the first refuses every insert from then on, so no id is acknowledged twice and no
+    acknowledged insert is lost."""
     p = tmp_path / "r.trndb"
     j = journal_path(p)
     a = writers(p)
@@ -205,6 +206,10 @@ def test_a_writer_whose_journal_is_replaced_acknowledges_nothing_more(tmp_path, 
     copy = j.read_bytes()
     j.unlink()
     j.write_bytes(copy)
+    refused = writers(p)
+    assert refused.first == f"refused landmark database is open for writing by process {a.proc.pid} (it holds " \
+                            "this writer lock); close it there first, or open this one read-only"
+    writer_lock_path(p).unlink()  # the second tamper: only both admit a second writer
     b = writers(p)
     assert b.first == "open" and b.add(2, 3) == "acked 5 6 7"
     reply = a.add(3, 1)
@@ -234,6 +239,8 @@ def test_a_journal_copied_then_renamed_over_a_writer_loses_no_acknowledged_inser
     shutil.copyfile(j, tmp_path / "copy")  # from outside, while the writer holds the journal
     assert a.add(2, 3) == "acked 5 6 7"  # acknowledged between the copy and the rename
     os.replace(tmp_path / "copy", j)
+    assert writers(p).first.startswith("refused landmark database is open for writing")  # the writer lock
+    writer_lock_path(p).unlink()
     b = writers(p)
     assert b.first == "open" and b.add(3, 2) == "acked 5 6"  # a second writer, on the copy
     reply = a.add(4, 1)
@@ -297,7 +304,7 @@ def test_a_writer_whose_journal_is_deleted_acknowledges_nothing_more(tmp_path, w
     assert a.add(1, 5).startswith("acked")
     j.unlink()
     b = writers(p)
-    assert b.first.startswith("refused the journal that must follow this snapshot (generation 0) is missing")
+    assert b.first.startswith(f"refused landmark database is open for writing by process {a.proc.pid}")
     assert a.add(2, 1).startswith("refused the journal was deleted or replaced")
     a.stop()
     assert not j.exists()
@@ -385,3 +392,21 @@ def test_a_reader_that_opened_the_next_journal_before_it_became_the_journal_read
         assert sorted(ro.labels) == ["a", "b", "c", "d", "e"]
     with pytest.raises(DataError, match="stale"):
         LandmarkDB.open(p)
+
+
+def test_a_refused_writable_open_leaves_no_lock_file_behind(tmp_path):
+    """A writable open that is refused (here: the journal missing) removes the writer lock file it
+    created, so a refusal changes nothing in the directory; a lock file that was there stays."""
+    p = tmp_path / "n.trndb"
+    with LandmarkDB.open(p, DBConfig(dim=DIM)) as db:
+        db.add(np.eye(DIM, dtype=np.float32)[:2])
+    journal_path(p).unlink()
+    writer_lock_path(p).unlink()
+    before = sorted(f.name for f in tmp_path.iterdir())
+    with pytest.raises(DataError, match="missing"):
+        LandmarkDB.open(p)
+    assert sorted(f.name for f in tmp_path.iterdir()) == before == ["n.trndb"]
+    writer_lock_path(p).write_bytes(b"")
+    with pytest.raises(DataError, match="missing"):
+        LandmarkDB.open(p)
+    assert writer_lock_path(p).exists()  # not made by this open: left as it was

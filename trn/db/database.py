@@ -162,6 +162,7 @@ class LandmarkDB:
         self._ivf = False
         self._path: Path | None = None
         self._journal = None
+        self._writer = None  # store.WriterLock of a writable open
         self._generation = 0
         self._seq = 0
         self._journal_key = 0
@@ -449,9 +450,10 @@ class LandmarkDB:
         neither exists; otherwise the snapshot is loaded and the journal it names replayed. Inserts
         are durable when the call that made them returns.
 
-        One writer at a time: a writable open locks the journal itself (an exclusive ``flock``, see
+        One writer at a time: a writable open locks ``<name>.trndb.writer`` and the journal itself
+        (exclusive ``flock``s, see :class:`trn.db.store.WriterLock` and
         :class:`trn.db.store.JournalFile`, released by :meth:`close` or when the process ends) and
-        refuses, naming the holder's process id, when another writer has it; read-only opens take
+        refuses, naming the holder's process id, when another writer has either; read-only opens take
         no lock and never modify a file. A writable open also completes a checkpoint that stopped
         between its snapshot and its journal, and removes temporary files left by an interrupted
         save. Everything else that is not a consistent pair (a missing snapshot beside a journal; a
@@ -473,6 +475,17 @@ class LandmarkDB:
 
     @classmethod
     def _open_writable(cls, path: Path, cfg: DBConfig | None) -> "LandmarkDB":
+        writer = store.WriterLock.acquire(path)
+        try:
+            db = cls._open_locked(path, cfg)
+        except BaseException:
+            writer.release(refused=True)  # a refused open leaves no file behind
+            raise
+        db._writer = writer
+        return db
+
+    @classmethod
+    def _open_locked(cls, path: Path, cfg: DBConfig | None) -> "LandmarkDB":
         journal = store.JournalFile.lock(store.journal_path(path))
         try:
             if not path.exists():
@@ -679,9 +692,14 @@ class LandmarkDB:
         self._chain = header.crc
 
     def close(self) -> None:
-        if self._journal is not None:
-            self._journal.close(keep_if_replaced=True)  # a journal replaced from outside: what it held is kept
-            self._journal = None
+        try:
+            if self._journal is not None:
+                self._journal.close(keep_if_replaced=True)  # a journal replaced from outside: what it held is kept
+                self._journal = None
+        finally:
+            if self._writer is not None:
+                self._writer.release()
+                self._writer = None
 
     def __enter__(self) -> "LandmarkDB":
         return self

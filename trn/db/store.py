@@ -38,10 +38,12 @@ Integrity, and what it detects:
   to ``<name>.trndb.journal.next`` before its snapshot, and renames it over the journal after;
   a snapshot whose journal is still at ``.next`` is the trace of a checkpoint that stopped in
   between, and the open completes it (the old journal's records are all in the snapshot).
-- **One writer, locked on the journal itself.** The writer lock is an exclusive ``flock`` on the
-  journal file (:class:`JournalFile`), taken on a new journal before it appears at its path and
-  checked after it is taken to be on the file still at that path. There is no separate lock file
-  whose deletion could admit a second writer; and a writer checks before every write, after every
+- **One writer, locked on the journal itself and on a lock file.** A writer holds an exclusive
+  ``flock`` on the journal file (:class:`JournalFile`), taken on a new journal before it appears
+  at its path and checked after it is taken to be on the file still at that path, and one on
+  ``<name>.trndb.writer`` (:class:`WriterLock`), which trn never replaces or removes. Deleting the
+  lock file leaves the journal's lock; replacing the journal leaves the lock file's; only both
+  together admit a second writer. And a writer checks before every write, after every
   fsync, before and during a checkpoint and at close that the file at the path is still the one it
   locked (device and inode against the locked descriptor's), so it never acknowledges an insert
   into a journal that was deleted or replaced under it. When it finds it replaced, it copies the
@@ -100,6 +102,11 @@ def journal_path(snapshot: Path) -> Path:
         raise DataError("names no file, so it cannot be a landmark database: give the path of the database's "
                         "snapshot file (<name>.trndb)", snapshot)
     return snapshot.with_name(snapshot.name + ".journal")
+
+
+def writer_lock_path(snapshot: Path) -> Path:
+    """The file whose lock a writer holds besides its journal's (:class:`WriterLock`)."""
+    return snapshot.with_name(snapshot.name + ".writer")
 
 
 def next_journal_path(snapshot: Path) -> Path:
@@ -473,6 +480,72 @@ def lock_holder(fd: int) -> str:
         if len(f) >= 6 and f[1] == "FLOCK" and f[5] == dev:
             return f"process {f[4]}"
     return "another process"
+
+
+class WriterLock:
+    """The second of a writer's two locks: an exclusive ``flock`` on ``<name>.trndb.writer``, a file
+    trn creates beside the database and never replaces, renames or removes.
+
+    The journal's own lock (:class:`JournalFile`) keeps a deleted lock file from admitting a second
+    writer; this one keeps a journal replaced from outside (a copy renamed over it) from admitting
+    one, since the second writer must take both and the first still holds this. Only both together,
+    the journal replaced and this file deleted or replaced from outside, admit a second writer, and
+    the first still refuses every insert from then on (its journal's check)."""
+
+    def __init__(self, fd: int, path: Path, created: bool = False):
+        self.fd, self.path, self.created = fd, path, created
+
+    @classmethod
+    def acquire(cls, snapshot: Path) -> "WriterLock":
+        """Take the lock of the database at ``snapshot``, creating its file if needed. Raises
+        DataError, naming the holder's process id, when another writer holds it."""
+        path = writer_lock_path(snapshot)
+        flags = os.O_RDWR | getattr(os, "O_NOFOLLOW", 0)
+        for _ in range(16):
+            created = False
+            try:
+                try:
+                    fd = os.open(path, flags | os.O_CREAT | os.O_EXCL, 0o644)
+                    created = True
+                except FileExistsError:
+                    fd = os.open(path, flags)
+            except FileNotFoundError:
+                continue  # removed between the two opens: again
+            except OSError as exc:
+                raise DataError(f"cannot open the writer lock file ({exc.strerror}); a writable open needs to create "
+                                "and lock it beside the database (check the folder's permissions), or open the "
+                                "database read-only", path) from None
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):
+                    raise DataError("is not a regular file; it is the database's writer lock: remove what is there",
+                                    path)
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    raise DataError(f"landmark database is open for writing by {lock_holder(fd)} (it holds this "
+                                    "writer lock); close it there first, or open this one read-only", path) from None
+                if _path_identity(path) == _identity(os.fstat(fd)):
+                    return cls(fd, path, created)
+            except BaseException:
+                os.close(fd)
+                raise
+            os.close(fd)  # the file was removed or replaced between the open and the lock: again
+        raise DataError("the writer lock file keeps being replaced while this open tries to lock it; stop whatever "
+                        "is replacing it", path)
+
+    def release(self, refused: bool = False) -> None:
+        """Release the lock; the file stays for the next writer, except after a refused open
+        (``refused``) that created it, which leaves the directory as it found it."""
+        if self.fd >= 0:
+            try:
+                if refused and self.created and _path_identity(self.path) == _identity(os.fstat(self.fd)):
+                    # still held: a process that opened it meanwhile finds it gone from the path and looks again
+                    os.unlink(self.path)
+            except OSError:
+                pass
+            finally:
+                os.close(self.fd)  # releases the flock
+                self.fd = -1
 
 
 class JournalFile:
