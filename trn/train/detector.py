@@ -31,7 +31,10 @@ takes it over ``best.pt`` where it scores at least as high by the run's selectio
 Augmentations, for real imaging and not only for our renderer: the eight flips and quarter turns,
 scale 0.75-1.33 and a random crop, gain (exposure) 0.5-1.6 with saturation, gamma 0.6-1.6,
 Gaussian blur (sigma up to 1.5 px), Gaussian read noise (up to 4 % of full scale) and a
-low-frequency shading ramp (vignetting, stray light).
+low-frequency shading ramp (vignetting, stray light). The ``augment`` section
+(:class:`trn.train.detector_augment.AugmentConfig`) widens them and adds turns by any angle (the
+Sun's azimuth), relief contrast (its elevation), filled shadows (a high Sun, thermal infrared) and
+an inverted response; its defaults are the list above, drawn exactly as before it existed.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from trn.detect.run import detect_inputs
 from trn.detect.tiles import TTA_VIEWS
 from trn.errors import ConfigError, DataError
 from trn.models.checkpoint import load_checked, load_state, save_checked
+from trn.train.detector_augment import AugmentConfig, fill_shadows, log_uniform, relief_contrast, rotate
 from trn.train.loop import lr_factor
 from trn.yamlio import strict_fields
 
@@ -103,6 +107,7 @@ class DetectTrainConfig:
     select: str = "pooled"
     average_from: int = 0
     bn_batches: int = 64
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     seed: int = 0
     threads: int = 2
 
@@ -142,6 +147,7 @@ class DetectTrainConfig:
         d["data"] = list(self.data)
         d["sources"] = list(self.sources)
         d["model"] = self.model.to_dict()
+        d["augment"] = self.augment.to_dict()
         return d
 
     @classmethod
@@ -152,11 +158,12 @@ class DetectTrainConfig:
         data = d.pop("data", None)
         model = d.pop("model", {})
         sources = d.pop("sources", [])
+        augment = AugmentConfig.from_dict(d.pop("augment", {}))
         if not isinstance(data, list) or not data or not all(isinstance(x, str) and x for x in data):
             raise ConfigError(f"data={data!r}: expected a list of detector data directories")
         if not isinstance(sources, list) or not all(isinstance(x, str) and x for x in sources):
             raise ConfigError(f"sources={sources!r}: expected a list of elevation sources, one per data directory")
-        return cls(data=tuple(data), model=DetectorConfig.from_dict(model), sources=tuple(sources),
+        return cls(data=tuple(data), model=DetectorConfig.from_dict(model), sources=tuple(sources), augment=augment,
                    **strict_fields(cls, "training", d))
 
 
@@ -241,12 +248,21 @@ def frame_sets(cfg: DetectTrainConfig, limit: int | None = None) -> tuple[FrameS
 
 
 def augment(img: np.ndarray, boxes: np.ndarray, crop: int, min_box: int, rng: np.random.Generator,
-            flags: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray]:
+            flags: np.ndarray | None = None, aug: AugmentConfig = AugmentConfig()
+            ) -> tuple[np.ndarray, np.ndarray] | tuple[np.ndarray, np.ndarray, np.ndarray]:
     """One training sample: float32 [crop, crop] standardised and its boxes [k, 4] (see module);
-    with ``flags`` (one per input box) also the flags of the boxes kept, in their order."""
+    with ``flags`` (one per input box) also the flags of the boxes kept, in their order. ``aug``:
+    which augmentations and their ranges (:mod:`trn.train.detector_augment`); an augmentation that
+    is off draws no random number, so the defaults give the same samples as before it existed."""
     a = img.astype(np.float32)
     b = boxes.copy()
-    s = float(np.exp(rng.uniform(math.log(0.75), math.log(4 / 3))))
+    if flags is not None:
+        flags = np.asarray(flags, bool)
+    if aug.rotate > 0 and rng.random() < aug.rotate:
+        a, b, turned = rotate(a, b, float(rng.uniform(0.0, 360.0)))
+        if flags is not None:
+            flags = flags[turned]
+    s = log_uniform(rng, *aug.scale)
     side = max(crop, int(round(a.shape[0] * s)))
     s = side / a.shape[0]
     a = cv2.resize(a, (side, side), interpolation=cv2.INTER_AREA if s < 1 else cv2.INTER_LINEAR)
@@ -268,7 +284,13 @@ def augment(img: np.ndarray, boxes: np.ndarray, crop: int, min_box: int, rng: np
     if rng.random() < 0.5:
         a, b = a[::-1], np.stack([b[:, 0], b[:, 1], crop - b[:, 3], crop - b[:, 2]], 1)
     a = np.ascontiguousarray(a) / 255.0
-    a = np.clip(a * rng.uniform(0.5, 1.6), 0, 1) ** rng.uniform(0.6, 1.6)
+    if aug.relief != (1.0, 1.0):
+        a = relief_contrast(a, log_uniform(rng, *aug.relief), aug.relief_sigma_px)
+    if aug.fill_shadows > 0 and rng.random() < aug.fill_shadows:
+        a = fill_shadows(a, float(rng.uniform(0.1, 0.4)))
+    a = np.clip(a * rng.uniform(*aug.gain), 0, 1) ** rng.uniform(*aug.gamma)
+    if aug.invert > 0 and rng.random() < aug.invert:
+        a = 1.0 - a
     if rng.random() < 0.3:
         yy, xx = np.mgrid[0:crop, 0:crop] / crop - 0.5
         th = rng.uniform(0, 2 * np.pi)
@@ -276,9 +298,9 @@ def augment(img: np.ndarray, boxes: np.ndarray, crop: int, min_box: int, rng: np
     if rng.random() < 0.5:
         a = cv2.GaussianBlur(a, (0, 0), rng.uniform(0.3, 1.5))
     if rng.random() < 0.7:
-        a = a + rng.normal(0, rng.uniform(0, 0.04), a.shape)
+        a = a + rng.normal(0, rng.uniform(0, aug.noise), a.shape)
     x = standardise((a * 255.0).astype(np.float32)), b.astype(np.float32).reshape(-1, 4)
-    return x if flags is None else (*x, np.asarray(flags, bool)[kept])
+    return x if flags is None else (*x, flags[kept])
 
 
 def targets(boxes: np.ndarray, out: int, ignore: np.ndarray | None = None
@@ -427,7 +449,8 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
             idx = order[k * cfg.batch_size:(k + 1) * cfg.batch_size]
             xs, hs, ss, os_, ms, ws = [], [], [], [], [], []
             for i in idx:
-                x, b, g = augment(train.images[i], train.boxes[i], cfg.crop, cfg.min_box, rng, train.ignore[i])
+                x, b, g = augment(train.images[i], train.boxes[i], cfg.crop, cfg.min_box, rng, train.ignore[i],
+                                  cfg.augment)
                 h, s, of, m, w = targets(b, o, g)
                 xs.append(x), hs.append(h), ss.append(s), os_.append(of), ms.append(m), ws.append(w)
             for g in opt.param_groups:
@@ -498,7 +521,7 @@ def recalibrate_batchnorm(model: CraterDetector, train: FrameSet, cfg: DetectTra
     with torch.no_grad():
         for _ in range(cfg.bn_batches):
             idx = rng.choice(len(train.frames), min(cfg.batch_size, len(train.frames)), replace=False)
-            xs = [augment(train.images[i], train.boxes[i], cfg.crop, cfg.min_box, rng)[0] for i in idx]
+            xs = [augment(train.images[i], train.boxes[i], cfg.crop, cfg.min_box, rng, aug=cfg.augment)[0] for i in idx]
             model(torch.from_numpy(np.stack(xs))[:, None])
     for m, mo in zip(norms, momenta):
         m.momentum = mo
