@@ -4,6 +4,7 @@
     trn-data build luna1-synth --out data/luna1-synth --seed 0
     trn-data check data/luna1
     trn-data dense-catalogue --world ~/.cache/trn/luna1-synth-v3-seed0/.world --min-km 1
+    trn-data texture wac-8k --from Moon --source ../shared/data/moon --out ~/trn-data-real/moon-wac8k
 """
 
 from __future__ import annotations
@@ -136,7 +137,8 @@ def _frame_view_ranges(args) -> FrameViewRanges:
 
 def build_parser() -> Parser:
     parser = Parser(prog="trn-data", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = parser.add_subparsers(dest="cmd", required=True, metavar="{build,check,stats,sheet,dense-catalogue}")
+    sub = parser.add_subparsers(dest="cmd", required=True,
+                                metavar="{build,check,stats,sheet,dense-catalogue,texture}")
     b = sub.add_parser("build", help="build a dataset")
     bsub = b.add_subparsers(dest="what", required=True, metavar="{luna1,luna1-synth}")
     real = bsub.add_parser("luna1", help="Luna-1 from real lunar data (DEM, albedo, catalogue, LRO trajectory)")
@@ -174,6 +176,17 @@ def build_parser() -> Parser:
     dc.add_argument("--out", type=Path, default=None,
                     help="catalogue CSV to write (default WORLD/catalogs/synth_craters_dense_<MIN>km.csv); a JSON "
                          "summary is written beside it")
+    tx = sub.add_parser("texture", help="a finer lunar albedo from a repository snapshot, checked by SHA-256, as a "
+                                        "source directory beside the real data (trn.data.worlds.texture)")
+    tx.add_argument("name", choices=("wac-8k",), help="the texture (wac-8k: the WAC albedo at 8,192 x 4,096 px)")
+    tx.add_argument("--from", dest="snapshot", type=Path, required=True, metavar="SNAPSHOT",
+                    help="the repository's git snapshot or checkout (azabrod1/Moon for wac-8k)")
+    tx.add_argument("--source", type=Path, required=True,
+                    help="the real data (../shared/data/moon): its elevation, catalogues and trajectory are linked, "
+                         "its albedo is the grey scale the texture is brought to")
+    tx.add_argument("--out", type=Path, required=True,
+                    help="the source directory to write, outside the work tree; give it as --source to trn-data "
+                         "build, trn-sim --map-source and the rest")
     return parser
 
 
@@ -204,6 +217,13 @@ def main(argv: list[str] | None = None) -> int:
             from trn.data.worlds.dense_catalogue import dense_catalogue
 
             print(dense_catalogue(args.world, args.min_km, args.out))
+            return 0
+        if args.cmd == "texture":
+            from trn.data.worlds.texture import install_texture
+
+            out = install_texture(args.name, args.snapshot, args.source, args.out)
+            print(f"{out}: {args.name} in albedo/, elevation, catalogues and trajectory linked to {args.source}; "
+                  f"use --source {out}")
             return 0
         if args.cmd == "sheet":
             from trn.data.datasets.sheets import write_sheets

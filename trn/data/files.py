@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import subprocess
 import zlib
 from pathlib import Path
 
@@ -162,3 +163,19 @@ def png_structure(data: bytes) -> tuple[tuple[int, int] | None, str | None]:
         pos = end + 4
         if kind == b"IEND":
             return (size, None) if idat else (None, "is corrupt (it holds no image data)")
+
+
+def read_from_snapshot(source: Path, commit: str, path: str) -> bytes:
+    """A file of the repository at ``source``: from its git objects at ``commit`` when it is a git
+    directory or a checkout with one, else from the checkout's files."""
+    git_dir = source if (source / "objects").is_dir() else source / ".git"
+    if git_dir.is_dir():
+        res = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{commit}:{path}"], capture_output=True)
+        if res.returncode != 0:
+            raise DataError(f"has no {path} at commit {commit[:12]} ({res.stderr.decode(errors='replace').strip()}); "
+                            "fetch the repository again", source)
+        return res.stdout
+    f = source / path
+    if not f.is_file():
+        raise DataError(f"has no {path}; give the repository's snapshot or checkout", source)
+    return f.read_bytes()

@@ -13,12 +13,12 @@ import hashlib
 import os
 import re
 import tempfile
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
+from trn.data.files import read_from_snapshot
 from trn.errors import ConfigError, DataError
 from trn_board.bundle import sha256_file
 
@@ -228,22 +228,6 @@ def real_set(name: str) -> RealSet:
     return REAL_SETS[name]
 
 
-def _read_from(source: Path, commit: str, path: str) -> bytes:
-    """A file of the repository at ``source``: from its git objects at ``commit`` when it is a git
-    directory or a checkout with one, else from the checkout's files."""
-    git_dir = source if (source / "objects").is_dir() else source / ".git"
-    if git_dir.is_dir():
-        res = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{commit}:{path}"], capture_output=True)
-        if res.returncode != 0:
-            raise DataError(f"has no {path} at commit {commit[:12]} ({res.stderr.decode(errors='replace').strip()}); "
-                            "fetch the repository again", source)
-        return res.stdout
-    f = source / path
-    if not f.is_file():
-        raise DataError(f"has no {path}; give the repository's snapshot or checkout", source)
-    return f.read_bytes()
-
-
 def install_set(name: str, source: Path, out: Path) -> list[Path]:
     """Copy the set's files from the repository snapshot ``source`` into ``out`` (same relative
     paths), each checked against its catalogued SHA-256 before it is written; files already there
@@ -257,7 +241,7 @@ def install_set(name: str, source: Path, out: Path) -> list[Path]:
         if dst.is_file() and sha256_file(dst) == digest:
             done.append(dst)
             continue
-        data = _read_from(Path(source), s.commit, rel)
+        data = read_from_snapshot(Path(source), s.commit, rel)
         got = hashlib.sha256(data).hexdigest()
         if got != digest:
             raise DataError(f"{rel} has SHA-256 {got[:16]}..., the catalogue says {digest[:16]}...: not the "
