@@ -67,7 +67,7 @@ def test_a_missing_command_is_named_by_the_list_of_commands(capsys):
 
 @pytest.mark.parametrize("cli, commands", [
     ("db", "{check,repair}"), ("export", "{onnx,onnx-int8,tflite,keygen,bundle,verify}"),
-    ("hw", "{provision,flash,rollback,status,agent,bench,stop}"), ("data", "{build,check,stats,sheet,dense-catalogue}"),
+    ("hw", "{provision,flash,rollback,status,agent,bench,stop}"), ("data", "{build,check,stats,sheet,dense-catalogue,texture}"),
     ("sim", "{run,map,report}"),
 ])
 def test_every_command_line_without_a_command_lists_its_commands(cli, commands, capsys):
