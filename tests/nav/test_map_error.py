@@ -168,3 +168,16 @@ def test_the_terrain_is_predicted_where_the_maps_terrain_truly_is():
         scenario.frame_on_disk = original
     np.testing.assert_allclose(seen[0], err.true_position(p))
     np.testing.assert_allclose(seen[1], p)
+
+
+def test_a_fix_row_splits_its_error_across_the_vertical():
+    from trn.nav.lost import LostFix
+    from trn.nav.scenario import _fix_fields
+
+    truth = sphere_points(1, seed=2)[0] * 1.05
+    up = truth / np.linalg.norm(truth)
+    east = np.cross([0.0, 0.0, 1.0], up)
+    east /= np.linalg.norm(east)
+    fx = LostFix(True, "verified", position=truth + 0.3 * up + 0.04 * east, cov=np.eye(3) * 0.01)
+    row = _fix_fields(fx, truth, [], None, {}, 0.0)
+    assert np.isclose(row["horizontal_error_km"], 0.04) and np.isclose(row["error_km"], np.hypot(0.3, 0.04))

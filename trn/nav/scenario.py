@@ -825,6 +825,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         late = [r for r in dec if r["delay_s"] > 0]
         good = [r for r in dec if r["error_km"] <= 2.0]
         e = np.array([r["error_km"] for r in good]) if good else np.zeros(0)
+        eh = np.array([r["horizontal_error_km"] for r in good]) if good else np.zeros(0)
         nees = np.array([r["nees"] for r in dec]) if dec else np.zeros(0)
         return {"frames": len(sel), "declared": len(dec), "within_2km": len(good), "wrong": len(dec) - len(good),
                 "wrong_misidentified": sum(r["error_km"] > 2.0 and r["inliers_correct"] < len(r["inliers"]) for r in dec),
@@ -839,6 +840,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                 if sel else float("nan"),
                 "rms_km_within_2km": float(np.sqrt(np.mean(e ** 2))) if len(e) else float("nan"),
                 "median_km_within_2km": float(np.median(e)) if len(e) else float("nan"),
+                "horizontal_rms_km_within_2km": float(np.sqrt(np.mean(eh ** 2))) if len(eh) else float("nan"),
                 "mean_nees": float(np.mean(nees)) if len(nees) else float("nan")}
 
     bins = {"1": lambda n: n == 1, "2": lambda n: n == 2, "3-4": lambda n: 3 <= n <= 4, ">= 5": lambda n: n >= 5,
@@ -963,6 +965,8 @@ def _fix_fields(fx, truth: np.ndarray, labels: list, cmap, frame_at: dict[float,
             "joins": [{"frame": frame_at.get(round(t_s + j.dt_s, 3)), "by": j.by, "dt_s": j.dt_s} for j in fx.joins],
             "position_km": fx.position.tolist() if ok else None, "cov_km2": fx.cov.tolist() if ok else None,
             "error_km": float(np.linalg.norm(d)) if ok else None,
+            # across the local vertical at the truth: what the map and the terrain fix, the altimeter aside
+            "horizontal_error_km": float(np.linalg.norm(d - (d @ truth) * truth / (truth @ truth))) if ok else None,
             "sigma_km": float(np.sqrt(np.trace(fx.cov))) if ok else None,
             "nees": float(d @ np.linalg.solve(fx.cov, d)) if ok else None, "support": fx.support,
             "terrain_ncc": fx.terrain_ncc,
