@@ -410,3 +410,24 @@ def test_a_refused_writable_open_leaves_no_lock_file_behind(tmp_path):
     with pytest.raises(DataError, match="missing"):
         LandmarkDB.open(p)
     assert writer_lock_path(p).exists()  # not made by this open: left as it was
+
+
+def test_a_database_in_a_missing_folder_names_the_folder(tmp_path):
+    with pytest.raises(DataError, match="create the folder first") as e:
+        LandmarkDB.open(tmp_path / "nope" / "x.trndb", DBConfig(dim=DIM))
+    assert e.value.path == str(tmp_path / "nope")
+
+
+def test_repair_refuses_while_a_writer_holds_the_database_even_with_its_journal_gone(tmp_path, writers, capsys):
+    """trn-db repair takes the writer lock too: a writer whose journal was deleted still holds the
+    database, and repair must not give it a new journal under that writer."""
+    from trn.cli.db import main as trn_db
+
+    p = tmp_path / "k.trndb"
+    a = writers(p)
+    assert a.add(1, 3).startswith("acked")
+    journal_path(p).unlink()
+    assert trn_db(["repair", str(p)]) == 2
+    assert f"open for writing by process {a.proc.pid}" in capsys.readouterr().err
+    assert not journal_path(p).exists()
+    a.stop()

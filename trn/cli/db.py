@@ -86,7 +86,7 @@ def _set_aside(j: Path, tag: str) -> Path:
 def _repair(path: Path) -> int:
     from trn.db import LandmarkDB
     from trn.db.database import journal_state, missing_snapshot_message
-    from trn.db.store import JournalFile, journal_path, repair_journal, snapshot_kind_problem
+    from trn.db.store import JournalFile, WriterLock, journal_path, repair_journal, snapshot_kind_problem
     from trn.errors import DataError
 
     problem = snapshot_kind_problem(path)
@@ -97,7 +97,12 @@ def _repair(path: Path) -> int:
         if j.exists():
             raise DataError(missing_snapshot_message(path) + "; `trn-db repair` cannot rebuild a snapshot", path)
         raise DataError("landmark database does not exist", path)
-    journal = JournalFile.lock(j)  # refuses while a writer has the database open
+    writer = WriterLock.acquire(path)  # refuses while a writer has the database open, its journal gone or not
+    try:
+        journal = JournalFile.lock(j)
+    except BaseException:
+        writer.release(refused=True)
+        raise
     complete = False
     try:
         snap = LandmarkDB.load(path, read_only=True)  # under the lock: no checkpoint can replace it now
@@ -135,6 +140,7 @@ def _repair(path: Path) -> int:
     finally:
         if journal is not None:
             journal.close()
+        writer.release()
     if complete:
         LandmarkDB.open(path).close()
         print(f"{path}: completed ({state.kind}: nothing lost)")

@@ -41,7 +41,8 @@ Integrity, and what it detects:
 - **One writer, locked on the journal itself and on a lock file.** A writer holds an exclusive
   ``flock`` on the journal file (:class:`JournalFile`), taken on a new journal before it appears
   at its path and checked after it is taken to be on the file still at that path, and one on
-  ``<name>.trndb.writer`` (:class:`WriterLock`), which trn never replaces or removes. Deleting the
+  ``<name>.trndb.writer`` (:class:`WriterLock`), which trn never replaces (``trn-db repair``
+  takes it too). Deleting the
   lock file leaves the journal's lock; replacing the journal leaves the lock file's; only both
   together admit a second writer. And a writer checks before every write, after every
   fsync, before and during a checkpoint and at close that the file at the path is still the one it
@@ -484,7 +485,8 @@ def lock_holder(fd: int) -> str:
 
 class WriterLock:
     """The second of a writer's two locks: an exclusive ``flock`` on ``<name>.trndb.writer``, a file
-    trn creates beside the database and never replaces, renames or removes.
+    trn creates beside the database and never replaces or renames, and removes only when the open
+    that created it is refused (under the lock, checked to be the file at its path).
 
     The journal's own lock (:class:`JournalFile`) keeps a deleted lock file from admitting a second
     writer; this one keeps a journal replaced from outside (a copy renamed over it) from admitting
@@ -510,6 +512,9 @@ class WriterLock:
                 except FileExistsError:
                     fd = os.open(path, flags)
             except FileNotFoundError:
+                if not path.parent.is_dir():
+                    raise DataError(f"does not exist: create the folder first ({snapshot.name} goes in it)",
+                                    path.parent) from None
                 continue  # removed between the two opens: again
             except OSError as exc:
                 raise DataError(f"cannot open the writer lock file ({exc.strerror}); a writable open needs to create "
