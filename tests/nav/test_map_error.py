@@ -181,3 +181,16 @@ def test_a_fix_row_splits_its_error_across_the_vertical():
     fx = LostFix(True, "verified", position=truth + 0.3 * up + 0.04 * east, cov=np.eye(3) * 0.01)
     row = _fix_fields(fx, truth, [], None, {}, 0.0)
     assert np.isclose(row["horizontal_error_km"], 0.04) and np.isclose(row["error_km"], np.hypot(0.3, 0.04))
+
+
+def test_a_camera_is_moved_by_the_field_at_the_ground_beneath_it():
+    """A camera 100 km up sees, in the map, the terrain the field moved at the ground beneath it:
+    the true ground under the camera's true place is where the map put that ground, whatever the
+    field does at the camera's own height."""
+    err = MapError(0.3, length_km=50.0, seed=6)  # short: the field at 100 km up differs from the ground's
+    for p in sphere_points(20, seed=7):
+        cam = p * (MOON_RADIUS_KM + 100.0) / MOON_RADIUS_KM
+        y = err.true_position(cam)
+        true_ground = y * MOON_RADIUS_KM / np.linalg.norm(y)
+        np.testing.assert_allclose(err.displaced(true_ground[None])[0], p, atol=1e-5)
+        assert np.isclose(np.linalg.norm(y), np.linalg.norm(cam))

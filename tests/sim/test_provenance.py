@@ -59,6 +59,14 @@ def test_a_world_that_numbers_its_craters_alike_is_not_confused(tmp_path):
     assert trained_on(m, quick, [1, 2, 3], tmp_path) == 0
 
 
+def test_a_dataset_that_is_no_luna1_build_adds_no_crater(tmp_path):
+    real = build(tmp_path / "data" / "real", REAL)
+    (tmp_path / "data" / "hirise").mkdir(parents=True)  # a landmark set of another kind: no metadata.json
+    m = model(tmp_path / "m", "data/real", ["data/hirise"], train=["1", "1:1"], val=[], test=["2"])
+    assert training_craters(m, tmp_path) == {REAL[1]}
+    assert trained_on(m, real, [1, 2], tmp_path) == 1
+
+
 def test_unknown_craters_or_datasets_are_unknown(tmp_path):
     build(tmp_path / "data" / "real", REAL)
     m = model(tmp_path / "m", "data/real", [], train=["1"], val=[], test=["2"])
@@ -105,3 +113,4 @@ def test_the_report_names_a_descriptor_that_trained_on_queried_craters():
     md = rep.markdown()
     assert "old trained or validated on 12 of the 80 navigation frames' craters" in md
     assert "new trained" not in md
+    assert "new: which of the 9 landmark renders this run queries it trained on is unknown here" in md

@@ -102,8 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     l1.add_argument("--map-error", default=None, metavar="SIGMA_KM[,LENGTH_KM]",
                     help="the onboard map carries a simulated registration error: a smooth seeded field (--seed) of "
                          "SIGMA_KM per horizontal axis, correlated over LENGTH_KM (default 300), moving its craters "
-                         "and its elevation alike; every fix's covariance carries it and errors stay against the "
-                         "truth (default: a perfect map; trn.nav.map_error)")
+                         "and its elevation alike; every lost-in-space fix's covariance carries it (map navigation's "
+                         "filter updates against the moved map without it) and errors stay against the truth "
+                         "(default: a perfect map; trn.nav.map_error)")
     l1.add_argument("--cold-start", action="store_true", default=None,
                     help="map_navigation with no initial state: the filter starts from the first verified "
                          "lost-in-space fix (and re-initialises from the fixes when it has lost track)")

@@ -15,9 +15,10 @@ and consecutive fixes share that error. :class:`MapError` simulates it:
 - **The map's craters** are moved along it (:meth:`MapError.displaced`): a crater truly at x is
   where the map says x + d(x).
 - **The map's elevation** moves with its craters. A frame predicted from the map at a position P
-  shows the map's terrain around P, which is the true terrain around P - d(P) (the field is
-  constant over one frame to within its gradient): :meth:`MapError.true_position` gives that place,
-  where the renderer predicts from the true elevation.
+  shows the map's terrain beneath P, which is the true terrain moved by d(g), g the ground point
+  beneath P (the field is constant over one frame to within its gradient): the renderer predicts
+  from the true elevation with the camera moved back by that shift (:meth:`MapError.true_position`),
+  the field taken at the ground, where the craters are moved, not at the camera's height.
 - **Its covariance** (:meth:`MapError.covariance`) is what the fixes carry for the map: sigma^2 on
   each horizontal axis at the fix, added once to every declared fix (never inside a fusion of
   fixes, whose errors it would wrongly average down: they share it).
@@ -33,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from trn.errors import ConfigError
+from trn.geometry import MOON_RADIUS_KM
 
 
 @dataclass(frozen=True)
@@ -100,16 +102,18 @@ class MapError:
         q = p + self.offsets(p)
         return q * (np.linalg.norm(p, axis=1) / np.linalg.norm(q, axis=1))[:, None]
 
-    def true_position(self, position_km: np.ndarray) -> np.ndarray:
-        """The place [3], at the same distance from the Moon's centre, whose true terrain the map
-        shows around ``position_km`` [3]: the y that :meth:`displaced` moves to the position (fixed
-        point y = p - d(y); the field changes by sigma / length over d, so three steps leave
-        micrometres)."""
+    def true_position(self, position_km: np.ndarray, ground_radius_km: float = MOON_RADIUS_KM) -> np.ndarray:
+        """Where a camera must truly be, at the same distance from the Moon's centre, to see the true
+        terrain as the map shows it to a camera at ``position_km`` [3]: moved back by the field at
+        the ground beneath it (at ``ground_radius_km``), where the map's craters and terrain are
+        moved, not at the camera's height. Fixed point y = p - d(ground(y)); the field changes by
+        sigma / length over d, so three steps leave micrometres."""
         p = np.asarray(position_km, np.float64).reshape(3)
         r = float(np.linalg.norm(p))
         y = p
         for _ in range(3):
-            y = p - self.offsets(y)
+            ground = y * (ground_radius_km / float(np.linalg.norm(y)))
+            y = p - self.offsets(ground) * (r / ground_radius_km)  # the ground's shift, seen from the camera's radius
             y = y * (r / float(np.linalg.norm(y)))
         return y
 

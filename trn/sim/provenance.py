@@ -45,7 +45,8 @@ def training_craters(model_dir: Path, data_root: Path | None = None) -> set[Crat
     """The craters (:data:`Crater`) that the model in ``model_dir`` trained or validated on, over
     all its datasets (``data_root``: where the config's relative data paths start; the working
     directory by default). None when the model has no ``split.json`` or ``config.yaml``, or when
-    one of its datasets is not on this machine."""
+    one of its datasets is not on this machine; a dataset that is here and is no Luna-1 build
+    (no metadata.json) adds no crater."""
     model_dir = Path(model_dir)
     try:
         split = json.loads((model_dir / "split.json").read_text(encoding="utf-8"))
@@ -61,6 +62,8 @@ def training_craters(model_dir: Path, data_root: Path | None = None) -> set[Crat
     for k, path in enumerate([data["path"], *(data.get("also") or [])]):
         craters = build_craters(base / path)
         if craters is None:
+            if (base / path).is_dir() and not (base / path / "metadata.json").exists():
+                continue  # present and no Luna-1 build (a HiRISE or folder set): none of its identities is a crater here
             return None
         prefix = f"{k}:" if k else ""
         ids = (i[len(prefix):] for i in seen if (i.startswith(prefix) if prefix else ":" not in i))

@@ -69,10 +69,13 @@ def trained_on_lines(c: dict) -> list[str]:
     out = []
     for name, by_source in (c.get("trained_on") or {}).items():
         for source, n in by_source.items():
+            what = "landmark renders" if source == "landmarks" else "navigation frames' craters"
             if n.get("trained_on"):
-                what = "landmark renders" if source == "landmarks" else "navigation frames' craters"
                 out.append(f"{name} trained or validated on {n['trained_on']} of the {n['queried']} {what} this run "
                            "queries: its figures on them are not recognition of unseen craters")
+            elif n.get("trained_on", 0) is None:
+                out.append(f"{name}: which of the {n['queried']} {what} this run queries it trained on is unknown here "
+                           "(its training data is not on this machine)")
     return out
 
 

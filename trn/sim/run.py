@@ -16,6 +16,7 @@ from trn.errors import ConfigError, DataError
 from trn.sim import scenarios as sc
 from trn.sim.embedders import Embedder, for_source, pair_members
 from trn.sim.prepare import builtin_world
+from trn.models.registry import MODELS_DIR
 from trn.sim.provenance import trained_on
 from trn.sim.report import Report, result_line
 
@@ -116,14 +117,26 @@ def _record_trained_on(rep: Report, ds: Luna1Dataset, embedders: Sequence[Embedd
     if any(x in sc.LANDMARK_SCENARIOS for x in scenarios):
         queried["landmarks"] = {str(n) for n in landmark_names}
     if any(x not in sc.LANDMARK_SCENARIOS for x in scenarios):
-        frames = set(sc.navigation_frames(ds, s))
+        # the frames each scenario runs: Moon Navigation's first frames, Lost-in-Space's per orbit
+        frames = set(sc.navigation_frames(ds, s)) if "moon_navigation" in scenarios else set()
+        if "lost_in_space" in scenarios:
+            try:
+                frames |= {fr for orbit in sc.lost_in_space_frames(ds, s)[1] for fr in orbit}
+            except DataError:
+                pass  # the scenario itself says why it cannot run
         queried["frames"] = {str(b.id) for f in ds.frames if f.frame in frames for b in f.boxes}
     out: dict[str, dict] = {}
     for flown in embedders:
         for source, ids in queried.items():
             emb = for_source(flown, source)
-            n = trained_on(getattr(emb, "model_dir", None), ds.root, ids)
+            if getattr(emb, "model_dir", None) is None:
+                continue  # not a trained model (the NCC baseline): nothing to tell
+            # the models' data paths are relative to the repository they were trained in
+            n = trained_on(emb.model_dir, ds.root, ids, MODELS_DIR.parent)
             out.setdefault(emb.name, {})[source] = {"queried": len(ids), "trained_on": n}
+            if n is None:
+                log.info("%s: which of the %d queried craters it trained on is unknown here (its training data "
+                         "is not on this machine)", emb.name, len(ids))
             if n:
                 log.warning("%s trained or validated on %d of the %d craters this run queries (%s): its %s figures "
                             "are not recognition of unseen craters", emb.name, n, len(ids), source,

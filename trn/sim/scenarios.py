@@ -588,13 +588,20 @@ def _nanmean(values: list[float]) -> float:
     return float(np.mean(v)) if v else float("nan")
 
 
-def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> ScenarioResult:
-    t0 = time.perf_counter()
+def lost_in_space_frames(ds: Luna1Dataset, s: ScenarioSettings) -> tuple[list, list[list[int]]]:
+    """Lost-in-Space's orbits (:func:`orbit_ranges`) and the annotated frames of each it runs
+    (the first ``s.max_frames`` of each orbit when set)."""
     orbits = orbit_ranges(ds, s)
     annotated = {f.frame for f in ds.frames if f.boxes}
     per_orbit = [[fr for fr in sorted(annotated) if in_orbit(fr, ranges)] for ranges in orbits]
     if s.max_frames:
         per_orbit = [o[: s.max_frames] for o in per_orbit]
+    return orbits, per_orbit
+
+
+def lost_in_space(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings) -> ScenarioResult:
+    t0 = time.perf_counter()
+    orbits, per_orbit = lost_in_space_frames(ds, s)
     if not all(per_orbit):
         raise DataError(f"Lost-in-Space needs annotated frames in each orbit {orbits}; counts "
                         f"{[len(o) for o in per_orbit]}", ds.root)
