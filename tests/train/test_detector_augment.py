@@ -1,7 +1,7 @@
 """Each augmentation's effect on a constructed image: a turn keeps a crater's box on the crater and
 returns only filled pixels; relief contrast scales the shading and keeps the albedo; filled
 shadows lift the darkest levels only; an inverted response and the ranges are configured
-strictly; and with every new augmentation off a sample is drawn exactly as before."""
+strictly; and with every new augmentation off a sample draws what it drew before."""
 
 from __future__ import annotations
 
@@ -97,24 +97,69 @@ def test_filled_shadows_lift_the_darkest_levels_only():
     np.testing.assert_array_equal(fill_shadows(np.full((8, 8), 0.5), 0.3), np.full((8, 8), 0.5))  # flat: unchanged
 
 
-def test_every_new_augmentation_runs_when_asked_and_keeps_the_boxes_flags():
-    img = (crater_image() * 255).astype(np.uint8)
-    boxes = np.array([[52, 88, 72, 108], [150, 170, 150, 170]], np.float32)
-    flags = np.array([True, False])
+def test_every_new_augmentation_runs_when_asked_and_the_flags_follow_their_boxes():
+    """Turned, relit, shadow-filled and inverted samples: a turned round crater keeps its size, so
+    with each crater's flag set by its size (large or small) every whole box returned carries the
+    flag of a crater of its own size."""
+    rng0 = np.random.default_rng(0)
+    img = (np.clip(crater_image() + rng0.normal(0, 0.02, (256, 256)), 0, 1) * 255).astype(np.uint8)
+    sides = np.array([12.0, 20.0, 34.0, 44.0])
+    centres = np.array([[100, 100], [150, 105], [105, 150], [150, 150]], np.float64)
+    boxes = np.hstack([centres[:, :1] - sides[:, None] / 2, centres[:, :1] + sides[:, None] / 2,
+                       centres[:, 1:] - sides[:, None] / 2, centres[:, 1:] + sides[:, None] / 2]).astype(np.float32)
+    flags = sides > 27.0
     aug = AugmentConfig(rotate=1.0, relief=(0.5, 2.0), fill_shadows=1.0, invert=1.0, scale=(1.0, 1.0))
-    seen = set()
+    checked, turned = 0, 0
     for seed in range(30):
-        x, b, f = augment(img, boxes, 192, 6, np.random.default_rng(seed), flags, aug)
-        assert x.shape == (192, 192) and np.isfinite(x).all() and len(b) == len(f)
-        seen |= {tuple(f.tolist())}
-    assert seen  # the flags follow the boxes kept
+        x, b, f = augment(img, boxes, 128, 6, np.random.default_rng(seed), flags, aug)
+        assert x.shape == (128, 128) and np.isfinite(x).all() and len(b) == len(f)
+        for q, g in zip(b, f):
+            if q[0] > 0 and q[2] > 0 and q[1] < 128 and q[3] < 128:  # whole in the sample
+                # the turn's inner square (>= 181 px) is never resized to reach the crop: sizes are kept
+                side = float(np.sqrt((q[1] - q[0]) * (q[3] - q[2])))
+                assert min(abs(side - sides)) < 0.5, (seed, side)
+                assert bool(g) == (side > 27.0), (seed, side, g)
+                checked += 1
+        turned += not np.allclose(x, augment(img, boxes, 128, 6, np.random.default_rng(seed), flags,
+                                             AugmentConfig(scale=(1.0, 1.0)))[0])
+    assert checked > 20 and turned == 30
 
 
-def test_with_every_new_augmentation_off_nothing_changes_in_the_draws():
-    """Off, an augmentation draws no random number: two configs that differ only in ranges of
-    augmentations that are off give the same sample."""
+class Recorder:
+    """A Generator that records every draw: (method, its positional arguments)."""
+
+    def __init__(self, seed: int):
+        self.rng, self.draws = np.random.default_rng(seed), []
+
+    def __getattr__(self, name):
+        method = getattr(self.rng, name)
+
+        def draw(*args, **kwargs):
+            self.draws.append((name, tuple(round(a, 9) if isinstance(a, float) else a for a in args
+                                           if not isinstance(a, tuple))))
+            return method(*args, **kwargs)
+        return draw
+
+
+def test_with_every_new_augmentation_off_the_draws_are_the_earlier_ones():
+    """With the defaults a sample draws exactly what the shipped detectors' recipe drew, in order:
+    the scale, the crop's corner, three symmetries, gain, gamma, then the ramp, blur and noise
+    coins with their own draws. An augmentation that is off draws nothing."""
     img = (crater_image() * 255).astype(np.uint8)
     boxes = np.array([[52, 88, 72, 108]], np.float32)
+    for seed in range(12):
+        r = Recorder(seed)
+        augment(img, boxes, 192, 6, r)
+        names = [d[0] for d in r.draws]
+        assert r.draws[0] == ("uniform", (round(math.log(0.75), 9), round(math.log(4 / 3), 9)))
+        assert names[1:6] == ["integers", "integers", "random", "random", "random"]
+        assert r.draws[6:8] == [("uniform", (0.5, 1.6)), ("uniform", (0.6, 1.6))]
+        rest = names[8:]
+        # ramp coin (+ angle and strength), blur coin (+ sigma), noise coin (+ sigma and the noise)
+        i = 1 + 2 * (rest[1] == "uniform")
+        assert rest[0] == "random" and rest[i] == "random"
+        j = i + 1 + (rest[i + 1] == "uniform")
+        assert rest[j] == "random" and rest[j + 1:] in ([], ["uniform", "normal"])
     a = augment(img, boxes, 192, 6, np.random.default_rng(3))
     b = augment(img, boxes, 192, 6, np.random.default_rng(3), aug=AugmentConfig(relief_sigma_px=20.0))
     assert all(np.array_equal(u, v) for u, v in zip(a, b))
