@@ -105,6 +105,9 @@ def test_voc_files_are_read_with_their_annotators_agreement_and_bad_ones_refused
     (tmp_path / "d.xml").write_text("<annotation><object>")
     with pytest.raises(DataError, match="not a Pascal VOC"):
         read_voc_boxes(tmp_path / "d.xml")
+    (tmp_path / "e.xml").write_text('<!DOCTYPE a [<!ENTITY x "y">]><annotation>&x;</annotation>')
+    with pytest.raises(DataError, match="entities"):
+        read_voc_boxes(tmp_path / "e.xml")
 
 
 def test_the_mars_ctx_tiles_are_split_by_tile_with_the_expert_tiles_for_test() -> None:

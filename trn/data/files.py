@@ -168,9 +168,14 @@ def png_structure(data: bytes) -> tuple[tuple[int, int] | None, str | None]:
 def read_from_snapshot(source: Path, commit: str, path: str) -> bytes:
     """A file of the repository at ``source``: from its git objects at ``commit`` when it is a git
     directory or a checkout with one, else from the checkout's files."""
-    git_dir = source if (source / "objects").is_dir() else source / ".git"
-    if git_dir.is_dir():
-        res = subprocess.run(["git", "--git-dir", str(git_dir), "show", f"{commit}:{path}"], capture_output=True)
+    bare = (source / "objects").is_dir()
+    if bare or (source / ".git").exists():  # a bare git directory, or a checkout (.git a folder or a worktree's file)
+        where = ["--git-dir", str(source)] if bare else ["-C", str(source)]
+        try:
+            res = subprocess.run(["git", *where, "show", f"{commit}:{path}"], capture_output=True)
+        except FileNotFoundError:
+            raise DataError("is a git snapshot, and reading it needs git, which is not installed here; install git "
+                            "or give a plain copy of the repository's files", source) from None
         if res.returncode != 0:
             raise DataError(f"has no {path} at commit {commit[:12]} ({res.stderr.decode(errors='replace').strip()}); "
                             "fetch the repository again", source)

@@ -63,7 +63,8 @@ def match_frame_ignoring(det_boxes: np.ndarray, scores: np.ndarray, gt_boxes: np
     ignored = np.asarray(ignored, np.float32).reshape(-1, 4)
     if not len(ignored) or not scores.size:
         return m
-    near = iou_matrix(det_boxes, ignored).max(axis=1) >= iou_threshold
+    near = np.concatenate([iou_matrix(det_boxes[k:k + MATCH_CHUNK], ignored).max(axis=1)
+                           for k in range(0, len(det_boxes), MATCH_CHUNK)]) >= iou_threshold
     keep = m.det_hit | ~near
     return match_frame(det_boxes[keep], scores[keep], gt_boxes, iou_threshold)
 

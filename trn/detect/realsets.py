@@ -403,14 +403,19 @@ def read_corner_boxes(path: str | Path) -> np.ndarray:
 def read_voc_boxes(path: str | Path, min_confidence: int = 0) -> np.ndarray:
     """float32 [k, 4] (l, r, t, b) px of a Pascal VOC annotation file (``<object><bndbox>`` with
     ``xmin ymin xmax ymax``), keeping the objects whose ``<confidence>`` (when they have one) is at
-    least ``min_confidence``. A file that is not such XML, or a box of no width or height, is
-    refused by name."""
+    least ``min_confidence``. The corners are taken as the file gives them (the rectangle's
+    corners as drawn, the labelling tools' convention, not VOC's 1-based inclusive pixels). A file
+    that is not such XML, declares entities, or has a box of no width or height, is refused by
+    name."""
     import xml.etree.ElementTree as ElementTree
 
     path = Path(path)
+    size = path.stat().st_size
+    if size > 64 * 1024 * 1024:
+        raise DataError(f"is {size:,} bytes, more than a label file of 64 MiB", path)
     data = path.read_bytes()
-    if len(data) > 64 * 1024 * 1024:
-        raise DataError(f"is {len(data):,} bytes, more than a label file of 64 MiB", path)
+    if b"<!DOCTYPE" in data or b"<!ENTITY" in data:
+        raise DataError("declares a DOCTYPE or entities, which a Pascal VOC label file never needs: refused", path)
     try:
         root = ElementTree.fromstring(data)
     except ElementTree.ParseError as exc:
@@ -433,8 +438,10 @@ def read_voc_boxes(path: str | Path, min_confidence: int = 0) -> np.ndarray:
 
 def read_yolo_boxes(path: str | Path, width: int, height: int) -> np.ndarray:
     """float32 [k, 4] (l, r, t, b) px of a YOLO label file (``class xc yc w h`` a line, the centre
-    and size as fractions of the image's ``width`` x ``height``). A line that is not five numbers,
-    or a box of no width or height or outside the image, is refused by line."""
+    and size as fractions of the image's ``width`` x ``height``). A box may reach past the image's
+    edge (a crater larger than the tile, or cut by it) and is kept as the file gives it. A line that
+    is not five numbers, a box of no width or height, a centre off the image or a side over twice
+    the image's is refused by line."""
     path = Path(path)
     rows = []
     for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):

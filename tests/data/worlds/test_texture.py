@@ -11,7 +11,7 @@ import cv2
 import numpy as np
 import pytest
 
-from trn.data.worlds.texture import MIN_CORRELATION, WAC_8K, install_texture, regrade
+from trn.data.worlds.texture import MIN_CORRELATION, WAC_8K, install_texture, regrade, shift_correlations
 from trn.data.worlds.terrain import load_albedo
 from trn.errors import DataError
 
@@ -29,6 +29,11 @@ def test_the_regrade_recovers_a_linear_grade_and_a_shifted_map_fails_it():
     assert np.abs(out - np.clip(fine_true, 0, 255)).mean() < 2.0
     _, _, _, shifted = regrade(np.roll(graded, 40, axis=1), coarse)
     assert shifted < MIN_CORRELATION
+    # in place the map correlates best; moved by one coarse pixel (two fine ones) it peaks there instead
+    assert max(shift_correlations(graded, coarse).values()) < corr
+    moved = np.roll(graded, 2, axis=1)
+    near = shift_correlations(moved, coarse)
+    assert max(near.values()) > regrade(moved, coarse)[3]
     with pytest.raises(DataError, match="whole multiple"):
         regrade(np.zeros((100, 150)), coarse)
 
@@ -50,6 +55,14 @@ def test_a_file_that_is_not_the_catalogued_one_is_refused_and_nothing_is_written
     assert not (tmp_path / "out").exists()
     with pytest.raises(DataError, match="has no dem"):
         install_texture("wac-8k", checkout, tmp_path / "checkout", tmp_path / "out")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(DataError, match="not a directory"):
+        install_texture("wac-8k", checkout, source, tmp_path / "file")
+    (tmp_path / "taken" / "dem").mkdir(parents=True)  # a conflict found before anything is written
+    (tmp_path / "taken" / "texture.json").write_text("{}")
+    with pytest.raises(DataError, match="not a link"):
+        install_texture("wac-8k", checkout, source, tmp_path / "taken")
+    assert sorted(f.name for f in (tmp_path / "taken").iterdir()) == ["dem", "texture.json"]
 
 
 @pytest.mark.skipif(not (MIRROR.is_dir() and SHARED.is_dir()),

@@ -19,7 +19,8 @@ project's own look). :func:`install_texture`:
    finer texture. ``texture.json`` records the fit, its correlation and the file's hashes.
 
 Layout: equirectangular, column 0 at 180 W, north up, as the 4 K map (checked: the fit's
-correlation is computed at zero shift; a shifted or flipped map would not reach it).
+correlation in place must be at least 0.95 and higher than with the map moved by one or two
+pixels of the 4 K map either way).
 """
 
 from __future__ import annotations
@@ -88,6 +89,23 @@ def regrade(fine: np.ndarray, coarse: np.ndarray, max_abs_lat: float = FIT_MAX_A
     return np.clip(a * fine.astype(np.float64) + b, 0.0, 255.0), float(a), float(b), corr
 
 
+def shift_correlations(fine: np.ndarray, coarse: np.ndarray, shifts: tuple[int, ...] = (-2, -1, 1, 2),
+                       max_abs_lat: float = FIT_MAX_ABS_LAT) -> dict[tuple[int, int], float]:
+    """The correlation of ``fine`` (area-averaged to ``coarse``'s size) with ``coarse`` over |lat| <
+    ``max_abs_lat`` when moved by each of ``shifts`` coarse pixels along longitude (with wrap) or
+    latitude: a map in the same layout correlates best unshifted."""
+    h, w = coarse.shape
+    down = cv2.resize(fine.astype(np.float32), (w, h), interpolation=cv2.INTER_AREA).astype(np.float64)
+    lat = 90.0 - (np.arange(h) + 0.5) * 180.0 / h
+    rows = np.abs(lat) < max_abs_lat
+    y = coarse.astype(np.float64)[rows].ravel()
+    out = {}
+    for s in shifts:
+        for axis, key in ((1, (s, 0)), (0, (0, s))):
+            out[key] = float(np.corrcoef(np.roll(down, s, axis=axis)[rows].ravel(), y)[0, 1])
+    return out
+
+
 def install_texture(name: str, snapshot: Path, source: Path, out: Path) -> Path:
     """The source directory ``out`` with texture ``name`` (module docstring): read from the
     repository ``snapshot`` (a git directory or checkout) and checked by SHA-256, re-graded to
@@ -99,8 +117,14 @@ def install_texture(name: str, snapshot: Path, source: Path, out: Path) -> Path:
     missing = [d for d in (*LINKED, "albedo") if not (source / d).is_dir()]
     if missing:
         raise DataError(f"has no {', '.join(missing)}/: give the real data's directory (../shared/data/moon)", source)
+    if out.exists() and not out.is_dir():
+        raise DataError("exists and is not a directory; choose a new --out", out)
     if out.exists() and not (out / "texture.json").is_file() and any(out.iterdir()):
         raise DataError("exists and is not a texture's source directory; choose a new --out", out)
+    for d in LINKED:  # every conflict before anything is written
+        link = out / d
+        if (link.exists() or link.is_symlink()) and not (link.is_symlink() and Path(os.readlink(link)) == source / d):
+            raise DataError(f"exists and is not a link to {source / d}; choose a new --out", link)
     data = read_from_snapshot(snapshot, t.commit, t.path)
     got = hashlib.sha256(data).hexdigest()
     if got != t.sha256:
@@ -116,9 +140,12 @@ def install_texture(name: str, snapshot: Path, source: Path, out: Path) -> Path:
         raise DataError("has no albedo map (albedo/*.jpg or *.png) to re-grade the texture to", source / "albedo")
     coarse = read_image(coarse_files[0], cv2.IMREAD_GRAYSCALE, "albedo map")
     fine, a, b, corr = regrade(grey, coarse)
-    if corr < MIN_CORRELATION:
-        raise DataError(f"the texture agrees with {coarse_files[0].name} only to a correlation of {corr:.3f} (at least "
-                        f"{MIN_CORRELATION} expected): not the same map in the same layout", snapshot)
+    shifted = shift_correlations(grey, coarse)
+    if corr < MIN_CORRELATION or max(shifted.values()) >= corr:
+        best = max(shifted, key=shifted.get)
+        raise DataError(f"the texture agrees with {coarse_files[0].name} to a correlation of {corr:.3f} in place and "
+                        f"{shifted[best]:.3f} moved by {best} px (at least {MIN_CORRELATION}, and best in place, "
+                        "expected): not the same map in the same layout", snapshot)
     (out / "albedo").mkdir(parents=True, exist_ok=True)
     png = out / "albedo" / t.out_name
     tmp = png.with_name(f".{png.name}.tmp-{os.getpid()}.png")
@@ -126,15 +153,12 @@ def install_texture(name: str, snapshot: Path, source: Path, out: Path) -> Path:
         raise DataError("could not be written; is the folder writable?", tmp)
     os.replace(tmp, png)
     for d in LINKED:
-        link = out / d
-        if link.is_symlink() and Path(os.readlink(link)) == source / d:
-            continue
-        if link.exists() or link.is_symlink():
-            raise DataError(f"exists and is not a link to {source / d}; choose a new --out", link)
-        os.symlink(source / d, link)
+        if not (out / d).is_symlink():  # checked above: absent, or already this link
+            os.symlink(source / d, out / d)
     record = {"texture": t.name, "repo": t.repo, "commit": t.commit, "path": t.path, "sha256": t.sha256,
               "size": list(t.size), "source": str(source), "albedo_regraded_to": coarse_files[0].name,
-              "fit": {"a": a, "b": b, "correlation": corr, "max_abs_lat": FIT_MAX_ABS_LAT},
+              "fit": {"a": a, "b": b, "correlation": corr, "max_abs_lat": FIT_MAX_ABS_LAT,
+                      "correlation_moved_by_1_px": max(v for (dx, dy), v in shifted.items() if abs(dx) + abs(dy) == 1)},
               "written_sha256": hashlib.sha256(png.read_bytes()).hexdigest()}
     atomic_write_text(out / "texture.json", json.dumps(record, indent=1) + "\n")
     log.info("%s: %s at %d x %d px, re-graded (a %.4f, b %.2f, correlation %.4f)", out, t.name, *t.size, a, b, corr)
