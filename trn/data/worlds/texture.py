@@ -70,19 +70,24 @@ def texture(name: str) -> Texture:
     return TEXTURES[name]
 
 
-def regrade(fine: np.ndarray, coarse: np.ndarray, max_abs_lat: float = FIT_MAX_ABS_LAT
-            ) -> tuple[np.ndarray, float, float, float]:
-    """``fine`` (grey, float) brought to the grey levels of ``coarse`` (the same map, coarser, same
-    layout): a and b of ``coarse ~ a * fine_at_coarse + b`` by least squares over |lat| <
-    ``max_abs_lat``, with ``fine_at_coarse`` area-averaged to coarse's size. Returns (a * fine + b
-    clipped to 0..255, a, b, the correlation of the fit)."""
+def _at_coarse(fine: np.ndarray, coarse: np.ndarray, max_abs_lat: float) -> tuple[np.ndarray, np.ndarray]:
+    """``fine`` area-averaged to ``coarse``'s size (float64), and the rows within ``max_abs_lat``."""
     h, w = coarse.shape
     if fine.shape[0] % h or fine.shape[1] % w or fine.shape[1] * h != fine.shape[0] * w:
         raise DataError(f"a {fine.shape[1]} x {fine.shape[0]} map cannot be compared with the {w} x {h} one: expected "
                         "a whole multiple of it in both directions")
     down = cv2.resize(fine.astype(np.float32), (w, h), interpolation=cv2.INTER_AREA).astype(np.float64)
     lat = 90.0 - (np.arange(h) + 0.5) * 180.0 / h
-    rows = np.abs(lat) < max_abs_lat
+    return down, np.abs(lat) < max_abs_lat
+
+
+def regrade(fine: np.ndarray, coarse: np.ndarray, max_abs_lat: float = FIT_MAX_ABS_LAT
+            ) -> tuple[np.ndarray, float, float, float]:
+    """``fine`` (grey, float) brought to the grey levels of ``coarse`` (the same map, coarser, same
+    layout): a and b of ``coarse ~ a * fine_at_coarse + b`` by least squares over |lat| <
+    ``max_abs_lat``, with ``fine_at_coarse`` area-averaged to coarse's size. Returns (a * fine + b
+    clipped to 0..255, a, b, the correlation of the fit)."""
+    down, rows = _at_coarse(fine, coarse, max_abs_lat)
     x, y = down[rows].ravel(), coarse.astype(np.float64)[rows].ravel()
     a, b = np.polyfit(x, y, 1)
     corr = float(np.corrcoef(x, y)[0, 1])
@@ -94,10 +99,7 @@ def shift_correlations(fine: np.ndarray, coarse: np.ndarray, shifts: tuple[int, 
     """The correlation of ``fine`` (area-averaged to ``coarse``'s size) with ``coarse`` over |lat| <
     ``max_abs_lat`` when moved by each of ``shifts`` coarse pixels along longitude (with wrap) or
     latitude: a map in the same layout correlates best unshifted."""
-    h, w = coarse.shape
-    down = cv2.resize(fine.astype(np.float32), (w, h), interpolation=cv2.INTER_AREA).astype(np.float64)
-    lat = 90.0 - (np.arange(h) + 0.5) * 180.0 / h
-    rows = np.abs(lat) < max_abs_lat
+    down, rows = _at_coarse(fine, coarse, max_abs_lat)
     y = coarse.astype(np.float64)[rows].ravel()
     out = {}
     for s in shifts:
