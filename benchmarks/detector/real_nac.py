@@ -415,11 +415,13 @@ def cmd_offset(args) -> int:
     if not meta.get("run_scales"):
         raise SystemExit("the model carries no scales of its own (trn-detect ship --scales)")
     bands = parse_bands(meta["run_scales"], meta.get("run_bands"))
+    pooled, labels = [], 0  # every found label's offset, over all images: a set of many small tiles
     for im in real_images(args.set, args.root, args.split):
         a = cv2.imread(str(im.path), cv2.IMREAD_GRAYSCALE)
         d = detect_multiscale(torch_maps(model), ArraySource(a), bands, model.cfg.input_size, STRIDE, 0.3,
                               progress=False).detections
         gt = im.boxes[_side(im.boxes) >= args.min_label_px]
+        labels += len(gt)
         if not len(gt) or not len(d.scores):
             print(f"{im.path.name}: no label of {args.min_label_px:g} px or more, or no detection")
             continue
@@ -431,6 +433,7 @@ def cmd_offset(args) -> int:
         j = iou.argmax(axis=1)[near]
         g, b = gt[near], d.boxes[j]
         off = np.stack([(b[:, 0] + b[:, 1] - g[:, 0] - g[:, 1]) / 2, (b[:, 2] + b[:, 3] - g[:, 2] - g[:, 3]) / 2], 1)
+        pooled.append(off)
         print(f"{im.path.name}: {len(g)} labels found of {len(gt)}; median offset x {np.median(off[:, 0]):+.2f} px, "
               f"y {np.median(off[:, 1]):+.2f} px")
         h, w = a.shape
@@ -442,6 +445,12 @@ def cmd_offset(args) -> int:
                 if k.any():
                     print(f"  part {r},{c}: {int(k.sum())} labels, median offset x {np.median(off[k, 0]):+.2f} px, "
                           f"y {np.median(off[k, 1]):+.2f} px")
+    if pooled:
+        off = np.concatenate(pooled)
+        q = np.percentile(off, [25, 75], axis=0)
+        print(f"all images: {len(off)} labels found of {labels} in {len(pooled)} images; median offset "
+              f"x {np.median(off[:, 0]):+.2f} px (quartiles {q[0, 0]:+.2f}, {q[1, 0]:+.2f}), "
+              f"y {np.median(off[:, 1]):+.2f} px (quartiles {q[0, 1]:+.2f}, {q[1, 1]:+.2f})")
     return 0
 
 

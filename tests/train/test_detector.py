@@ -333,7 +333,10 @@ def test_trn_sim_runs_the_navigation_scenarios_on_each_kind_of_box(det_run, boxe
     methods = {r["method"] for r in doc["results"]}
     assert {m.split(" [")[-1] for m in methods} == {"flight_pair", "union boxes]", "detector boxes]"}
     # frame crops of every box kind reach the pair's frame descriptor only
-    assert {r["extra"]["descriptor"] for r in doc["results"]} == {"flight_conv2d_se_nav"}
+    from trn.models.registry import MODELS_DIR
+
+    frames = json.loads((MODELS_DIR / "flight_pair" / "pair.json").read_text())["frames"]
+    assert {r["extra"]["descriptor"] for r in doc["results"]} == {frames}
     assert set(doc["context"]["boxes"]) == {"annotations", "union", "detector"}
 
 
