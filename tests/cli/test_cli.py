@@ -91,7 +91,10 @@ def test_sim_default_model_and_landmarks_set(tmp_path, capsys):
     assert "| flight_pair |" in out and "Incremental Recall@1" in out  # the shipped default pair
     doc = json.loads((tmp_path / "r" / "report.json").read_text())
     # landmark renders are embedded by the pair's landmark descriptor
-    assert {r["extra"]["descriptor"] for r in doc["results"]} == {"flight_conv2d_se_union"}
+    from trn.models.registry import MODELS_DIR
+
+    landmarks = json.loads((MODELS_DIR / "flight_pair" / "pair.json").read_text())["landmarks"]
+    assert {r["extra"]["descriptor"] for r in doc["results"]} == {landmarks}
 
 
 def test_sim_rejects_bad_options(tmp_path, capsys):
