@@ -211,6 +211,14 @@ def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path,
         n = r["navigation"]
         assert n["cold_start"] and (n["initialised_s"] is None) == (n["initialisations"] == 0)
         assert n["dead_reckoning"]["rms_km"] != n["dead_reckoning"]["rms_km"]  # NaN: no baseline without a state
+    capsys.readouterr()
+    # a map embedded by another descriptor than the one embedding the frame crops is refused: its
+    # similarities would mean nothing (the filter would run on no matches)
+    assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--scenario", "map_navigation", "--map",
+                         str(tmp_path / "map"), "--model", "flight_conv2d_se_union", "--threads", "1", "--no-progress",
+                         "--out", str(tmp_path / "rx")]) == 2
+    err = capsys.readouterr().err
+    assert "was embedded by 'run'" in err and "--model flight_conv2d_se_union" in err
     assert sim_cli.main(["map", "build", "--data", str(tmp_path / "d"), "--model", str(tmp_path / "run"), "--out",
                          str(tmp_path / "map2"), "--appearance", "predicted", "--threads", "1"]) == 2
     assert "terrain source" in capsys.readouterr().err

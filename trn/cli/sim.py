@@ -292,6 +292,19 @@ def _detector_path(args) -> Path:
 MAP_SCENARIOS = ("map_navigation", "lost_in_space_fix")  # scenarios against an onboard map
 
 
+def _check_map_model(omap, path, emb) -> None:
+    """Refuse a map embedded by another descriptor than the one that embeds the frame crops matched
+    against it: their cosines would mean nothing (a float map and its model's int8 export agree)."""
+    from trn.hw.client import model_name
+
+    by = str(omap.info.get("model")).split("@")[0].split("+")[0]
+    if by != model_name(emb):
+        raise ConfigError(f"--map {path} was embedded by {by!r}, but the frame crops matched against it are embedded "
+                          f"by {model_name(emb)!r}: the similarities would mean nothing; build the map with "
+                          f"trn-sim map build --model {model_name(emb)} (a pair's map: --model with the pair), "
+                          f"or run with --model {by}")
+
+
 def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tuple[str, ...] = ("map_navigation",)
                     ) -> None:
     """Map navigation for every model and every box source of --boxes (one map per model, shared
@@ -321,9 +334,12 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
 
     def onboard(emb):
         if emb.name not in maps:
-            omap = OnboardMap.load(args.map) if args.map else build_map(
-                ds, emb, out / f"map_{emb.name}", source, appearance=args.map_appearance or "catalogue",
-                workers=args.threads)
+            if args.map:
+                omap = OnboardMap.load(args.map)
+                _check_map_model(omap, args.map, emb)
+            else:
+                omap = build_map(ds, emb, out / f"map_{emb.name}", source,
+                                 appearance=args.map_appearance or "catalogue", workers=args.threads)
             # the map as the spacecraft holds it: built from the truth, then moved by its own error
             maps[emb.name] = omap if map_error is None else map_error.onboard_map(omap)
         return maps[emb.name]
