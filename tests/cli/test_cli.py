@@ -91,9 +91,9 @@ def test_sim_default_model_and_landmarks_set(tmp_path, capsys):
     assert "| flight_pair |" in out and "Incremental Recall@1" in out  # the shipped default pair
     doc = json.loads((tmp_path / "r" / "report.json").read_text())
     # landmark renders are embedded by the pair's landmark descriptor
-    from trn.models.registry import MODELS_DIR
+    from trn.models.registry import DEFAULT_MODEL, read_pair
 
-    landmarks = json.loads((MODELS_DIR / "flight_pair" / "pair.json").read_text())["landmarks"]
+    landmarks = read_pair(DEFAULT_MODEL).landmarks
     assert {r["extra"]["descriptor"] for r in doc["results"]} == {landmarks}
 
 

@@ -333,9 +333,9 @@ def test_trn_sim_runs_the_navigation_scenarios_on_each_kind_of_box(det_run, boxe
     methods = {r["method"] for r in doc["results"]}
     assert {m.split(" [")[-1] for m in methods} == {"flight_pair", "union boxes]", "detector boxes]"}
     # frame crops of every box kind reach the pair's frame descriptor only
-    from trn.models.registry import MODELS_DIR
+    from trn.models.registry import DEFAULT_MODEL, read_pair
 
-    frames = json.loads((MODELS_DIR / "flight_pair" / "pair.json").read_text())["frames"]
+    frames = read_pair(DEFAULT_MODEL).frames
     assert {r["extra"]["descriptor"] for r in doc["results"]} == {frames}
     assert set(doc["context"]["boxes"]) == {"annotations", "union", "detector"}
 

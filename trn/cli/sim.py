@@ -297,7 +297,7 @@ def _check_map_model(omap, path, emb) -> None:
     against it: their cosines would mean nothing (a float map and its model's int8 export agree)."""
     from trn.hw.client import model_name
 
-    by = str(omap.info.get("model")).split("@")[0].split("+")[0]
+    by = omap.embedded_by
     if by != model_name(emb):
         raise ConfigError(f"--map {path} was embedded by {by!r}, but the frame crops matched against it are embedded "
                           f"by {model_name(emb)!r}: the similarities would mean nothing; build the map with "

@@ -97,6 +97,12 @@ class OnboardMap:
     info: dict
     board: object = None  # the map's compressed index and metadata (trn_board.mapindex.BoardMap), when it has one
 
+    @property
+    def embedded_by(self) -> str:
+        """The model whose descriptors the map holds, as a bundle names it: ``name`` for ``name``,
+        ``name@tflite`` (its int8 export gives the same model's descriptors) and ``name+tok4s10``."""
+        return str(self.info.get("model")).split("@")[0].split("+")[0]
+
     def positions(self, crater_ids: list[int]) -> np.ndarray:
         """Body-fixed positions [n, 3] (km) of the given crater ids."""
         idx = np.array([self._row[c] for c in crater_ids], int)

@@ -278,9 +278,8 @@ def map_spec(map_dir: str | Path, model_name: str, embedding_dim: int) -> dict:
     if omap.board is None or not e:
         raise DataError("this map has no compressed index for a board; build it with trn-sim map index", Path(map_dir))
     # the bundle's model, or one of its exports (``name@tflite``: the int8 model the board runs)
-    embedded_by = str(omap.info.get("model"))
-    if embedded_by.split("@")[0] != model_name or int(omap.info.get("embedding_dim", -1)) != int(embedding_dim):
-        raise ConfigError(f"the map was embedded by {embedded_by!r} ({omap.info.get('embedding_dim')}-d), "
+    if omap.embedded_by != model_name or int(omap.info.get("embedding_dim", -1)) != int(embedding_dim):
+        raise ConfigError(f"the map was embedded by {omap.info.get('model')!r} ({omap.info.get('embedding_dim')}-d), "
                           f"the bundle's model is {model_name!r} ({embedding_dim}-d): its similarities would mean "
                           "nothing; build the map with the bundle's model")
     return {"index": e["file"], "craters_file": e["craters_file"], "craters": len(omap.ids), "name": e["name"],
