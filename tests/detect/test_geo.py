@@ -84,7 +84,8 @@ def truth_craters(proj):
 
 def write_geotiff(path, proj, image=None, crs=True):
     img = np.full(SHAPE, 128, np.uint8) if image is None else image
-    kw = {"crs": proj.crs, "transform": from_origin(proj.x0, proj.y0, PX_M, PX_M)} if crs else {}
+    px = getattr(proj, "px", PX_M)
+    kw = {"crs": proj.crs, "transform": from_origin(proj.x0, proj.y0, px, px)} if crs else {}
     with rasterio.open(path, "w", driver="GTiff", height=SHAPE[0], width=SHAPE[1], count=1, dtype="uint8", **kw) as ds:
         ds.write(img, 1)
     return path
@@ -249,7 +250,28 @@ class OffTheDisc(Equirectangular):
     x0, y0 = R_M * 0.999, R_M * 0.2
 
 
-@pytest.mark.parametrize("proj", [FarOff(), Geographic(), OffTheDisc()], ids=["far-off", "past-the-pole", "off-the-disc"])
+class FarEast(Equirectangular):
+    """An easting of 1e13 m: PROJ folds it back onto the body at a plausible longitude (142 E),
+    which the round trip through the CRS catches."""
+    x0 = 1e13
+
+
+class GeographicFarEast(Equirectangular):
+    """Longitudes of 3.3e10 degrees in a longitude-latitude raster."""
+    crs = f"+proj=longlat +R={R_M:.0f} +no_defs"
+    x0, y0, px = 3.3e10, 20.0, 0.001
+
+
+class StereographicFarOff(SouthPolar):
+    """A polar stereographic origin 1e13 m off: every pixel folds onto the opposite pole."""
+    x0 = 1e13
+
+
+OFF_THE_BODY = [FarOff(), Geographic(), OffTheDisc(), FarEast(), GeographicFarEast(), StereographicFarOff()]
+
+
+@pytest.mark.parametrize("proj", OFF_THE_BODY, ids=["far-off", "past-the-pole", "off-the-disc", "far-east",
+                                                    "longitudes-far-east", "stereographic-far-off"])
 def test_a_geotransform_that_puts_pixels_off_the_body_is_an_error_naming_file_and_transform(tmp_path, proj, capsys):
     tif = write_geotiff(tmp_path / "bad.tif", proj)
     img = open_image(tif)
@@ -262,6 +284,20 @@ def test_a_geotransform_that_puts_pixels_off_the_body_is_an_error_naming_file_an
     assert main(["run", "models/detector", str(tif), "--out", str(tmp_path / "o")]) == 2
     err = capsys.readouterr().err
     assert "bad.tif" in err and "Traceback" not in err and not (tmp_path / "o" / "detections.csv").exists()
+
+
+class TinyPixels(Equirectangular):
+    """A transform of a micrometre a pixel: on the body, but no scale a detector runs at."""
+    px = 1e-6
+
+
+def test_a_raster_whose_transform_gives_no_usable_scale_names_the_file_and_the_transform(tmp_path, capsys):
+    tif = write_geotiff(tmp_path / "tiny.tif", TinyPixels())
+    assert main(["run", "models/detector", str(tif), "--out", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "tiny.tif" in err and "transform" in err and "is the geotransform right" in err and "Traceback" not in err
+    assert not (tmp_path / "o").exists()
+    assert main(["run", "models/detector", str(tif), "--out", str(tmp_path / "o"), "--gsd", "0.1"]) == 0
 
 
 def test_an_image_name_with_a_line_break_is_refused_before_it_can_inject_an_annotation_line(tmp_path, capsys):

@@ -323,7 +323,11 @@ def test_images_in_16_bit_or_float_reflectance_find_what_their_stretched_8_bit_v
     # which found no crater with only a numpy warning)
     extreme = ((scene - scene.mean()) * (2e38 / np.abs(scene - scene.mean()).max())).astype(np.float32)
     assert np.isfinite(extreme).all() and np.abs(extreme).max() > 1e38
-    for other in (scene * (0.3 / 255), (scene * 200 + 1000).astype(np.uint16), extreme):
+    # and float64 values of +-1.5e308, whose area sums and squares overflow float64 itself
+    centred = (scene - scene.mean()).astype(np.float64)
+    extreme64 = centred * (1.5e308 / float(np.abs(centred).max()))
+    assert np.isfinite(extreme64).all()
+    for other in (scene * (0.3 / 255), (scene * 200 + 1000).astype(np.uint16), extreme, extreme64):
         found, det = _real_detector_finds(other, centres, radii)
         assert abs(int(found.sum()) - int(ref.sum())) <= 1 and abs(len(det.boxes) - len(ref_det.boxes)) <= 2
 

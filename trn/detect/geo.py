@@ -96,6 +96,9 @@ class Georef:
         y = d * np.asarray(cols, np.float64) + e * np.asarray(rows, np.float64) + f
         if self.crs.is_geographic:
             lon, lat = x, y
+            # a longitude may be given from -360 to 720 (ranges that start at -180, 0 or 360 and
+            # cross one seam); beyond that the transform is wrong, not the wrap
+            bad = ~(np.isfinite(lon) & (np.abs(lon - 180.0) <= 540.0))
         else:
             try:
                 lon, lat = warp(self.crs, self._geo, x.ravel().tolist(), y.ravel().tolist())
@@ -104,15 +107,37 @@ class Georef:
                                 f"({type(exc).__name__}: {str(exc)[:160]}); is the geotransform {self.transform} "
                                 "right for this CRS?", self.path) from None
             lon, lat = np.asarray(lon, np.float64).reshape(x.shape), np.asarray(lat, np.float64).reshape(y.shape)
-        bad = ~(np.isfinite(lon) & np.isfinite(lat) & (np.abs(lat) <= 90.0 + 1e-9))
+            bad = ~self._round_trips(x, y, lon, lat)
+        bad |= ~(np.isfinite(lon) & np.isfinite(lat) & (np.abs(lat) <= 90.0 + 1e-9))
         if bad.any():
             k = int(np.flatnonzero(bad)[0])
             raise DataError(f"pixel ({float(np.ravel(cols)[k] if np.ndim(cols) else cols):g}, "
                             f"{float(np.ravel(rows)[k] if np.ndim(rows) else rows):g}) maps to latitude "
                             f"{float(np.ravel(lat)[k]):.6g}, longitude {float(np.ravel(lon)[k]):.6g}: not a point of "
-                            f"the body; the geotransform {self.transform} or the CRS {self.crs.to_string()!r} is "
+                            f"the body, or one the CRS does not project back onto that pixel; the geotransform {self.transform} or the CRS {self.crs.to_string()!r} is "
                             "wrong (or the pixel lies off a projection's disc)", self.path)
         return wrap_lon(lon), lat
+
+    def _round_trips(self, x: np.ndarray, y: np.ndarray, lon: np.ndarray, lat: np.ndarray) -> np.ndarray:
+        """Whether each map point (x, y) comes back within half a pixel when its (lon, lat) is
+        projected again: PROJ folds a point past a projection's range (an easting of 1e13 m) back
+        onto the body, so that its longitude looks plausible; the round trip catches it."""
+        from rasterio.warp import transform as warp
+
+        ok = np.isfinite(lon) & np.isfinite(lat) & (np.abs(lat) <= 90.0)
+        if not ok.any():
+            return ok
+        try:
+            xs, ys = warp(self._geo, self.crs, lon[ok].tolist(), lat[ok].tolist())
+        except Exception:  # noqa: BLE001 - PROJ's own errors vary; a point it refuses does not come back
+            return np.zeros_like(ok)
+        a, b, _, d, e, _ = self.transform
+        det = a * e - b * d
+        dx, dy = np.asarray(xs, np.float64) - x[ok], np.asarray(ys, np.float64) - y[ok]
+        dc, dr = (e * dx - b * dy) / det, (-d * dx + a * dy) / det  # the difference in pixels
+        back = np.zeros_like(ok)
+        back[ok] = np.isfinite(dc) & np.isfinite(dr) & (np.hypot(dc, dr) <= 0.5)
+        return back
 
     def to_pixel(self, lon: np.ndarray, lat: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(col, row) continuous pixel positions of points (lon deg east, lat deg)."""

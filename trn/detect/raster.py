@@ -176,7 +176,14 @@ def image_scale(img: OpenedImage, gsd_km: float | None = None, crater_px: tuple[
     if gsd_km is None and crater_px is None and factor is None and not img.picture:
         raise ConfigError(f"{img.path} has no map projection (CRS), so its ground sampling is unknown; give --gsd KM "
                           "(km per pixel), --altitude-km, --crater-px MIN,MAX or --scale, or a GeoTIFF with its CRS")
-    return choose_scale(gsd_km, crater_px, factor, source)
+    try:
+        return choose_scale(gsd_km, crater_px, factor, source)
+    except ConfigError as exc:
+        if img.georef is None or source != "the raster's transform and CRS at its centre":
+            raise
+        raise DataError(f"its transform {img.georef.transform} and CRS {img.georef.crs.to_string()!r} give "
+                        f"{gsd_km * 1000:.4g} m a pixel at its centre ({exc}); is the geotransform right? (--gsd, "
+                        "--crater-px or --scale set the scale instead)", img.path) from None
 
 
 def preview(img: OpenedImage, max_side: int = 2048) -> tuple[np.ndarray, float]:

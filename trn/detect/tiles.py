@@ -59,6 +59,7 @@ REFERENCE_CRATER_PX = (16.0, 96.0)
 DEFAULT_OVERLAP = 96        # input px shared by neighbouring tiles
 DEFAULT_TOP_K = 256         # peaks decoded per tile
 PROGRESS_TILES = 16         # progress from this many tiles on (a bar on a terminal, log lines elsewhere)
+FLOAT_RESCALE_ABOVE = 1e100  # float windows with larger values are scaled down before standardisation
 TRIM_EVERY = 8              # tile batches between two hand-backs of freed heap memory (module docstring)
 
 
@@ -181,6 +182,13 @@ def tile_input(window: np.ndarray, tile: Tile, size: int, valid: np.ndarray | No
             bad = ~np.isfinite(a)
             valid = ~bad if valid is None else (valid & ~bad)
             a = np.where(bad, 0.0, a)
+        big = float(np.abs(a).max()) if a.size else 0.0
+        if big > FLOAT_RESCALE_ABOVE:
+            # values up to 1.8e308 (float64) overflow the area sums and the squares of the spread
+            # even in float64: scale window and floor by one power of two, which standardisation
+            # cancels exactly
+            e = int(np.frexp(big)[1])
+            a, min_std = np.ldexp(a, -e), float(np.ldexp(min_std, -e))
     interp = cv2.INTER_AREA if tile.w <= a.shape[1] else cv2.INTER_LINEAR
     r = cv2.resize(a, (tile.w, tile.h), interpolation=interp)
     r = r.astype(np.float32) if r.dtype != np.float64 else r
