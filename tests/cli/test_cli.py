@@ -75,6 +75,8 @@ def test_sim_runs_the_scenarios_on_a_given_dataset(tmp_path, capsys):
     out = capsys.readouterr().out
     assert "crater landmarks:     4" in out and "| ncc |" in out and "Moon Navigation" in out
     assert (out_dir / "report.json").is_file() and (out_dir / "report.md").is_file()
+    # the last line sends the reader to the page the docs say to open
+    assert out.strip().splitlines()[-1].startswith(f"report: {out_dir / 'report.html'} (open it in a browser")
     (out_dir / "report.md").unlink()
     assert sim_cli.main(["report", str(out_dir)]) == 0 and (out_dir / "report.md").is_file()
     assert sim_cli.main(["report", str(tmp_path)]) == 2 and "report.json is missing" in capsys.readouterr().err

@@ -450,3 +450,22 @@ def test_cli_bundles_a_descriptor_pair_each_export_checked_against_its_own_model
                             "--landmark-export", str(tmp_path / "lm_exp"), "--key", key, "--out",
                             str(tmp_path / "x3")]) == 2
     assert "is for a descriptor pair" in capsys.readouterr().err
+
+
+def test_a_detector_export_report_nested_too_deep_is_named_not_a_recursion_error(tmp_path, capsys):
+    """An export_report.json nested 100,000 deep (an audit's file) is refused naming the file, by
+    the bundle's reader and by ``trn-export bundle --detector``, before anything is written."""
+    from trn.export.bundle import DETECTOR_FILE, detector_spec
+
+    det = tmp_path / "det"
+    det.mkdir()
+    (det / DETECTOR_FILE).write_bytes(b"TFL3" * 8)
+    (det / "export_report.json").write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DataError, match=r"export_report.json: .*nested too deep"):
+        detector_spec(det)
+    export_cli = _run_export_and_key(tmp_path)
+    rc = export_cli.main(["bundle", "--model", str(tmp_path / "run"), "--export", str(tmp_path / "exp"), "--key",
+                          str(tmp_path / "k" / "trn_signing_key.pem"), "--out", str(tmp_path / "b"),
+                          "--detector", str(det)])
+    err = capsys.readouterr().err
+    assert rc == 2 and "nested too deep" in err and "Traceback" not in err and not (tmp_path / "b").exists()
