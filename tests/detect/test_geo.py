@@ -286,6 +286,28 @@ def test_a_geotransform_that_puts_pixels_off_the_body_is_an_error_naming_file_an
     assert "bad.tif" in err and "Traceback" not in err and not (tmp_path / "o" / "detections.csv").exists()
 
 
+def test_a_float64_geotiff_of_values_near_1e308_finds_what_its_float32_version_finds(tmp_path, capsys):
+    """Finite float64 pixels of +-1.5e308 (an audit's family of the +-1e38 float32 image) overflowed
+    to inf when read as float32 and found no crater, with exit status 0."""
+    proj = Equirectangular()
+    lat, lon, dia = truth_craters(proj)
+    c, r = proj.pixel(lat, lon)
+    scene = bowl_image(c, r, dia / 0.1).astype(np.float64)
+    centred = scene - scene.mean()
+    runs = {}
+    for name, image, dtype in (("f32", (centred / 100.0).astype(np.float32), "float32"),
+                               ("f64", centred * (1.5e308 / np.abs(centred).max()), "float64")):
+        tif = tmp_path / f"{name}.tif"
+        with rasterio.open(tif, "w", driver="GTiff", height=SHAPE[0], width=SHAPE[1], count=1, dtype=dtype,
+                           crs=proj.crs, transform=from_origin(proj.x0, proj.y0, PX_M, PX_M)) as ds:
+            ds.write(image, 1)
+        assert main(["run", "models/detector", str(tif), "--out", str(tmp_path / name), "--threshold", "0.1"]) == 0
+        runs[name] = [tuple(row[k] for k in ("l", "r", "t", "b")) for row in
+                      csv.DictReader(open(tmp_path / name / "detections.csv"))]
+    capsys.readouterr()
+    assert runs["f32"] and runs["f64"] == runs["f32"]
+
+
 class TinyPixels(Equirectangular):
     """A transform of a micrometre a pixel: on the body, but no scale a detector runs at."""
     px = 1e-6

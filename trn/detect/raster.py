@@ -18,7 +18,8 @@ import numpy as np
 
 from trn.data.files import read_image
 from trn.detect.geo import GEO_EXTRA, Georef
-from trn.detect.tiles import CAMERA_FOV_DEG, ArraySource, ImageScale, WindowSource, camera_focal_px, choose_scale
+from trn.detect.tiles import (CAMERA_FOV_DEG, ArraySource, ImageScale, WindowSource, camera_focal_px, choose_scale,
+                              scaled_down)
 from trn.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -83,7 +84,10 @@ class RasterSource(WindowSource):
 
         win = Window(c0, r0, c1 - c0, r1 - r0)
         try:
-            a = self.ds.read(self.bands, window=win).astype(np.float32).mean(axis=0)
+            a = self.ds.read(self.bands, window=win)
+            # float64 keeps its range (values up to 1.8e308, which float32 turns into inf); the bands
+            # are divided before they are summed so that their mean cannot overflow
+            a = (a / len(a)).sum(axis=0) if a.dtype == np.float64 else a.astype(np.float32).mean(axis=0)
             m = self.ds.read_masks(1, window=win) > 0
         except RasterioError as exc:
             raise DataError(f"cannot read rows {r0}-{r1}, columns {c0}-{c1} ({exc}); the file is damaged: replace it",
@@ -194,10 +198,14 @@ def preview(img: OpenedImage, max_side: int = 2048) -> tuple[np.ndarray, float]:
     h, w = max(1, int(round(rows * f))), max(1, int(round(cols * f)))
     ds = getattr(img.source, "ds", None)
     if ds is not None:
-        a = ds.read(img.source.bands, out_shape=(len(img.source.bands), h, w)).astype(np.float32).mean(axis=0)
+        a = ds.read(img.source.bands, out_shape=(len(img.source.bands), h, w)).astype(np.float64)
+        a, _ = scaled_down(a)  # float64 values of 1e308 would overflow the mean of the bands
+        a = a.mean(axis=0)
     else:
-        a = np.asarray(img.source.image, np.float32)
+        a, _ = scaled_down(np.asarray(img.source.image, np.float64))
         if f < 1.0:
             a = cv2.resize(a, (w, h), interpolation=cv2.INTER_AREA)
-    lo, hi = np.percentile(a, [0.5, 99.5]) if a.size else (0.0, 1.0)
-    return np.clip((a - lo) * (255.0 / max(hi - lo, 1e-6)), 0, 255).astype(np.uint8), f
+    finite = np.isfinite(a)
+    lo, hi = np.percentile(a[finite], [0.5, 99.5]) if finite.any() else (0.0, 1.0)
+    a = np.where(finite, a, lo)
+    return np.clip((a - lo) * (255.0 / max(hi - lo, 1e-300)), 0, 255).astype(np.uint8), f

@@ -182,13 +182,10 @@ def tile_input(window: np.ndarray, tile: Tile, size: int, valid: np.ndarray | No
             bad = ~np.isfinite(a)
             valid = ~bad if valid is None else (valid & ~bad)
             a = np.where(bad, 0.0, a)
-        big = float(np.abs(a).max()) if a.size else 0.0
-        if big > FLOAT_RESCALE_ABOVE:
-            # values up to 1.8e308 (float64) overflow the area sums and the squares of the spread
-            # even in float64: scale window and floor by one power of two, which standardisation
-            # cancels exactly
-            e = int(np.frexp(big)[1])
-            a, min_std = np.ldexp(a, -e), float(np.ldexp(min_std, -e))
+        # values up to 1.8e308 (float64) overflow the area sums and the squares of the spread even
+        # in float64: window and floor scaled by one power of two, which standardisation cancels
+        a, e = scaled_down(a)
+        min_std = float(np.ldexp(min_std, -e))
     interp = cv2.INTER_AREA if tile.w <= a.shape[1] else cv2.INTER_LINEAR
     r = cv2.resize(a, (tile.w, tile.h), interpolation=interp)
     r = r.astype(np.float32) if r.dtype != np.float64 else r
@@ -222,6 +219,18 @@ SPREAD_SAMPLE_GRID = 8   # windows a side read to measure an image's grey range
 SPREAD_SAMPLE_PX = 64    # their side, image px
 
 
+def scaled_down(a: np.ndarray) -> tuple[np.ndarray, int]:
+    """(a * 2**-e, e) for float64 values whose magnitude exceeds :data:`FLOAT_RESCALE_ABOVE`
+    (e the exponent of the largest finite one), else (a, 0): the same picture in a range where
+    sums, squares and differences cannot overflow."""
+    finite = np.abs(a[np.isfinite(a)])
+    big = float(finite.max()) if finite.size else 0.0
+    if big <= FLOAT_RESCALE_ABOVE:
+        return a, 0
+    e = int(np.frexp(big)[1])
+    return np.ldexp(a, -e), e
+
+
 def spread_floor(source: WindowSource) -> float:
     """The least spread a tile is standardised by, in the image's own units: MIN_STD grey levels of
     an 8-bit image spanning the same range. An 8-bit image keeps MIN_STD itself (the frame path's
@@ -243,9 +252,10 @@ def spread_floor(source: WindowSource) -> float:
     v = np.concatenate(values) if values else np.zeros(0)
     if not v.size:
         return MIN_STD
+    v, e = scaled_down(v)
     lo, hi = np.percentile(v, [0.1, 99.9])
     span = float(hi - lo)
-    return MIN_STD * span / 255.0 if np.isfinite(span) and span > 0 else MIN_STD
+    return float(np.ldexp(MIN_STD * span / 255.0, e)) if np.isfinite(span) and span > 0 else MIN_STD
 
 
 class ArraySource(WindowSource):
