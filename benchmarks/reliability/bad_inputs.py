@@ -80,6 +80,7 @@ class Case:
     needs: str | None = None
     timeout: float | None = None
     owner: str | None = None  # where the code it exercises lives, when not with its command line
+    succeeds: bool = False  # an odd but valid input: clear when it exits 0 and prints every fragment
 
 
 @dataclass
@@ -100,6 +101,7 @@ class Fixtures:
     root: Path
     missing: dict[str, str] = field(default_factory=dict)
     near_digests: tuple[str, str] = ("", "")  # how a refusal should show models/near.pt's two digests
+    geo_expect: str = ""  # what trn-detect run prints of the reference float raster's craters
 
     def p(self, *parts: str) -> str:
         return str(self.root.joinpath(*parts))
@@ -405,6 +407,94 @@ def _detect_run_fixtures(root: Path) -> None:
     (d / "craters.geojson").write_text('{"type": "FeatureCollection", "features": []}', encoding="utf-8")
     (d / "big_field.csv").write_text("lat,lon,diameter_km\n1,2," + "9" * 200_000 + "\n", encoding="utf-8")
     (d / "cfg_5001_digits.yaml").write_text("epochs: " + "9" * 5001 + "\n", encoding="utf-8")
+    _huge_headers(d)
+    det = d / "detector_deep_report"
+    det.mkdir()
+    (det / "detector_int8.tflite").write_bytes(b"TFL3" * 8)
+    (det / "export_report.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+
+
+def _huge_headers(d: Path) -> None:
+    """JPEG, BMP and TIFF files whose headers claim 65535 x 65535 px (the PNG case's family)."""
+    small = np.full((8, 8), 120, np.uint8)
+    jpg = bytearray(cv2.imencode(".jpg", small)[1].tobytes())
+    sof = jpg.index(b"\xff\xc0")  # baseline frame header: length, precision, height, width
+    jpg[sof + 5:sof + 9] = (65535).to_bytes(2, "big") * 2
+    (d / "huge.jpg").write_bytes(bytes(jpg))
+    bmp = bytearray(cv2.imencode(".bmp", small)[1].tobytes())
+    bmp[18:26] = (65535).to_bytes(4, "little") * 2  # BITMAPINFOHEADER width and height
+    (d / "huge.bmp").write_bytes(bytes(bmp))
+    # a little-endian TIFF of one strip whose ImageWidth and ImageLength say 65535
+    import struct
+
+    pixels = small.tobytes()
+    tags = [(256, 3, 1, 65535), (257, 3, 1, 65535), (258, 3, 1, 8), (259, 3, 1, 1), (262, 3, 1, 1),
+            (273, 4, 1, 8), (277, 3, 1, 1), (278, 3, 1, 65535), (279, 4, 1, len(pixels))]
+    ifd = 8 + len(pixels)
+    head = b"II*\x00" + struct.pack("<I", ifd) + pixels
+    body = struct.pack("<H", len(tags)) + b"".join(
+        struct.pack("<HHI", t, k, n) + (struct.pack("<HH", v, 0) if k == 3 else struct.pack("<I", v))
+        for t, k, n, v in tags) + struct.pack("<I", 0)
+    (d / "huge.tif").write_bytes(head + body)
+
+
+GEOTIFFS = {  # name: (CRS, top-left x, y, pixel size): each puts its pixels off the body or at no usable scale
+    "far_north": ("+proj=eqc +R=1737400 +units=m +no_defs", 0.0, 1e13, 100.0),
+    "far_east": ("+proj=eqc +R=1737400 +units=m +no_defs", 1e13, 0.0, 100.0),
+    "longitudes_of_3e10": ("+proj=longlat +R=1737400 +no_defs", 3.3e10, 20.0, 0.001),
+    "orthographic_off_the_disc": ("+proj=ortho +lat_0=0 +lon_0=0 +R=1737400 +units=m +no_defs", 1735662.6, 347480.0,
+                                  100.0),
+    "stereographic_far_off": ("+proj=stere +lat_0=-90 +lon_0=0 +k=1 +R=1737400 +units=m +no_defs", 1e13, 80000.0,
+                              100.0),
+    "micrometre_pixels": ("+proj=eqc +R=1737400 +units=m +no_defs", 0.0, 0.0, 1e-6),
+}
+
+
+def _bowl_scene(side: int = 256) -> np.ndarray:
+    """float64 [side, side]: three shaded bowls (lit from the left) on a flat plain, mean 0."""
+    yy, xx = np.mgrid[0:side, 0:side].astype(np.float64)
+    scene = np.zeros((side, side))
+    for cx, cy, r in ((70, 70, 22), (180, 95, 30), (100, 190, 26)):
+        d = np.hypot(xx - cx, yy - cy) / r
+        inside = d < 1
+        scene[inside] -= ((xx - cx) / r)[inside] * 40 + 20 * (1 - d[inside] ** 2)
+        rim = (d >= 1) & (d < 1.15)
+        scene[rim] += 15
+    return cv2.GaussianBlur(scene, (0, 0), 1.5) - scene.mean()
+
+
+def _geo_fixtures(fx: Fixtures) -> None:
+    """GeoTIFFs whose transform or CRS puts their pixels off the body (GEOTIFFS), and float rasters
+    of a bowl scene at +-1e38 (float32) and +-1.5e308 (float64) beside the same scene at +-40,
+    whose crater count (run once here) each must reproduce; needs rasterio (the geo extra)."""
+    try:
+        import rasterio
+        from rasterio.transform import from_origin
+    except ImportError as exc:
+        fx.missing["geo"] = f"rasterio not installed ({exc}): pip install -e '.[geo]'"
+        return
+    d = fx.root / "geo"
+    d.mkdir()
+    for name, (crs, x0, y0, px) in GEOTIFFS.items():
+        with rasterio.open(d / f"{name}.tif", "w", driver="GTiff", height=64, width=64, count=1, dtype="uint8",
+                           crs=crs, transform=from_origin(x0, y0, px, px)) as ds:
+            ds.write(np.full((64, 64), 120, np.uint8), 1)
+    scene = _bowl_scene()
+    crs, x0, y0, px = "+proj=eqc +R=1737400 +units=m +no_defs", 0.0, 0.0, 100.0
+    for name, image in (("reference", (scene * (40 / np.abs(scene).max())).astype(np.float32)),
+                        ("float32_1e38", (scene * (3e38 / np.abs(scene).max())).astype(np.float32)),
+                        ("float64_1e308", scene * (1.5e308 / np.abs(scene).max()))):
+        with rasterio.open(d / f"{name}.tif", "w", driver="GTiff", height=image.shape[0], width=image.shape[1],
+                           count=1, dtype=image.dtype.name, crs=crs, transform=from_origin(x0, y0, px, px)) as ds:
+            ds.write(image, 1)
+    r = subprocess.run(_command("trn-detect") + ["run", str(REPO / "models" / "detector"), str(d / "reference.tif"),
+                                                 "--out", str(fx.root / "runs" / "geo_reference")],
+                       capture_output=True, text=True, cwd=fx.root, env=_env(fx), timeout=300)
+    last = (r.stdout.strip().splitlines() or [""])[-1]
+    if r.returncode != 0 or " craters at score" not in last or last.split(", ")[1].startswith("0 craters"):
+        fx.missing["geo"] = f"the reference float raster gave no craters to compare with: {last or r.stderr[-200:]}"
+        return
+    fx.geo_expect = last.split(", ")[1].split(";")[0]  # "N craters at score >= T"
 
 
 def build_fixtures(root: Path, optional: bool = True) -> Fixtures:
@@ -501,10 +591,22 @@ def build_fixtures(root: Path, optional: bool = True) -> Fixtures:
         _db_fixtures(fx)
         _export_fixtures(fx)
         _board_fixtures(fx)
+        _geo_fixtures(fx)
     else:
-        fx.missing.update({k: "not built (optional fixtures off)" for k in ("world", "db", "keys", "bundle", "boards")})
+        fx.missing.update({k: "not built (optional fixtures off)"
+                           for k in ("world", "db", "keys", "bundle", "boards", "geo")})
     return fx
 
+
+# signed manifests whose numbers no board can use: (edit, the word the refusal must name)
+UNUSABLE_MANIFESTS = {
+    "input_shape_0": lambda m: m["input"].update(shape=[1, 1, 0, 0]),
+    "embedding_dim_0": lambda m: m.update(embedding_dim=0),
+    "match_threshold_nan": lambda m: m.update(match_threshold=float("nan")),
+    "match_threshold_infinity": lambda m: m.update(match_threshold=float("inf")),
+}
+UNUSABLE_WORDS = {"input_shape_0": "input.shape", "embedding_dim_0": "embedding_dim", "match_threshold_nan": "NaN",
+                  "match_threshold_infinity": "Infinity"}
 
 # a path nested deeper than the system takes (4,199 bytes), and documents nested far deeper than any
 # config: PyYAML and Python's json read nesting by recursion
@@ -674,6 +776,16 @@ def _board_fixtures(fx: Fixtures) -> None:
                              ("bundle_version_huge", {"bundle_version": 1180591620717411303424})):
             resigned(name, (json.dumps({**doc, **change}, indent=1, sort_keys=True) + "\n").encode())
         resigned("bundle_deep_manifest", DEEP_JSON.encode())
+        # the signed bundle of a real export, re-signed with numbers a board cannot use
+        real = json.loads((fx.root / "bundle" / "manifest.json").read_text(encoding="utf-8"))
+        for name, change in UNUSABLE_MANIFESTS.items():
+            doc = json.loads(json.dumps(real))
+            change(doc)
+            out = fx.root / f"bundle_{name}"
+            shutil.copytree(fx.root / "bundle", out)
+            data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()  # Python writes NaN and Infinity
+            (out / "manifest.json").write_bytes(data)
+            (out / "manifest.sig").write_bytes(signer.sign(data))
     except Exception as exc:  # noqa: BLE001 - a fixture we could not build: its cases are skipped
         fx.missing["boards"] = f"{type(exc).__name__}: {exc}"
 
@@ -1071,6 +1183,24 @@ def cases(fx: Fixtures) -> list[Case]:
                        ("craters.geojson", "not CSV"), ("big_field.csv", "field larger than field limit")):
         add("trn-detect", f"run --catalogue {name}", run + [p("detect_run", "plain.png"), "--catalogue",
                                                            p("detect_run", name)], [name, word])
+    for name in ("huge.jpg", "huge.bmp", "huge.tif"):
+        add("trn-detect", f"run on a {name[5:].upper()} claiming 65535 x 65535 px", run + [p("detect_run", name)],
+            [name])
+    geo_run = ["run", real, "--out", p("runs", "geo_run")]
+    for name in GEOTIFFS:
+        add("trn-detect", f"run on a GeoTIFF: {name.replace('_', ' ')}", geo_run + [p("geo", f"{name}.tif")],
+            [f"{name}.tif", "transform"], needs="geo")
+    for name in ("float32_1e38", "float64_1e308"):
+        add("trn-detect", f"run on a float raster of +-{name.split('_')[1]}", geo_run + [p("geo", f"{name}.tif")],
+            [fx.geo_expect or "craters at score"], needs="geo", succeeds=True)
+    add("trn-export", "bundle --detector whose export report is nested 100,000 deep",
+        ["bundle", "--model", "flight_conv2d_se_union", "--export", p("export_tflite"), "--key",
+         p("keys", "trn_signing_key.pem"), "--out", p("runs", "bundle_deep_detector"), "--detector",
+         p("detect_run", "detector_deep_report")], ["export_report.json", "nested too deep"], needs="bundle")
+    for name, word in UNUSABLE_WORDS.items():
+        add("trn-hw", f"agent on a signed manifest with {name.replace('_', ' ')}",
+            ["agent", "--bundle", p(f"bundle_{name}"), "--pub", p("keys", "trn_signing_key.pub"), "--port", "0"],
+            [word], needs="boards", timeout=30)
     add("trn-detect", "run --out a file", ["run", real, p("detect_run", "plain.png"), "--out", p("a_file"), "--gsd", "0.1"],
         ["--out", "is a file"])
     add("trn-detect", "run --equirectangular with W > E", run + [p("detect_run", "plain.png"), "--equirectangular",
@@ -1399,10 +1529,14 @@ def classify(case: Case, rc: int, out: str, err: str) -> tuple[str, str]:
         return "traceback", ""
     if rc < 0:
         return "traceback", f"killed by signal {-rc}"
-    if rc == 0:
-        return "silent success", "exit status 0"
     text = (out + "\n" + err).lower()
     missing = [e for e in case.expect if not any(alt.lower() in text for alt in e.split("|"))]
+    if case.succeeds:  # a valid input that once gave a silently wrong answer
+        if rc != 0:
+            return "unclear", f"exit {rc}: a valid input refused"
+        return ("clear", "") if not missing else ("silent success", f"exit status 0 without {missing}")
+    if rc == 0:
+        return "silent success", "exit status 0"
     if missing:
         return "unclear", f"exit {rc}; does not name {missing}"
     return "clear", ""

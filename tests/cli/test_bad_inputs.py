@@ -31,7 +31,8 @@ SUBSET = {
                "without a command", "check PATH empty", "repair PATH nested deeper than the system takes"],
     "trn-export": ["verify a missing bundle", "keygen --out a file", "keygen --out empty"],
     "trn-hw": ["bench --n 0", "status of a directory that is not a board root"],
-    "trn-detect": ["train config: not_yaml", "sheet of labels: empty_box", "eval --threshold nan",
+    "trn-detect": ["run on a BMP claiming 65535 x 65535 px", "run on a TIF claiming 65535 x 65535 px",
+                   "train config: not_yaml", "sheet of labels: empty_box", "eval --threshold nan",
                    "build --segments 0", "run on a 1 x 1 image"],
 }
 
@@ -70,3 +71,9 @@ def test_the_classifier_tells_the_four_outcomes_apart():
     assert bench.classify(case, 2, "", "error: something went wrong")[0] == "unclear"
     assert bench.classify(case, 2, "", "error: annotations.txt is corrupt")[0] == "unclear"  # names the file, not the cause
     assert bench.classify(case, 1, "annotations.txt:1: needs l < r", "") == ("clear", "")
+    # an odd but valid input (a float raster of +-1e308): clear only when it runs and gives the answer
+    ok = bench.Case("trn-detect", "x", ("run",), ("3 craters at score",), succeeds=True)
+    assert bench.classify(ok, 0, "1 images, 3 craters at score >= 0.33", "") == ("clear", "")
+    assert bench.classify(ok, 0, "1 images, 0 craters at score >= 0.33", "")[0] == "silent success"
+    assert bench.classify(ok, 2, "", "error: x.tif: 3 craters at score")[0] == "unclear"
+    assert bench.classify(ok, 0, "", tb)[0] == "traceback"
