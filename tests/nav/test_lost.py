@@ -916,3 +916,23 @@ def test_inconsistent_inputs_are_refused():
                          sims=np.zeros((2, 5)))
     with pytest.raises(DataError, match="as many ids"):
         CraterMap([1, 2], np.zeros((3, 3)), np.ones(3))
+
+
+def test_frames_without_a_fix_are_split_by_cause_from_the_truth_of_their_detections():
+    """The report's split of the frames of two or more detections that have no fix within 2 km:
+    too few true detections (fewer than two of map craters), clutter (false detections as many as
+    the true ones or more), no agreement (true ones outnumber the false and still no good fix);
+    a wrong fix counts in its frame's cause, a fix within 2 km and a one-detection frame in none."""
+    from trn.nav.scenario import NOT_FIXED_CAUSES, not_fixed_cause, not_fixed_causes
+
+    def row(detections, in_map, declared=False, error_km=None):
+        return {"detections": detections, "in_map": in_map, "declared": declared, "error_km": error_km}
+
+    few, clutter, none = NOT_FIXED_CAUSES
+    rows = [row(1, 1), row(3, 3, True, 0.4),                       # not counted
+            row(2, 1), row(5, 0, True, 40.0),                      # too few true detections (one a wrong fix)
+            row(4, 2), row(7, 3),                                  # clutter: 2 false of 4, 4 false of 7
+            row(3, 2), row(5, 4, True, 3.0)]                       # no agreement (one a wrong fix)
+    assert [not_fixed_cause(r) for r in rows] == [None, None, few, few, clutter, clutter, none, none]
+    assert not_fixed_causes(rows) == {few: {"frames": 2, "wrong_fixes": 1}, clutter: {"frames": 2, "wrong_fixes": 0},
+                                      none: {"frames": 2, "wrong_fixes": 1}}

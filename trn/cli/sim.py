@@ -442,6 +442,9 @@ def _print_lost_fixes(name: str, rep: dict) -> None:
               f"{m['dark']} dark, {m['not_on_disk']} with a frame not on disk")
     t = rep["time"]
     print("reasons: " + "; ".join(f"{k}: {v}" for k, v in sorted(rep["reasons"].items(), key=lambda kv: -kv[1])))
+    if "not_fixed" in rep:  # reports written before the split have none
+        print("frames of two or more detections without a fix within 2 km, by cause: " + "; ".join(
+            f"{k}: {v['frames']} ({v['wrong_fixes']} wrong fixes)" for k, v in rep["not_fixed"].items()))
     print(f"time (this CPU, one process): {t['ms_per_detection']:.1f} ms per detection over the whole map; "
           f"p50 {t['fix_ms_per_frame_p50']:.1f} ms, p99 {t['fix_ms_per_frame_p99']:.1f} ms per frame; per declared fix "
           f"p50 {t['ms_per_declared_fix_p50']:.1f} ms, p99 {t['ms_per_declared_fix_p99']:.1f} ms"

@@ -855,7 +855,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
             "detections": len(flat), "detections_before_gate": before, "gate_km": gate_km, "rule": {"min_box_px": rule.min_box_px,
                                               "min_sun_elevation_deg": rule.min_sun_elevation_deg},
             "by_detections": {k: summary([r for r in rows if f(r["detections"])]) for k, f in bins.items()},
-            "reasons": reasons,
+            "reasons": reasons, "not_fixed": not_fixed_causes(rows),
             "time": {"embed_and_whole_map_similarity_ms_per_detection": embed_search_s * 1e3 / max(len(flat), 1),
                      "ms_per_detection": float(ms.sum() / max(len(flat), 1)),
                      "fix_ms_per_frame_p50": float(np.percentile(ms, 50)),
@@ -878,6 +878,35 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                 "ms_per_refinement_p99": (float(np.percentile(verify.refine_ms, 99)) if verify.refine_ms
                                           else float("nan"))},
             "frames": rows}
+
+
+NOT_FIXED_CAUSES = ("too few true detections", "clutter", "no agreement")
+
+
+def not_fixed_cause(row: dict) -> str | None:
+    """Why a frame of two or more detections has no fix within 2 km (None when it has one), from
+    the truth of its detections (``in_map``: those of a map crater): "too few true detections"
+    (fewer than two), "clutter" (as many detections of no map crater as of map craters, or more),
+    or "no agreement" (two or more true detections, outnumbering the false ones, that gave no fix
+    within 2 km: their geometry, noise or visibility, or a wrong fix declared)."""
+    if row["detections"] < 2 or (row["declared"] and row["error_km"] <= 2.0):
+        return None
+    true = row["in_map"]
+    if true < 2:
+        return NOT_FIXED_CAUSES[0]
+    return NOT_FIXED_CAUSES[1] if row["detections"] - true >= true else NOT_FIXED_CAUSES[2]
+
+
+def not_fixed_causes(rows: list[dict]) -> dict:
+    """The frames of two or more detections without a fix within 2 km, counted by
+    :func:`not_fixed_cause`, and of those the ones that declared a wrong fix."""
+    out = {c: {"frames": 0, "wrong_fixes": 0} for c in NOT_FIXED_CAUSES}
+    for r in rows:
+        c = not_fixed_cause(r)
+        if c is not None:
+            out[c]["frames"] += 1
+            out[c]["wrong_fixes"] += int(bool(r["declared"]))
+    return out
 
 
 NO_TERRAIN_MAP = ("terrain_check needs an elevation map to render the predicted frames from: give --map-source "
