@@ -295,3 +295,21 @@ def test_a_bundle_carries_the_tflite_backbone_its_head_and_how_to_feed_it(tmp_pa
     (tmp_path / "x" / "head.npz").unlink()
     with pytest.raises(DataError, match="head.npz"):
         make_bundle(tmp_path / "x", tmp_path / "bundle2", priv, "m", 32, 512, 0.9)
+
+
+def test_frame_calibration_crops_are_cut_as_the_scenarios_cut_them_and_only_of_training_craters(tmp_path):
+    """A frame descriptor's extra calibration (trn-export tflite --calib-frames): navigation crops of
+    a training orbit's boxes, cut with the model's margin as the scenarios cut them; a box of a
+    crater outside the model's training identities is refused, so test craters never calibrate."""
+    from tests.sim.test_scenarios import write_dataset
+    from trn.data.views.crops import navigation_crop, preprocess
+    from trn.export.to_onnx import frame_calibration_crops
+
+    ds = write_dataset(tmp_path / "orbit", [[0, 1], [2], [0, 1, 2]])
+    x, what = frame_calibration_crops(tmp_path / "orbit", {"0", "1", "2"}, 32, 1.25, n=100)
+    assert x.shape == (6, 32, 32) and x.dtype == np.float32 and "6 navigation crops of training craters" in what
+    first = preprocess(navigation_crop(ds.load_frame(0), (10, 90, 10, 90), 1.25), 32)
+    assert any(np.array_equal(first, c) for c in x)
+    assert len(frame_calibration_crops(tmp_path / "orbit", {"0", "1", "2"}, 32, None, n=2)[0]) == 2
+    with pytest.raises(DataError, match="not training identities"):
+        frame_calibration_crops(tmp_path / "orbit", {"0", "1"}, 32, 1.25)

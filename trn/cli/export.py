@@ -82,6 +82,13 @@ def build_parser() -> Parser:
                    help="the dataset the model was trained on: calibration (training half) and parity crops "
                         "(default: data/luna1 when present)")
     t.add_argument("--calib", type=int_at_least(1), default=500, help="calibration images (default 500)")
+    t.add_argument("--calib-frames", type=Path, default=None, metavar="BUILD",
+                   help="also calibrate on navigation crops of a training orbit (trn-data build --annotate-training-of; "
+                        "its boxes must be training identities of the model), beside the landmark renders")
+    t.add_argument("--calib-frame-crops", type=int_at_least(1), default=250,
+                   help="navigation crops taken from --calib-frames (default 250)")
+    t.add_argument("--parity-data", type=Path, default=None, metavar="BUILD",
+                   help="the build whose crops the parity check uses (default: --data)")
     t.add_argument("--crops", type=int_at_least(1), default=1000, help="crops in the parity check (default 1000)")
     t.add_argument("--min-cosine", type=float_between(0.0, 1.0), default=0.99,
                    help="smallest acceptable embedding cosine of the int8 model against torch (default 0.99)")
@@ -244,13 +251,15 @@ def _int8(args, fp32: Path, data: Path | None, crops) -> int:
 
 
 def _tflite(args) -> int:
+    import json
+
     import numpy as np
     import torch
 
     from trn.errors import DataError
     from trn.export.edgetpu import edgetpu_report, write_report as write_edgetpu
     from trn.export.tflite import TfliteRunner, export_tflite, tflite_parity, write_report
-    from trn.export.to_onnx import calibration_crops, real_crops
+    from trn.export.to_onnx import calibration_crops, frame_calibration_crops, real_crops
     from trn.models.registry import resolve_model
     from trn.models.checkpoint import load_descriptor
 
@@ -263,11 +272,20 @@ def _tflite(args) -> int:
     s = model.cfg.input_size
     split = weights.parent / "split.json"
     calib, source, _ = calibration_crops(data, split if split.is_file() else None, s, args.calib)
+    if args.calib_frames is not None:
+        if not split.is_file():
+            raise DataError("--calib-frames needs the model's split.json beside its weights (which craters it "
+                            "trained on)", weights.parent)
+        train = set(json.loads(split.read_text(encoding="utf-8"))["train"])
+        margin = float(model.cfg.crop_margin)
+        frames, fsource = frame_calibration_crops(args.calib_frames, train, s, None if margin == 1.0 else margin,
+                                                  args.calib_frame_crops)
+        calib, source = np.concatenate([calib, frames]), f"{source}; {fsource}"
     exports, head = export_tflite(model, args.out, calib, source)
     for e in exports:
         print(f"wrote {e.path} ({e.bytes / 1e6:.2f} MB, {e.kind}, {e.param_bytes / 2 ** 20:.2f} MiB of parameters); "
               "operators: " + ", ".join(f"{k} {v}" for k, v in e.ops.items()))
-    crops, csource = real_crops(data, s, args.crops)
+    crops, csource = real_crops(args.parity_data or data, s, args.crops)
     pars = []
     for e in exports:
         par = tflite_parity(model, TfliteRunner(e.path, head, args.threads), crops, e.kind)

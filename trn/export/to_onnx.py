@@ -308,6 +308,33 @@ def calibration_crops(root: str | Path, split_json: str | Path | None, size: int
     return x.astype(np.float32), f"{root} ({kind}): {len(x)} training-half landmark images under draws from T", used
 
 
+def frame_calibration_crops(build: str | Path, train: set[str], size: int, margin: float | None, n: int = 250,
+                            seed: int = 0) -> tuple[np.ndarray, str]:
+    """Up to ``n`` navigation crops [N, size, size] cut from the rendered frames of a Luna-1 build
+    (a training orbit: ``trn-data build --annotate-training-of``) as the scenarios cut them
+    (:func:`trn.data.views.crops.navigation_crop` with the model's ``margin``), of the crater
+    identities in ``train`` only: a frame descriptor's calibration then covers the crops it meets in
+    flight (cut at the frame's edge, other Suns), not renders alone. A box of any other identity
+    is refused: test identities never enter calibration. Seeded."""
+    from trn.data.datasets.luna1 import read_luna1
+    from trn.data.views.crops import navigation_crop, preprocess
+
+    build = Path(build)
+    ds = read_luna1(build)
+    boxes = [(f.frame, b) for f in ds.frames if f.boxes and ds.frame_path(f.frame).is_file() for b in f.boxes]
+    if not boxes:
+        raise DataError("no rendered frame with boxes to calibrate on; build it with --parts scenarios", build)
+    foreign = sorted({str(b.id) for _, b in boxes} - train)
+    if foreign:
+        raise DataError(f"{len(foreign)} crater(s) boxed in its frames are not training identities of the model (e.g. "
+                        f"{foreign[:3]}): calibrate on a training orbit (trn-data build --annotate-training-of)", build)
+    rng = np.random.default_rng(seed)
+    crops = []
+    for fr, b in (boxes[i] for i in sorted(rng.permutation(len(boxes))[:n].tolist())):
+        crops.append(preprocess(navigation_crop(ds.load_frame(fr), (b.l, b.r, b.t, b.b), margin), size))
+    return np.stack(crops).astype(np.float32), f"{build}: {len(crops)} navigation crops of training craters"
+
+
 def quantize_int8(fp32: str | Path, out: str | Path, calib: np.ndarray, calib_source: str,
                   float_nodes=None) -> OnnxExport:
     """Static int8 QDQ ONNX (per-channel symmetric int8 weights, int8 activations, min-max
