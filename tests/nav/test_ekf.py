@@ -78,3 +78,23 @@ def test_gate_refuses_a_far_fix_and_bad_inputs():
     assert f.update(np.array([np.nan, 0, 0]), np.eye(3))[0] is False
     with pytest.raises(ConfigError, match="not finite"):
         Ekf(np.full(6, np.nan), p0, 0.0, 2e-6)
+
+
+def test_the_nees_band_is_computed_from_the_number_of_fixes_and_the_rule_reads_it():
+    """The 95 % band of a mean NEES over n fixes at 3 dof (chi-square of 3n dof over n): about
+    2.80-3.20 for 570 fixes, wider for fewer; a covariance passes from a mean of 1.0 (not uselessly
+    cautious) to the band's upper edge (not overconfident)."""
+    from trn.nav.ekf import nees_acceptable, nees_band
+
+    lo, hi = nees_band(570)
+    assert lo == pytest.approx(2.80, abs=0.01) and hi == pytest.approx(3.20, abs=0.01)
+    lo10, hi10 = nees_band(10)
+    assert lo10 < lo and hi10 > hi and nees_band(570, dof=2)[1] < 2.3
+    # Monte Carlo: consistent 3-dof errors fall in the band about 95 % of the time
+    rng = np.random.default_rng(0)
+    means = (rng.standard_normal((2000, 570, 3)) ** 2).sum(axis=2).mean(axis=1)
+    assert 0.93 < np.mean((means >= lo) & (means <= hi)) < 0.97
+    assert nees_acceptable(1.0, 570) and nees_acceptable(3.19, 570) and not nees_acceptable(3.25, 570)
+    assert not nees_acceptable(0.99, 570) and not nees_acceptable(2.0, 0)
+    with pytest.raises(ValueError):
+        nees_band(0)

@@ -421,19 +421,27 @@ def _lost_map(args, source, cfg, wanted: bool):
     return catalogue_crater_map(source)
 
 
+def _band(row: dict) -> str:
+    """' (lo-hi, ok)' for a summary row with its NEES band, empty for reports written before it."""
+    band = row.get("mean_nees_band_95")
+    if not band:
+        return ""
+    return f" ({band[0]:.2f}-{band[1]:.2f}{', acceptable' if row['nees_acceptable'] else ''})"
+
+
 def _print_lost_fixes(name: str, rep: dict) -> None:
     print(f"\nlost-in-space fixes, {name} ({rep['detections']} detections, map of {rep['map_size']} craters; "
           "no position prior):")
     print("| detections per frame | frames | fix declared | with earlier frames | late (max delay s) | "
           "joined by motion (wrong) | within 2 km | wrong (> 2 km, of declared) | of them misidentified | "
-          "share within 2 km | the same at the frame's time | RMS km (within 2 km) | mean NEES |")
+          "share within 2 km | the same at the frame's time | RMS km (within 2 km) | mean NEES (95 % band) |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for k, r in rep["by_detections"].items():
         print(f"| {k} | {r['frames']} | {r['declared']} | {r['declared_with_earlier_frames']} | {r['declared_late']} "
               f"({r['late_delay_s_max']:g}) | {r['declared_by_motion']} ({r['wrong_by_motion']}) | {r['within_2km']} | "
               f"{r['wrong']} ({100 * r['wrong_share_of_declared']:.2f} %) | {r['wrong_misidentified']} | "
               f"{100 * r['share_within_2km']:.1f} % | {100 * r['share_within_2km_at_frame_time']:.1f} % | "
-              f"{r['rms_km_within_2km']:.3f} | {r['mean_nees']:.2f} |")
+              f"{r['rms_km_within_2km']:.3f} | {r['mean_nees']:.2f}{_band(r)} |")
     if rep.get("gate_km") is not None:
         print(f"size gate {rep['gate_km']:.1f} km kept {rep['detections']} of {rep['detections_before_gate']} detections")
     if rep.get("motion") is not None:

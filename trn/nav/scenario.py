@@ -21,7 +21,7 @@ import numpy as np
 from trn.data.datasets.luna1 import Luna1Dataset
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, PinholeCamera, quat_to_matrix
-from trn.nav.ekf import MU_KM3_S2, Ekf, accel, state_from_two_fixes
+from trn.nav.ekf import MU_KM3_S2, Ekf, accel, nees_acceptable, nees_band, state_from_two_fixes
 from trn.nav.fix import angular_sigma, pixel_bearings, ransac_bearings, solve_range
 from trn.nav.lost import box_geometry
 from trn.nav.motion import Displacement, MotionConfig, image_velocity, terrain_displacement
@@ -841,7 +841,9 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                 "rms_km_within_2km": float(np.sqrt(np.mean(e ** 2))) if len(e) else float("nan"),
                 "median_km_within_2km": float(np.median(e)) if len(e) else float("nan"),
                 "horizontal_rms_km_within_2km": float(np.sqrt(np.mean(eh ** 2))) if len(eh) else float("nan"),
-                "mean_nees": float(np.mean(nees)) if len(nees) else float("nan")}
+                "mean_nees": float(np.mean(nees)) if len(nees) else float("nan"),
+                "mean_nees_band_95": list(nees_band(len(nees))) if len(nees) else None,
+                "nees_acceptable": nees_acceptable(float(np.mean(nees)), len(nees)) if len(nees) else False}
 
     bins = {"1": lambda n: n == 1, "2": lambda n: n == 2, "3-4": lambda n: 3 <= n <= 4, ">= 5": lambda n: n >= 5,
             ">= 2": lambda n: n >= 2}
