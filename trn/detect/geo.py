@@ -114,8 +114,9 @@ class Georef:
             raise DataError(f"pixel ({float(np.ravel(cols)[k] if np.ndim(cols) else cols):g}, "
                             f"{float(np.ravel(rows)[k] if np.ndim(rows) else rows):g}) maps to latitude "
                             f"{float(np.ravel(lat)[k]):.6g}, longitude {float(np.ravel(lon)[k]):.6g}: not a point of "
-                            f"the body, or one the CRS does not project back onto that pixel; the geotransform {self.transform} or the CRS {self.crs.to_string()!r} is "
-                            "wrong (or the pixel lies off a projection's disc)", self.path)
+                            "the body, or one the CRS does not project back onto that pixel; the geotransform "
+                            f"{self.transform} or the CRS {self.crs.to_string()!r} is wrong (or the pixel lies off a "
+                            "projection's disc)", self.path)
         return wrap_lon(lon), lat
 
     def _round_trips(self, x: np.ndarray, y: np.ndarray, lon: np.ndarray, lat: np.ndarray) -> np.ndarray:
