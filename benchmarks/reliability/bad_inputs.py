@@ -765,9 +765,9 @@ def _board_fixtures(fx: Fixtures) -> None:
         (roots["deep_state"][0] / "trust" / "state.json").write_text(DEEP_JSON, encoding="utf-8")
         signer = load_private_key(key)
 
-        def resigned(name: str, manifest: bytes) -> None:
+        def resigned(name: str, manifest: bytes, source: Path = versions[10]) -> None:
             out = fx.root / name
-            shutil.copytree(versions[10], out)
+            shutil.copytree(source, out)
             (out / "manifest.json").write_bytes(manifest)
             (out / "manifest.sig").write_bytes(signer.sign(manifest))
 
@@ -780,12 +780,8 @@ def _board_fixtures(fx: Fixtures) -> None:
         real = json.loads((fx.root / "bundle" / "manifest.json").read_text(encoding="utf-8"))
         for name, change in UNUSABLE_MANIFESTS.items():
             doc = json.loads(json.dumps(real))
-            change(doc)
-            out = fx.root / f"bundle_{name}"
-            shutil.copytree(fx.root / "bundle", out)
-            data = (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode()  # Python writes NaN and Infinity
-            (out / "manifest.json").write_bytes(data)
-            (out / "manifest.sig").write_bytes(signer.sign(data))
+            change(doc)  # Python's json writes NaN and Infinity
+            resigned(f"bundle_{name}", (json.dumps(doc, indent=1, sort_keys=True) + "\n").encode(), fx.root / "bundle")
     except Exception as exc:  # noqa: BLE001 - a fixture we could not build: its cases are skipped
         fx.missing["boards"] = f"{type(exc).__name__}: {exc}"
 

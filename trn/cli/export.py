@@ -251,15 +251,13 @@ def _int8(args, fp32: Path, data: Path | None, crops) -> int:
 
 
 def _tflite(args) -> int:
-    import json
-
     import numpy as np
     import torch
 
     from trn.errors import DataError
     from trn.export.edgetpu import edgetpu_report, write_report as write_edgetpu
     from trn.export.tflite import TfliteRunner, export_tflite, tflite_parity, write_report
-    from trn.export.to_onnx import calibration_crops, frame_calibration_crops, real_crops
+    from trn.export.to_onnx import calibration_crops, frame_calibration_crops, real_crops, training_identities
     from trn.models.registry import resolve_model
     from trn.models.checkpoint import load_descriptor
 
@@ -276,10 +274,10 @@ def _tflite(args) -> int:
         if not split.is_file():
             raise DataError("--calib-frames needs the model's split.json beside its weights (which craters it "
                             "trained on)", weights.parent)
-        train = set(json.loads(split.read_text(encoding="utf-8"))["train"])
-        margin = float(model.cfg.crop_margin)
-        frames, fsource = frame_calibration_crops(args.calib_frames, train, s, None if margin == 1.0 else margin,
-                                                  args.calib_frame_crops)
+        from trn.sim.scenarios import crop_margin
+
+        frames, fsource = frame_calibration_crops(args.calib_frames, training_identities(split), s,
+                                                  crop_margin(model.cfg), args.calib_frame_crops)
         calib, source = np.concatenate([calib, frames]), f"{source}; {fsource}"
     exports, head = export_tflite(model, args.out, calib, source)
     for e in exports:

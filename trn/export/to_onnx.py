@@ -272,6 +272,11 @@ def real_crops(root: str | Path, size: int, n: int = 1000, seed: int = 0) -> tup
     return np.stack(crops).astype(np.float32), f"{root} ({kind}): {frames_used} frame crops, {len(crops) - frames_used} landmark images"
 
 
+def training_identities(split_json: str | Path) -> set[str]:
+    """The crater identities a model trained on: the ``train`` list of its ``split.json``."""
+    return set(json.loads(Path(split_json).read_text(encoding="utf-8"))["train"])
+
+
 def calibration_crops(root: str | Path, split_json: str | Path | None, size: int, n: int = 500,
                       seed: int = 0) -> tuple[np.ndarray, str, set[str]]:
     """Calibration images for int8 quantisation, from the **training half only** (the model's own
@@ -288,8 +293,7 @@ def calibration_crops(root: str | Path, split_json: str | Path | None, size: int
 
     ls, kind = read_landmarks(Path(root))
     if split_json is not None and Path(split_json).is_file():
-        doc = json.loads(Path(split_json).read_text(encoding="utf-8"))
-        train = set(doc["train"])
+        train = training_identities(split_json)
         missing = train - set(ls.instances)
         if len(missing) == len(train):
             raise DataError("none of the model's training identities are in this dataset; calibrate on the data the "
