@@ -38,6 +38,7 @@ import numpy as np  # noqa: E402
 
 import trn.nav.lost as lost  # noqa: E402
 import trn.nav.scenario as scenario  # noqa: E402
+from trn.nav.ekf import nees_band  # noqa: E402
 from trn.nav.map_error import MapError  # noqa: E402
 from trn.cli.common import parse_settings  # noqa: E402
 from trn.data.datasets.luna1 import read_luna1  # noqa: E402
@@ -124,19 +125,20 @@ def row(name: str, rep: dict) -> dict:
             "h_rms_km": float(np.sqrt(np.mean(np.array([r["horizontal_error_km"] for r in good]) ** 2)))
             if good else float("nan"),
             "mean_nees": float(np.mean([r["nees"] for r in dec])) if dec else float("nan"),
+            "nees_band_top": nees_band(len(dec))[1] if dec else float("nan"),
             "wrong_frames": [(r["frame"], round(r["error_km"], 2)) for r in wrong]}
 
 
 def table(rows: list[dict]) -> str:
     head = ("| variant (`--lis-set`) | frames >= 2 | declared | within 2 km | share | two-detection frames fixed | "
             "wrong (> 2 km) | of them misidentified | joined by motion (wrong) | RMS km | horizontal RMS km | "
-            "mean NEES |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+            "mean NEES (95 % band's top) |\n| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     out = [head]
     for r in rows:
         out.append(f"| {r['variant']} | {r['frames']} | {r['declared']} | {r['within_2km']} | {100 * r['share']:.1f} % | "
                    f"{r['two_fixed']} of {r['two']} | {r['wrong']} ({100 * r['wrong_share']:.2f} %) | "
                    f"{r['misidentified']} | {r['by_motion']} ({r['wrong_by_motion']}) | {r['rms_km']:.3f} | "
-                   f"{r['h_rms_km']:.3f} | {r['mean_nees']:.2f} |")
+                   f"{r['h_rms_km']:.3f} | {r['mean_nees']:.2f} ({r['nees_band_top']:.2f}) |")
     return "\n".join(out)
 
 

@@ -251,6 +251,30 @@ def test_cold_start_reinitialises_when_the_filter_has_lost_track():
     assert res.error_km[50:].max() < 0.5  # found again
 
 
+def test_cold_start_fuses_the_later_fixes_and_refuses_one_its_gate_rejects():
+    """Fixes of 30 m every third frame after a two-fix start: fused, they hold the filter near
+    their accuracy where the windowed matches of a coarse detector (8 px) alone leave it several
+    times farther; a fix 50 km off among them is refused by the gate, counted, and moves nothing.
+    With ``fuse_fixes=False`` the same fixes only start the filter."""
+    from trn.nav.scenario import ColdStart
+
+    ds, states, rots, craters = synthetic()
+    rng = np.random.default_rng(9)
+    fixes = _lost_fixes(states, range(12, 120, 3), rng, sigma_km=0.03)
+    fixes[60] = _lost_fixes(states, [60], rng, sigma_km=0.03, offset=np.array([50.0, 0.0, 0.0]))[60]
+    kw = dict(sensors=SensorModel(pixel_sigma=8.0, landmark_sigma_km=0.05), seed=1)
+    fused = navigate(ds, oracle_matches(states, rots, craters), lambda ids: craters[ids], cold=ColdStart(fixes), **kw)
+    alone = navigate(ds, oracle_matches(states, rots, craters), lambda ids: craters[ids],
+                     cold=ColdStart(fixes, fuse_fixes=False), **kw)
+    f, a = fused.summary(), alone.summary()
+    assert f["initialised_s"] == a["initialised_s"] == 150.0
+    assert f["lost_fixes_fused"] == len(fixes) - 3 and f["lost_fixes_refused"] == 1
+    assert "lost_fixes_fused" not in a and f.get("reinitialisations", 0) == 0
+    late = slice(40, 120)
+    assert np.sqrt(np.mean(fused.error_km[late] ** 2)) < 0.5 * np.sqrt(np.mean(alone.error_km[late] ** 2))
+    assert fused.error_km[late].max() < 0.15 and abs(fused.error_km[60] - fused.error_km[59]) < 0.1
+
+
 def test_cold_start_from_one_fix_takes_the_velocity_from_the_terrain_motion(tmp_path):
     """Frames 11 and 12 are on disk (a textured sphere rendered along the orbit): the first fix,
     at frame 12, initialises the filter at once with the velocity their terrain motion gives, and

@@ -111,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
     l1.add_argument("--cold-velocity", choices=("image", "fixes"), default=None,
                     help="with --cold-start, the first velocity: image = from the terrain's motion between the first "
                          "fix's frame and its neighbour (default), fixes = from two fixes at least 30 s apart")
+    l1.add_argument("--cold-fixes", choices=("fuse", "initialise"), default=None,
+                    help="with --cold-start, what the verified lost-in-space fixes do once the filter runs: fuse = "
+                         "each frame's fix (refined by the terrain) is also a measurement with its covariance "
+                         "(default), initialise = they only start and restart the filter")
     l1.add_argument("--lis-candidates", type=int_between(1, 10000), default=None, metavar="K",
                     help="lost_in_space_fix: map craters per detection from the descriptor's ranking (default 16)")
     l1.add_argument("--lis-min-inliers", type=int_between(2, 100), default=None, metavar="N",
@@ -373,7 +377,8 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
                 continue
             omap = onboard(emb)
             rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate, cold_start=bool(args.cold_start),
-                                 cold_velocity=args.cold_velocity or "image", lost_cfg=lost_cfg, lis_map=lis_map,
+                                 cold_velocity=args.cold_velocity or "image",
+                                 cold_fuse=(args.cold_fixes or "fuse") == "fuse", lost_cfg=lost_cfg, lis_map=lis_map,
                                  compressed=bool(args.map_index), terrain=terrain, map_error=map_error)
             rep["boxes"] = summary
             _print_map_navigation(name, rep)
@@ -490,7 +495,8 @@ def _print_map_navigation(name: str, rep: dict) -> None:
         print(f"cold start at threshold {rep['threshold']:g}: first verified lost-in-space fix {fmt(n['first_lost_fix_s'])}, "
               f"filter initialised {fmt(n['initialised_s'])} by {n.get('initialised_by', 'nothing')} (error then "
               f"{'n/a' if n['initial_error_km'] is None else format(n['initial_error_km'], '.3f') + ' km'}), "
-              f"{n['initialisations']} initialisations, {n.get('reinitialisations', 0)} re-initialisations; day-side "
+              f"{n['initialisations']} initialisations, {n.get('reinitialisations', 0)} re-initialisations, "
+              f"{n.get('lost_fixes_fused', 0)} later fixes fused ({n.get('lost_fixes_refused', 0)} refused by the gate); day-side "
               f"RMS from the initialisation {n['trn_day_after_first_fix']['rms_km']:.3f} km, from one orbit "
               f"({n['orbit_period_s'] / 60:.0f} min) later {n['trn_day_one_orbit_after_first_fix']['rms_km']:.3f} km")
 
@@ -511,6 +517,7 @@ SCENARIO_OPTIONS = (
     ("--lis-set", "lis_set", MAP_SCENARIOS),
     ("--cold-start", "cold_start", ("map_navigation",)),
     ("--cold-velocity", "cold_velocity", ("map_navigation",)),
+    ("--cold-fixes", "cold_fixes", ("map_navigation",)),
     ("--profile", "profile", ("moon_navigation",)),
     ("--board", "board", ("moon_navigation",)),
     ("--nms", "nms", MOTION_SCENARIOS),
@@ -530,6 +537,9 @@ def check_options(args: argparse.Namespace, scenarios: list[str]) -> None:
     if getattr(args, "cold_velocity", None) is not None and not getattr(args, "cold_start", None):
         raise ConfigError("--cold-velocity sets how a cold start takes its first velocity: add --cold-start, or drop "
                           "--cold-velocity")
+    if getattr(args, "cold_fixes", None) is not None and not getattr(args, "cold_start", None):
+        raise ConfigError("--cold-fixes sets what a cold start does with its lost-in-space fixes: add --cold-start, or "
+                          "drop --cold-fixes")
     for flag, attr, readers in SCENARIO_OPTIONS:
         if getattr(args, attr, None) is not None and not set(readers) & set(scenarios):
             want = " or ".join(f"--scenario {r}" for r in readers)

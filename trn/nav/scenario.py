@@ -112,9 +112,13 @@ class ColdStart:
     one is already taken; :func:`trn.nav.motion.image_velocity`, settings ``motion``); when the
     frames give no reliable motion, or with ``velocity="fixes"``, from two fixes ``min_dt_s`` to
     ``max_dt_s`` apart, through the orbit that joins them (:func:`trn.nav.ekf.state_from_two_fixes`).
-    Either velocity must be orbital (``speed_km_s``). Re-initialisation: after ``reinit_after``
-    consecutive fixes refused by the filter's gate, a lost-in-space fix farther than the gate from
-    the estimate restarts the initialisation there."""
+    Either velocity must be orbital (``speed_km_s``). ``fuse_fixes``: once initialised, the filter
+    also takes every later frame's own verified fix (refined by the terrain where the lost-in-space
+    settings refine it) as a position measurement with its covariance, beside the frame's map
+    matches; a fix declared late for an earlier frame is not fused (the filter has moved past its
+    time). Off: the fixes only initialise and re-initialise. Re-initialisation: after
+    ``reinit_after`` consecutive fixes refused by the filter's gate, a lost-in-space fix farther
+    than the gate from the estimate restarts the initialisation there."""
 
     fixes: dict
     late: dict = field(default_factory=dict)  # {frame declared at: [(fix time s, position, covariance), ...]}
@@ -124,6 +128,7 @@ class ColdStart:
     max_dt_s: float = 900.0
     speed_km_s: tuple[float, float] = (0.5, 3.0)
     reinit_after: int = 5
+    fuse_fixes: bool = True
 
     def __post_init__(self) -> None:
         if self.velocity not in ("image", "fixes"):
@@ -376,14 +381,19 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
         err[i] = np.linalg.norm(f.x[:3] - pos[i])
         sig3[i] = 3.0 * np.sqrt(np.trace(f.p[:3, :3]) / 3.0)
         dr_err[i] = np.linalg.norm(dr.x[:3] - pos[i]) if dr is not None else np.nan
-        if cold and refused_run >= cold.reinit_after and i in cold.fixes:
+        if cold and i in cold.fixes and (cold.fuse_fixes or refused_run >= cold.reinit_after):
             z, r = cold.fixes[i]
             applied, nis = f.update(z, r)
-            if not applied:  # the lost-in-space fix disagrees too: the filter has lost track
+            if applied:
+                fixed[i], refused_run = True, 0
+                c["lost_fixes_fused"] = c.get("lost_fixes_fused", 0) + 1
+                err[i] = np.linalg.norm(f.x[:3] - pos[i])
+                sig3[i] = 3.0 * np.sqrt(np.trace(f.p[:3, :3]) / 3.0)
+            elif refused_run >= cold.reinit_after:  # the lost-in-space fix disagrees too: the filter has lost track
                 f, first, refused_run = None, (float(t[i]), np.asarray(z, np.float64), np.asarray(r, np.float64)), 0
                 c["reinitialisations"] = c.get("reinitialisations", 0) + 1
             else:
-                fixed[i], refused_run = True, 0
+                c["lost_fixes_refused"] = c.get("lost_fixes_refused", 0) + 1
     return NavResult(t, err, sig3, dr_err, fixed, day, c)
 
 
@@ -611,7 +621,7 @@ def map_size_gate(ds: Luna1Dataset, flat: list, min_km: float, altimeter_sigma_k
 def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None = None,
                    thresholds: tuple[float, ...] = (0.7, 0.8, 0.85, 0.9, 0.95), n_sigma: float = 3.0,
                    box_sigma_px: float | None = None, gate: float | None = None, cold_start: bool = False,
-                   cold_velocity: str = "image", lost_cfg=None, lis_map=None, compressed: bool = False,
+                   cold_velocity: str = "image", cold_fuse: bool = True, lost_cfg=None, lis_map=None, compressed: bool = False,
                    terrain=None, map_error=None) -> dict:
     """Navigation with TRN at ``s.threshold`` and at each of ``thresholds``, against dead
     reckoning: each detection matched within its search window (:class:`SearchWindow`).
@@ -622,8 +632,8 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
     crater (:func:`map_size_gate`). ``cold_start``: no initial state; the filter starts from the
     frames' verified lost-in-space fixes (:class:`ColdStart`, :func:`lost_in_space_fixes`) against
     ``lis_map`` (a :class:`trn.nav.lost.CraterMap`; by default the craters of ``omap``), made on the
-    whole set of boxes (before the size gate); ``cold_velocity``: how the first velocity is found
-    (:class:`ColdStart`); ``terrain``: the fixes' terrain check, with ``lost_cfg.terrain_check``
+    whole set of boxes (before the size gate); ``cold_velocity``: how the first velocity is found,
+    ``cold_fuse``: whether later fixes are fused (:class:`ColdStart`); ``terrain``: the fixes' terrain check, with ``lost_cfg.terrain_check``
     (:func:`lost_in_space_fixes`). ``compressed``: every similarity from the map's compressed index (its
     decoded codes, :meth:`OnboardMap.vectors`) in place of the exact vectors. The windows score
     their candidates only (:class:`CandidateScores`); the whole-map figures beside them, and the
@@ -649,7 +659,8 @@ def map_navigation(ds: Luna1Dataset, emb, omap, s, sensors: SensorModel | None =
                 late.setdefault(frame_at[r["time_s"] + r["delay_s"]], []).append(
                     (r["time_s"], np.array(r["position_km"]), np.array(r["cov_km2"])))
         cold = ColdStart({r["frame"]: (np.array(r["position_km"]), np.array(r["cov_km2"]))
-                          for r in lis["frames"] if r["declared"] and r["delay_s"] == 0}, late, velocity=cold_velocity)
+                          for r in lis["frames"] if r["declared"] and r["delay_s"] == 0}, late, velocity=cold_velocity,
+                         fuse_fixes=cold_fuse)
     before = len(flat)
     if gate is not None:
         if not 0.0 < gate <= 2.0:
