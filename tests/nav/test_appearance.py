@@ -182,6 +182,9 @@ def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path,
     assert lis["by_detections"][">= 2"]["frames"] == sum(f["detections"] >= 2 for f in frames)
     # every declared fix passed the terrain check (on by default) where its frame gave an answer
     assert lis["terrain"] is not None and lis["terrain"]["answered"] <= lis["terrain"]["checks"]
+    # the checks' renders are timed inside each frame's search and window, and every check is some frame's
+    assert all(0.0 <= f["terrain_ms"] <= f["ms"] for f in frames)
+    assert (sum(f["terrain_ms"] for f in frames) > 0) == (lis["terrain"]["checks"] > 0)
     assert all(f["terrain_ncc"] is None or f["terrain_ncc"] >= lis["config"]["terrain_min_ncc"]
                for f in frames if f["declared"])
     # the terrain's motion was measured between the consecutive frames the build rendered, and every

@@ -726,7 +726,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     declared or not and why, frames the fix needed and the joins it used, the fix's error and
     sigma, its terrain agreement and the offset the terrain's peak measured where it refined the
     fix, candidates and hypotheses examined, score, time (``ms``: search
-    and window; ``motion_ms``: every pair measured for the frame, back to the previous frame with
+    and window; ``terrain_ms``: the part of it spent on the terrain's checks and refinements,
+    renders; ``motion_ms``: every pair measured for the frame, back to the previous frame with
     boxes; ``own_pair_ms``: the pair from the frame just before it, the one a board measures when
     the frame arrives); summaries by detections per frame (a declared fix farther than 2 km from
     the truth is a wrong fix). ``map_error`` (:class:`trn.nav.map_error.MapError`): the error the
@@ -801,6 +802,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         radius = float(np.linalg.norm(truth)) + rng.normal(0.0, sensors.altimeter_sigma_km)
         sun = np.asarray(ds.metadata.frames[fr]["sun_dir_body"], np.float64)
         attitude[fr] = rot_est
+        spent_terrain = sum(verify.ms) + sum(verify.refine_ms) if verify is not None else 0.0
         t1 = clock()
         inputs = (boxes, rot_est, radius, sun, cam, cmap, sig, cfg, rule, None if sims is None else sims[ks])
         alone = frame_hypotheses(*inputs)
@@ -818,10 +820,11 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                         len(ks))
         prev = fr
         ms = (clock() - t1) * 1e3 - motion_ms
+        terrain_ms = sum(verify.ms) + sum(verify.refine_ms) - spent_terrain if verify is not None else 0.0
         rows.append({"frame": int(fr), "time_s": float(t_all[fr]), "detections": len(ks),
                      "in_map": int(np.isin([int(flat[k].label) for k in ks], cmap.ids).sum()),
                      "candidates": fx.candidates, "hypotheses": fx.hypotheses, "ms": ms, "motion_ms": motion_ms,
-                     "own_pair_ms": own_pair_ms,
+                     "own_pair_ms": own_pair_ms, "terrain_ms": terrain_ms,
                      "boxes": boxes.round(2).tolist(), "labels": [flat[k].label for k in ks]}
                     | _fix_fields(fx, truth, [flat[k].label for k in ks], cmap, frame_at, float(t_all[fr]), map_cov))
         row_at[float(t_all[fr])] = rows[-1]
