@@ -129,23 +129,25 @@ def main() -> int:
         # charge beside it, as a bound); the percentiles are over those per-frame sums
         bound = k * t["fix_ms_per_frame_p99"] + kf * pair[1]
         print(f"  terrain motion per frame pair p50 {kf * pair[0] / 1e3:.2f} s, p99 {kf * pair[1] / 1e3:.2f} s")
-        for what, key in (("its search and window plus the pair it completes", "own_pair_ms"),
-                          ("its search and window plus every pair measured for it (the lazy chain)", "motion_ms")):
-            board_frame = np.array([k * r["ms"] + kf * r[key] for r in rep["frames"]])
+        rows = rep["frames"]
+        charges = [("its search and window plus the pair it completes",
+                    [k * r["ms"] + kf * r["own_pair_ms"] for r in rows]),
+                   ("its search and window plus every pair measured for it (the lazy chain)",
+                    [k * r["ms"] + kf * r["motion_ms"] for r in rows])]
+        if rep["terrain"] is not None:
+            # the terrain's checks and refinements are renders (numpy arithmetic over every pixel), not
+            # dispatch-bound work: charged at the floating-point ratio, as the motion is
+            charges.append((f"its search and window plus the pair it completes, the terrain's renders charged x "
+                            f"{kf:.1f} (this CPU: p99 {np.percentile([r['terrain_ms'] for r in rows], 99):.0f} ms "
+                            "a frame)",
+                            [k * (r["ms"] - r["terrain_ms"]) + kf * (r["terrain_ms"] + r["own_pair_ms"]) for r in rows]))
+        for n, (what, ms) in enumerate(charges):
+            board_frame = np.array(ms)
             p50, p99f = np.percentile(board_frame, 50), np.percentile(board_frame, 99)
             print(f"  a frame ({what}), over {len(board_frame)} frames: p50 {p50 / 1e3:.2f} s, p99 {p99f / 1e3:.2f} s, "
                   f"max {board_frame.max() / 1e3:.2f} s; {int((board_frame > 10e3).sum())} frames over the 10 s cadence")
-        print(f"  the two p99s added (a bound on the first) {bound / 1e3:.2f} s")
-        if rep["terrain"] is not None:
-            # the terrain's checks and refinements are renders (numpy arithmetic over every pixel), not
-            # dispatch-bound work: charged at the floating-point ratio, as the motion is, the frame's time is
-            board_frame = np.array([k * (r["ms"] - r["terrain_ms"]) + kf * (r["terrain_ms"] + r["own_pair_ms"])
-                                    for r in rep["frames"]])
-            print(f"  a frame (its search and window plus the pair it completes), the terrain's renders charged x "
-                  f"{kf:.1f} (this CPU: p99 {np.percentile([r['terrain_ms'] for r in rep['frames']], 99):.0f} ms a "
-                  f"frame), over {len(board_frame)} frames: p50 {np.percentile(board_frame, 50) / 1e3:.2f} s, p99 "
-                  f"{np.percentile(board_frame, 99) / 1e3:.2f} s, max {board_frame.max() / 1e3:.2f} s; "
-                  f"{int((board_frame > 10e3).sum())} frames over the 10 s cadence")
+            if n == 1:
+                print(f"  the two p99s added (a bound on the first) {bound / 1e3:.2f} s")
     return 0
 
 

@@ -291,6 +291,11 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
     refused_run = 0
     n = len(t)
     err, sig3, dr_err = np.zeros(n), np.zeros(n), np.zeros(n)
+
+    def record(i: int) -> None:  # the filter's error and 3-sigma at frame i, as it stands now
+        err[i] = np.linalg.norm(f.x[:3] - pos[i])
+        sig3[i] = 3.0 * np.sqrt(np.trace(f.p[:3, :3]) / 3.0)
+
     fixed = np.zeros(n, bool)
     day = np.array([float(m.get("sun_elevation_deg", 0.0)) > 0.0 for m in ds.metadata.frames]) \
         if len(ds.metadata.frames) == n else np.ones(n, bool)
@@ -331,8 +336,7 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
                     c["initialised_s"] = float(t[i] - t[0])
                     c["initial_error_km"] = float(np.linalg.norm(f.x[:3] - pos[i]))
                 refused_run, fixed[i] = 0, True
-                err[i] = np.linalg.norm(f.x[:3] - pos[i])
-                sig3[i] = 3.0 * np.sqrt(np.trace(f.p[:3, :3]) / 3.0)
+                record(i)
             continue
         f.predict(float(t[i]))
         if dr is not None:
@@ -378,8 +382,7 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
                 else:
                     c["rejected_gate"] += len(used)
                     refused_run += 1
-        err[i] = np.linalg.norm(f.x[:3] - pos[i])
-        sig3[i] = 3.0 * np.sqrt(np.trace(f.p[:3, :3]) / 3.0)
+        record(i)
         dr_err[i] = np.linalg.norm(dr.x[:3] - pos[i]) if dr is not None else np.nan
         if cold and i in cold.fixes and (cold.fuse_fixes or refused_run >= cold.reinit_after):
             z, r = cold.fixes[i]
@@ -387,8 +390,7 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
             if applied:
                 fixed[i], refused_run = True, 0
                 c["lost_fixes_fused"] = c.get("lost_fixes_fused", 0) + 1
-                err[i] = np.linalg.norm(f.x[:3] - pos[i])
-                sig3[i] = 3.0 * np.sqrt(np.trace(f.p[:3, :3]) / 3.0)
+                record(i)
             elif refused_run >= cold.reinit_after:  # the lost-in-space fix disagrees too: the filter has lost track
                 f, first, refused_run = None, (float(t[i]), np.asarray(z, np.float64), np.asarray(r, np.float64)), 0
                 c["reinitialisations"] = c.get("reinitialisations", 0) + 1
@@ -802,7 +804,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         radius = float(np.linalg.norm(truth)) + rng.normal(0.0, sensors.altimeter_sigma_km)
         sun = np.asarray(ds.metadata.frames[fr]["sun_dir_body"], np.float64)
         attitude[fr] = rot_est
-        spent_terrain = sum(verify.ms) + sum(verify.refine_ms) if verify is not None else 0.0
+        spent_terrain = verify.spent_ms if verify is not None else 0.0
         t1 = clock()
         inputs = (boxes, rot_est, radius, sun, cam, cmap, sig, cfg, rule, None if sims is None else sims[ks])
         alone = frame_hypotheses(*inputs)
@@ -820,7 +822,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                         len(ks))
         prev = fr
         ms = (clock() - t1) * 1e3 - motion_ms
-        terrain_ms = sum(verify.ms) + sum(verify.refine_ms) - spent_terrain if verify is not None else 0.0
+        terrain_ms = verify.spent_ms - spent_terrain if verify is not None else 0.0
         rows.append({"frame": int(fr), "time_s": float(t_all[fr]), "detections": len(ks),
                      "in_map": int(np.isin([int(flat[k].label) for k in ks], cmap.ids).sum()),
                      "candidates": fx.candidates, "hypotheses": fx.hypotheses, "ms": ms, "motion_ms": motion_ms,
@@ -959,10 +961,10 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
     the position (:meth:`trn.nav.terrain_check.TerrainCheck.refine`), or None. Reduced frames
     more than ``keep_s`` older than the latest one checked are let go (the window's length: no fix
     reaches further back). The callable keeps each check's time (``ms``, rendering and
-    correlation), each refinement's (``refine_ms``) and its count of answers. ``map_error``: the
-    map's registration error (:class:`trn.nav.map_error.MapError`): the frame predicted at a
-    position is the map's, rendered from the true elevation where the map's terrain truly is
-    (:meth:`MapError.true_position`)."""
+    correlation), each refinement's (``refine_ms``), their running sum (``spent_ms``) and its count
+    of answers. ``map_error``: the map's registration error (:class:`trn.nav.map_error.MapError`):
+    the frame predicted at a position is the map's, rendered from the true elevation where the
+    map's terrain truly is (:meth:`MapError.true_position`)."""
     if terrain is None:
         raise ConfigError(NO_TERRAIN_MAP)
     reduced: dict[int, tuple[float, np.ndarray | None]] = {}  # frame -> (its time, the frame reduced)
@@ -985,13 +987,15 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
         if passes:
             out = terrain.refine(reduced[k][1], attitude[k], position, sun, passes, supersample)
             verify.refine_ms.append(1e3 * (clock() - t0))
+            verify.spent_ms += verify.refine_ms[-1]
             return out
         out = terrain.match(reduced[k][1], attitude[k], position, sun, reach_km)
         verify.ms.append(1e3 * (clock() - t0))
+        verify.spent_ms += verify.ms[-1]
         verify.answered += out is not None
         return out
 
-    verify.ms, verify.refine_ms, verify.answered = [], [], 0
+    verify.ms, verify.refine_ms, verify.spent_ms, verify.answered = [], [], 0.0, 0
     return verify
 
 
