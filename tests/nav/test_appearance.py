@@ -208,13 +208,25 @@ def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path,
         assert "trn_day_after_first_fix" in n
     assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--scenario", "map_navigation", "--cold-start",
                          "--map", str(tmp_path / "map"), "--lis-map", "map", "--model", str(tmp_path / "run"), "--threads", "1",
-                         "--no-progress", "--out", str(tmp_path / "rc"), "--lis-set", "terrain_check=false"]) == 0
+                         "--no-progress", "--out", str(tmp_path / "rc"), "--lis-set", "terrain_check=false",
+                         "--sensor-set", "accel_sigma_km_s2=7e-6"]) == 0
     cold = next(iter(json.loads((tmp_path / "rc" / "map_navigation.json").read_text()).values()))
+    assert cold["sensors"]["accel_sigma_km_s2"] == 7e-6  # the filter's process noise as asked
     for r in cold["runs"].values():  # no state until two verified fixes: every figure says so
         n = r["navigation"]
         assert n["cold_start"] and (n["initialised_s"] is None) == (n["initialisations"] == 0)
         assert n["dead_reckoning"]["rms_km"] != n["dead_reckoning"]["rms_km"]  # NaN: no baseline without a state
+    # the operating threshold's run frame by frame: an error has its NEES, no state has neither
+    import csv
+
+    (trace_path,) = (tmp_path / "rc").glob("map_navigation__*.trace.csv")
+    trace = list(csv.DictReader(trace_path.open()))
+    assert len(trace) == 18 and all((row["error_km"] == "nan") == (row["nees"] == "nan") for row in trace)
     capsys.readouterr()
+    assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--scenario", "map_navigation", "--cold-start",
+                         "--map", str(tmp_path / "map"), "--model", str(tmp_path / "run"), "--threads", "1",
+                         "--no-progress", "--out", str(tmp_path / "rs"), "--sensor-set", "accel_sigma=1e-5"]) == 2
+    assert "accel_sigma" in capsys.readouterr().err
     # a map embedded by another descriptor than the one embedding the frame crops is refused: its
     # similarities would mean nothing (the filter would run on no matches)
     assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "d"), "--scenario", "map_navigation", "--map",

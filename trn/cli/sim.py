@@ -125,6 +125,10 @@ def main(argv: list[str] | None = None) -> int:
     l1.add_argument("--lis-set", action="append", default=None, metavar="KEY=VALUE",
                     help="any lost-in-space setting (trn.nav.lost.LostConfig: min_llr, min_margin, window_s, "
                          "detection_probability, clutter_per_frame, ...); repeatable")
+    l1.add_argument("--sensor-set", action="append", default=None, metavar="KEY=VALUE",
+                    help="any sensor or filter setting of map navigation and lost-in-space fixes "
+                         "(trn.nav.sensors.SensorModel: accel_sigma_km_s2, attitude_sigma_arcsec, pixel_sigma, "
+                         "altimeter_sigma_km, gate_probability, ...); repeatable")
     l1.add_argument("--boxes", default=None, metavar="KIND[,KIND...]",
                     help="navigation boxes: annotations (the default: the paper's Head et al. craters, emulated "
                          "detector noise), union (every union-catalogue crater, trn-detect label), detector (a "
@@ -326,6 +330,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
         source = ds.root / ".world"  # the built-in world's terrain, from which its frames were rendered
     maps: dict = {}
     lost_cfg = _lost_config(args)
+    sensors = _sensor_model(args)
     lost = "lost_in_space_fix" in which or bool(args.cold_start)
     lis_map = _lost_map(args, source, lost_cfg, lost)
     terrain = dataset_terrain_check(ds, source, lost_cfg) if lost else None
@@ -352,7 +357,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
         sigma = scenario_box_settings(kind, summary, sk)[1]
         if "lost_in_space_fix" in which and lis_map is not None:  # geometry first: no descriptor, one run
             name = f"union catalogue map [{kind} boxes]"
-            lis = lost_in_space_fixes(dsk, lis_map, sk, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed,
+            lis = lost_in_space_fixes(dsk, lis_map, sk, sensors, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed,
                                       gate_km=gate_km(args.map_gate, lis_map), terrain=terrain, map_error=map_error)
             lis |= {"boxes": summary, "map": "union catalogue of " + str(source)}
             _print_lost_fixes(name, lis)
@@ -366,7 +371,7 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
 
                 omap = onboard(emb)
                 dmap = descriptor_crater_map(omap)
-                lis = lost_in_space_fixes(dsk, dmap, sk, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed, emb=emb,
+                lis = lost_in_space_fixes(dsk, dmap, sk, sensors, cfg=lost_cfg, box_sigma_px=sigma, seed=sk.seed, emb=emb,
                                           omap=omap, compressed=bool(args.map_index), terrain=terrain,
                                           map_error=map_error)
                 lis |= {"boxes": summary, "map": f"descriptor map {args.map or 'built from the dataset'}"}
@@ -376,14 +381,16 @@ def _map_navigation(ds, embedders, settings, sources, args, out: Path, which: tu
             if "map_navigation" not in which:
                 continue
             omap = onboard(emb)
-            rep = map_navigation(dsk, emb, omap, sk, box_sigma_px=sigma, gate=args.map_gate, cold_start=bool(args.cold_start),
+            rep = map_navigation(dsk, emb, omap, sk, sensors, box_sigma_px=sigma, gate=args.map_gate, cold_start=bool(args.cold_start),
                                  cold_velocity=args.cold_velocity or "image",
                                  cold_fuse=(args.cold_fixes or "fuse") == "fuse", lost_cfg=lost_cfg, lis_map=lis_map,
                                  compressed=bool(args.map_index), terrain=terrain, map_error=map_error)
             rep["boxes"] = summary
             _print_map_navigation(name, rep)
-            plot_navigation(rep, out / f"map_navigation__{name.replace(' ', '_')}.png",
-                            f"{name}: map navigation at threshold {settings.threshold:g}")
+            stem = f"map_navigation__{name.replace(' ', '_')}"
+            plot_navigation(rep, out / f"{stem}.png", f"{name}: map navigation at threshold {settings.threshold:g}")
+            (out / f"{stem}.trace.csv").write_text(rep["runs"][f"{rep['threshold']:g}"]["result"].trace_csv(),
+                                                  encoding="utf-8")  # the operating threshold's run, frame by frame
             for r in rep["runs"].values():
                 r.pop("result")
             doc[name] = rep
@@ -410,6 +417,12 @@ def _lost_config(args):
     given = {k: v for k, v in (("candidates", args.lis_candidates), ("min_inliers", args.lis_min_inliers))
              if v is not None}
     return LostConfig(**(parse_settings(LostConfig, args.lis_set or [], "--lis-set") | given))
+
+
+def _sensor_model(args):
+    from trn.nav.sensors import SensorModel
+
+    return SensorModel(**parse_settings(SensorModel, getattr(args, "sensor_set", None) or [], "--sensor-set"))
 
 
 def _lost_map(args, source, cfg, wanted: bool):
@@ -499,6 +512,10 @@ def _print_map_navigation(name: str, rep: dict) -> None:
               f"{n.get('lost_fixes_fused', 0)} later fixes fused ({n.get('lost_fixes_refused', 0)} refused by the gate); day-side "
               f"RMS from the initialisation {n['trn_day_after_first_fix']['rms_km']:.3f} km, from one orbit "
               f"({n['orbit_period_s'] / 60:.0f} min) later {n['trn_day_one_orbit_after_first_fix']['rms_km']:.3f} km")
+    if "position_nees_day_after_first_fix" in n:
+        print(f"the filter's position NEES at threshold {rep['threshold']:g} after the first fix (3 when its covariance "
+              f"fits its error): day {n['position_nees_day_after_first_fix']:.2f}, night "
+              f"{n['position_nees_night_after_first_fix']:.2f}")
 
 
 MOTION_SCENARIOS = ("moon_navigation", "lost_in_space") + MAP_SCENARIOS  # the ones that read frames
@@ -515,6 +532,7 @@ SCENARIO_OPTIONS = (
     ("--lis-min-inliers", "lis_min_inliers", MAP_SCENARIOS),
     ("--lis-map", "lis_map", MAP_SCENARIOS),
     ("--lis-set", "lis_set", MAP_SCENARIOS),
+    ("--sensor-set", "sensor_set", MAP_SCENARIOS),
     ("--cold-start", "cold_start", ("map_navigation",)),
     ("--cold-velocity", "cold_velocity", ("map_navigation",)),
     ("--cold-fixes", "cold_fixes", ("map_navigation",)),

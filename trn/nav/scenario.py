@@ -50,6 +50,17 @@ class NavResult:
     fixed: np.ndarray  # bool per frame: a fix was applied
     day: np.ndarray  # bool per frame: the Sun is up at the sub-spacecraft point
     counts: dict = field(default_factory=dict)
+    nees: np.ndarray | None = None  # the position error's NEES against the filter's covariance (3 dof) per frame
+
+    def trace_csv(self) -> str:
+        """One line per frame: time from the first frame, error and 3-sigma (km), the position
+        NEES, whether a fix was applied and whether the Sun is up."""
+        nees = self.nees if self.nees is not None else np.full(len(self.times_s), np.nan)
+        rows = ["frame,time_s,error_km,sigma3_km,nees,fixed,day"]
+        for k in range(len(self.times_s)):
+            rows.append(f"{k},{self.times_s[k] - self.times_s[0]:.1f},{self.error_km[k]:.5f},{self.sigma3_km[k]:.5f},"
+                        f"{nees[k]:.4g},{int(self.fixed[k])},{int(self.day[k])}")
+        return "\n".join(rows) + "\n"
 
     def summary(self) -> dict:
         def stats(e: np.ndarray) -> dict:
@@ -73,6 +84,11 @@ class NavResult:
                "trn": stats(self.error_km), "dead_reckoning": stats(self.dr_error_km),
                "trn_day": stats(self.error_km[self.day]), "trn_night": stats(self.error_km[~self.day]),
                "dead_reckoning_day": stats(self.dr_error_km[self.day]), **self.counts}
+        if self.nees is not None:  # whether the filter's covariance covers its error: 3 when consistent
+            for part, sel in (("day", self.day & after), ("night", ~self.day & after)):
+                v = self.nees[sel]
+                v = v[np.isfinite(v)]
+                out[f"position_nees_{part}_after_first_fix"] = float(v.mean()) if len(v) else float("nan")
         return out
 
 
@@ -290,11 +306,13 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
     first: tuple | None = None  # cold start: the first fix of the pair that will initialise the filter
     refused_run = 0
     n = len(t)
-    err, sig3, dr_err = np.zeros(n), np.zeros(n), np.zeros(n)
+    err, sig3, dr_err, nees = np.zeros(n), np.zeros(n), np.zeros(n), np.full(n, np.nan)
 
-    def record(i: int) -> None:  # the filter's error and 3-sigma at frame i, as it stands now
-        err[i] = np.linalg.norm(f.x[:3] - pos[i])
+    def record(i: int) -> None:  # the filter's error, 3-sigma and NEES at frame i, as it stands now
+        e = f.x[:3] - pos[i]
+        err[i] = np.linalg.norm(e)
         sig3[i] = 3.0 * np.sqrt(np.trace(f.p[:3, :3]) / 3.0)
+        nees[i] = float(e @ np.linalg.solve(f.p[:3, :3], e))
 
     fixed = np.zeros(n, bool)
     day = np.array([float(m.get("sun_elevation_deg", 0.0)) > 0.0 for m in ds.metadata.frames]) \
@@ -396,7 +414,7 @@ def navigate(ds: Luna1Dataset, matches: dict[int, list[Match]], positions, senso
                 c["reinitialisations"] = c.get("reinitialisations", 0) + 1
             else:
                 c["lost_fixes_refused"] = c.get("lost_fixes_refused", 0) + 1
-    return NavResult(t, err, sig3, dr_err, fixed, day, c)
+    return NavResult(t, err, sig3, dr_err, fixed, day, c, nees)
 
 
 def detector_pixel_sigma(shift_px: int, shrink_px: int, centroid_px: float) -> float:
