@@ -4,7 +4,8 @@ CraterDANet set, ``--set craterdanet-nac``, the default) and a Mars CTX mosaic w
 train and validation images, and whole images of a split scored.
 
 ``frames`` writes a detector data directory (tiles of the train and validation images at a scale,
-at the network's input size) for ``trn-detect train``; test images are never written. ``--val``
+at the network's input size) for ``trn-detect train``, of the NAC set or, with ``--set``, of
+another trainable set (francis-ctx-mars, themis-dayir-mars); test images are never written. ``--val``
 keeps only the named validation observations for validation and trains on the others (or, with
 ``--other-val drop``, leaves them out): a study of more training images, scored with ``score
 --observations`` on what stayed out.
@@ -67,6 +68,9 @@ from trn.detect.tiles import (ArraySource, ScaleBand, detect_multiscale, merge_b
                               TTA_VIEWS, symmetry_averaged, tile_boxes, torch_maps)
 
 SET = "craterdanet-nac"
+# the sets whose train and validation splits may be cut into training frames (robbins-ctx-mars is one
+# image kept to check a detector on a body it never saw)
+TRAINABLE_SETS = ("craterdanet-nac", "francis-ctx-mars", "themis-dayir-mars")
 SIZE_EDGES = [0.0, 10.0, 20.0, 40.0, 80.0, float("inf")]  # box side (geometric mean), image px
 # The set's card: craters under 8 px were not labelled (docs/real_crater_sets.md). Over the
 # labelled size range, a detection under this side (sqrt(w h), image px) that matches no label is
@@ -193,7 +197,12 @@ def _split_images(args) -> list:
 
 
 def cmd_frames(args) -> int:
-    images = real_images(SET, args.root, "train") + real_images(SET, args.root, "val")
+    if args.set not in TRAINABLE_SETS:
+        raise SystemExit(f"--set {args.set} is kept for validation and never trained on; trainable sets: "
+                         f"{', '.join(TRAINABLE_SETS)}")
+    if args.val is not None and args.set != SET:
+        raise SystemExit(f"--val names NAC observations of {SET}; drop it with --set {args.set}")
+    images = real_images(args.set, args.root, "train") + real_images(args.set, args.root, "val")
     if args.val is None and args.other_val != "train":
         raise SystemExit("--other-val goes with --val (the validation observations to keep)")
     if args.val is not None:
@@ -458,8 +467,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
     f = sub.add_parser("frames", help="detector training frames from the train and validation images")
-    f.add_argument("--root", type=Path, required=True, help="the checked copy of the NAC set (the Mars mosaic is "
+    f.add_argument("--root", type=Path, required=True, help="the checked copy of the set (the Mars mosaic is "
                                                             "never trained on)")
+    f.add_argument("--set", default=SET, choices=tuple(LABELLED_SIDE_PX),
+                   help=f"the set whose train and validation images are cut (default {SET})")
     f.add_argument("--factor", type=float, required=True, help="network px per image px")
     f.add_argument("--out", type=Path, required=True)
     f.add_argument("--val", help="validation observations to keep as validation, e.g. M115143943; the other "

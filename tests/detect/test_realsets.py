@@ -210,3 +210,39 @@ def test_the_themis_set_installs_from_its_snapshot_and_reads_its_labels(tmp_path
     images = real_images("themis-dayir-mars", tmp_path)
     assert len(images) == 712 and sum(len(im.boxes) for im in images) == 4441
     assert {im.split for im in images} == {"train", "val", "test"}
+
+
+def _real_nac():
+    import importlib.util
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "detector" / "real_nac.py"
+    spec = importlib.util.spec_from_file_location("real_nac", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_training_frames_are_refused_for_the_set_kept_for_validation(tmp_path: Path) -> None:
+    real_nac = _real_nac()
+    with pytest.raises(SystemExit, match="kept for validation and never trained on"):
+        real_nac.main(["frames", "--set", "robbins-ctx-mars", "--root", str(tmp_path), "--factor", "1",
+                       "--out", str(tmp_path / "f")])
+    with pytest.raises(SystemExit, match="--val names NAC observations"):
+        real_nac.main(["frames", "--set", "themis-dayir-mars", "--root", str(tmp_path), "--factor", "1",
+                       "--out", str(tmp_path / "f"), "--val", "M115143943"])
+    assert not (tmp_path / "f").exists()
+
+
+@pytest.mark.skipif(not MIRROR.is_dir(), reason="no snapshot of aliFrancis/mars-crater-catalogue here (fetch it)")
+def test_training_frames_of_another_set_hold_its_train_and_validation_tiles_only(tmp_path: Path) -> None:
+    import json
+
+    from trn.detect.realsets import install_set
+
+    install_set("francis-ctx-mars", MIRROR, tmp_path / "set")
+    assert _real_nac().main(["frames", "--set", "francis-ctx-mars", "--root", str(tmp_path / "set"), "--factor", "0.5",
+                             "--out", str(tmp_path / "f")]) == 0
+    settings = json.loads(next((tmp_path / "f").glob("*.json")).read_text())
+    names = "".join(settings.get("settings", settings).get("images", []))
+    assert all(f"MC11E-{t}" not in names for t in "DFKL")  # the test tiles are never written
+    assert all(f"MC11E-{t}" in names for t in "ABCEGHIJ")
