@@ -528,3 +528,16 @@ def test_quick_help_says_it_also_runs_its_own_small_world(capsys):
     with pytest.raises(SystemExit):
         sim_cli.main(["run", "landmarks", "--help"])  # --data is required there: no world of its own
     assert "quick built-in world" not in " ".join(capsys.readouterr().out.split())
+
+
+def test_a_bad_sensor_setting_is_refused_before_any_data_is_read(tmp_path, capsys):
+    base = ["run", "luna1", "--data", str(tmp_path / "nowhere"), "--scenario", "map_navigation", "--no-progress"]
+    for item, what in (("accel_sigma_km_s2=-1e-6", "accel_sigma_km_s2"), ("accel_sigma=1e-5", "accel_sigma"),
+                       ("gate_probability=1.5", "gate_probability")):
+        assert sim_cli.main(base + ["--sensor-set", item]) == 2
+        err = capsys.readouterr().err
+        assert what in err and "nowhere" not in err and "Traceback" not in err
+    # the option is read by the map scenarios only: another run that would ignore it is told so
+    assert sim_cli.main(["run", "luna1", "--data", str(tmp_path / "nowhere"), "--scenario", "moon_navigation",
+                         "--sensor-set", "accel_sigma_km_s2=8e-6"]) == 2
+    assert "--sensor-set is read only by" in capsys.readouterr().err

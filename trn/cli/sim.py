@@ -558,6 +558,8 @@ def check_options(args: argparse.Namespace, scenarios: list[str]) -> None:
     if getattr(args, "cold_fixes", None) is not None and not getattr(args, "cold_start", None):
         raise ConfigError("--cold-fixes sets what a cold start does with its lost-in-space fixes: add --cold-start, or "
                           "drop --cold-fixes")
+    if getattr(args, "sensor_set", None):
+        _sensor_model(args)  # a bad key or value is refused now, not after the other scenarios ran
     for flag, attr, readers in SCENARIO_OPTIONS:
         if getattr(args, attr, None) is not None and not set(readers) & set(scenarios):
             want = " or ".join(f"--scenario {r}" for r in readers)
