@@ -139,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if not args.trajectory.is_file():
         sys.exit(f"{args.trajectory}: no trajectory file; give --trajectory (x,y,z in km every 10 s)")
+    if args.gravity is not None and not args.gravity.is_file():
+        sys.exit(f"{args.gravity}: no such gravity file; give a GMAT .cof file (e.g. LP165P.cof) or drop --gravity")
+    if any(not 2 <= d <= 200 for d in args.degree or []):
+        sys.exit(f"--degree {args.degree}: each a whole number from 2 to 200")
     print(hardware())
     pos = np.loadtxt(args.trajectory, delimiter=",", skiprows=1, usecols=(0, 1, 2))
     h = STEP_S
