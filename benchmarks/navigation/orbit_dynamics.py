@@ -104,12 +104,6 @@ def harmonic_accel(r: np.ndarray, gm: float, radius: float, c: np.ndarray, s: np
     return gm / radius ** 2 * np.array([ax, ay, az])
 
 
-def frame_terms(r: np.ndarray, vel: np.ndarray) -> np.ndarray:
-    """Coriolis and centrifugal accelerations of the uniformly rotating frame (as the filter has them)."""
-    om = np.array([0.0, 0.0, ekf.OMEGA_RAD_S])
-    return -2.0 * np.cross(om, vel) - np.cross(om, np.cross(om, r))
-
-
 def correlation_time_s(res: np.ndarray, step_s: float) -> float:
     """The lag at which the residual's autocorrelation (mean over axes) first falls below 1/e."""
     x = res - res.mean(0)
@@ -118,14 +112,6 @@ def correlation_time_s(res: np.ndarray, step_s: float) -> float:
         if (x[:-lag] * x[lag:]).sum() / var < math.exp(-1):
             return lag * step_s
     return len(x) // 2 * step_s
-
-
-def rk4_with(f, x: np.ndarray, dt: float) -> np.ndarray:
-    k1 = f(x)
-    k2 = f(x + 0.5 * dt * k1)
-    k3 = f(x + 0.5 * dt * k2)
-    k4 = f(x + dt * k3)
-    return x + dt / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -159,7 +145,7 @@ def main(argv: list[str] | None = None) -> int:
         for deg in args.degree or [20, 50]:
             gm, radius, c, s = read_cof(args.gravity, deg)
             models[f"{args.gravity.name} to degree {deg}"] = (
-                lambda r, v, gm=gm, radius=radius, c=c, s=s: harmonic_accel(r, gm, radius, c, s) + frame_terms(r, v))
+                lambda r, v, gm=gm, radius=radius, c=c, s=s: harmonic_accel(r, gm, radius, c, s) + ekf.frame_accel(r, v))
     sigmas = args.accel_sigma or [SensorModel().accel_sigma_km_s2]
     starts = np.arange(2, len(pos) - 2 - 360, 100)
     print("\n| dynamics | residual RMS per axis (m/s^2) | correlated over (s) | matching density (km/s^2/sqrt(Hz)) | "
@@ -176,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             f = lambda y: np.concatenate([y[3:], model(y[:3], y[3:])])  # noqa: E731
             row = []
             for k in range(1, 361):
-                x = rk4_with(f, x, h)
+                x = ekf.rk4(x, h, deriv=f)
                 if k % 120 == 0:
                     row.append(float(np.linalg.norm(x[:3] - pos[i + k])))
             drift.append(row)

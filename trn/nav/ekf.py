@@ -61,22 +61,29 @@ def accel(r: np.ndarray, v: np.ndarray, j2: bool = True) -> np.ndarray:
         k = -1.5 * J2 * MU_KM3_S2 * R_REF_KM ** 2 / rn ** 5
         f = 5.0 * z * z / rn2
         a = a + k * np.array([x * (1.0 - f), y * (1.0 - f), z * (3.0 - f)])
+    return a + frame_accel(r, v)
+
+
+def frame_accel(r: np.ndarray, v: np.ndarray) -> np.ndarray:
+    """Coriolis and centrifugal accelerations of the frame rotating uniformly about z (km/s^2)."""
     w = np.array([0.0, 0.0, OMEGA_RAD_S])
-    return a - 2.0 * np.cross(w, v) - np.cross(w, np.cross(w, r))
+    return -2.0 * np.cross(w, v) - np.cross(w, np.cross(w, r))
 
 
 def _f(x: np.ndarray, j2: bool) -> np.ndarray:
     return np.concatenate([x[3:], accel(x[:3], x[3:], j2)])
 
 
-def rk4(x: np.ndarray, dt: float, j2: bool = True, max_step: float = 10.0) -> np.ndarray:
+def rk4(x: np.ndarray, dt: float, j2: bool = True, max_step: float = 10.0, deriv=None) -> np.ndarray:
+    """Fixed-step RK4 over ``dt`` of the filter's dynamics, or of ``deriv(state) -> d state / dt``."""
+    f = deriv or (lambda y: _f(y, j2))
     n = max(1, int(np.ceil(abs(dt) / max_step)))
     h = dt / n
     for _ in range(n):
-        k1 = _f(x, j2)
-        k2 = _f(x + 0.5 * h * k1, j2)
-        k3 = _f(x + 0.5 * h * k2, j2)
-        k4 = _f(x + h * k3, j2)
+        k1 = f(x)
+        k2 = f(x + 0.5 * h * k1)
+        k3 = f(x + 0.5 * h * k2)
+        k4 = f(x + h * k3)
         x = x + h / 6.0 * (k1 + 2 * k2 + 2 * k3 + k4)
     return x
 
