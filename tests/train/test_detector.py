@@ -383,6 +383,39 @@ def test_a_run_over_several_sets_records_each_sets_ap(det_run, boxed_world, tmp_
     assert rec["val_select"] == pytest.approx(float(np.mean(list(per.values()))), abs=1e-4)
 
 
+def test_each_set_gives_at_most_its_share_of_an_epochs_frames():
+    """frames_per_set draws at most N frames of each data directory (all of a smaller one), a new
+    draw each epoch; val_frames_per_set keeps the same validation frames every epoch; bad counts
+    are refused."""
+    from trn.train.detector import per_set
+
+    sets = np.array([0] * 50 + [1] * 3 + [2] * 400)
+    a, b = per_set(sets, 10, np.random.default_rng(0)), per_set(sets, 10, np.random.default_rng(1))
+    for idx in (a, b):
+        assert [int((sets[idx] == j).sum()) for j in range(3)] == [10, 3, 10]
+        assert len(set(idx.tolist())) == len(idx) and np.all(np.diff(idx) > 0)
+    assert not np.array_equal(a, b)
+    assert np.array_equal(per_set(sets, 10, np.random.default_rng(0)), a)
+    for name in ("frames_per_set", "val_frames_per_set"):
+        with pytest.raises(ConfigError, match=name):
+            DetectTrainConfig(data=("a",), **{name: -1})
+    cfg = DetectTrainConfig.from_dict({"data": ["a"], "frames_per_set": 800, "val_frames_per_set": 300})
+    assert DetectTrainConfig.from_dict(cfg.to_dict()) == cfg
+
+
+def test_a_run_with_frames_per_set_trains_on_its_draw_and_validates_on_a_fixed_few(det_run, tmp_path):
+    """A run bounded to 4 training frames of its one set and 3 validation frames loads more than 4
+    training frames, keeps at most 3 for validation, and completes its epoch."""
+    from trn.train.detector import frame_sets
+
+    root, _, cfg, _ = det_run
+    small = DetectTrainConfig(**{**cfg.__dict__, "frames_per_set": 4, "val_frames_per_set": 3, "epochs": 1})
+    train, val = frame_sets(small)
+    assert len(train.frames) > 4 and len(val.frames) <= 3
+    rec = train_detector(small, tmp_path / "run")[0]
+    assert rec["epoch"] == 1
+
+
 def test_a_training_set_from_a_build_keeps_every_nth_frame_and_splits_its_tail(boxed_world, tmp_path, capsys):
     build_luna1(BuildConfig(source=boxed_world, out=tmp_path / "b", limit_frames=8, limit_craters=4, workers=1,
                             render=SMALL, annotate=RULE))

@@ -86,7 +86,11 @@ class DetectTrainConfig:
     select: how the epoch (and its score threshold) is chosen: "pooled", the AP@0.5 over every
     validation frame together; "mean_of_sets", the mean of each data directory's own validation
     AP@0.5, so that a set with many labels (real image tiles) cannot outvote one with few (rendered
-    frames) when several kinds of image train one detector."""
+    frames) when several kinds of image train one detector. frames_per_set: each epoch trains on
+    at most this many frames of each data directory, drawn anew every epoch (0: every frame), so
+    that an epoch's length and each set's share stay bounded when sets differ a hundredfold;
+    val_frames_per_set: validation on at most this many frames of each directory, the same ones
+    every epoch (a seeded draw; 0: every frame)."""
 
     data: tuple[str, ...]
     model: DetectorConfig = field(default_factory=DetectorConfig)
@@ -107,6 +111,8 @@ class DetectTrainConfig:
     select: str = "pooled"
     average_from: int = 0
     bn_batches: int = 64
+    frames_per_set: int = 0
+    val_frames_per_set: int = 0
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     seed: int = 0
     threads: int = 2
@@ -127,6 +133,10 @@ class DetectTrainConfig:
         if not 0 <= self.average_from <= self.epochs or not 1 <= self.bn_batches <= 10000:
             raise ConfigError(f"average_from={self.average_from}, bn_batches={self.bn_batches}: expected an epoch "
                               f"from 1 to epochs={self.epochs} (0: no averaging) and 1 to 10000 batches")
+        for name in ("frames_per_set", "val_frames_per_set"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and 0 <= v <= 10_000_000):
+                raise ConfigError(f"{name}={v!r}: expected a whole number of frames, 0 (every frame) or more")
         if self.select not in SELECT_RULES:
             raise ConfigError(f"select={self.select!r}: expected one of {', '.join(SELECT_RULES)}")
         if not 0.0 <= self.ignore_relief_below < 1.0:
@@ -244,7 +254,25 @@ def frame_sets(cfg: DetectTrainConfig, limit: int | None = None) -> tuple[FrameS
     train = load_frames(cfg.data, "train", cfg.model.input_size, limit, cfg.sources, cfg.ignore_relief_below,
                         cfg.ignore_invisible)
     val = load_frames(cfg.data, "val", cfg.model.input_size, limit, cfg.sources, 0.0, cfg.ignore_invisible)
+    if cfg.val_frames_per_set:
+        val = subset(val, per_set(val.sets, cfg.val_frames_per_set, np.random.default_rng([cfg.seed, 7919])))
     return train, val
+
+
+def per_set(sets: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """Indices of at most ``n`` frames of each data directory (``sets``: each frame's directory),
+    drawn by ``rng`` without replacement, in increasing order."""
+    sets = np.asarray(sets, int)
+    out = [rng.permutation(np.nonzero(sets == j)[0])[:n] for j in np.unique(sets)]
+    return np.sort(np.concatenate(out)) if out else np.zeros(0, int)
+
+
+def subset(fs: FrameSet, idx: np.ndarray) -> FrameSet:
+    """The frames ``idx`` of ``fs``."""
+    idx = np.asarray(idx, int)
+    return FrameSet(fs.images[idx], [fs.boxes[i] for i in idx], [fs.frames[i] for i in idx],
+                    [fs.shapes[i] for i in idx], fs.complete[idx], [fs.ignore[i] for i in idx],
+                    None if fs.sets is None else fs.sets[idx])
 
 
 def augment(img: np.ndarray, boxes: np.ndarray, crop: int, min_box: int, rng: np.random.Generator,
@@ -435,14 +463,18 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
              "validation frames (%d boxes, %d ignored)", parameter_count(model), len(train.frames),
              sum(len(b) for b in train.boxes), sum(int(g.sum()) for g in train.ignore), cfg.ignore_relief_below,
              cfg.ignore_invisible, len(val.frames), sum(len(b) for b in val.boxes), sum(int(g.sum()) for g in val.ignore))
-    steps_per_epoch = max(1, len(train.frames) // cfg.batch_size)
+    sets = train.sets
+    per_epoch = (sum(min(cfg.frames_per_set, int((sets == j).sum())) for j in np.unique(sets))
+                 if cfg.frames_per_set else len(train.frames))
+    steps_per_epoch = max(1, per_epoch // cfg.batch_size)
     total, warm = cfg.epochs * steps_per_epoch, cfg.warmup_epochs * steps_per_epoch
     end = cfg.epochs if stop_after is None else min(cfg.epochs, start + stop_after)
     o = cfg.crop // STRIDE
     for epoch in range(start, end):
         t0 = time.perf_counter()
         rng = np.random.default_rng([cfg.seed, epoch])
-        order = rng.permutation(len(train.frames))
+        order = (rng.permutation(per_set(sets, cfg.frames_per_set, rng)) if cfg.frames_per_set
+                 else rng.permutation(len(train.frames)))
         model.train()
         sums: dict[str, float] = {}
         for k in tqdm(range(steps_per_epoch), desc=f"epoch {epoch + 1}", disable=None, mininterval=5.0):
