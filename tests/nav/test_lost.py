@@ -891,6 +891,8 @@ def _ground_of(view, sc):
                                        ({"terrain_refine_passes": 1.5}, "terrain_refine_passes"),
                                        ({"terrain_refine_supersample": 0}, "terrain_refine_supersample"),
                                        ({"terrain_refine_per_frame": -1}, "terrain_refine_per_frame"),
+                                       ({"terrain_render_bands": 0}, "terrain_render_bands"),
+                                       ({"terrain_render_bands": 2.0}, "terrain_render_bands"),
                                        ({"terrain_refine_sigma_px": 0.0}, "terrain_refine_sigma_px")])
 def test_bad_settings_are_refused(kw, match):
     with pytest.raises(ConfigError, match=match):

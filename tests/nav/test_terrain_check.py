@@ -138,6 +138,32 @@ def test_refinement_steps_bring_a_fix_a_third_of_a_pixel_off_back_to_the_truth(c
         check.refine(small, rot, fix, sun, passes=1, supersample=9)
 
 
+def test_the_refinements_prediction_in_bands_is_the_whole_render(check):
+    """Rendered in 2 or 3 horizontal bands the supersampled prediction is the whole render pixel for
+    pixel (so the steps measure the same offset), under a low Sun whose shadows cross the bands'
+    edges; each banded render adds the bands' time less the longest band's to ``side_ms`` (a clock
+    that ticks 1 s a reading: every band takes 1,000 ms); bad band counts are refused."""
+    sc, rot = _pose(-20.0, 140.0, 250.0)
+    sun = _sun(sc, 12.0)
+    small = check.reduced(render_frame(check.surface, rot, sc, sun, RENDER)[0])
+    fix = sc + 0.3 * check.km_per_px(rot, sc) * east_north_up(-20.0, 140.0)[0]
+    whole = TerrainCheck(check.surface, RENDER, RENDER.fov_deg, size_px=32)
+    image, plain = whole.predicted_fine(rot, fix, sun, 4), whole.predicted(rot, fix, sun)
+    assert whole.side_ms == 0.0
+    for bands in (2, 3):
+        banded = TerrainCheck(check.surface, RENDER, RENDER.fov_deg, size_px=32, bands=bands)
+        ticks = iter(range(1000))
+        banded.clock = lambda: float(next(ticks))
+        assert np.array_equal(banded.predicted_fine(rot, fix, sun, 4), image)
+        assert banded.side_ms == pytest.approx(1000.0 * (bands - 1))
+        assert np.array_equal(banded.predicted(rot, fix, sun), plain)  # the check's prediction too
+        assert banded.side_ms == pytest.approx(2000.0 * (bands - 1))
+        assert np.array_equal(banded.refine(small, rot, fix, sun, passes=1), whole.refine(small, rot, fix, sun, passes=1))
+    for bad in (0, 9, 1.5):
+        with pytest.raises(ConfigError, match="bands="):
+            TerrainCheck(check.surface, RENDER, RENDER.fov_deg, size_px=32, bands=bad)
+
+
 def test_the_offsets_sigma_grows_with_the_peaks_mismatch():
     """The offset's sigma is the given reduced pixels at a peak of 0.9, scaled by the root of
     (1 - peak) / 0.1, in quadrature with the floor; a perfect match keeps the floor; no peak, no

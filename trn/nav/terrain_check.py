@@ -42,6 +42,12 @@ the peak pulls the estimate towards whole pixels, and a prediction sampled once 
 puts shadows and shading where the frame's average does not, most where the Sun is low (an error
 of 0.17 px toward the Sun on the built-in world's frames under a Sun below 15 degrees); the steps
 bring the error per axis from 0.10-0.15 px to about 0.01-0.02 px.
+Every prediction, the check's and the steps', is rendered in ``bands`` horizontal bands, each a
+window of the frame (:func:`trn.data.worlds.render.render_frame`), which gives every pixel the
+value the whole frame gives it: the same image, which a board with two cores renders side by side
+(the steps' in about half the time, the check's in two thirds; on one core the bands cost 3 % and
+a third more; ``benchmarks/navigation/terrain_render_bands.py``). Each band's time is kept
+(:attr:`TerrainCheck.side_ms`), so that a timing can charge the longest band alone.
 A frame rendered from the same elevation as the map (this simulator) holds no error of the map's
 own registration; a flown map adds its horizontal error to that.
 """
@@ -49,6 +55,7 @@ own registration; a flown map adds its horizontal error to that.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -183,22 +190,32 @@ class TerrainCheck:
     """Predicted frames of a coarse elevation map, and their agreement with real frames (module
     docstring). ``surface``: the onboard elevation and albedo (its detail is not used);
     ``render``: the frames' photometry (exposure, reflectance model, cast shadows); ``fov_deg``:
-    the navigation camera's field of view; ``size_px``: side of the compared images."""
+    the navigation camera's field of view; ``size_px``: side of the compared images; ``bands``:
+    every prediction is rendered in that many horizontal bands (module docstring).
+    ``clock``: what times the bands (seconds); ``side_ms`` sums, over every banded render, the
+    bands' times less the longest one's: the work a second core takes off the first when the
+    bands run side by side."""
 
-    def __init__(self, surface: Surface, render: RenderConfig, fov_deg: float, size_px: int = 64):
+    def __init__(self, surface: Surface, render: RenderConfig, fov_deg: float, size_px: int = 64,
+                 bands: int = 1):
         if not 16 <= size_px <= 512:
             raise ConfigError(f"terrain check size_px={size_px}: expected 16 to 512 pixels a side")
+        if not (isinstance(bands, int) and 1 <= bands <= 8):
+            raise ConfigError(f"terrain check bands={bands!r}: expected a whole number from 1 to 8")
         if not 1.0 <= fov_deg <= 170.0:
             raise ConfigError(f"terrain check fov_deg={fov_deg}: expected 1 to 170 degrees")
         self.surface = surface
         self.size_px = int(size_px)
+        self.bands = bands
+        self.clock = time.perf_counter
+        self.side_ms = 0.0
         # shadow_step 1: at this size every pixel is marched; the detail is off (the map has none)
         self.render = replace(render, nav_size=self.size_px, fov_deg=float(fov_deg), shadow_step=1,
                               detail=DetailConfig(enabled=False), illumination="physical")
 
     @classmethod
     def from_source(cls, source: str | Path, render: RenderConfig, fov_deg: float, size_px: int = 64,
-                    max_ppd: int = 32, use_albedo: bool = True) -> "TerrainCheck":
+                    max_ppd: int = 32, use_albedo: bool = True, bands: int = 1) -> "TerrainCheck":
         """The check on the elevation of ``source`` (a directory with ``dem/``, as ``--map-source``
         names) at ``max_ppd`` pixels per degree at most, and its albedo where the frames used it
         (``use_albedo``, as the build did): the builder's surface (:func:`trn.data.datasets.build.surface_of`)
@@ -212,26 +229,42 @@ class TerrainCheck:
         if not 1 <= max_ppd <= 1024:
             raise ConfigError(f"terrain check max_ppd={max_ppd}: expected 1 to 1024 pixels per degree")
         surface = surface_of(source, replace(render, detail=DetailConfig(enabled=False)), 0, use_albedo, max_ppd)
-        return cls(surface, render, fov_deg, size_px)
+        return cls(surface, render, fov_deg, size_px, bands)
+
+    def _banded(self, rotation: np.ndarray, position_km: np.ndarray, sun_dir: np.ndarray,
+                cfg: RenderConfig) -> np.ndarray:
+        """The frame of ``cfg`` rendered in :attr:`bands` horizontal bands (windows of it, each pixel
+        as the whole frame gives it), each band timed by :attr:`clock`; :attr:`side_ms` grows by
+        the bands' times less the longest one's. uint8 [side, side]."""
+        side = cfg.nav_size
+        edges = np.linspace(0, side, self.bands + 1).round().astype(int)
+        parts, ms = [], []
+        for y0, y1 in zip(edges[:-1], edges[1:]):
+            t0 = self.clock()
+            part, _ = render_frame(self.surface, np.asarray(rotation, np.float64), np.asarray(position_km, np.float64),
+                                   np.asarray(sun_dir, np.float64), cfg,
+                                   window=None if self.bands == 1 else (0, int(y0), side, int(y1)))
+            ms.append(1e3 * (self.clock() - t0))
+            parts.append(part)
+        self.side_ms += sum(ms) - max(ms)
+        return np.vstack(parts)
 
     def predicted(self, rotation: np.ndarray, position_km: np.ndarray, sun_dir: np.ndarray) -> np.ndarray:
         """The frame predicted at ``position_km`` [3] (body frame) with camera-to-body ``rotation``
-        [3, 3] and the Sun along ``sun_dir`` [3]: uint8 [size_px, size_px]."""
-        image, _ = render_frame(self.surface, np.asarray(rotation, np.float64), np.asarray(position_km, np.float64),
-                                np.asarray(sun_dir, np.float64), self.render)
-        return image
+        [3, 3] and the Sun along ``sun_dir`` [3], in :attr:`bands` bands: uint8 [size_px, size_px]."""
+        return self._banded(rotation, position_km, sun_dir, self.render)
 
     def predicted_fine(self, rotation: np.ndarray, position_km: np.ndarray, sun_dir: np.ndarray,
                        supersample: int) -> np.ndarray:
         """:meth:`predicted` rendered at ``supersample`` times the side and area-averaged back, as a
         frame is reduced (:meth:`reduced`): shading and cast shadows are not linear in the terrain,
         and a prediction sampled once per reduced pixel differs from the frame's average over it
-        most where the Sun is low (module docstring). float64 [size_px, size_px]."""
+        most where the Sun is low (module docstring). Rendered in :attr:`bands` horizontal bands,
+        their times kept (:attr:`side_ms`). float64 [size_px, size_px]."""
         if supersample == 1:
             return self.predicted(rotation, position_km, sun_dir).astype(np.float64)
         cfg = replace(self.render, nav_size=self.size_px * int(supersample), shadow_step=4)
-        image, _ = render_frame(self.surface, np.asarray(rotation, np.float64), np.asarray(position_km, np.float64),
-                                np.asarray(sun_dir, np.float64), cfg)
+        image = self._banded(rotation, position_km, sun_dir, cfg)
         return cv2.resize(image.astype(np.float32), (self.size_px, self.size_px),
                           interpolation=cv2.INTER_AREA).astype(np.float64)
 

@@ -137,6 +137,11 @@ class LostConfig:
         of the fixes within 2 km lost, a lower RMS, the smallest sigma whose mean NEES lies from
         1.0 to its band's top on every sequence and box kind; one refinement a frame because two
         put the board profile's p99 over 10 s; docs/studies/lost_in_space.md). 0: the peak alone.
+    terrain_render_bands: every prediction of the check and the steps is rendered in this many
+        horizontal bands, the same image as one render (:class:`trn.nav.terrain_check.TerrainCheck`);
+        a board with as many cores renders them side by side. 2, the PYNQ-Z2 host's cores; on
+        one core two bands cost 3 % more than one render for the steps, a third more for the
+        check (``benchmarks/navigation/terrain_render_bands.py``).
     """
 
     candidates: int = 0
@@ -183,6 +188,7 @@ class LostConfig:
     terrain_refine_sigma_px: float = 0.021
     terrain_shift_sigma_px: float = 0.0
     terrain_shift_floor_px: float = 0.15
+    terrain_render_bands: int = 2
 
     def __post_init__(self) -> None:
         def bad(name: str, expected: str) -> None:
@@ -259,6 +265,8 @@ class LostConfig:
             bad("terrain_refine_supersample", "a whole number from 1 to 8")
         if not (isinstance(self.terrain_refine_per_frame, int) and 0 <= self.terrain_refine_per_frame <= 100):
             bad("terrain_refine_per_frame", "a whole number from 0 to 100")
+        if not (isinstance(self.terrain_render_bands, int) and 1 <= self.terrain_render_bands <= 8):
+            bad("terrain_render_bands", "a whole number from 1 to 8")
         if not 0 < self.terrain_refine_sigma_px <= 10:
             bad("terrain_refine_sigma_px", "above 0 and at most 10 reduced pixels")
         if not 0 <= self.terrain_shift_sigma_px <= 10:
