@@ -746,7 +746,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     declared or not and why, frames the fix needed and the joins it used, the fix's error and
     sigma, its terrain agreement and the offset the terrain's peak measured where it refined the
     fix, candidates and hypotheses examined, score, time (``ms``: search
-    and window; ``terrain_ms``: the part of it spent on the terrain's checks and refinements,
+    and window; ``search_ms``: the part of it that identifies the frame alone, before the window,
+    which needs no other frame's result; ``terrain_ms``: the part of it spent on the terrain's checks and refinements,
     renders; ``terrain_side_ms``: the part of that a second core takes off the first when the
     renders' bands run side by side (:class:`trn.nav.terrain_check.TerrainCheck`); ``motion_ms``:
     every pair measured for the frame, back to the previous frame with boxes; ``own_pair_ms``: the pair from the frame just before it, the one a board measures when
@@ -828,6 +829,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         t1 = clock()
         inputs = (boxes, rot_est, radius, sun, cam, cmap, sig, cfg, rule, None if sims is None else sims[ks])
         alone = frame_hypotheses(*inputs)
+        search_ms = (clock() - t1) * 1e3
         view, link, motion_ms, own_pair_ms = None, None, 0.0, 0.0
         if motion is not None:
             view = frame_view(boxes, rot_est, radius, sun, cam, sig, cfg, rule, inputs[-1])
@@ -846,7 +848,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         terrain_side_ms = terrain.side_ms - side_terrain if verify is not None else 0.0
         rows.append({"frame": int(fr), "time_s": float(t_all[fr]), "detections": len(ks),
                      "in_map": int(np.isin([int(flat[k].label) for k in ks], cmap.ids).sum()),
-                     "candidates": fx.candidates, "hypotheses": fx.hypotheses, "ms": ms, "motion_ms": motion_ms,
+                     "candidates": fx.candidates, "hypotheses": fx.hypotheses, "ms": ms, "search_ms": search_ms,
+                     "motion_ms": motion_ms,
                      "own_pair_ms": own_pair_ms, "terrain_ms": terrain_ms, "terrain_side_ms": terrain_side_ms,
                      "boxes": boxes.round(2).tolist(), "labels": [flat[k].label for k in ks]}
                     | _fix_fields(fx, truth, [flat[k].label for k in ks], cmap, frame_at, float(t_all[fr]), map_cov))
