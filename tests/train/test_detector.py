@@ -403,6 +403,26 @@ def test_each_set_gives_at_most_its_share_of_an_epochs_frames():
     assert DetectTrainConfig.from_dict(cfg.to_dict()) == cfg
 
 
+def test_set_shares_weight_one_directorys_part_of_an_epoch():
+    """set_shares scales frames_per_set per data directory: [2, 1] draws twice as many of the first
+    directory's frames; a share list of the wrong length, a zero share, or shares without
+    frames_per_set are refused by name."""
+    from trn.train.detector import per_set
+
+    cfg = DetectTrainConfig(data=("a", "b", "c"), frames_per_set=10, set_shares=(2, 1, 0.5))
+    assert cfg.frames_per_directory() == [20, 10, 5]
+    assert DetectTrainConfig(data=("a", "b"), frames_per_set=10).frames_per_directory() == [10, 10]
+    sets = np.array([0] * 50 + [1] * 50 + [2] * 50)
+    idx = per_set(sets, cfg.frames_per_directory(), np.random.default_rng(0))
+    assert [int((sets[idx] == j).sum()) for j in range(3)] == [20, 10, 5]
+    assert DetectTrainConfig.from_dict(cfg.to_dict()) == cfg
+    for bad in ({"set_shares": (2, 1)}, {"set_shares": (0, 1, 1)}, {"set_shares": (1, 1, 1), "frames_per_set": 0}):
+        with pytest.raises(ConfigError, match="set_shares"):
+            DetectTrainConfig(**{"data": ("a", "b", "c"), "frames_per_set": 10, **bad})
+    with pytest.raises(ConfigError, match="set_shares"):
+        DetectTrainConfig.from_dict({"data": ["a"], "frames_per_set": 10, "set_shares": 2})
+
+
 def test_a_run_with_frames_per_set_trains_on_its_draw_and_validates_on_a_fixed_few(det_run, tmp_path):
     """A run bounded to 4 training frames of its one set and 3 validation frames loads more than 4
     training frames, keeps at most 3 for validation, and completes its epoch."""

@@ -90,7 +90,9 @@ class DetectTrainConfig:
     at most this many frames of each data directory, drawn anew every epoch (0: every frame), so
     that an epoch's length and each set's share stay bounded when sets differ a hundredfold;
     val_frames_per_set: validation on at most this many frames of each directory, the same ones
-    every epoch (a seeded draw; 0: every frame)."""
+    every epoch (a seeded draw; 0: every frame). set_shares: one factor per data directory on
+    frames_per_set (e.g. [2, 1, 1, 1] gives the first directory twice the others' share of an
+    epoch); empty: 1 for each."""
 
     data: tuple[str, ...]
     model: DetectorConfig = field(default_factory=DetectorConfig)
@@ -113,6 +115,7 @@ class DetectTrainConfig:
     bn_batches: int = 64
     frames_per_set: int = 0
     val_frames_per_set: int = 0
+    set_shares: tuple[float, ...] = ()
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     seed: int = 0
     threads: int = 2
@@ -137,6 +140,11 @@ class DetectTrainConfig:
             v = getattr(self, name)
             if not (isinstance(v, int) and 0 <= v <= 10_000_000):
                 raise ConfigError(f"{name}={v!r}: expected a whole number of frames, 0 (every frame) or more")
+        if self.set_shares and (len(self.set_shares) != len(self.data) or not self.frames_per_set or not all(
+                isinstance(s, (int, float)) and 0 < s <= 100 for s in self.set_shares)):
+            raise ConfigError(f"set_shares={list(self.set_shares)!r}: expected one factor from above 0 to 100 per "
+                              f"data directory ({len(self.data)}), with frames_per_set above 0 to scale; leave "
+                              "it empty for equal shares")
         if self.select not in SELECT_RULES:
             raise ConfigError(f"select={self.select!r}: expected one of {', '.join(SELECT_RULES)}")
         if not 0.0 <= self.ignore_relief_below < 1.0:
@@ -156,6 +164,7 @@ class DetectTrainConfig:
         d = asdict(self)
         d["data"] = list(self.data)
         d["sources"] = list(self.sources)
+        d["set_shares"] = list(self.set_shares)
         d["model"] = self.model.to_dict()
         d["augment"] = self.augment.to_dict()
         return d
@@ -168,13 +177,22 @@ class DetectTrainConfig:
         data = d.pop("data", None)
         model = d.pop("model", {})
         sources = d.pop("sources", [])
+        shares = d.pop("set_shares", [])
+        if not isinstance(shares, list):
+            raise ConfigError(f"set_shares={shares!r}: expected a list of factors, one per data directory")
         augment = AugmentConfig.from_dict(d.pop("augment", {}))
         if not isinstance(data, list) or not data or not all(isinstance(x, str) and x for x in data):
             raise ConfigError(f"data={data!r}: expected a list of detector data directories")
         if not isinstance(sources, list) or not all(isinstance(x, str) and x for x in sources):
             raise ConfigError(f"sources={sources!r}: expected a list of elevation sources, one per data directory")
         return cls(data=tuple(data), model=DetectorConfig.from_dict(model), sources=tuple(sources), augment=augment,
-                   **strict_fields(cls, "training", d))
+                   set_shares=tuple(shares), **strict_fields(cls, "training", d))
+
+    def frames_per_directory(self) -> list[int]:
+        """How many training frames an epoch draws from each data directory at most (0: every
+        frame): frames_per_set times the directory's share."""
+        shares = self.set_shares or (1.0,) * len(self.data)
+        return [int(round(self.frames_per_set * s)) for s in shares]
 
 
 @dataclass
@@ -259,11 +277,13 @@ def frame_sets(cfg: DetectTrainConfig, limit: int | None = None) -> tuple[FrameS
     return train, val
 
 
-def per_set(sets: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
-    """Indices of at most ``n`` frames of each data directory (``sets``: each frame's directory),
-    drawn by ``rng`` without replacement, in increasing order."""
+def per_set(sets: np.ndarray, n: int | list[int], rng: np.random.Generator) -> np.ndarray:
+    """Indices of at most ``n`` frames of each data directory (``sets``: each frame's directory;
+    ``n``: one count, or one per directory index), drawn by ``rng`` without replacement, in
+    increasing order."""
     sets = np.asarray(sets, int)
-    out = [rng.permutation(np.nonzero(sets == j)[0])[:n] for j in np.unique(sets)]
+    cap = (lambda j: n[j]) if isinstance(n, (list, tuple)) else (lambda j: n)
+    out = [rng.permutation(np.nonzero(sets == j)[0])[:cap(j)] for j in np.unique(sets)]
     return np.sort(np.concatenate(out)) if out else np.zeros(0, int)
 
 
@@ -464,7 +484,8 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
              sum(len(b) for b in train.boxes), sum(int(g.sum()) for g in train.ignore), cfg.ignore_relief_below,
              cfg.ignore_invisible, len(val.frames), sum(len(b) for b in val.boxes), sum(int(g.sum()) for g in val.ignore))
     sets = train.sets
-    per_epoch = (sum(min(cfg.frames_per_set, int((sets == j).sum())) for j in np.unique(sets))
+    caps = cfg.frames_per_directory()
+    per_epoch = (sum(min(caps[j], int((sets == j).sum())) for j in np.unique(sets))
                  if cfg.frames_per_set else len(train.frames))
     steps_per_epoch = max(1, per_epoch // cfg.batch_size)
     total, warm = cfg.epochs * steps_per_epoch, cfg.warmup_epochs * steps_per_epoch
@@ -473,7 +494,7 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
     for epoch in range(start, end):
         t0 = time.perf_counter()
         rng = np.random.default_rng([cfg.seed, epoch])
-        order = (rng.permutation(per_set(sets, cfg.frames_per_set, rng)) if cfg.frames_per_set
+        order = (rng.permutation(per_set(sets, caps, rng)) if cfg.frames_per_set
                  else rng.permutation(len(train.frames)))
         model.train()
         sums: dict[str, float] = {}
