@@ -177,6 +177,16 @@ def main() -> int:
                   f"max {board_frame.max() / 1e3:.2f} s; {int((board_frame > 10e3).sum())} frames over the 10 s cadence")
             if n == 1:
                 print(f"  the two p99s added (a bound on the first) {bound / 1e3:.2f} s")
+        if rep["terrain"] is not None:
+            # what the heaviest frames of the last charge spend their renders on
+            last = np.array(charges[-1][1])
+            heavy = [r for r, ms in zip(rows, last) if ms >= np.percentile(last, 99)]
+            checks = np.array([r["terrain_checks"] for r in rows])
+            print(f"  checks per frame p50 {np.percentile(checks, 50):.0f}, p99 {np.percentile(checks, 99):.0f}, max "
+                  f"{checks.max()}; the {len(heavy)} frames at or over the last p99: checks "
+                  f"{', '.join(str(r['terrain_checks']) for r in heavy)}; refinements "
+                  f"{', '.join(str(r['terrain_refines']) for r in heavy)}; the refinements' share of their renders "
+                  f"{sum(r['terrain_refine_ms'] for r in heavy) / max(sum(r['terrain_ms'] for r in heavy), 1e-9):.0%}")
     return 0
 
 

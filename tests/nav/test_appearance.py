@@ -185,6 +185,10 @@ def test_cli_builds_a_predicted_map_and_navigates_with_it(boxed_world, tmp_path,
     # the checks' renders are timed inside each frame's search and window, and every check is some frame's
     assert all(0.0 <= f["terrain_ms"] <= f["ms"] for f in frames)
     assert (sum(f["terrain_ms"] for f in frames) > 0) == (lis["terrain"]["checks"] > 0)
+    # each frame counts its own checks and refinements: together every one of the report's
+    assert sum(f["terrain_checks"] for f in frames) == lis["terrain"]["checks"]
+    assert all(0.0 <= f["terrain_refine_ms"] <= f["terrain_ms"] for f in frames)
+    assert all((f["terrain_refines"] == 0) == (f["terrain_refine_ms"] == 0.0) for f in frames)
     assert all(f["terrain_ncc"] is None or f["terrain_ncc"] >= lis["config"]["terrain_min_ncc"]
                for f in frames if f["declared"])
     # the terrain's motion was measured between the consecutive frames the build rendered, and every

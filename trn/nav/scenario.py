@@ -748,7 +748,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     fix, candidates and hypotheses examined, score, time (``ms``: search
     and window; ``search_ms``: the part of it that identifies the frame alone, before the window,
     which needs no other frame's result; ``terrain_ms``: the part of it spent on the terrain's checks and refinements,
-    renders; ``terrain_side_ms``: the part of that a second core takes off the first when the
+    renders, in ``terrain_checks`` checks and ``terrain_refines`` refinements, these taking
+    ``terrain_refine_ms``; ``terrain_side_ms``: the part of that a second core takes off the first when the
     renders' bands run side by side (:class:`trn.nav.terrain_check.TerrainCheck`); ``motion_ms``:
     every pair measured for the frame, back to the previous frame with boxes; ``own_pair_ms``: the pair from the frame just before it, the one a board measures when
     the frame arrives); summaries by detections per frame (a declared fix farther than 2 km from
@@ -825,6 +826,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         sun = np.asarray(ds.metadata.frames[fr]["sun_dir_body"], np.float64)
         attitude[fr] = rot_est
         spent_terrain = verify.spent_ms if verify is not None else 0.0
+        n_checks, n_refines = (len(verify.ms), len(verify.refine_ms)) if verify is not None else (0, 0)
         side_terrain = terrain.side_ms if verify is not None else 0.0
         t1 = clock()
         inputs = (boxes, rot_est, radius, sun, cam, cmap, sig, cfg, rule, None if sims is None else sims[ks])
@@ -846,11 +848,15 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
         ms = (clock() - t1) * 1e3 - motion_ms
         terrain_ms = verify.spent_ms - spent_terrain if verify is not None else 0.0
         terrain_side_ms = terrain.side_ms - side_terrain if verify is not None else 0.0
+        checks = verify.ms[n_checks:] if verify is not None else []
+        refines = verify.refine_ms[n_refines:] if verify is not None else []
         rows.append({"frame": int(fr), "time_s": float(t_all[fr]), "detections": len(ks),
                      "in_map": int(np.isin([int(flat[k].label) for k in ks], cmap.ids).sum()),
                      "candidates": fx.candidates, "hypotheses": fx.hypotheses, "ms": ms, "search_ms": search_ms,
                      "motion_ms": motion_ms,
                      "own_pair_ms": own_pair_ms, "terrain_ms": terrain_ms, "terrain_side_ms": terrain_side_ms,
+                     "terrain_checks": len(checks), "terrain_refines": len(refines),
+                     "terrain_refine_ms": float(sum(refines)),
                      "boxes": boxes.round(2).tolist(), "labels": [flat[k].label for k in ks]}
                     | _fix_fields(fx, truth, [flat[k].label for k in ks], cmap, frame_at, float(t_all[fr]), map_cov))
         row_at[float(t_all[fr])] = rows[-1]
