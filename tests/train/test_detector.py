@@ -648,6 +648,42 @@ def test_averaged_weights_survive_a_resume_are_validated_and_shipped(det_run, tm
         assert shipped_checkpoint(tmp_path / "a").name == chosen  # the run's rule decides
 
 
+def test_weights_interpolated_between_a_start_and_a_fine_tune_lie_on_the_line_and_ship(det_run, tmp_path, capsys):
+    """(1 - alpha) x start + alpha x end for every weight tensor (BatchNorm statistics re-estimated
+    apart), validated and shipped with a card that says so; alpha outside (0, 1), another
+    architecture or an averaged end are refused."""
+    root, _, cfg, _ = det_run
+    tune = DetectTrainConfig(**{**cfg.__dict__, "epochs": 1, "lr": 5e-3, "bn_batches": 2,
+                                "init": str(root / "run" / "best.pt")})
+    train_detector(tune, tmp_path / "tune")
+    start, end = root / "run" / "best.pt", tmp_path / "tune" / "last.pt"
+    assert detect_main(["interpolate", str(start), str(end), "--alpha", "0.25", "--out", str(tmp_path / "i")]) == 0
+    assert "interpolated 0.75 x" in capsys.readouterr().out
+    a, b = (torch.load(p, weights_only=False)["model"] for p in (start, end))
+    got = torch.load(tmp_path / "i" / "interpolated.pt", weights_only=False)
+    conv = [k for k in b if k.endswith("weight") and b[k].dim() == 4]
+    assert conv and not torch.equal(a[conv[0]], b[conv[0]])
+    for k in conv:
+        assert torch.allclose(got["model"][k], 0.75 * a[k] + 0.25 * b[k], atol=1e-6)
+    rec = got["averaged"]
+    assert rec["alpha"] == 0.25 and rec["interpolated_from"] == str(start) and 0.0 <= rec["val_ap50"] <= 1.0
+    assert detect_main(["ship", str(tmp_path / "i" / "interpolated.pt"), "--out", str(tmp_path / "m")]) == 0
+    card = (tmp_path / "m" / "MODEL_CARD.md").read_text()
+    assert f"Weights interpolated, 0.75 x {start} + 0.25 x epoch 1 of this run" in card
+    for alpha in ("0", "1", "-0.5"):
+        assert detect_main(["interpolate", str(start), str(end), "--alpha", alpha, "--out", str(tmp_path / "x")]) == 2
+        assert "alpha" in capsys.readouterr().err
+    assert detect_main(["interpolate", str(start), str(tmp_path / "i" / "interpolated.pt"), "--alpha", "0.5",
+                        "--out", str(tmp_path / "x")]) == 2
+    assert "epoch checkpoint" in capsys.readouterr().err
+    other = DetectTrainConfig(**{**cfg.__dict__, "epochs": 1,
+                                 "model": DetectorConfig(input_size=64, widths=(4, 8, 8, 8, 16), neck=8)})
+    train_detector(other, tmp_path / "other")
+    assert detect_main(["interpolate", str(start), str(tmp_path / "other" / "last.pt"), "--alpha", "0.5",
+                        "--out", str(tmp_path / "x")]) == 2
+    assert "different architectures" in capsys.readouterr().err
+
+
 def test_kept_epochs_averaged_afterwards_equal_the_average_made_in_training(det_run, tmp_path, capsys):
     import shutil
 

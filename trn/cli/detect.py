@@ -537,6 +537,15 @@ def _ship(args) -> int:
     return 0
 
 
+def _interpolate(args) -> int:
+    from trn.train.detector import interpolate_checkpoints
+
+    rec = interpolate_checkpoints(args.start, args.end, args.alpha, args.out)
+    print(f"interpolated {1 - rec['alpha']:g} x {args.start} + {rec['alpha']:g} x {args.end} into "
+          f"{args.out / 'interpolated.pt'}: validation AP@0.5 {rec['val_ap50']:.4f}, F1 {rec['val_f1']:.4f}")
+    return 0
+
+
 def _average(args) -> int:
     from trn.detect.model import epoch_score
     from trn.train.detector import average_checkpoints
@@ -752,6 +761,15 @@ def main(argv: list[str] | None = None) -> int:
     av.add_argument("--bn-batches", type=int_between(1, 10000), default=None,
                     help="training batches that re-estimate BatchNorm (default: the run's bn_batches)")
     av.set_defaults(fn=_average)
+
+    ip = sub.add_parser("interpolate", help="weights between a fine-tune's start and one of its epochs, (1 - alpha) x "
+                                            "START + alpha x END, BatchNorm re-estimated, validated, into "
+                                            "OUT/interpolated.pt")
+    ip.add_argument("start", type=Path, help="the checkpoint the fine-tune started from (e.g. models/NAME/detector.pt)")
+    ip.add_argument("end", type=Path, help="an epoch checkpoint of the fine-tune (best.pt or a kept epoch)")
+    ip.add_argument("--alpha", type=float, required=True, help="the end's weight, strictly between 0 and 1")
+    ip.add_argument("--out", type=Path, required=True, help="directory for interpolated.pt and interpolated.json")
+    ip.set_defaults(fn=_interpolate)
 
     x = sub.add_parser("export", help="fp32 and int8 ONNX, full-integer int8 TFLite with its Edge TPU report; parity "
                                       "and validation scores of each")

@@ -582,24 +582,25 @@ def recalibrate_batchnorm(model: CraterDetector, train: FrameSet, cfg: DetectTra
 
 
 def _write_averaged(model: CraterDetector, average: dict, train: FrameSet, val: FrameSet, cfg: DetectTrainConfig,
-                    history: list[dict], out: Path, epochs: tuple[int, int] | None = None) -> dict:
-    """``averaged.pt`` and ``averaged.json`` in ``out``: the weights ``average`` (of epochs ``epochs``,
-    default ``cfg.average_from`` to the last; stochastic weight averaging, Izmailov et al. 2018, arXiv
-    1803.05407), BatchNorm statistics re-estimated, validated as an epoch is; its record is the
-    checkpoint's ``averaged``, and returned."""
+                    history: list[dict], out: Path, epochs: tuple[int, int] | None = None, name: str = "averaged",
+                    extra: dict | None = None) -> dict:
+    """``averaged.pt`` and ``averaged.json`` (``name``) in ``out``: the weights ``average`` (of epochs
+    ``epochs``, default ``cfg.average_from`` to the last; stochastic weight averaging, Izmailov et al.
+    2018, arXiv 1803.05407), BatchNorm statistics re-estimated, validated as an epoch is; its record
+    (with ``extra``) is the checkpoint's ``averaged``, and returned."""
     t0 = time.perf_counter()
     model.load_state_dict(average)
     recalibrate_batchnorm(model, train, cfg)
     first, last = epochs or (cfg.average_from, cfg.epochs)
-    rec = {"averaged_epochs": [first, last], "bn_batches": cfg.bn_batches,
+    rec = {"averaged_epochs": [first, last], "bn_batches": cfg.bn_batches, **(extra or {}),
            **_validation_record(model, val, cfg)}
     rec["seconds"] = round(time.perf_counter() - t0, 1)
     log.info("averaged weights: %s", rec)
     out.mkdir(parents=True, exist_ok=True)
     save_checked({"format": CHECKPOINT_FORMAT, "version": CHECKPOINT_VERSION, "model_config": cfg.model.to_dict(),
                   "train_config": cfg.to_dict(), "model": model.state_dict(), "optimizer": {}, "epoch": last,
-                  "history": history, "averaged": rec}, out / "averaged.pt")
-    (out / "averaged.json").write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
+                  "history": history, "averaged": rec}, out / f"{name}.pt")
+    (out / f"{name}.json").write_text(json.dumps(rec, indent=1) + "\n", encoding="utf-8")
     return rec
 
 
@@ -630,6 +631,35 @@ def average_checkpoints(paths: list[str | Path], out: str | Path, bn_batches: in
     history = cks[order[-1]]["history"]
     return _write_averaged(CraterDetector(cfg.model), average, train, val, cfg, history, Path(out),
                            (epochs[0], epochs[-1]))
+
+
+def interpolate_checkpoints(start: str | Path, end: str | Path, alpha: float, out: str | Path) -> dict:
+    """The weights (1 - ``alpha``) x ``start`` + ``alpha`` x ``end``, written as
+    ``interpolated.pt`` and ``interpolated.json`` in directory ``out``: ``start`` a detector
+    checkpoint (a shipped ``detector.pt``, say the one a fine-tune started from), ``end`` an epoch
+    checkpoint of a run (its training settings and history are kept); the floating tensors are
+    interpolated, BatchNorm statistics re-estimated on ``end``'s training batches and the result
+    validated as an epoch is (:func:`_write_averaged`). Interpolating a fine-tuned model's weights
+    back towards its start keeps more of what the start did well while keeping part of the gain
+    (Wortsman et al. 2022, "Robust fine-tuning of zero-shot models", arXiv 2109.01903). Returns the
+    record (``interpolated_from``, ``alpha``)."""
+    if not 0.0 < alpha < 1.0:
+        raise ConfigError(f"alpha={alpha}: expected a weight strictly between 0 (the start) and 1 (the end)")
+    a = load_checked(start, fmt=CHECKPOINT_FORMAT, what="detector")
+    b = load_checked(end, fmt=CHECKPOINT_FORMAT, what="detector")
+    if "train_config" not in b or b.get("averaged"):
+        raise ConfigError(f"{end}: expected an epoch checkpoint of a training run (best.pt, last.pt or a kept epoch)")
+    if a["model_config"] != b["model_config"]:
+        raise ConfigError(f"{start} and {end} have different architectures ({a['model_config']} against "
+                          f"{b['model_config']}); interpolate a fine-tune with the checkpoint it started from")
+    state = {k: ((1.0 - alpha) * a["model"][k] + alpha * v if v.is_floating_point() else v.detach().clone())
+             for k, v in b["model"].items()}
+    cfg = DetectTrainConfig.from_dict(b["train_config"])
+    train, val = frame_sets(cfg)
+    torch.set_num_threads(cfg.threads)
+    epoch = int(b["epoch"])
+    return _write_averaged(CraterDetector(cfg.model), state, train, val, cfg, b["history"], Path(out), (epoch, epoch),
+                           "interpolated", {"interpolated_from": str(start), "alpha": float(alpha)})
 
 
 def _select_words(select: str) -> str:
@@ -684,6 +714,8 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
     cfg = DetectTrainConfig.from_dict(ck["train_config"])
     if chosen_by:
         why = chosen_by
+    elif "interpolated_from" in own:
+        why = f"validation {_select_words(cfg.select)} {epoch_score(own):.4f}"
     elif "averaged_epochs" in own:
         why = (f"validation {_select_words(cfg.select)} {epoch_score(own):.4f} against {epoch_score(best):.4f} for "
                f"the best single epoch, {best['epoch']}")
@@ -704,7 +736,10 @@ def ship_detector(run: str | Path, out: str | Path, gate_km: float | None, comma
         "each was made and which ground it images)",
         f"- Training: {len(history)} of {cfg.epochs} epochs, batch {cfg.batch_size}, crops {cfg.crop} px, AdamW lr "
         f"{cfg.lr}, cosine to {cfg.min_lr_ratio} x, {sum(r['seconds'] for r in history) / 60:.0f} min on this CPU",
-        (f"- Weights averaged over epochs {own['averaged_epochs'][0]}-{own['averaged_epochs'][1]}, BatchNorm statistics "
+        (f"- Weights interpolated, {1 - own['alpha']:g} x {own['interpolated_from']} + {own['alpha']:g} x epoch "
+         f"{own['averaged_epochs'][1]} of this run, BatchNorm statistics re-estimated on {own['bn_batches']} training "
+         f"batches ({why})" if "interpolated_from" in own else
+         f"- Weights averaged over epochs {own['averaged_epochs'][0]}-{own['averaged_epochs'][1]}, BatchNorm statistics "
          f"re-estimated on {own['bn_batches']} training batches ({why})" if "averaged_epochs" in own else
          f"- Selected epoch {own['epoch']} ({why})") + (f"; each set's validation AP@0.5: {sets}" if sets else ""),
         f"- Score threshold {threshold} (" + ("chosen on validation images when shipped" if chosen else
