@@ -825,18 +825,18 @@ def test_the_refinements_steps_carry_the_fix_on_with_their_own_sigma_within_a_bu
     peak, more = 0.8 * e1, 0.1 * e1
     asked = []
 
-    def verify(t_s, position, passes=0, supersample=4):
+    def verify(t_s, position, passes=0, supersample=4, window=1.0):
         if passes:
-            asked.append((np.array(position), passes, supersample))
+            asked.append((np.array(position), passes, supersample, window))
             return None if t_s > 5.0 else more
         return TerrainMatch(0.85, peak, 0.9, 0.8)
 
     cfg = LostConfig(terrain_check=True, terrain_shift_sigma_px=0.25, terrain_shift_floor_px=0.0,
                      terrain_refine_passes=3, terrain_refine_supersample=2, terrain_refine_per_frame=1,
-                     terrain_refine_sigma_px=0.05)
+                     terrain_refine_sigma_px=0.05, terrain_refine_window=0.5)
     fixer = WindowFixer(cfg, None, verify)
     out = fixer.add(0.0, radius_of(sc), _declared_alone(sc, np.eye(3), 60.0, 0.0), detections=3)
-    assert len(asked) == 1 and np.allclose(asked[0][0], sc + peak) and asked[0][1:] == (3, 2)
+    assert len(asked) == 1 and np.allclose(asked[0][0], sc + peak) and asked[0][1:] == (3, 2, 0.5)
     gain = 1.0 / (1.0 + 0.04 ** 2)
     assert np.allclose(out.position, sc + gain * (peak + more)) and out.terrain_steps == 3
     assert e1 @ out.cov @ e1 == pytest.approx(0.04 ** 2 * gain)

@@ -1001,7 +1001,7 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
     terrain.clock = lambda: clock()  # the bands are timed as the checks are (the module's clock, set by callers)
     reduced: dict[int, tuple[float, np.ndarray | None]] = {}  # frame -> (its time, the frame reduced)
 
-    def verify(t_s: float, position: np.ndarray, passes: int = 0, supersample: int = 4):
+    def verify(t_s: float, position: np.ndarray, passes: int = 0, supersample: int = 4, window: float = 1.0):
         k = frame_at.get(round(float(t_s), 3))
         if k is None or k not in attitude:
             return None
@@ -1017,7 +1017,7 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
             position = map_error.true_position(position)
         t0 = clock()
         if passes:
-            out = terrain.refine(reduced[k][1], attitude[k], position, sun, passes, supersample)
+            out = terrain.refine(reduced[k][1], attitude[k], position, sun, passes, supersample, window=window)
             verify.refine_ms.append(1e3 * (clock() - t0))
             verify.spent_ms += verify.refine_ms[-1]
         else:

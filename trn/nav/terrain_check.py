@@ -235,18 +235,21 @@ class TerrainCheck:
         return cls(surface, render, fov_deg, size_px, bands)
 
     def _banded(self, rotation: np.ndarray, position_km: np.ndarray, sun_dir: np.ndarray,
-                cfg: RenderConfig) -> np.ndarray:
-        """The frame of ``cfg`` rendered in :attr:`bands` horizontal bands (windows of it, each pixel
-        as the whole frame gives it), each band timed by :attr:`clock`; :attr:`side_ms` grows by
-        the bands' times less the longest one's. uint8 [side, side]."""
+                cfg: RenderConfig, box: tuple[int, int, int, int] | None = None) -> np.ndarray:
+        """The frame of ``cfg`` (or its window ``box``, x0, y0, x1, y1 in its pixels) rendered in
+        :attr:`bands` horizontal bands (windows of it, each pixel as the whole frame gives it), each
+        band timed by :attr:`clock`; :attr:`side_ms` grows by the bands' times less the longest
+        one's. uint8 [side, side], or the box's shape."""
         side = cfg.nav_size
-        edges = np.linspace(0, side, self.bands + 1).round().astype(int)
+        x0, y0, x1, y1 = box or (0, 0, side, side)
+        whole = box is None and self.bands == 1
+        edges = np.linspace(y0, y1, self.bands + 1).round().astype(int)
         parts, ms = [], []
-        for y0, y1 in zip(edges[:-1], edges[1:]):
+        for b0, b1 in zip(edges[:-1], edges[1:]):
             t0 = self.clock()
             part, _ = render_frame(self.surface, np.asarray(rotation, np.float64), np.asarray(position_km, np.float64),
                                    np.asarray(sun_dir, np.float64), cfg,
-                                   window=None if self.bands == 1 else (0, int(y0), side, int(y1)))
+                                   window=None if whole else (int(x0), int(b0), int(x1), int(b1)))
             ms.append(1e3 * (self.clock() - t0))
             parts.append(part)
         self.side_ms += sum(ms) - max(ms)
@@ -258,18 +261,46 @@ class TerrainCheck:
         return self._banded(rotation, position_km, sun_dir, self.render)
 
     def predicted_fine(self, rotation: np.ndarray, position_km: np.ndarray, sun_dir: np.ndarray,
-                       supersample: int) -> np.ndarray:
+                       supersample: int, box: tuple[int, int, int, int] | None = None) -> np.ndarray:
         """:meth:`predicted` rendered at ``supersample`` times the side and area-averaged back, as a
         frame is reduced (:meth:`reduced`): shading and cast shadows are not linear in the terrain,
         and a prediction sampled once per reduced pixel differs from the frame's average over it
         most where the Sun is low (module docstring). Rendered in :attr:`bands` horizontal bands,
-        their times kept (:attr:`side_ms`). float64 [size_px, size_px]."""
-        if supersample == 1:
-            return self.predicted(rotation, position_km, sun_dir).astype(np.float64)
-        cfg = replace(self.render, nav_size=self.size_px * int(supersample), shadow_step=4)
-        image = self._banded(rotation, position_km, sun_dir, cfg)
-        return cv2.resize(image.astype(np.float32), (self.size_px, self.size_px),
-                          interpolation=cv2.INTER_AREA).astype(np.float64)
+        their times kept (:attr:`side_ms`). ``box`` (x0, y0, x1, y1, compared pixels): only that
+        window, each pixel as the whole prediction gives it. float64 [size_px, size_px], or the
+        box's shape."""
+        s = int(supersample)
+        if s == 1:
+            cfg = self.render
+        else:
+            cfg = replace(self.render, nav_size=self.size_px * s, shadow_step=4)
+        fine = None if box is None else tuple(int(v) * s for v in box)
+        image = self._banded(rotation, position_km, sun_dir, cfg, fine).astype(np.float32)
+        if s == 1:
+            return image.astype(np.float64)
+        h, w = image.shape[0] // s, image.shape[1] // s
+        return cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA).astype(np.float64)
+
+    def refine_box(self, reduced_frame: np.ndarray, fraction: float) -> tuple[int, int, int, int] | None:
+        """The square window (x0, y0, x1, y1, compared pixels) of side ``fraction`` of the frame's
+        where ``reduced_frame`` holds most gradient (summed magnitude of its gradient after the
+        steps' blur): what a Lucas-Kanade step reads. None for the whole frame (``fraction`` 1)."""
+        if fraction >= 1.0:
+            return None
+        side = self.size_px
+        w = max(16, int(round(side * fraction)))
+        if w >= side:
+            return None
+        f = cv2.GaussianBlur(np.asarray(reduced_frame, np.float64), (0, 0), GRADIENT_BLUR_PX)
+        gy, gx = np.gradient(f)
+        energy = np.hypot(gx, gy) * (np.asarray(reduced_frame) > 0)
+        total = np.pad(energy.cumsum(0).cumsum(1), ((1, 0), (1, 0)))
+        step = max(1, w // 4)
+        starts = sorted(set(list(range(0, side - w + 1, step)) + [side - w]))
+        best = max(((total[y + w, x + w] - total[y, x + w] - total[y + w, x] + total[y, x], -y, -x)
+                    for y in starts for x in starts))
+        y, x = -best[1], -best[2]
+        return x, y, x + w, y + w
 
     def reduced(self, frame: np.ndarray) -> np.ndarray:
         """``frame`` (grey, square) area-averaged to ``size_px`` a side."""
@@ -318,23 +349,30 @@ class TerrainCheck:
 
     def refine(self, reduced_frame: np.ndarray, rotation: np.ndarray, position_km: np.ndarray,
                sun_dir: np.ndarray, passes: int, supersample: int = 4,
-               blur_px: float = GRADIENT_BLUR_PX) -> np.ndarray | None:
+               blur_px: float = GRADIENT_BLUR_PX, window: float = 1.0) -> np.ndarray | None:
         """The horizontal offset [3] km (across the local vertical at ``position_km``) from it to
         where ``reduced_frame`` was taken, by ``passes`` Lucas-Kanade steps (:func:`gradient_shift`,
         both images blurred by ``blur_px``), each against the prediction rendered anew where the
         steps before led (:meth:`predicted_fine`, at ``supersample`` times the side): each step
         measures what the last left, so the estimate converges on the shift where the frame and
         the prediction agree best. Meant to start within a fraction of a reduced pixel, from the
-        correlation's peak (:meth:`match`). None where a step has no answer."""
+        correlation's peak (:meth:`match`). ``window`` below 1: each step renders and compares
+        only the square of that fraction of the side where the frame holds most gradient
+        (:meth:`refine_box`, chosen once from the frame), about ``window`` squared of the rays.
+        None where a step has no answer."""
         if not 1 <= passes <= 8:
             raise ConfigError(f"terrain refine passes={passes}: expected 1 to 8")
         if not 1 <= supersample <= 8:
             raise ConfigError(f"terrain refine supersample={supersample}: expected 1 to 8")
+        if not 0.25 <= window <= 1.0:
+            raise ConfigError(f"terrain refine window={window}: expected 0.25 to 1 (a fraction of the side)")
         rotation = np.asarray(rotation, np.float64)
         start = np.asarray(position_km, np.float64)
         position = start.copy()
+        box = self.refine_box(reduced_frame, window)
+        frame = reduced_frame if box is None else np.asarray(reduced_frame)[box[1]:box[3], box[0]:box[2]]
         for _ in range(passes):
-            shift = gradient_shift(reduced_frame, self.predicted_fine(rotation, position, sun_dir, supersample),
+            shift = gradient_shift(frame, self.predicted_fine(rotation, position, sun_dir, supersample, box),
                                    blur_px=blur_px)
             if shift is None:
                 return None

@@ -137,6 +137,9 @@ class LostConfig:
         of the fixes within 2 km lost, a lower RMS, the smallest sigma whose mean NEES lies from
         1.0 to its band's top on every sequence and box kind; one refinement a frame because two
         put the board profile's p99 over 10 s; docs/studies/lost_in_space.md). 0: the peak alone.
+    terrain_refine_window: below 1, each step renders and compares only the square of this fraction
+        of the frame's side where the frame holds most gradient (about its square of the rays;
+        :meth:`trn.nav.terrain_check.TerrainCheck.refine_box`); 1, the whole frame (the default).
     terrain_render_bands: every prediction of the check and the steps is rendered in this many
         horizontal bands, the same image as one render (:class:`trn.nav.terrain_check.TerrainCheck`);
         a board with as many cores renders them side by side. 2, the PYNQ-Z2 host's cores; on
@@ -185,6 +188,7 @@ class LostConfig:
     terrain_refine_passes: int = 1
     terrain_refine_supersample: int = 4
     terrain_refine_per_frame: int = 1
+    terrain_refine_window: float = 1.0
     terrain_refine_sigma_px: float = 0.021
     terrain_shift_sigma_px: float = 0.0
     terrain_shift_floor_px: float = 0.15
@@ -263,6 +267,8 @@ class LostConfig:
             bad("terrain_refine_passes", "a whole number from 0 to 8")
         if not (isinstance(self.terrain_refine_supersample, int) and 1 <= self.terrain_refine_supersample <= 8):
             bad("terrain_refine_supersample", "a whole number from 1 to 8")
+        if not 0.25 <= self.terrain_refine_window <= 1.0:
+            bad("terrain_refine_window", "a fraction of the frame's side from 0.25 to 1 (1: the whole frame)")
         if not (isinstance(self.terrain_refine_per_frame, int) and 0 <= self.terrain_refine_per_frame <= 100):
             bad("terrain_refine_per_frame", "a whole number from 0 to 100")
         if not (isinstance(self.terrain_render_bands, int) and 1 <= self.terrain_render_bands <= 8):

@@ -125,7 +125,7 @@ class WindowFixer:
                 if cfg.terrain_refine_passes and self._steps_left > 0:
                     self._steps_left -= 1
                     more = self.verify(t_s, fix.position + offset, cfg.terrain_refine_passes,
-                                       cfg.terrain_refine_supersample)
+                                       cfg.terrain_refine_supersample, cfg.terrain_refine_window)
                     if more is not None:
                         offset, steps = offset + more, cfg.terrain_refine_passes
                         sigma = cfg.terrain_refine_sigma_px * match.km_per_px
