@@ -41,7 +41,9 @@ this one led. Measured on the validation sequences (docs/studies/lost_in_space.m
 the peak pulls the estimate towards whole pixels, and a prediction sampled once per reduced pixel
 puts shadows and shading where the frame's average does not, most where the Sun is low (an error
 of 0.17 px toward the Sun on the built-in world's frames under a Sun below 15 degrees); the steps
-bring the error per axis from 0.10-0.15 px to about 0.01-0.02 px.
+bring the error per axis from 0.10-0.15 px to about 0.01-0.02 px. A step may render and compare
+only a window of the frame, the square where the frame holds most gradient (``window``,
+:meth:`TerrainCheck.refine_box`), at about the window's share of the rays.
 Every prediction, the check's and the steps', is rendered in ``bands`` horizontal bands, each a
 window of the frame (:func:`trn.data.worlds.render.render_frame`: each ray is traced on its own,
 and a band marches shadows up to a ceiling at least as high as the whole frame's, so no occluder
