@@ -272,16 +272,13 @@ class TerrainCheck:
         window, each pixel as the whole prediction gives it. float64 [size_px, size_px], or the
         box's shape."""
         s = int(supersample)
-        if s == 1:
-            cfg = self.render
-        else:
-            cfg = replace(self.render, nav_size=self.size_px * s, shadow_step=4)
+        cfg = self.render if s == 1 else replace(self.render, nav_size=self.size_px * s, shadow_step=4)
         fine = None if box is None else tuple(int(v) * s for v in box)
         image = self._banded(rotation, position_km, sun_dir, cfg, fine).astype(np.float32)
         if s == 1:
             return image.astype(np.float64)
-        h, w = image.shape[0] // s, image.shape[1] // s
-        return cv2.resize(image, (w, h), interpolation=cv2.INTER_AREA).astype(np.float64)
+        return cv2.resize(image, (image.shape[1] // s, image.shape[0] // s),
+                          interpolation=cv2.INTER_AREA).astype(np.float64)
 
     def refine_box(self, reduced_frame: np.ndarray, fraction: float) -> tuple[int, int, int, int] | None:
         """The square window (x0, y0, x1, y1, compared pixels) of side ``fraction`` of the frame's
@@ -296,13 +293,13 @@ class TerrainCheck:
         f = cv2.GaussianBlur(np.asarray(reduced_frame, np.float64), (0, 0), GRADIENT_BLUR_PX)
         gy, gx = np.gradient(f)
         energy = np.hypot(gx, gy) * (np.asarray(reduced_frame) > 0)
-        total = np.pad(energy.cumsum(0).cumsum(1), ((1, 0), (1, 0)))
-        step = max(1, w // 4)
-        starts = sorted(set(list(range(0, side - w + 1, step)) + [side - w]))
-        best = max(((total[y + w, x + w] - total[y, x + w] - total[y + w, x] + total[y, x], -y, -x)
-                    for y in starts for x in starts))
-        y, x = -best[1], -best[2]
-        return x, y, x + w, y + w
+        total = np.pad(energy.cumsum(0).cumsum(1), ((1, 0), (1, 0)))  # summed-area table
+        starts = np.unique(np.append(np.arange(0, side - w + 1, max(1, w // 4)), side - w))
+        y, x = starts[:, None], starts[None, :]
+        sums = total[y + w, x + w] - total[y, x + w] - total[y + w, x] + total[y, x]
+        i, j = np.unravel_index(int(np.argmax(sums)), sums.shape)  # the first best, topmost then leftmost
+        x0, y0 = int(starts[j]), int(starts[i])
+        return x0, y0, x0 + w, y0 + w
 
     def reduced(self, frame: np.ndarray) -> np.ndarray:
         """``frame`` (grey, square) area-averaged to ``size_px`` a side."""
