@@ -98,3 +98,15 @@ def test_camera_rejects_bad_settings():
         PinholeCamera(64, 64, 0.0)
     with pytest.raises(ConfigError, match="too small"):
         PinholeCamera(2, 64)
+
+
+def test_the_shared_rays_are_the_cameras_rays_computed_once_and_read_only():
+    cam = PinholeCamera(64, 48, 39.6)
+    shared = cam.shared_rays()
+    assert shared is PinholeCamera(64, 48, 39.6).shared_rays()  # one array per camera shape
+    assert not shared.flags.writeable
+    rays = cam.rays()
+    np.testing.assert_array_equal(rays, shared)
+    rays[0, 0] = 0.0  # a caller's copy: the shared rays stay as they were
+    np.testing.assert_allclose(np.linalg.norm(shared, axis=-1), 1.0)
+    assert shared[24, 32, 2] > shared[0, 0, 2]  # the boresight's neighbour straighter than the corner

@@ -12,6 +12,7 @@ Continuous pixel coordinates put the centre of pixel (row r, column c) at (x, y)
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -35,7 +36,7 @@ def latlon_to_xyz(lat_deg: np.ndarray, lon_deg: np.ndarray, radius_km: np.ndarra
 def xyz_to_latlon(xyz: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Inverse of :func:`latlon_to_xyz`: (lat deg, lon deg east in [0, 360), radius km)."""
     xyz = np.asarray(xyz, dtype=np.float64)
-    r = np.linalg.norm(xyz, axis=-1)
+    r = np.sqrt(np.add.reduce(xyz * xyz, axis=-1))  # np.linalg.norm's own arithmetic, without its checks
     lat = np.degrees(np.arcsin(np.clip(xyz[..., 2] / np.maximum(r, 1e-300), -1.0, 1.0)))
     lon = np.mod(np.degrees(np.arctan2(xyz[..., 1], xyz[..., 0])), 360.0)
     return lat, lon, r
@@ -151,12 +152,24 @@ class PinholeCamera:
 
     def rays(self) -> np.ndarray:
         """Unit ray directions in the camera frame through every pixel centre, float64 [H, W, 3]."""
-        cx, cy = self.principal_point
-        xs = (np.arange(self.width) + 0.5 - cx) / self.focal_px
-        ys = (np.arange(self.height) + 0.5 - cy) / self.focal_px
-        gx, gy = np.meshgrid(xs, ys)
-        d = np.stack([gx, gy, np.ones_like(gx)], axis=-1)
-        return d / np.linalg.norm(d, axis=-1, keepdims=True)
+        return _camera_rays(self.width, self.height, float(self.fov_deg)).copy()
+
+    def shared_rays(self) -> np.ndarray:
+        """:meth:`rays`, computed once per camera shape and shared: read-only."""
+        return _camera_rays(self.width, self.height, float(self.fov_deg))
+
+
+@functools.lru_cache(maxsize=32)
+def _camera_rays(width: int, height: int, fov_deg: float) -> np.ndarray:
+    cam = PinholeCamera(width, height, fov_deg)
+    cx, cy = cam.principal_point
+    xs = (np.arange(width) + 0.5 - cx) / cam.focal_px
+    ys = (np.arange(height) + 0.5 - cy) / cam.focal_px
+    gx, gy = np.meshgrid(xs, ys)
+    d = np.stack([gx, gy, np.ones_like(gx)], axis=-1)
+    d = d / np.linalg.norm(d, axis=-1, keepdims=True)
+    d.setflags(write=False)
+    return d
 
 
 def world_to_camera(points_body: np.ndarray, rotation: np.ndarray, position_km: np.ndarray) -> np.ndarray:

@@ -117,7 +117,8 @@ def main() -> int:
           f"p99 {t['ms_per_declared_fix_p99']:.0f} ms (search and window, the terrain's motion apart)")
     if rep["terrain"] is not None:
         tc = rep["terrain"]
-        print(f"terrain check: {tc['checks']} fixes checked ({tc['answered']} answered), "
+        print(f"terrain check: {tc['checks']} fixes checked ({tc['answered']} answered; "
+              f"{tc.get('remembered', 0)} more asked again, answered from memory), "
               f"p50 {tc['ms_per_check_p50']:.1f} ms, p99 {tc['ms_per_check_p99']:.1f} ms a check "
               "(in the search and window times above)")
         if tc.get("refinements"):

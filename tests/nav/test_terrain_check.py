@@ -11,7 +11,8 @@ from trn.data.worlds.terrain import DetailConfig
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, east_north_up, latlon_to_xyz, nadir_pose
 from trn.nav.lost import LostConfig
-from trn.nav.terrain_check import TerrainCheck, TerrainMatch, _peak, gradient_shift, normalised_correlation
+from trn.nav.terrain_check import (MIN_LIT_FRACTION, TerrainCheck, TerrainMatch, _peak, _shifted_correlations,
+                                   gradient_shift, normalised_correlation)
 
 RENDER = RenderConfig(nav_size=128, fov_deg=60.0, detail=DetailConfig(enabled=False))
 
@@ -215,6 +216,40 @@ def test_a_dark_frame_gives_no_answer(check):
     assert check.agreement(np.zeros((32, 32), np.uint8), rot, sc, night) is None
 
 
+def _correlations_shift_by_shift(frame, pred, reach):
+    """The definition: each shift's overlap, its pixels lit in both, correlated on their own."""
+    h, w = frame.shape
+    out = np.full((2 * reach + 1, 2 * reach + 1), np.nan)
+    for dy in range(-reach, reach + 1):
+        for dx in range(-reach, reach + 1):
+            f = frame[max(dy, 0):h + min(dy, 0), max(dx, 0):w + min(dx, 0)].astype(float)
+            p = pred[max(-dy, 0):h + min(-dy, 0), max(-dx, 0):w + min(-dx, 0)].astype(float)
+            mask = (f > 0) & (p > 0)
+            if mask.sum() >= MIN_LIT_FRACTION * frame.size:
+                c = normalised_correlation(f, p, mask)
+                out[dy + reach, dx + reach] = np.nan if c is None else c
+    return out
+
+
+def test_all_shifts_correlated_at_once_equal_each_shift_correlated_on_its_own():
+    rng = np.random.default_rng(3)
+    for case in range(12):
+        frame = rng.integers(1, 255, (48, 48)).astype(np.uint8)
+        frame[rng.random(frame.shape) < 0.3] = 0  # shadows: unlit pixels
+        pred = np.clip(np.roll(frame, (2, -1), (0, 1)) + rng.integers(-15, 15, frame.shape), 0, 255).astype(np.uint8)
+        if case == 1:
+            pred[:] = 9  # flat: no correlation at any shift
+        if case == 2:
+            pred[:, :43] = 0  # lit only at one edge: the shifts that lose it give no answer
+        reach = int(rng.integers(1, 12))
+        want, got = _correlations_shift_by_shift(frame, pred, reach), _shifted_correlations(frame, pred, reach)
+        np.testing.assert_array_equal(np.isnan(got), np.isnan(want))
+        np.testing.assert_allclose(got[np.isfinite(want)], want[np.isfinite(want)], atol=1e-12)
+        if case == 0:  # the peak where the prediction was rolled to: 2 rows down, 1 column left
+            assert np.unravel_index(np.nanargmax(got), got.shape) == (reach - 2, reach + 1)
+    assert np.isnan(_shifted_correlations(frame, np.full_like(frame, 9), 3)).all()
+
+
 def test_correlation_of_flat_or_empty_images_is_no_answer():
     a = np.arange(16, dtype=float).reshape(4, 4)
     m = np.ones((4, 4), bool)
@@ -257,9 +292,13 @@ def test_the_scenarios_verifier_reads_each_frame_once_and_answers_only_what_it_c
     assert verify(10.0, sc) is None and verify(20.0, sc) is None  # not on disk; dark
     assert verify(30.0, sc) is None and verify(5.0, sc) is None  # not searched yet; no frame at 5 s
     assert len(verify.ms) == 1 and verify.answered == 1
+    # asked again at the same place: the same answer from memory, no render; elsewhere, a render
+    again = verify(0.0, sc.copy())
+    assert again.ncc == verify(0.0, sc).ncc and len(verify.ms) == 1 and verify.remembered == 2
+    assert verify(0.0, sc + 0.5 * rot[:, 0]) is not None and len(verify.ms) == 2
     # asked for the refinement's steps, the offset they measure (none at the true position)
     step = verify(0.0, sc, passes=1, supersample=2)
     assert step @ sc == pytest.approx(0.0, abs=1e-6) and np.linalg.norm(step) < 0.05 * check.km_per_px(rot, sc)
-    assert len(verify.refine_ms) == 1 and len(verify.ms) == 1 and verify.answered == 1
+    assert len(verify.refine_ms) == 1 and len(verify.ms) == 2 and verify.answered == 2
     with pytest.raises(ConfigError, match="--map-source"):
         terrain_verifier(ds, None, attitude, {})

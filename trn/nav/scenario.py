@@ -916,7 +916,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                      else float("nan")},
             "motion": None if motion is None else dict(motion.counts),
             "terrain": None if verify is None else {
-                "checks": len(verify.ms), "answered": verify.answered,
+                "checks": len(verify.ms), "answered": verify.answered, "remembered": verify.remembered,
                 "refined": sum(r.get("terrain_offset_km") is not None for r in rows if r["declared"]),
                 "ms_per_check_p50": float(np.percentile(verify.ms, 50)) if verify.ms else float("nan"),
                 "ms_per_check_p99": float(np.percentile(verify.ms, 99)) if verify.ms else float("nan"),
@@ -993,13 +993,16 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
     more than ``keep_s`` older than the latest one checked are let go (the window's length: no fix
     reaches further back). The callable keeps each check's time (``ms``, rendering and
     correlation), each refinement's (``refine_ms``), their running sum (``spent_ms``) and its count
-    of answers. ``map_error``: the map's registration error (:class:`trn.nav.map_error.MapError`):
+    of answers. A check asked again for the same frame and the same position (the window deciding
+    again on a hypothesis its frame's own decision checked) is answered from memory, the same answer
+    without a render, and counted in ``remembered``, not in ``ms``. ``map_error``: the map's registration error (:class:`trn.nav.map_error.MapError`):
     the frame predicted at a position is the map's, rendered from the true elevation where the
     map's terrain truly is (:meth:`MapError.true_position`)."""
     if terrain is None:
         raise ConfigError(NO_TERRAIN_MAP)
     terrain.clock = lambda: clock()  # the bands are timed as the checks are (the module's clock, set by callers)
     reduced: dict[int, tuple[float, np.ndarray | None]] = {}  # frame -> (its time, the frame reduced)
+    answers: dict[tuple[int, bytes], object] = {}  # (frame, position) -> the check's answer there
 
     def verify(t_s: float, position: np.ndarray, passes: int = 0, supersample: int = 4, window: float = 1.0):
         k = frame_at.get(round(float(t_s), 3))
@@ -1008,10 +1011,17 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
         if k not in reduced:
             img = frame_on_disk(ds, k)
             reduced[k] = (t_s, None if img is None or img.max() == 0 else terrain.reduced(img))
-            for j in [j for j, (t, _) in reduced.items() if t < t_s - keep_s]:
+            gone = {j for j, (t, _) in reduced.items() if t < t_s - keep_s}
+            for j in gone:
                 del reduced[j]
+            for key in [key for key in answers if key[0] in gone]:
+                del answers[key]
         if reduced[k][1] is None:
             return None
+        key = (k, np.asarray(position, np.float64).tobytes())
+        if not passes and key in answers:
+            verify.remembered += 1
+            return answers[key]
         sun = np.asarray(ds.metadata.frames[k]["sun_dir_body"], np.float64)
         if map_error is not None:
             position = map_error.true_position(position)
@@ -1021,13 +1031,13 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
             verify.refine_ms.append(1e3 * (clock() - t0))
             verify.spent_ms += verify.refine_ms[-1]
         else:
-            out = terrain.match(reduced[k][1], attitude[k], position, sun, reach_km)
+            out = answers[key] = terrain.match(reduced[k][1], attitude[k], position, sun, reach_km)
             verify.ms.append(1e3 * (clock() - t0))
             verify.spent_ms += verify.ms[-1]
             verify.answered += out is not None
         return out
 
-    verify.ms, verify.refine_ms, verify.spent_ms, verify.answered = [], [], 0.0, 0
+    verify.ms, verify.refine_ms, verify.spent_ms, verify.answered, verify.remembered = [], [], 0.0, 0, 0
     return verify
 
 

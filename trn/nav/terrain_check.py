@@ -129,19 +129,39 @@ class TerrainMatch:
 def _shifted_correlations(frame: np.ndarray, pred: np.ndarray, reach: int) -> np.ndarray:
     """[2 reach + 1, 2 reach + 1] correlations of ``frame`` (u) with ``pred`` (u - s) for every
     whole-pixel shift s = (dx, dy) within ``reach``, over the overlapping pixels lit in both
-    (NaN where fewer than :data:`MIN_LIT_FRACTION` of the frame's pixels are, or one is flat)."""
+    (NaN where fewer than :data:`MIN_LIT_FRACTION` of the frame's pixels are, or one is flat).
+
+    Each shift's sums over its pixels (their count, each image's sum and sum of squares, the sum
+    of products) are cross-correlations of the masked images, all shifts at once by FFT; the
+    Pearson correlation follows from them as :func:`normalised_correlation` computes it per shift
+    (the same value to about 1e-12: the sums are taken in another order)."""
     h, w = frame.shape
     f, p = frame.astype(np.float64), pred.astype(np.float64)
-    lit_f, lit_p = frame > 0, pred > 0
-    out = np.full((2 * reach + 1, 2 * reach + 1), np.nan)
-    for dy in range(-reach, reach + 1):
-        fy, py = (slice(dy, h), slice(0, h - dy)) if dy >= 0 else (slice(0, h + dy), slice(-dy, h))
-        for dx in range(-reach, reach + 1):
-            fx, px = (slice(dx, w), slice(0, w - dx)) if dx >= 0 else (slice(0, w + dx), slice(-dx, w))
-            mask = lit_f[fy, fx] & lit_p[py, px]
-            if mask.sum() >= MIN_LIT_FRACTION * frame.size:
-                c = normalised_correlation(f[fy, fx], p[py, px], mask)
-                out[dy + reach, dx + reach] = np.nan if c is None else c
+    lit_f, lit_p = (frame > 0).astype(np.float64), (pred > 0).astype(np.float64)
+    shape = (h + reach, w + reach)  # zero padding: no shift within reach wraps around
+
+    def spectrum(a: np.ndarray) -> np.ndarray:
+        return np.fft.rfft2(a, shape)
+
+    def at_shifts(a_spec: np.ndarray, b_spec: np.ndarray) -> np.ndarray:
+        # sum over u of a(u) b(u - s), for dy, dx in [-reach, reach] (rows, columns of the result)
+        full = np.fft.irfft2(a_spec * np.conj(b_spec), shape)
+        idx = np.r_[-reach:reach + 1]
+        return full[np.ix_(idx, idx)]
+
+    ff, fl = spectrum(f * lit_f), spectrum(lit_f)
+    pp, pl = spectrum(p * lit_p), spectrum(lit_p)
+    n = np.rint(at_shifts(fl, pl))
+    sf, sp = at_shifts(ff, pl), at_shifts(fl, pp)
+    sff, spp = at_shifts(spectrum(f * f * lit_f), pl), at_shifts(fl, spectrum(p * p * lit_p))
+    sfp = at_shifts(ff, pp)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        # a flat image's variance, exactly 0 per shift, is left as rounding of its sum of squares
+        vf = np.where(sff - sf * sf / n > 1e-10 * sff, sff - sf * sf / n, 0.0)
+        vp = np.where(spp - sp * sp / n > 1e-10 * spp, spp - sp * sp / n, 0.0)
+        den = np.sqrt(vf * vp)
+        out = (sfp - sf * sp / n) / den
+    out[(n < MIN_LIT_FRACTION * frame.size) | (n < 2) | ~(den > 1e-9 * n)] = np.nan
     return out
 
 
@@ -333,7 +353,9 @@ class TerrainCheck:
         if reach_km is None:
             return TerrainMatch(ncc, None, None, km_per_px)
         reach = int(min(max(math.ceil(reach_km / km_per_px), 1), self.size_px // 4))
-        peak = _peak(_shifted_correlations(reduced_frame, pred, reach))
+        grid = _shifted_correlations(reduced_frame, pred, reach)
+        grid[reach, reach] = ncc  # the zero shift is the agreement itself, summed in its own order
+        peak = _peak(grid)
         if peak is None:
             return TerrainMatch(ncc, None, None, km_per_px)
         return TerrainMatch(ncc, _offset_km(peak[:2], rotation, position, km_per_px), peak[2], km_per_px)

@@ -20,7 +20,7 @@ import numpy as np
 
 from trn.data.worlds.terrain import KM_PER_DEG, Albedo, DetailConfig, DetailSynth, Elevation
 from trn.errors import ConfigError
-from trn.geometry import (MOON_RADIUS_KM, PinholeCamera, east_north_up, latlon_to_xyz, ray_sphere_intersection,
+from trn.geometry import (MOON_RADIUS_KM, PinholeCamera, east_north_up, ray_sphere_intersection,
                           xyz_to_latlon)
 
 NATIVE_GSD_KM = KM_PER_DEG / 64.0  # the original Luna-1 pixel (64 px/deg) that the margin is counted in
@@ -441,7 +441,7 @@ def cast_rays(surface: Surface, camera: PinholeCamera, rotation: np.ndarray, pos
     shape). The height bounds still come from the whole frame's footprint and every ray is traced
     on its own, so each pixel's hit is the one the whole frame gives.
     """
-    cam_rays = camera.rays()
+    cam_rays = camera.shared_rays()
     rot_t = np.asarray(rotation).T
     origin = np.asarray(position_km, dtype=np.float64)
     gsd = float(np.linalg.norm(origin) - MOON_RADIUS_KM) / camera.focal_px
@@ -551,8 +551,24 @@ def _one_sided_min(d_fwd: np.ndarray, d_bwd: np.ndarray) -> np.ndarray:
     """Per pixel, the one-sided difference of smaller magnitude (avoids depth discontinuities)."""
     fwd_ok = np.isfinite(d_fwd).all(-1)
     bwd_ok = np.isfinite(d_bwd).all(-1)
-    use_fwd = fwd_ok & (~bwd_ok | (np.linalg.norm(np.nan_to_num(d_fwd), axis=-1) <= np.linalg.norm(np.nan_to_num(d_bwd), axis=-1)))
+    # the magnitudes matter only where both are finite (np.linalg.norm's arithmetic there)
+    near_fwd = np.sqrt(np.add.reduce(d_fwd * d_fwd, axis=-1)) <= np.sqrt(np.add.reduce(d_bwd * d_bwd, axis=-1))
+    use_fwd = fwd_ok & (~bwd_ok | near_fwd)
     return np.where(use_fwd[..., None], d_fwd, d_bwd)
+
+
+def _sphere_points(lat: np.ndarray, lon: np.ndarray, radii: list) -> list[np.ndarray]:
+    """:func:`trn.geometry.latlon_to_xyz` of (``lat``, ``lon``) at each radius of ``radii`` (an
+    array like ``lat`` or 1.0), the same values, the angles' sines and cosines computed once."""
+    la, lo = np.radians(lat), np.radians(lon)
+    c, sin_la, cos_lo, sin_lo = np.cos(la), np.sin(la), np.cos(lo), np.sin(lo)
+    out = []
+    for r in radii:
+        if isinstance(r, float) and r == 1.0:
+            out.append(np.stack([c * cos_lo, c * sin_lo, sin_la], axis=-1))
+        else:
+            out.append(np.stack([r * c * cos_lo, r * c * sin_lo, r * sin_la], axis=-1))
+    return out
 
 
 def window_pad(cfg: RenderConfig) -> int:
@@ -606,20 +622,18 @@ def _shade(surface: Surface, geom: FrameGeometry, camera: PinholeCamera, origin:
     lat, lon = geom.lat[m], geom.lon[m]
     # Shading uses the detailed surface: the ray-cast point lifted by the synthetic detail.
     h_full = surface.height(lat, lon, gsd)
+    full, up, pts = _sphere_points(lat, lon, [MOON_RADIUS_KM + h_full, 1.0, MOON_RADIUS_KM + geom.height_km[m]])
     pts_full = np.full(m.shape + (3,), np.nan)
-    pts_full[m] = latlon_to_xyz(lat, lon, MOON_RADIUS_KM + h_full)
+    pts_full[m] = full
     nanrow = np.full((1, m.shape[1], 3), np.nan)
     nancol = np.full((m.shape[0], 1, 3), np.nan)
-    dx = _one_sided_min(np.concatenate([pts_full[:, 1:] - pts_full[:, :-1], nancol], axis=1),
-                        np.concatenate([nancol, pts_full[:, 1:] - pts_full[:, :-1]], axis=1))
-    dy = _one_sided_min(np.concatenate([pts_full[1:] - pts_full[:-1], nanrow], axis=0),
-                        np.concatenate([nanrow, pts_full[1:] - pts_full[:-1]], axis=0))
+    across, along = pts_full[:, 1:] - pts_full[:, :-1], pts_full[1:] - pts_full[:-1]
+    dx = _one_sided_min(np.concatenate([across, nancol], axis=1), np.concatenate([nancol, across], axis=1))
+    dy = _one_sided_min(np.concatenate([along, nanrow], axis=0), np.concatenate([nanrow, along], axis=0))
     normal = np.cross(dy, dx)[m]
-    up = latlon_to_xyz(lat, lon, 1.0)
     bad = ~np.isfinite(normal).all(1) | (np.linalg.norm(np.nan_to_num(normal), axis=1) < 1e-12)
     normal[bad] = up[bad]
     normal /= np.linalg.norm(normal, axis=1, keepdims=True)
-    pts = latlon_to_xyz(lat, lon, MOON_RADIUS_KM + geom.height_km[m])
     view = origin - pts
     view /= np.linalg.norm(view, axis=1, keepdims=True)
     sun = np.asarray(sun_dir, dtype=np.float64)

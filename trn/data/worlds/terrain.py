@@ -82,9 +82,9 @@ def _bilinear(grid: np.ndarray, row: np.ndarray, col: np.ndarray, cubic: bool = 
     if n == 0:
         return np.zeros(shape)
     rows = -(-n // _REMAP_WIDTH)
-    pad = rows * _REMAP_WIDTH - n
-    mr = np.pad(row.reshape(-1).astype(np.float32), (0, pad)).reshape(rows, _REMAP_WIDTH)
-    mc = np.pad(np.asarray(col).reshape(-1).astype(np.float32), (0, pad)).reshape(rows, _REMAP_WIDTH)
+    maps = np.zeros((2, rows * _REMAP_WIDTH), np.float32)  # the tail past n: zeros, cut off below
+    maps[0, :n], maps[1, :n] = row.reshape(-1), np.asarray(col).reshape(-1)
+    mr, mc = maps[0].reshape(rows, _REMAP_WIDTH), maps[1].reshape(rows, _REMAP_WIDTH)
     out = cv2.remap(grid, mc, mr, cv2.INTER_LINEAR, borderMode=cv2.BORDER_REPLICATE)
     return out.reshape(-1)[:n].reshape(shape).astype(np.float64)
 
