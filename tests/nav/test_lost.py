@@ -849,6 +849,34 @@ def test_the_refinements_steps_carry_the_fix_on_with_their_own_sigma_within_a_bu
     assert len(asked) == 2 and late.terrain_steps == 0 and np.allclose(late.position, sc + gain * peak)
 
 
+def test_the_refinement_falls_back_to_the_peak_once_the_frame_has_checked_enough_places():
+    """``terrain_refine_max_checks`` = 2: a fix whose own check is the frame's first or second is
+    refined by the steps; one checked third (the frame's renders already spent on other places)
+    keeps the peak's refinement, with the peak's sigma; the next frame's count starts anew."""
+    sc, _ = pose(-25.0, 100.0)
+    up, e1, _ = _horizontal_basis(sc)
+    peak, more = 0.8 * e1, 0.1 * e1
+    asked = []
+
+    def verify(t_s, position, passes=0, supersample=4, window=1.0):
+        asked.append("step" if passes else "check")
+        return more if passes else TerrainMatch(0.85, peak, 0.9, 0.8)
+
+    cfg = LostConfig(terrain_check=True, terrain_shift_sigma_px=0.25, terrain_shift_floor_px=0.0,
+                     terrain_refine_passes=1, terrain_refine_per_frame=100, terrain_refine_sigma_px=0.05,
+                     terrain_refine_max_checks=2)
+    fixer = WindowFixer(cfg, None, verify)
+    first = fixer.add(0.0, radius_of(sc), _declared_alone(sc, np.eye(3), 60.0, 0.0), detections=3)
+    second = fixer._guarded(_declared_alone(sc, np.eye(3), 60.0, 0.0), 3, t_s=0.0)
+    third = fixer._guarded(_declared_alone(sc, np.eye(3), 60.0, 0.0), 3, t_s=0.0)
+    assert asked == ["check", "step", "check", "step", "check"]
+    assert first.terrain_steps == 1 and second.terrain_steps == 1 and third.terrain_steps == 0
+    gain = 1.0 / (1.0 + 0.2 ** 2)  # the peak's own sigma: 0.25 px x 0.8 km
+    assert np.allclose(third.position, sc + gain * peak) and e1 @ third.cov @ e1 == pytest.approx(0.2 ** 2 * gain)
+    fresh = fixer.add(10.0, radius_of(sc), _declared_alone(sc, np.eye(3), 60.0, 0.0), detections=3)
+    assert fresh.terrain_steps == 1 and asked[-2:] == ["check", "step"]
+
+
 def test_the_terrain_check_needs_something_to_check_with():
     with pytest.raises(ConfigError, match="terrain_check needs"):
         WindowFixer(LostConfig(terrain_check=True))
@@ -891,6 +919,8 @@ def _ground_of(view, sc):
                                        ({"terrain_refine_passes": 1.5}, "terrain_refine_passes"),
                                        ({"terrain_refine_supersample": 0}, "terrain_refine_supersample"),
                                        ({"terrain_refine_per_frame": -1}, "terrain_refine_per_frame"),
+                                       ({"terrain_refine_max_checks": 0}, "terrain_refine_max_checks"),
+                                       ({"terrain_refine_max_checks": 2.5}, "terrain_refine_max_checks"),
                                        ({"terrain_render_bands": 0}, "terrain_render_bands"),
                                        ({"terrain_render_bands": 2.0}, "terrain_render_bands"),
                                        ({"terrain_refine_sigma_px": 0.0}, "terrain_refine_sigma_px")])

@@ -137,6 +137,12 @@ class LostConfig:
         of the fixes within 2 km lost, a lower RMS, the smallest sigma whose mean NEES lies from
         1.0 to its band's top on every sequence and box kind; one refinement a frame because two
         put the board profile's p99 over 10 s; docs/studies/lost_in_space.md). 0: the peak alone.
+    terrain_refine_max_checks: the refinement's per-frame budget: a fix is refined by the steps
+        only if its own check is at most this frame's ``terrain_refine_max_checks``-th (the checks
+        made before it in the frame's processing, its own included, asked again or not); a later
+        fix falls back to the peak's refinement. The steps cost several checks' renders, and a
+        frame that has already checked several places (a window deciding earlier frames) is the
+        one whose renders pass the board's cadence. 100 (no budget) by default.
     terrain_refine_window: below 1, each step renders and compares only the square of this fraction
         of the frame's side where the frame holds most gradient (about its square of the rays;
         :meth:`trn.nav.terrain_check.TerrainCheck.refine_box`); 1, the whole frame (the default).
@@ -188,6 +194,7 @@ class LostConfig:
     terrain_refine_passes: int = 1
     terrain_refine_supersample: int = 4
     terrain_refine_per_frame: int = 1
+    terrain_refine_max_checks: int = 100
     terrain_refine_window: float = 1.0
     terrain_refine_sigma_px: float = 0.021
     terrain_shift_sigma_px: float = 0.0
@@ -271,6 +278,8 @@ class LostConfig:
             bad("terrain_refine_window", "a fraction of the frame's side from 0.25 to 1 (1: the whole frame)")
         if not (isinstance(self.terrain_refine_per_frame, int) and 0 <= self.terrain_refine_per_frame <= 100):
             bad("terrain_refine_per_frame", "a whole number from 0 to 100")
+        if not (isinstance(self.terrain_refine_max_checks, int) and 1 <= self.terrain_refine_max_checks <= 100):
+            bad("terrain_refine_max_checks", "a whole number from 1 to 100 (100: no budget)")
         if not (isinstance(self.terrain_render_bands, int) and 1 <= self.terrain_render_bands <= 8):
             bad("terrain_render_bands", "a whole number from 1 to 8")
         if not 0 < self.terrain_refine_sigma_px <= 10:

@@ -98,6 +98,7 @@ class WindowFixer:
         self.late: list[tuple[float, LostFix, float]] = []
         self._counts: dict[float, int] = {}  # detections per frame of the window, by time (ms)
         self._steps_left = self.cfg.terrain_refine_per_frame  # Lucas-Kanade refinements left to this frame
+        self._checks_made = 0  # terrain checks made in this frame's processing
 
     def _guarded(self, fix: LostFix, detections: int, margin: bool = True, sigma: bool = True,
                  t_s: float | None = None) -> LostFix:
@@ -115,6 +116,7 @@ class WindowFixer:
             return _refused(fix, REASONS[13])
         if cfg.terrain_check and t_s is not None:
             match = self.verify(t_s, fix.position)
+            self._checks_made += 1
             fix = replace(fix, terrain_ncc=None if match is None else match.ncc)
             if fix.terrain_ncc is not None and fix.terrain_ncc < cfg.terrain_min_ncc:
                 return _refused(fix, REASONS[15])
@@ -122,7 +124,8 @@ class WindowFixer:
                 offset = np.asarray(match.offset_km, np.float64)
                 sigma = match.sigma_km(cfg.terrain_shift_sigma_px, cfg.terrain_shift_floor_px)
                 steps = 0
-                if cfg.terrain_refine_passes and self._steps_left > 0:
+                if (cfg.terrain_refine_passes and self._steps_left > 0
+                        and self._checks_made <= cfg.terrain_refine_max_checks):
                     self._steps_left -= 1
                     more = self.verify(t_s, fix.position + offset, cfg.terrain_refine_passes,
                                        cfg.terrain_refine_supersample, cfg.terrain_refine_window)
@@ -323,7 +326,7 @@ class WindowFixer:
         frame added before it (:class:`trn.nav.motion.Displacement`, None where not measured), for
         joins by motion; ``detections``: the frame's detections (for the guards; else the view's)."""
         cfg = self.cfg
-        self._steps_left = cfg.terrain_refine_per_frame
+        self._steps_left, self._checks_made = cfg.terrain_refine_per_frame, 0
         self.history = [h for h in self.history if 0 < t_s - h.t_s <= cfg.window_s]
         n = detections if detections is not None else (len(view.b) if view is not None else 0)
         self._counts = {round(h.t_s, 3): h.detections for h in self.history} | {round(t_s, 3): n}
