@@ -62,7 +62,7 @@ candidates.
    the place where the frame correlates best with the predicted terrain (the correlation's peak
    over shifts of the prediction, a horizontal measurement fused with the fix's covariance; with
    ``terrain_refine_passes``, one by default, carried on by a Lucas-Kanade step against a prediction
-   rendered anew and supersampled).
+   rendered anew and supersampled, over the half of the frame's side where it holds most gradient).
 
 Two options are measured on validation and off by default, because each one declared more wrong
 fixes there (``docs/studies/lost_in_space.md``, third round):

@@ -132,20 +132,23 @@ class LostConfig:
         renders a prediction); the others, and a fix whose step has no answer, keep the peak's
         refinement. The steps' estimate has ``terrain_refine_sigma_px`` reduced pixels of 1-sigma
         error per horizontal axis; the sigma above stays that of the peak. One step, 4 times
-        supersampled, by default, at most 1 per frame with 0.021 px: chosen on the three
-        validation sequences by a rule written before the rows (no wrong fix added, at most 0.5 %
-        of the fixes within 2 km lost, a lower RMS, the smallest sigma whose mean NEES lies from
-        1.0 to its band's top on every sequence and box kind; one refinement a frame because two
-        put the board profile's p99 over 10 s; docs/studies/lost_in_space.md). 0: the peak alone.
+        supersampled over half the side (``terrain_refine_window``), by default, at most 1 per
+        frame with 0.03 px: chosen on the three validation sequences by rules written before the
+        rows (no wrong fix added, at most 0.5 % of the fixes within 2 km lost, a horizontal RMS
+        within 80 m, the smallest sigma whose mean NEES lies from 1.0 to its band's top on every
+        sequence and box kind; one refinement a frame because two put the board profile's p99
+        over 10 s; the window because the whole frame's did too; docs/studies/lost_in_space.md).
     terrain_refine_max_checks: the refinement's per-frame budget: a fix is refined by the steps
         only if its own check is at most this frame's ``terrain_refine_max_checks``-th (the checks
         made before it in the frame's processing, its own included, asked again or not); a later
         fix falls back to the peak's refinement. The steps cost several checks' renders, and a
         frame that has already checked several places (a window deciding earlier frames) is the
-        one whose renders pass the board's cadence. 100 (no budget) by default.
+        one whose renders pass the board's cadence. 100 (no budget) by default: with the window
+        the board's p99 keeps the cadence without it, and 2 lost accuracy on validation.
     terrain_refine_window: below 1, each step renders and compares only the square of this fraction
         of the frame's side where the frame holds most gradient (about its square of the rays;
-        :meth:`trn.nav.terrain_check.TerrainCheck.refine_box`); 1, the whole frame (the default).
+        :meth:`trn.nav.terrain_check.TerrainCheck.refine_box`); 1, the whole frame. 0.5 by
+        default: a quarter of the rays, 1-8 m more horizontal RMS on validation.
     terrain_render_bands: every prediction of the check and the steps is rendered in this many
         horizontal bands, the same image as one render (:class:`trn.nav.terrain_check.TerrainCheck`);
         a board with as many cores renders them side by side. 2, the PYNQ-Z2 host's cores; on
@@ -195,8 +198,8 @@ class LostConfig:
     terrain_refine_supersample: int = 4
     terrain_refine_per_frame: int = 1
     terrain_refine_max_checks: int = 100
-    terrain_refine_window: float = 1.0
-    terrain_refine_sigma_px: float = 0.021
+    terrain_refine_window: float = 0.5
+    terrain_refine_sigma_px: float = 0.03
     terrain_shift_sigma_px: float = 0.0
     terrain_shift_floor_px: float = 0.15
     terrain_render_bands: int = 2
