@@ -107,6 +107,9 @@ def test_mars_training_logs_every_stage_and_resumes(tmp_path):
     assert state.epoch == 2
     with pytest.raises(ConfigError, match="already holds a training run"):
         train(cfg, tmp_path / "run2")
+    # the threads that run it are not what it trains: a run resumes on another count of them
+    doc["epochs"] = 2
+    assert train(from_dict({**doc, "threads": cfg.threads + 1}), tmp_path / "run2", resume=True).epoch == 2
 
 
 def test_corrupt_checkpoint_is_refused(tmp_path):

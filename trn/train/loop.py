@@ -261,13 +261,18 @@ def _init_weights(model: Descriptor, cfg: TrainConfig) -> None:
         raise ConfigError(f"init={cfg.init}: weights {sorted(unexpected) + sorted(missing)} do not fit the model")
 
 
+# what a run may change when it resumes: how many CPU threads run it, not what it trains
+_RESUME_FREE = ("threads",)
+
+
 def _same_config(stored: dict, cfg: TrainConfig) -> bool:
     """Whether a checkpoint's training configuration is ``cfg`` (settings added to the format
-    since the checkpoint was written count at their defaults)."""
+    since the checkpoint was written count at their defaults), :data:`_RESUME_FREE` apart."""
     try:
-        return from_dict(stored).to_dict() == cfg.to_dict()
+        a, b = from_dict(stored).to_dict(), cfg.to_dict()
     except (ConfigError, KeyError, TypeError, ValueError):
         return False
+    return {k: v for k, v in a.items() if k not in _RESUME_FREE} == {k: v for k, v in b.items() if k not in _RESUME_FREE}
 
 
 @dataclass
