@@ -995,9 +995,10 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
     correlation), each refinement's (``refine_ms``), their running sum (``spent_ms``) and its count
     of answers. A check asked again for the same frame and the same position (the window deciding
     again on a hypothesis its frame's own decision checked) is answered from memory, the same answer
-    without a render, and counted in ``remembered``, not in ``ms``. ``map_error``: the map's registration error (:class:`trn.nav.map_error.MapError`):
-    the frame predicted at a position is the map's, rendered from the true elevation where the
-    map's terrain truly is (:meth:`MapError.true_position`)."""
+    without a render, and counted in ``remembered``, not in ``ms``. ``map_error``: the map's
+    registration error (:class:`trn.nav.map_error.MapError`): the frame predicted at a position is
+    the map's, rendered from the true elevation where the map's terrain truly is
+    (:meth:`MapError.true_position`)."""
     if terrain is None:
         raise ConfigError(NO_TERRAIN_MAP)
     terrain.clock = lambda: clock()  # the bands are timed as the checks are (the module's clock, set by callers)
