@@ -110,3 +110,16 @@ def test_the_shared_rays_are_the_cameras_rays_computed_once_and_read_only():
     rays[0, 0] = 0.0  # a caller's copy: the shared rays stay as they were
     np.testing.assert_allclose(np.linalg.norm(shared, axis=-1), 1.0)
     assert shared[24, 32, 2] > shared[0, 0, 2]  # the boresight's neighbour straighter than the corner
+
+
+def test_points_at_several_radii_and_row_norms_are_the_single_functions_values():
+    from trn.geometry import latlon_to_xyz_at, norm_last, xyz_to_latlon
+
+    rng = np.random.default_rng(1)
+    lat, lon = rng.uniform(-90, 90, 50), rng.uniform(0, 360, 50)
+    heights = MOON_RADIUS_KM + rng.uniform(-5, 5, 50)
+    got = latlon_to_xyz_at(lat, lon, [heights, 1.0])
+    np.testing.assert_array_equal(got[0], latlon_to_xyz(lat, lon, heights))
+    np.testing.assert_array_equal(got[1], latlon_to_xyz(lat, lon, 1.0))
+    np.testing.assert_array_equal(norm_last(got[0]), np.linalg.norm(got[0], axis=-1))
+    np.testing.assert_allclose(xyz_to_latlon(got[0])[2], heights)

@@ -33,10 +33,25 @@ def latlon_to_xyz(lat_deg: np.ndarray, lon_deg: np.ndarray, radius_km: np.ndarra
     return np.stack([r * c * np.cos(lon), r * c * np.sin(lon), r * np.sin(lat)], axis=-1)
 
 
+def latlon_to_xyz_at(lat_deg: np.ndarray, lon_deg: np.ndarray, radii: list) -> list[np.ndarray]:
+    """:func:`latlon_to_xyz` of the same points at each radius of ``radii`` (arrays shaped like
+    ``lat_deg``, or floats), the same values, the angles' sines and cosines computed once."""
+    lat = np.radians(np.asarray(lat_deg, dtype=np.float64))
+    lon = np.radians(np.asarray(lon_deg, dtype=np.float64))
+    c, s, cos_lon, sin_lon = np.cos(lat), np.sin(lat), np.cos(lon), np.sin(lon)
+    return [np.stack([r * c * cos_lon, r * c * sin_lon, r * s], axis=-1) for r in radii]
+
+
+def norm_last(v: np.ndarray) -> np.ndarray:
+    """``np.linalg.norm(v, axis=-1)``, the same values (its own arithmetic) without its argument
+    handling, for small arrays in loops."""
+    return np.sqrt(np.add.reduce(v * v, axis=-1))
+
+
 def xyz_to_latlon(xyz: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Inverse of :func:`latlon_to_xyz`: (lat deg, lon deg east in [0, 360), radius km)."""
     xyz = np.asarray(xyz, dtype=np.float64)
-    r = np.sqrt(np.add.reduce(xyz * xyz, axis=-1))  # np.linalg.norm's own arithmetic, without its checks
+    r = norm_last(xyz)
     lat = np.degrees(np.arcsin(np.clip(xyz[..., 2] / np.maximum(r, 1e-300), -1.0, 1.0)))
     lon = np.mod(np.degrees(np.arctan2(xyz[..., 1], xyz[..., 0])), 360.0)
     return lat, lon, r

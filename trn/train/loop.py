@@ -268,11 +268,13 @@ _RESUME_FREE = ("threads",)
 def _same_config(stored: dict, cfg: TrainConfig) -> bool:
     """Whether a checkpoint's training configuration is ``cfg`` (settings added to the format
     since the checkpoint was written count at their defaults), :data:`_RESUME_FREE` apart."""
+    def recipe(d: dict) -> dict:
+        return {k: v for k, v in d.items() if k not in _RESUME_FREE}
+
     try:
-        a, b = from_dict(stored).to_dict(), cfg.to_dict()
+        return recipe(from_dict(stored).to_dict()) == recipe(cfg.to_dict())
     except (ConfigError, KeyError, TypeError, ValueError):
         return False
-    return {k: v for k, v in a.items() if k not in _RESUME_FREE} == {k: v for k, v in b.items() if k not in _RESUME_FREE}
 
 
 @dataclass

@@ -20,8 +20,8 @@ import numpy as np
 
 from trn.data.worlds.terrain import KM_PER_DEG, Albedo, DetailConfig, DetailSynth, Elevation
 from trn.errors import ConfigError
-from trn.geometry import (MOON_RADIUS_KM, PinholeCamera, east_north_up, ray_sphere_intersection,
-                          xyz_to_latlon)
+from trn.geometry import (MOON_RADIUS_KM, PinholeCamera, east_north_up, latlon_to_xyz_at, norm_last,
+                          ray_sphere_intersection, xyz_to_latlon)
 
 NATIVE_GSD_KM = KM_PER_DEG / 64.0  # the original Luna-1 pixel (64 px/deg) that the margin is counted in
 SUN_ANGULAR_RADIUS_RAD = np.radians(0.2666)
@@ -552,23 +552,9 @@ def _one_sided_min(d_fwd: np.ndarray, d_bwd: np.ndarray) -> np.ndarray:
     fwd_ok = np.isfinite(d_fwd).all(-1)
     bwd_ok = np.isfinite(d_bwd).all(-1)
     # the magnitudes matter only where both are finite (np.linalg.norm's arithmetic there)
-    near_fwd = np.sqrt(np.add.reduce(d_fwd * d_fwd, axis=-1)) <= np.sqrt(np.add.reduce(d_bwd * d_bwd, axis=-1))
+    near_fwd = norm_last(d_fwd) <= norm_last(d_bwd)
     use_fwd = fwd_ok & (~bwd_ok | near_fwd)
     return np.where(use_fwd[..., None], d_fwd, d_bwd)
-
-
-def _sphere_points(lat: np.ndarray, lon: np.ndarray, radii: list) -> list[np.ndarray]:
-    """:func:`trn.geometry.latlon_to_xyz` of (``lat``, ``lon``) at each radius of ``radii`` (an
-    array like ``lat`` or 1.0), the same values, the angles' sines and cosines computed once."""
-    la, lo = np.radians(lat), np.radians(lon)
-    c, sin_la, cos_lo, sin_lo = np.cos(la), np.sin(la), np.cos(lo), np.sin(lo)
-    out = []
-    for r in radii:
-        if isinstance(r, float) and r == 1.0:
-            out.append(np.stack([c * cos_lo, c * sin_lo, sin_la], axis=-1))
-        else:
-            out.append(np.stack([r * c * cos_lo, r * c * sin_lo, r * sin_la], axis=-1))
-    return out
 
 
 def window_pad(cfg: RenderConfig) -> int:
@@ -622,7 +608,7 @@ def _shade(surface: Surface, geom: FrameGeometry, camera: PinholeCamera, origin:
     lat, lon = geom.lat[m], geom.lon[m]
     # Shading uses the detailed surface: the ray-cast point lifted by the synthetic detail.
     h_full = surface.height(lat, lon, gsd)
-    full, up, pts = _sphere_points(lat, lon, [MOON_RADIUS_KM + h_full, 1.0, MOON_RADIUS_KM + geom.height_km[m]])
+    full, up, pts = latlon_to_xyz_at(lat, lon, [MOON_RADIUS_KM + h_full, 1.0, MOON_RADIUS_KM + geom.height_km[m]])
     pts_full = np.full(m.shape + (3,), np.nan)
     pts_full[m] = full
     nanrow = np.full((1, m.shape[1], 3), np.nan)
