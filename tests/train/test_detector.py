@@ -145,14 +145,14 @@ def test_detector_data_are_labelled_and_split(det_run):
     assert any(f.boxes for f in labels.frames)
 
 
-def test_training_resumes_and_refuses_other_settings(det_run):
+def test_training_resumes_on_other_threads_and_refuses_other_settings(det_run):
     root, _, cfg, history = det_run
     assert len(history) == 1 and 0.0 <= history[0]["val_ap50"] <= 1.0
     with pytest.raises(ConfigError, match="already holds a run"):
         train_detector(cfg, root / "run")
     with pytest.raises(ConfigError, match="other settings"):
         train_detector(DetectTrainConfig(**{**cfg.__dict__, "lr": 1e-3}), root / "run", resume=True)
-    assert len(train_detector(cfg, root / "run", resume=True)) == 2
+    assert len(train_detector(DetectTrainConfig(**{**cfg.__dict__, "threads": 2}), root / "run", resume=True)) == 2
     model, meta = load_detector(root / "run" / "best.pt")
     assert isinstance(model, CraterDetector) and meta["epoch"] in (1, 2)
 

@@ -651,7 +651,7 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("train", help="train a detector")
     t.add_argument("--config", type=Path, required=True, help="YAML detector training config")
     t.add_argument("--out", type=Path, required=True, help="run directory (keep it outside the work tree)")
-    t.add_argument("--resume", action="store_true", help="continue from OUT/last.pt")
+    t.add_argument("--resume", action="store_true", help="continue from OUT/last.pt (the same config; threads= may differ)")
     t.add_argument("--stop-after", type=int_at_least(1), default=None, metavar="EPOCHS",
                    help="stop after this many more epochs (continue later with --resume)")
     t.add_argument("overrides", nargs="*", help="key.sub=value overrides of the config")

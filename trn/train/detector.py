@@ -43,7 +43,7 @@ import json
 import logging
 import math
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import cv2
@@ -461,9 +461,10 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
     average, averaged = None, 0  # the running mean of the weights from epoch cfg.average_from on
     if resume and (out / "last.pt").is_file():
         ck = load_checked(out / "last.pt", fmt=CHECKPOINT_FORMAT, what="detector")
-        if DetectTrainConfig.from_dict(ck["train_config"]) != cfg:
+        # a run may resume on another number of CPU threads: that changes how fast it trains, not what
+        if replace(DetectTrainConfig.from_dict(ck["train_config"]), threads=cfg.threads) != cfg:
             raise ConfigError(f"{out / 'last.pt'} was trained with other settings; resume with the same config "
-                              "or choose another --out")
+                              "(threads apart) or choose another --out")
         load_state(model, ck["model"], out / "last.pt", "detector")
         opt.load_state_dict(ck["optimizer"])
         history, start = ck["history"], ck["epoch"]
