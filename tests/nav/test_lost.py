@@ -758,6 +758,29 @@ def test_a_fix_the_terrain_disagrees_with_is_refused(ncc, declared):
     assert len(asked) == 1
 
 
+def test_the_check_near_the_fix_reads_the_best_agreement_next_to_it():
+    """With ``terrain_check_reach_km`` the check reads the match's ``near_ncc`` (the best agreement
+    within that distance) instead of the fix's own: a fix of the right craters off by a pixel passes
+    where the terrain agrees next to it; both correlations are kept; without the setting the fix's
+    own agreement decides as before."""
+    sc, _ = pose(12.0, -40.0)
+    fix = _declared_alone(sc, np.eye(3) * 0.1, 60.0, 0.0)
+
+    def verify(t_s, position):
+        return TerrainMatch(0.7, None, None, 0.8, near_ncc=0.9)
+
+    own = WindowFixer(LostConfig(terrain_min_ncc=0.8), None, verify).add(30.0, radius_of(sc), fix, detections=3)
+    assert not own.declared and own.reason == REASONS[15] and own.terrain_near_ncc is None
+    near = WindowFixer(LostConfig(terrain_min_ncc=0.8, terrain_check_reach_km=1.0), None, verify).add(
+        30.0, radius_of(sc), fix, detections=3)
+    assert near.declared and near.terrain_ncc == 0.7 and near.terrain_near_ncc == 0.9
+    low = WindowFixer(LostConfig(terrain_min_ncc=0.95, terrain_check_reach_km=1.0), None, verify).add(
+        30.0, radius_of(sc), fix, detections=3)
+    assert not low.declared and low.terrain_near_ncc == 0.9
+    with pytest.raises(ConfigError, match="terrain_check_reach_km"):
+        LostConfig(terrain_check_reach_km=-1.0)
+
+
 def _horizontal_basis(p):
     """(up, east, north) at ``p``."""
     lat, lon, _ = xyz_to_latlon(p)

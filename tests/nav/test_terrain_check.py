@@ -83,6 +83,31 @@ def test_the_correlation_peak_measures_how_far_the_fix_is_off(check):
         assert far is None or far.offset_km is None
 
 
+def test_the_agreement_near_the_fix_is_the_best_whole_shift_within_the_distance(check):
+    """A fix two reduced pixels off: the agreement it reads near itself (``near_km``) is the highest
+    of the shifted correlations within that distance (at least the eight next to it), above its
+    own; without ``near_km`` it is its own; the peak and its offset are those of ``reach_km``
+    alone, whatever ``near_km`` searched."""
+    sc, rot = _pose(5.0, 20.0, 250.0)
+    sun = _sun(sc)
+    small = check.reduced(render_frame(check.surface, rot, sc, sun, RENDER)[0])
+    east, _, _ = east_north_up(5.0, 20.0)
+    px = 250.0 * np.tan(np.radians(30.0)) / 16.0
+    fix = sc + 2.0 * px * east
+    m = check.match(small, rot, fix, sun, reach_km=None, near_km=2.5 * px)
+    grid = _shifted_correlations(small, check.predicted(rot, fix, sun), 3)
+    dy, dx = np.mgrid[-3:4, -3:4]
+    within = grid[(np.hypot(dx, dy) <= 2.5) & np.isfinite(grid)]
+    assert m.offset_km is None and m.near_ncc == pytest.approx(max(m.ncc, within.max()), abs=1e-9)
+    assert m.near_ncc > m.ncc + 0.1
+    assert check.match(small, rot, fix, sun, reach_km=None).near_ncc == m.ncc
+    tiny = check.match(small, rot, fix, sun, reach_km=None, near_km=0.01)  # the eight neighbours
+    assert tiny.near_ncc == pytest.approx(max(m.ncc, np.nanmax(grid[2:5, 2:5])), abs=1e-9)
+    a, b = check.match(small, rot, fix, sun, reach_km=1.5 * px), check.match(small, rot, fix, sun, 1.5 * px, 3.0 * px)
+    assert (a.offset_km is None and b.offset_km is None) or np.allclose(a.offset_km, b.offset_km)
+    assert a.peak_ncc == b.peak_ncc and b.near_ncc >= m.near_ncc
+
+
 def test_the_peak_is_found_to_a_fraction_of_a_pixel():
     """A sampled paraboloid peaking at (0.3, -0.2) px from the grid's centre: :func:`_peak` finds
     it exactly (a parabola through three samples is exact for a parabola); a peak on the edge or

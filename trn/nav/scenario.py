@@ -808,7 +808,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     frame_at = {round(float(x), 3): k for k, x in enumerate(t_all)}
     attitude: dict[int, np.ndarray] = {}  # each frame's star-tracker attitude, as drawn for its search
     verify = terrain_verifier(ds, terrain, attitude, frame_at, cfg.window_s,
-                              cfg.terrain_reach_km if cfg.terrain_refine else None, map_error) if cfg.terrain_check else None
+                              cfg.terrain_reach_km if cfg.terrain_refine else None, map_error,
+                              cfg.terrain_check_reach_km) if cfg.terrain_check else None
     map_cov = None if map_error is None or map_error.sigma_km == 0 else map_error.covariance
     window = WindowFixer(cfg, cmap, verify)
     motion = SequenceMotion(ds, sensors, MotionConfig(scale=cfg.motion_scale), seed) if cfg.motion_joins else None
@@ -982,7 +983,7 @@ def dataset_terrain_check(ds: Luna1Dataset, source, cfg):
 
 
 def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray], frame_at: dict[float, int],
-                     keep_s: float = math.inf, reach_km: float | None = 3.0, map_error=None):
+                     keep_s: float = math.inf, reach_km: float | None = 3.0, map_error=None, near_km: float = 0.0):
     """The terrain check of :class:`trn.nav.lost.WindowFixer` (its ``verify``): for a frame's time
     and a fixed position, the match of the frame on disk (read once, reduced) with the frame
     ``terrain`` predicts there (:meth:`trn.nav.terrain_check.TerrainCheck.match`, its peak searched
@@ -998,7 +999,8 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
     without a render, and counted in ``remembered``, not in ``ms``. ``map_error``: the map's
     registration error (:class:`trn.nav.map_error.MapError`): the frame predicted at a position is
     the map's, rendered from the true elevation where the map's terrain truly is
-    (:meth:`MapError.true_position`)."""
+    (:meth:`MapError.true_position`). ``near_km``: the check's reading near the fix
+    (:attr:`trn.nav.terrain_check.TerrainMatch.near_ncc`, ``LostConfig.terrain_check_reach_km``)."""
     if terrain is None:
         raise ConfigError(NO_TERRAIN_MAP)
     terrain.clock = lambda: clock()  # the bands are timed as the checks are (the module's clock, set by callers)
@@ -1032,7 +1034,7 @@ def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray],
             verify.refine_ms.append(1e3 * (clock() - t0))
             verify.spent_ms += verify.refine_ms[-1]
         else:
-            out = answers[key] = terrain.match(reduced[k][1], attitude[k], position, sun, reach_km)
+            out = answers[key] = terrain.match(reduced[k][1], attitude[k], position, sun, reach_km, near_km)
             verify.ms.append(1e3 * (clock() - t0))
             verify.spent_ms += verify.ms[-1]
             verify.answered += out is not None
@@ -1061,7 +1063,7 @@ def _fix_fields(fx, truth: np.ndarray, labels: list, cmap, frame_at: dict[float,
             "horizontal_error_km": float(np.linalg.norm(d - (d @ truth) * truth / (truth @ truth))) if ok else None,
             "sigma_km": float(np.sqrt(np.trace(fx.cov))) if ok else None,
             "nees": float(d @ np.linalg.solve(fx.cov, d)) if ok else None, "support": fx.support,
-            "terrain_ncc": fx.terrain_ncc,
+            "terrain_ncc": fx.terrain_ncc, "terrain_near_ncc": fx.terrain_near_ncc,
             "terrain_offset_km": None if fx.terrain_offset_km is None else float(np.linalg.norm(fx.terrain_offset_km)),
             "terrain_steps": fx.terrain_steps,
             "inliers_correct": sum(int(labels[a]) == int(cmap.ids[r]) for a, r in fx.inliers) if ok else 0,

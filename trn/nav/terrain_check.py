@@ -107,12 +107,15 @@ class TerrainMatch:
     [3] (body frame, across the local vertical): from the fix to where the correlation peaks, None
     where its peak lies on the edge of the searched shifts (farther than ``reach_km``, or no peak);
     ``peak_ncc``: the correlation there; ``km_per_px``: a reduced pixel at the terrain's depth
-    (the offset's 1-sigma error per axis is a fraction of it: :meth:`sigma_km`)."""
+    (the offset's 1-sigma error per axis is a fraction of it: :meth:`sigma_km`); ``near_ncc``: the
+    highest correlation at the whole-pixel shifts within ``near_km`` of the fix (:meth:`TerrainCheck.match`;
+    ``ncc`` itself where none was asked)."""
 
     ncc: float
     offset_km: np.ndarray | None = None
     peak_ncc: float | None = None
     km_per_px: float = math.nan
+    near_ncc: float | None = None
 
     def sigma_km(self, sigma_px_at_0_9: float, floor_px: float = 0.0) -> float:
         """The offset's 1-sigma error per horizontal axis, km: ``sigma_px_at_0_9`` reduced pixels
@@ -336,13 +339,18 @@ class TerrainCheck:
         of the pixels are (the night side, a frame off the limb) or either image is flat there."""
         return _lit_correlation(reduced_frame, self.predicted(rotation, position_km, sun_dir))
 
+    def _reach_px(self, km: float, km_per_px: float) -> int:
+        return int(min(max(math.ceil(km / km_per_px), 1), self.size_px // 4))
+
     def match(self, reduced_frame: np.ndarray, rotation: np.ndarray, position_km: np.ndarray,
-              sun_dir: np.ndarray, reach_km: float | None = 3.0) -> TerrainMatch | None:
+              sun_dir: np.ndarray, reach_km: float | None = 3.0, near_km: float = 0.0) -> TerrainMatch | None:
         """The agreement at ``position_km`` (:meth:`agreement`, the same value) and the offset to
         the correlation's peak within ``reach_km`` across the local vertical (module docstring;
         None: no search, no offset); None where :meth:`agreement` has no answer. The depth is the
         boresight's range to the reference sphere (the altitude over it, for a boresight that
-        misses it)."""
+        misses it). ``near_km`` > 0: also the highest correlation at the whole-pixel shifts whose
+        distance from the fix is at most ``near_km`` (at least the eight next to it, at most a
+        quarter of the side), :attr:`TerrainMatch.near_ncc`."""
         rotation = np.asarray(rotation, np.float64)
         position = np.asarray(position_km, np.float64)
         pred = self.predicted(rotation, position, sun_dir)
@@ -350,15 +358,26 @@ class TerrainCheck:
         if ncc is None:
             return None
         km_per_px = self.km_per_px(rotation, position)
-        if reach_km is None:
-            return TerrainMatch(ncc, None, None, km_per_px)
-        reach = int(min(max(math.ceil(reach_km / km_per_px), 1), self.size_px // 4))
+        if reach_km is None and not near_km > 0:
+            return TerrainMatch(ncc, None, None, km_per_px, ncc)
+        reach = self._reach_px(max(reach_km or 0.0, near_km), km_per_px)
         grid = _shifted_correlations(reduced_frame, pred, reach)
         grid[reach, reach] = ncc  # the zero shift is the agreement itself, summed in its own order
+        near = ncc
+        if near_km > 0:
+            r = max(near_km / km_per_px, 1.5)  # the eight neighbours at least: a whole pixel each way
+            dy, dx = np.mgrid[-reach:reach + 1, -reach:reach + 1]
+            within = grid[(np.hypot(dx, dy) <= r) & np.isfinite(grid)]
+            near = max(ncc, float(within.max()))
+        if reach_km is None:
+            return TerrainMatch(ncc, None, None, km_per_px, near)
+        if reach != self._reach_px(reach_km, km_per_px):  # the peak is searched within reach_km alone
+            inner = self._reach_px(reach_km, km_per_px)
+            grid = grid[reach - inner:reach + inner + 1, reach - inner:reach + inner + 1]
         peak = _peak(grid)
         if peak is None:
-            return TerrainMatch(ncc, None, None, km_per_px)
-        return TerrainMatch(ncc, _offset_km(peak[:2], rotation, position, km_per_px), peak[2], km_per_px)
+            return TerrainMatch(ncc, None, None, km_per_px, near)
+        return TerrainMatch(ncc, _offset_km(peak[:2], rotation, position, km_per_px), peak[2], km_per_px, near)
 
     def km_per_px(self, rotation: np.ndarray, position_km: np.ndarray) -> float:
         """A reduced pixel at the terrain's depth, km: the boresight's range to the reference

@@ -116,6 +116,12 @@ class LostConfig:
         not refused by it. On by default at 0.8, chosen on the validation sequence
         (docs/studies/lost_in_space.md): it needs the frames and the map's elevation, so a caller with
         boxes alone turns it off.
+    terrain_check_reach_km: above 0, the check reads the highest correlation at the whole-pixel
+        shifts within this distance of the fix (at least the eight next to it;
+        :attr:`trn.nav.terrain_check.TerrainMatch.near_ncc`) instead of the fix's own: a fix of the
+        right craters a kilometre or two off, as two craters' geometry leaves it, passes where the
+        terrain confirms the place next to it, and the refinement then moves it there. 0 (the
+        fix's own agreement) by default.
     terrain_refine: with the check, a fix it passes is refined by the correlation's peak
         (:meth:`trn.nav.terrain_check.TerrainCheck.match`): the horizontal offset from the fix to
         where the frame correlates best, searched within ``terrain_reach_km``, is a measurement of
@@ -190,6 +196,7 @@ class LostConfig:
     max_error_2sigma_km: float = math.inf
     terrain_check: bool = True
     terrain_min_ncc: float = 0.8
+    terrain_check_reach_km: float = 0.0
     terrain_size_px: int = 64
     terrain_max_ppd: int = 32
     terrain_refine: bool = True
@@ -267,6 +274,8 @@ class LostConfig:
             bad("max_error_2sigma_km", "above 0 km (inf = off)")
         if not (math.isfinite(self.terrain_min_ncc) and -1.0 <= self.terrain_min_ncc < 1.0):
             bad("terrain_min_ncc", "a correlation from -1 to below 1")
+        if not 0.0 <= self.terrain_check_reach_km <= 50:
+            bad("terrain_check_reach_km", "0 (the fix's own agreement) to 50 km")
         if not 16 <= self.terrain_size_px <= 512:
             bad("terrain_size_px", "16 to 512 pixels a side")
         if not 1 <= self.terrain_max_ppd <= 1024:

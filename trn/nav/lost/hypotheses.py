@@ -109,7 +109,8 @@ class LostFix:
     the best score at another position; ``frames``: frames the fix needed (1 alone); ``joins``:
     how it joined each other frame it used (:class:`Join`); ``terrain_ncc``: its agreement with
     the terrain it predicts, where the terrain check ran and the frame gave an answer;
-    ``terrain_offset_km``: the horizontal offset [3] km the correlation's peak measured from the
+    ``terrain_near_ncc``: the best agreement next to it, where the check read that
+    (``LostConfig.terrain_check_reach_km``); ``terrain_offset_km``: the horizontal offset [3] km the correlation's peak measured from the
     fix, where it refined the fix (``LostConfig.terrain_refine``); ``terrain_steps``: the
     Lucas-Kanade steps that refined it further (0: the peak alone)."""
 
@@ -127,6 +128,7 @@ class LostFix:
     best: list[Hypothesis] = field(default_factory=list)
     joins: tuple[Join, ...] = ()
     terrain_ncc: float | None = None
+    terrain_near_ncc: float | None = None
     terrain_offset_km: np.ndarray | None = None
     terrain_steps: int = 0
 

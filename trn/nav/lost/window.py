@@ -117,8 +117,10 @@ class WindowFixer:
         if cfg.terrain_check and t_s is not None:
             match = self.verify(t_s, fix.position)
             self._checks_made += 1
-            fix = replace(fix, terrain_ncc=None if match is None else match.ncc)
-            if fix.terrain_ncc is not None and fix.terrain_ncc < cfg.terrain_min_ncc:
+            near = None if match is None or cfg.terrain_check_reach_km <= 0 else match.near_ncc
+            fix = replace(fix, terrain_ncc=None if match is None else match.ncc, terrain_near_ncc=near)
+            read = fix.terrain_ncc if near is None else near
+            if read is not None and read < cfg.terrain_min_ncc:
                 return _refused(fix, REASONS[15])
             if cfg.terrain_refine and match is not None and match.offset_km is not None:
                 offset = np.asarray(match.offset_km, np.float64)
@@ -304,6 +306,7 @@ class WindowFixer:
                 out.append((e, fix))
             else:
                 e.fix.reason, e.fix.terrain_ncc = fix.reason, fix.terrain_ncc
+                e.fix.terrain_near_ncc = fix.terrain_near_ncc
         return sorted(out, key=lambda x: x[0] is not entries[-1])
 
     def _declare_late(self, h: _Entry, dec: LostFix, t_s: float, raws: list, new: list) -> None:
