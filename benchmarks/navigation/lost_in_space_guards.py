@@ -154,6 +154,8 @@ def main() -> None:
                     help="space-separated KEY=VALUE settings added to --lis-set; '' = the base settings")
     ap.add_argument("--map-error", default=None, metavar="SIGMA_KM[,LENGTH_KM]",
                     help="as trn-sim run --map-error (seed 0): the map carries a registration error of its own")
+    ap.add_argument("--map-seed", type=int, default=None,
+                    help="the map error field's seed (default: the scenario's, 0): another map, the same frames")
     ap.add_argument("--cache", type=Path, default=Path("runs/cache"))
     ap.add_argument("--out", type=Path, required=True)
     args = ap.parse_args()
@@ -165,14 +167,16 @@ def main() -> None:
     dsk, summary = with_boxes(ds, args.boxes, args.detector if args.boxes == "detector" else None)
     cmap = catalogue_crater_map(args.source)
     s, sigma = scenario_box_settings(args.boxes, summary, ScenarioSettings())
-    map_error = MapError.parse(args.map_error, seed=s.seed) if args.map_error else None
+    map_seed = s.seed if args.map_seed is None else args.map_seed
+    map_error = MapError.parse(args.map_error, seed=map_seed) if args.map_error else None
+    tag = None if map_error is None else args.map_error + ("" if args.map_seed is None else f"-seed-{map_seed}")
     if map_error is not None:
         cmap = map_error.crater_map(cmap)
     gate = scenario.gate_km(args.map_gate, cmap)
     args.out.mkdir(parents=True, exist_ok=True)
     rows, terrains = [], {}
     for n, (v, cfg) in enumerate(zip(variants, configs)):
-        memo = Memo(args.cache, args.data, args.boxes, args.map_gate, cfg, args.map_error)
+        memo = Memo(args.cache, args.data, args.boxes, args.map_gate, cfg, tag)
         memo.install(cfg)
         key = (cfg.terrain_check, cfg.terrain_size_px, cfg.terrain_max_ppd)
         if key not in terrains:  # the elevation map is loaded once for the variants that share it
@@ -182,7 +186,7 @@ def main() -> None:
                                            terrain=terrains[key], map_error=map_error)
         memo.save(cfg)
         (args.out / f"{n}.json").write_text(json.dumps({"variant": v, "settings": args.lis_set, "boxes": summary,
-                                                        "map_error": args.map_error,
+                                                        "map_error": args.map_error, "map_seed": map_seed,
                                                         "report": rep}, default=float))
         rows.append(row(v, rep))
         log.info("%s: %.0f s, %s", v or "(base settings)", time.perf_counter() - t0,
