@@ -1,7 +1,7 @@
 """Incremental Recall@1 on the validation identities' landmark renders, at several thresholds.
 
     python benchmarks/descriptor/validation_incremental.py MODEL [MODEL ...] [--config models/flight_conv2d_se_frames.yaml] \
-        [--backend tflite]
+        [--backend tflite] [--thresholds 0.85 0.9 0.95]
 
 The landmark side of choosing a model's operating point on validation data: the validation
 identities of the config's split (both worlds for the union configs), each render under two
@@ -47,6 +47,8 @@ def main() -> int:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--distractors", choices=("train", "none"), default="train",
                     help="train: the training identities' renders enter the database unscored (test-scale gallery)")
+    ap.add_argument("--thresholds", type=float, nargs="+", default=list(THRESHOLDS),
+                    help=f"match thresholds to replay the stream at (default {' '.join(f'{t:g}' for t in THRESHOLDS)})")
     ap.add_argument("--backend", default="torch",
                     help="torch, or an export backend (onnx, onnx-int8, tflite, ...): MODEL is then a trn-export directory")
     args = ap.parse_args()
@@ -73,25 +75,27 @@ def main() -> int:
     scored = lab >= len(names) - len(split.val)
     print(f"{len(split.val)} validation identities ({int(scored.sum())} scored views), "
           f"{len(names) - len(split.val)} distractor identities ({int((~scored).sum())} views)")
-    print("| model | " + " | ".join(f"{t:g}" for t in THRESHOLDS) + " |")
-    print("| --- |" + " --- |" * len(THRESHOLDS))
+    thresholds = tuple(args.thresholds)
+    print("| model | " + " | ".join(f"{t:g}" for t in thresholds) + " |")
+    print("| --- |" + " --- |" * len(thresholds))
     for spec in args.models:
         if args.backend != "torch":
             ras = through_database(make_embedder(spec, threads=args.threads, backend=args.backend), x, order, lab,
-                                   scored)
+                                   scored, thresholds)
             print(f"| {spec} ({args.backend}) | " + " | ".join(f"{ra:.2f}" for ra in ras) + " |", flush=True)
             continue
         model = load_descriptor(resolve_model(spec))
         if model.parts is not None:
-            ras = through_database(TorchEmbedder(model, "parts", batch=256), x, order, lab, scored)
+            ras = through_database(TorchEmbedder(model, "parts", batch=256), x, order, lab, scored, thresholds)
         else:
             e = embed(model, x).numpy()[order]
-            ras = [match_or_insert(e, lab, t, scored).ra for t in THRESHOLDS]
+            ras = [match_or_insert(e, lab, t, scored).ra for t in thresholds]
         print(f"| {spec} | " + " | ".join(f"{ra:.2f}" for ra in ras) + " |", flush=True)
     return 0
 
 
-def through_database(emb, x, order: np.ndarray, lab: np.ndarray, scored: np.ndarray) -> list[float]:
+def through_database(emb, x, order: np.ndarray, lab: np.ndarray, scored: np.ndarray,
+                     thresholds=THRESHOLDS) -> list[float]:
     """RA at each threshold for an embedder (a part model's, or an export backend's), through the
     landmark database as the scenarios configure it (:func:`trn.sim.scenarios._db_config`; a render
     is never cut by a frame's edge, so with an edge rule the embedder scores it by cosine)."""
@@ -104,7 +108,7 @@ def through_database(emb, x, order: np.ndarray, lab: np.ndarray, scored: np.ndar
     mix = None if e.mix is None else e.mix[order]
     names = [str(v) for v in lab]
     out = []
-    for thr in THRESHOLDS:
+    for thr in thresholds:
         db = LandmarkDB(_db_config(emb, ScenarioSettings(), thr))
         seen: set[str] = set()
         correct = incorrect = missed = 0
