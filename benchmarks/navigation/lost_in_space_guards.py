@@ -178,7 +178,8 @@ def main() -> None:
     for n, (v, cfg) in enumerate(zip(variants, configs)):
         memo = Memo(args.cache, args.data, args.boxes, args.map_gate, cfg, tag)
         memo.install(cfg)
-        key = (cfg.terrain_check, cfg.terrain_size_px, cfg.terrain_max_ppd)
+        key = (cfg.terrain_check, cfg.terrain_size_px, cfg.terrain_max_ppd, cfg.terrain_render_bands,
+               cfg.terrain_min_lit)
         if key not in terrains:  # the elevation map is loaded once for the variants that share it
             terrains[key] = scenario.dataset_terrain_check(ds, args.source, cfg)
         t0 = time.perf_counter()

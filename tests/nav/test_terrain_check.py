@@ -11,8 +11,8 @@ from trn.data.worlds.terrain import DetailConfig
 from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, east_north_up, latlon_to_xyz, nadir_pose
 from trn.nav.lost import LostConfig
-from trn.nav.terrain_check import (MIN_LIT_FRACTION, TerrainCheck, TerrainMatch, _peak, _shifted_correlations,
-                                   gradient_shift, normalised_correlation)
+from trn.nav.terrain_check import (MIN_LIT_FRACTION, TerrainCheck, TerrainMatch, _lit_correlation, _peak,
+                                   _shifted_correlations, gradient_shift, normalised_correlation)
 
 RENDER = RenderConfig(nav_size=128, fov_deg=60.0, detail=DetailConfig(enabled=False))
 
@@ -106,6 +106,26 @@ def test_the_agreement_near_the_fix_is_the_best_whole_shift_within_the_distance(
     a, b = check.match(small, rot, fix, sun, reach_km=1.5 * px), check.match(small, rot, fix, sun, 1.5 * px, 3.0 * px)
     assert (a.offset_km is None and b.offset_km is None) or np.allclose(a.offset_km, b.offset_km)
     assert a.peak_ncc == b.peak_ncc and b.near_ncc >= m.near_ncc
+
+
+def test_a_check_answers_on_fewer_lit_pixels_only_where_asked(check):
+    """Near the terminator a frame lights a few of the compared pixels: with the default share no
+    answer, with ``min_lit`` below the lit share the same correlation over the same pixels."""
+    frame = np.zeros((32, 32))
+    pred = np.zeros((32, 32))
+    rng = np.random.default_rng(3)
+    frame[:, :2], pred[:, :2] = 1.0 + rng.random((32, 2)), 1.0 + rng.random((32, 2))  # 6.25 % lit in both
+    assert _lit_correlation(frame, pred) is None
+    lit = (frame > 0) & (pred > 0)
+    assert _lit_correlation(frame, pred, 0.05) == pytest.approx(normalised_correlation(frame, pred, lit))
+    grid = _shifted_correlations(frame, pred, 1, 0.05)
+    assert grid[1, 1] == pytest.approx(normalised_correlation(frame, pred, lit))
+    assert np.isnan(_shifted_correlations(frame, pred, 1)[1, 1])
+    assert check.min_lit == MIN_LIT_FRACTION
+    with pytest.raises(ConfigError, match="min_lit"):
+        TerrainCheck(check.surface, RENDER, RENDER.fov_deg, 32, min_lit=0.0)
+    with pytest.raises(ConfigError, match="terrain_min_lit"):
+        LostConfig(terrain_min_lit=2.0)
 
 
 def test_the_peak_is_found_to_a_fraction_of_a_pixel():

@@ -979,7 +979,7 @@ def dataset_terrain_check(ds: Luna1Dataset, source, cfg):
     src = ds.metadata.source if isinstance(ds.metadata.source, dict) else {}
     return TerrainCheck.from_source(source, built_render_config(ds.metadata), cam.fov_deg,
                                     min(cfg.terrain_size_px, cam.width, cam.height), cfg.terrain_max_ppd,
-                                    bool(src.get("use_albedo", True)), cfg.terrain_render_bands)
+                                    bool(src.get("use_albedo", True)), cfg.terrain_render_bands, cfg.terrain_min_lit)
 
 
 def terrain_verifier(ds: Luna1Dataset, terrain, attitude: dict[int, np.ndarray], frame_at: dict[float, int],

@@ -91,11 +91,11 @@ def normalised_correlation(a: np.ndarray, b: np.ndarray, mask: np.ndarray) -> fl
     return float(x @ y) / den
 
 
-def _lit_correlation(frame: np.ndarray, pred: np.ndarray) -> float | None:
+def _lit_correlation(frame: np.ndarray, pred: np.ndarray, min_lit: float = MIN_LIT_FRACTION) -> float | None:
     """:func:`normalised_correlation` of ``frame`` and ``pred`` over the pixels lit in both; None
-    where fewer than :data:`MIN_LIT_FRACTION` of them are."""
+    where fewer than ``min_lit`` of them are."""
     mask = (pred > 0) & (frame > 0)
-    if mask.sum() < MIN_LIT_FRACTION * mask.size:
+    if mask.sum() < min_lit * mask.size:
         return None
     return normalised_correlation(frame, pred, mask)
 
@@ -129,10 +129,11 @@ class TerrainMatch:
         return math.hypot(float(floor_px), float(sigma_px_at_0_9) * math.sqrt(mismatch / 0.1)) * self.km_per_px
 
 
-def _shifted_correlations(frame: np.ndarray, pred: np.ndarray, reach: int) -> np.ndarray:
+def _shifted_correlations(frame: np.ndarray, pred: np.ndarray, reach: int,
+                          min_lit: float = MIN_LIT_FRACTION) -> np.ndarray:
     """[2 reach + 1, 2 reach + 1] correlations of ``frame`` (u) with ``pred`` (u - s) for every
     whole-pixel shift s = (dx, dy) within ``reach``, over the overlapping pixels lit in both
-    (NaN where fewer than :data:`MIN_LIT_FRACTION` of the frame's pixels are, or one is flat).
+    (NaN where fewer than ``min_lit`` of the frame's pixels are, or one is flat).
 
     Each shift's sums over its pixels (their count, each image's sum and sum of squares, the sum
     of products) are cross-correlations of the masked images, all shifts at once by FFT; the
@@ -164,7 +165,7 @@ def _shifted_correlations(frame: np.ndarray, pred: np.ndarray, reach: int) -> np
         vp = np.where(spp - sp * sp / n > 1e-10 * spp, spp - sp * sp / n, 0.0)
         den = np.sqrt(vf * vp)
         out = (sfp - sf * sp / n) / den
-    out[(n < MIN_LIT_FRACTION * frame.size) | (n < 2) | ~(den > 1e-9 * n)] = np.nan
+    out[(n < min_lit * frame.size) | (n < 2) | ~(den > 1e-9 * n)] = np.nan
     return out
 
 
@@ -219,15 +220,19 @@ class TerrainCheck:
     docstring). ``surface``: the onboard elevation and albedo (its detail is not used);
     ``render``: the frames' photometry (exposure, reflectance model, cast shadows); ``fov_deg``:
     the navigation camera's field of view; ``size_px``: side of the compared images; ``bands``:
-    every prediction is rendered in that many horizontal bands (module docstring).
+    every prediction is rendered in that many horizontal bands (module docstring); ``min_lit``: the
+    share of the compared pixels that must be lit in both images for an answer (:meth:`agreement`).
     ``clock``: what times the bands (seconds); ``side_ms`` sums, over every banded render, the
     bands' times less the longest one's: the work a second core takes off the first when the
     bands run side by side."""
 
     def __init__(self, surface: Surface, render: RenderConfig, fov_deg: float, size_px: int = 64,
-                 bands: int = 1):
+                 bands: int = 1, min_lit: float = MIN_LIT_FRACTION):
         if not 16 <= size_px <= 512:
             raise ConfigError(f"terrain check size_px={size_px}: expected 16 to 512 pixels a side")
+        if not (math.isfinite(min_lit) and 0.001 <= min_lit <= 1.0):
+            raise ConfigError(f"terrain check min_lit={min_lit}: expected 0.001 to 1 (a share of the pixels)")
+        self.min_lit = float(min_lit)
         if not (isinstance(bands, int) and 1 <= bands <= 8):
             raise ConfigError(f"terrain check bands={bands!r}: expected a whole number from 1 to 8")
         if not 1.0 <= fov_deg <= 170.0:
@@ -243,7 +248,8 @@ class TerrainCheck:
 
     @classmethod
     def from_source(cls, source: str | Path, render: RenderConfig, fov_deg: float, size_px: int = 64,
-                    max_ppd: int = 32, use_albedo: bool = True, bands: int = 1) -> "TerrainCheck":
+                    max_ppd: int = 32, use_albedo: bool = True, bands: int = 1,
+                    min_lit: float = MIN_LIT_FRACTION) -> "TerrainCheck":
         """The check on the elevation of ``source`` (a directory with ``dem/``, as ``--map-source``
         names) at ``max_ppd`` pixels per degree at most, and its albedo where the frames used it
         (``use_albedo``, as the build did): the builder's surface (:func:`trn.data.datasets.build.surface_of`)
@@ -257,7 +263,7 @@ class TerrainCheck:
         if not 1 <= max_ppd <= 1024:
             raise ConfigError(f"terrain check max_ppd={max_ppd}: expected 1 to 1024 pixels per degree")
         surface = surface_of(source, replace(render, detail=DetailConfig(enabled=False)), 0, use_albedo, max_ppd)
-        return cls(surface, render, fov_deg, size_px, bands)
+        return cls(surface, render, fov_deg, size_px, bands, min_lit)
 
     def _banded(self, rotation: np.ndarray, position_km: np.ndarray, sun_dir: np.ndarray,
                 cfg: RenderConfig, box: tuple[int, int, int, int] | None = None) -> np.ndarray:
@@ -335,9 +341,9 @@ class TerrainCheck:
     def agreement(self, reduced_frame: np.ndarray, rotation: np.ndarray, position_km: np.ndarray,
                   sun_dir: np.ndarray) -> float | None:
         """Normalised cross-correlation of ``reduced_frame`` (:meth:`reduced`) with the frame
-        predicted at ``position_km``, over the pixels lit in both; None where fewer than a tenth
+        predicted at ``position_km``, over the pixels lit in both; None where fewer than ``min_lit``
         of the pixels are (the night side, a frame off the limb) or either image is flat there."""
-        return _lit_correlation(reduced_frame, self.predicted(rotation, position_km, sun_dir))
+        return _lit_correlation(reduced_frame, self.predicted(rotation, position_km, sun_dir), self.min_lit)
 
     def _reach_px(self, km: float, km_per_px: float) -> int:
         return int(min(max(math.ceil(km / km_per_px), 1), self.size_px // 4))
@@ -354,14 +360,14 @@ class TerrainCheck:
         rotation = np.asarray(rotation, np.float64)
         position = np.asarray(position_km, np.float64)
         pred = self.predicted(rotation, position, sun_dir)
-        ncc = _lit_correlation(reduced_frame, pred)
+        ncc = _lit_correlation(reduced_frame, pred, self.min_lit)
         if ncc is None:
             return None
         km_per_px = self.km_per_px(rotation, position)
         if reach_km is None and not near_km > 0:
             return TerrainMatch(ncc, None, None, km_per_px, ncc)
         reach = self._reach_px(max(reach_km or 0.0, near_km), km_per_px)
-        grid = _shifted_correlations(reduced_frame, pred, reach)
+        grid = _shifted_correlations(reduced_frame, pred, reach, self.min_lit)
         grid[reach, reach] = ncc  # the zero shift is the agreement itself, summed in its own order
         near = ncc
         if near_km > 0:

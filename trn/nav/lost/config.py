@@ -116,6 +116,9 @@ class LostConfig:
         not refused by it. On by default at 0.8, chosen on the validation sequence
         (docs/studies/lost_in_space.md): it needs the frames and the map's elevation, so a caller with
         boxes alone turns it off.
+    terrain_min_lit: the share of the check's pixels that must be lit in both the frame and the
+        prediction at the fix for an answer; below it the check has no answer and refuses nothing
+        (:class:`trn.nav.terrain_check.TerrainCheck`). 0.1 by default.
     terrain_check_reach_km: above 0, the check reads the highest correlation at the whole-pixel
         shifts within this distance of the fix (at least the eight next to it;
         :attr:`trn.nav.terrain_check.TerrainMatch.near_ncc`) instead of the fix's own: a fix of the
@@ -197,6 +200,7 @@ class LostConfig:
     terrain_check: bool = True
     terrain_min_ncc: float = 0.8
     terrain_check_reach_km: float = 0.0
+    terrain_min_lit: float = 0.1
     terrain_size_px: int = 64
     terrain_max_ppd: int = 32
     terrain_refine: bool = True
@@ -276,6 +280,8 @@ class LostConfig:
             bad("terrain_min_ncc", "a correlation from -1 to below 1")
         if not 0.0 <= self.terrain_check_reach_km <= 50:
             bad("terrain_check_reach_km", "0 (the fix's own agreement) to 50 km")
+        if not (math.isfinite(self.terrain_min_lit) and 0.001 <= self.terrain_min_lit <= 1.0):
+            bad("terrain_min_lit", "a share of the pixels from 0.001 to 1")
         if not 16 <= self.terrain_size_px <= 512:
             bad("terrain_size_px", "16 to 512 pixels a side")
         if not 1 <= self.terrain_max_ppd <= 1024:
