@@ -110,9 +110,10 @@ class LostFix:
     how it joined each other frame it used (:class:`Join`); ``terrain_ncc``: its agreement with
     the terrain it predicts, where the terrain check ran and the frame gave an answer;
     ``terrain_near_ncc``: the best agreement next to it, where the check read that
-    (``LostConfig.terrain_check_reach_km``); ``terrain_offset_km``: the horizontal offset [3] km the correlation's peak measured from the
-    fix, where it refined the fix (``LostConfig.terrain_refine``); ``terrain_steps``: the
-    Lucas-Kanade steps that refined it further (0: the peak alone)."""
+    (``LostConfig.terrain_check_reach_km``); ``terrain_offset_km``: the horizontal offset [3] km
+    the correlation's peak measured from the fix, where it refined the fix
+    (``LostConfig.terrain_refine``); ``terrain_steps``: the Lucas-Kanade steps that refined it
+    further (0: the peak alone)."""
 
     declared: bool
     reason: str
