@@ -52,7 +52,8 @@ def edge_breakdown(ds, emb, s, thresholds: list[float]) -> tuple[list[str], list
     cut = at_frame_edge([clean[(d.frame, d.label)] for d in dets], sc.frame_shape(ds))
     embedded = sc._embed_crops(ds, dets, emb)  # with the model's part tokens where it has them
     labels = [d.label for d in dets]
-    side = np.array([max(b.r - b.l, b.b - b.t) for b in (clean[(d.frame, d.label)] for d in dets)])
+    boxes = np.array([clean[(d.frame, d.label)].box for d in dets], np.float64).reshape(-1, 4)  # l, r, t, b
+    side = np.maximum(boxes[:, 1] - boxes[:, 0], boxes[:, 3] - boxes[:, 2])
     size_bin = np.digitize(side, SIZE_EDGES)
     lines = [f"{len(dets)} detections of {len(set(labels))} craters; the frame's edge cuts {cut.mean():.0%} of them",
              "| threshold | RA | first seen (cut) | correct | wrong | missed | missed: first cut, now cut | "
