@@ -1,7 +1,8 @@
 """Where Moon Navigation's decisions fail: by whether the frame's edge cuts the crater.
 
     python benchmarks/descriptor/moon_navigation_edges.py --data data/luna1-val MODEL [MODEL ...] \
-        [--threshold 0.9 --threshold 0.85] [--backend tflite] [--seed 0 --seed 1 ...] [--margin 1.5 ...]
+        [--threshold 0.9 --threshold 0.85] [--backend tflite] [--seed 0 --seed 1 ...] [--margin 1.5 ...] \
+        [--min-side 128]
 
 Runs Moon Navigation's detections (NMS, seeded detector noise, photometric jitter, rotation,
 uninformative crops declined: :func:`trn.sim.scenarios.moon_navigation_crops`) through the
@@ -11,10 +12,12 @@ frame's border cuts it in the current frame, and whether it was cut in the frame
 was first stored. A crater first stored cut and seen again whole or cut otherwise is a pair the
 descriptor must match across a different missing part. Rows: first sightings (inserted, not
 scored), correct and wrong matches, and missed ones (a crater seen before inserted again), with the
-scenario's RA; a second table sorts the same decisions by the crater's side in frame pixels (its clean
-box's longer side). ``--margin`` embeds each model's crops again with that margin around the box
-(the crop's side over the box's) instead of the one it was trained with: what context would show
-before a model is trained with it. Run it on a validation orbit: every crater of a test sequence is a test crater.
+scenario's RA; a second table sorts the same decisions by the crater's side in frame pixels (its
+clean box's longer side). ``--margin`` embeds each model's crops again with that margin around the
+box (the crop's side over the box's) instead of the one it was trained with: what context would
+show before a model is trained with it; ``--min-side`` cuts every square crop at least that many
+frame pixels a side, a margin that grows as the crater is smaller. Run it on a validation orbit:
+every crater of a test sequence is a test crater.
 With several ``--seed`` (the scenario seed: detector noise, jitter, rotation), every model is run
 on each, and a last table gives each threshold's RA per seed with the mean: Moon Navigation
 decides about a thousand detections on a validation orbit, so one seed's difference between two
@@ -95,6 +98,21 @@ def edge_breakdown(ds, emb, s, thresholds: list[float]) -> tuple[list[str], list
     return lines, ras
 
 
+def with_min_side(min_side: float) -> None:
+    """Cut every square crop (:func:`trn.data.views.crops.square_crop`) at least ``min_side`` frame
+    pixels a side (at most 3 times the box's): a margin that grows as the crater is smaller, measured
+    here before any model is trained with it."""
+    from trn.data.views import crops
+
+    square = crops.square_crop
+
+    def at_least(frame, box, margin: float = 1.0):
+        longer = max(box[1] - box[0], box[3] - box[2], 1)
+        return square(frame, box, min(3.0, max(float(margin), min_side / longer)))
+
+    crops.square_crop = at_least
+
+
 def report(data: Path, models: list[str], thresholds: list[float] | None, threads: int, note: str = "",
            backend: str = "torch", seeds: list[int] | None = None, margins: list[float] | None = None) -> int:
     """Print the breakdown of every model on the Luna-1 directory ``data`` at each scenario seed
@@ -152,7 +170,11 @@ def main() -> int:
                     help="scenario seed (repeat for several; default 0): detector noise, jitter and rotation")
     ap.add_argument("--margin", type=float, action="append",
                     help="cut the crops with this margin around the box instead of the model's own (repeat for several)")
+    ap.add_argument("--min-side", type=float, default=None, metavar="PX",
+                    help="cut every square crop at least PX frame pixels a side (at most 3 times the box's)")
     args = ap.parse_args()
+    if args.min_side is not None:
+        with_min_side(args.min_side)
     return report(args.data, args.models, args.threshold, args.threads, backend=args.backend, seeds=args.seed,
                   margins=args.margin)
 
