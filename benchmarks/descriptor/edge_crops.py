@@ -2,6 +2,7 @@
 
     python benchmarks/descriptor/edge_crops.py measure --crop axis --data data/luna1-val MODEL [MODEL ...]
     python benchmarks/descriptor/edge_crops.py train --crop axis -- --config CONFIG --out RUN [key=value ...]
+    python benchmarks/descriptor/edge_crops.py train --crop mirror --min-side 240 -- --config CONFIG --out RUN
 
 The navigation crop of a model with a margin (:func:`trn.data.views.crops.square_crop`) is the
 square of ``margin`` times the box's longer side centred on the box, the frame mirrored where the
@@ -20,6 +21,10 @@ log's validation orbit):
   line (a crater is near symmetric) instead of about the frame's edge;
 - ``clamp``: the product's square moved inward until it lies inside the frame (no filled pixels;
   the crater off centre).
+
+``--min-side PX`` then cuts every square crop at least PX frame pixels a side (a margin that grows
+as the crater is smaller: :func:`moon_navigation_edges.with_min_side`), with ``--crop mirror`` the
+product's crop otherwise.
 
 ``measure`` prints Moon Navigation's RA at each threshold with the variant's crops (the scenario's
 detections, database and counting: ``benchmarks/descriptor/moon_navigation_edges.py``). ``train``
@@ -105,8 +110,14 @@ def main() -> int:
         p.add_argument("--near", type=int, default=20,
                        help="px from an edge within which a box counts as cut (the protocol's box noise moves a "
                             "side by up to 10 + 10 px)")
+        p.add_argument("--min-side", type=float, default=None, metavar="PX",
+                       help="then cut every square crop at least PX frame pixels a side (moon_navigation_edges.py)")
     args = ap.parse_args()
     use(args.crop, args.near)
+    if args.min_side is not None:
+        from moon_navigation_edges import with_min_side
+
+        with_min_side(args.min_side)
     if args.cmd == "train":
         from trn.cli.train import main as train_main
 
@@ -115,7 +126,8 @@ def main() -> int:
     from moon_navigation_edges import report
 
     return report(args.data, args.models, args.threshold, args.threads,
-                  f"; crops: {args.crop} (near {args.near} px)")
+                  f"; crops: {args.crop} (near {args.near} px)"
+                  + ("" if args.min_side is None else f", at least {args.min_side:g} px a side"))
 
 if __name__ == "__main__":
     sys.exit(main())
