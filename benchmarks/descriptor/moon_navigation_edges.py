@@ -100,15 +100,15 @@ def edge_breakdown(ds, emb, s, thresholds: list[float]) -> tuple[list[str], list
 
 def with_min_side(min_side: float) -> None:
     """Cut every square crop (:func:`trn.data.views.crops.square_crop`) at least ``min_side`` frame
-    pixels a side (at most 3 times the box's): a margin that grows as the crater is smaller, measured
-    here before any model is trained with it."""
+    pixels a side (at most 3 times the box's; :func:`trn.data.views.crops.crop_side_margin`): a
+    margin that grows as the crater is smaller, for a model that does not carry it
+    (``DescriptorConfig.crop_min_px``), measured here before it is trained with it."""
     from trn.data.views import crops
 
     square = crops.square_crop
 
-    def at_least(frame, box, margin: float = 1.0):
-        longer = max(box[1] - box[0], box[3] - box[2], 1)
-        return square(frame, box, min(3.0, max(float(margin), min_side / longer)))
+    def at_least(frame, box, margin: float = 1.0, min_side_px: float = 0.0):
+        return square(frame, box, margin, max(min_side, min_side_px))
 
     crops.square_crop = at_least
 

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from trn.data.views.crops import box_crop, navigation_crop, square_crop
+from trn.data.views.crops import box_crop, crop_side_margin, navigation_crop, square_crop
 from trn.errors import ConfigError
 
 
@@ -48,3 +48,19 @@ def test_a_margin_wider_than_the_frame_repeats_its_edge():
 def test_a_margin_out_of_range_is_refused(margin):
     with pytest.raises(ConfigError, match="margin"):
         square_crop(_frame(), (0, 10, 0, 10), margin)
+
+
+def test_a_least_side_raises_a_small_boxs_margin_up_to_three():
+    """With ``min_side`` the square is at least that many frame pixels a side: a 20 px box at 1.25
+    becomes a 50 px square (margin 2.5), a 10 px box stops at 3 times its side, a 60 px box keeps
+    its 75 px square; without it nothing changes."""
+    f = _frame()
+    assert square_crop(f, (20, 40, 24, 36), 1.25, min_side=50).shape == (50, 50)
+    np.testing.assert_array_equal(square_crop(f, (20, 40, 24, 36), 1.25, min_side=50),
+                                  square_crop(f, (20, 40, 24, 36), 2.5))
+    assert square_crop(f, (30, 40, 30, 40), 1.25, min_side=50).shape == (30, 30)
+    assert square_crop(f, (10, 70, 10, 40), 1.25, min_side=50).shape == (75, 75)
+    assert np.array_equal(navigation_crop(f, (20, 40, 24, 36), None, 50), square_crop(f, (20, 40, 24, 36), 2.5))
+    assert crop_side_margin(20, 1.25, 0) == 1.25 and crop_side_margin(20, 1.25, 50) == 2.5
+    with pytest.raises(ConfigError, match="min_side"):
+        crop_side_margin(20, 1.25, -1)

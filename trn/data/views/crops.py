@@ -63,10 +63,20 @@ def box_crop(frame: np.ndarray, box: PixelBox) -> np.ndarray:
     return frame[t:b, l:r]
 
 
-def square_crop(frame: np.ndarray, box: PixelBox, margin: float = 1.0) -> np.ndarray:
+def crop_side_margin(longer_px: float, margin: float = 1.0, min_side: float = 0.0) -> float:
+    """The margin a square crop is cut with around a box whose longer side is ``longer_px``: ``margin``,
+    raised so that the square is at least ``min_side`` frame pixels a side, at most 3 (a small
+    crater's crop then holds the terrain around it; a large one keeps ``margin``)."""
+    if not (np.isfinite(min_side) and min_side >= 0):
+        raise ConfigError(f"crop min_side {min_side}: expected 0 (none) or more frame pixels")
+    return min(3.0, max(float(margin), float(min_side) / max(float(longer_px), 1.0)))
+
+
+def square_crop(frame: np.ndarray, box: PixelBox, margin: float = 1.0, min_side: float = 0.0) -> np.ndarray:
     """The square centred on a detection box (l, r, t, b; pixel bounds) whose side is ``margin``
-    times the box's longer side (at least 1 px), the frame mirrored at its edges where the square
-    leaves it (repeated at the edge when the square reaches further than the frame is wide)."""
+    times the box's longer side (at least 1 px; with ``min_side``, the margin raised as
+    :func:`crop_side_margin` says), the frame mirrored at its edges where the square leaves it
+    (repeated at the edge when the square reaches further than the frame is wide)."""
     l, r, t, b = (int(v) for v in box)
     if r - l < 1 or b - t < 1:
         raise DataError(f"empty detection box {box}")
@@ -74,6 +84,8 @@ def square_crop(frame: np.ndarray, box: PixelBox, margin: float = 1.0) -> np.nda
         raise DataError(f"frame has shape {frame.shape}; expected a grey image")
     if not (np.isfinite(margin) and 1.0 <= margin <= 3.0):
         raise ConfigError(f"crop margin {margin}: expected 1.0 (the box) to 3.0")
+    if min_side:
+        margin = crop_side_margin(max(r - l, b - t), margin, min_side)
     side = max(1, int(round(margin * max(r - l, b - t))))
     x0 = (l + r - side) // 2
     y0 = (t + b - side) // 2
@@ -85,18 +97,22 @@ def square_crop(frame: np.ndarray, box: PixelBox, margin: float = 1.0) -> np.nda
     return frame[y0:y0 + side, x0:x0 + side]
 
 
-def navigation_crop(frame: np.ndarray, box: PixelBox, margin: float | None = None) -> np.ndarray:
-    """The crop a descriptor sees of a detection: the box itself for ``margin`` None (the
-    protocol's crop, resized to a square later), else :func:`square_crop` with that margin."""
-    return box_crop(frame, box) if margin is None else square_crop(frame, box, margin)
+def navigation_crop(frame: np.ndarray, box: PixelBox, margin: float | None = None,
+                    min_side: float = 0.0) -> np.ndarray:
+    """The crop a descriptor sees of a detection: the box itself for ``margin`` None and no
+    ``min_side`` (the protocol's crop, resized to a square later), else :func:`square_crop` with
+    that margin (1 for None) and least side."""
+    if margin is None and not min_side:
+        return box_crop(frame, box)
+    return square_crop(frame, box, 1.0 if margin is None else margin, min_side)
 
 
 def jittered_crop(frame: np.ndarray, box: PixelBox, size: int, margin: float | None = None,
-                  brightness: float = 1.0, contrast: float = 1.0) -> np.ndarray:
+                  brightness: float = 1.0, contrast: float = 1.0, min_side: float = 0.0) -> np.ndarray:
     """The scenarios' crop of a detection before its rotation: :func:`navigation_crop`,
     :func:`preprocess` to ``size``, then the photometric jitter (contrast about the crop's mean,
     then brightness, clipped at 0). Training cuts its navigation views with the same function."""
-    x = preprocess(navigation_crop(frame, box, margin), size)
+    x = preprocess(navigation_crop(frame, box, margin, min_side), size)
     m = float(x.mean())
     return np.clip(((x - m) * contrast + m) * brightness, 0.0, None)
 
