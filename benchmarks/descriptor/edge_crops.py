@@ -55,15 +55,18 @@ def _centre(lo: int, hi: int, n: int, d: int, near: int) -> float:
 
 
 def edge_crop(kind: str, near: int):
-    """A replacement for :func:`trn.data.views.crops.square_crop` (same signature)."""
+    """A replacement for :func:`trn.data.views.crops.square_crop` (same signature, its least side
+    applied as the product applies it)."""
     from trn.data.views import crops
 
     product = crops.square_crop
 
-    def crop(frame: np.ndarray, box, margin: float = 1.0) -> np.ndarray:
+    def crop(frame: np.ndarray, box, margin: float = 1.0, min_side: float = 0.0) -> np.ndarray:
         l, r, t, b = (int(v) for v in box)
         h, w = frame.shape
         d = max(r - l, b - t)
+        if min_side:
+            margin = crops.crop_side_margin(d, margin, min_side)
         side = max(1, int(round(margin * d)))
         if kind == "mirror" or (kind == "clamp" and side > min(h, w)):
             return product(frame, box, margin)
