@@ -44,7 +44,8 @@ def main() -> int:
     dets = sc.detect(ds, frames, s, np.random.default_rng(0), sc.frame_shape(ds))
     flat = [d for fr in frames for d in dets[fr]][: args.n]
     emb = make_embedder(omap.info["model"], threads=1)
-    q = emb(sc.crop_images(ds, flat, emb.input_size, sc.crop_margin(emb) or 1.0)).global_.astype(np.float32)
+    q = emb(sc.crop_images(ds, flat, emb.input_size, sc.crop_margin(emb) or 1.0,
+                           sc.crop_min_side(emb))).global_.astype(np.float32)
     index = faiss.IndexFlatIP(omap.db.embeddings.shape[1])
     index.add(np.ascontiguousarray(omap.db.embeddings, np.float32))
     ms = []

@@ -15,9 +15,10 @@ from trn.export.tflite import Head, TfliteRunner, export_tflite, tflite_parity  
 from trn.models.descriptor import create_model  # noqa: E402
 
 
-def disk_model(seed: int = 0, margin: float = 1.25):
+def disk_model(seed: int = 0, margin: float = 1.25, min_px: float = 0.0):
     base = trained_looking("conv2d", "se", seed)
-    m = create_model("flight", conv="conv2d", attention="se", input_size=SIZE, input_norm="disk", crop_margin=margin)
+    m = create_model("flight", conv="conv2d", attention="se", input_size=SIZE, input_norm="disk", crop_margin=margin,
+                     crop_min_px=min_px)
     m.load_state_dict(base.state_dict())
     return m.eval()
 
@@ -80,3 +81,31 @@ def test_the_tflite_host_standardises_before_the_backbone_and_the_board_agrees(t
     board = BoardModel(b.directory, read_public_key(pub), backend="tflite")
     np.testing.assert_allclose(board.embed(imgs), q(imgs)[0], atol=1e-6)
     np.testing.assert_allclose(board.embed(_jitter(imgs, 0.75, 1.25)), board.embed(imgs), atol=1e-6)
+
+
+def test_a_crops_least_side_travels_with_the_exports_and_the_bundle(tmp_path):
+    """A model whose crops are at least 240 frame px a side: its ONNX graph's metadata, its TFLite
+    head and its bundle's preprocessing say so, and the embedders cut their crops by it; a model
+    without one leaves its graph's metadata as before (no such key)."""
+    pytest.importorskip("cryptography")
+    from trn.export.bundle import keygen, make_bundle, read_public_key, verify_bundle
+    from trn.export.to_onnx import read_crop_min_px
+    from trn.sim.embedders import OnnxEmbedder, TfliteEmbedder, TorchEmbedder
+    from trn.sim.scenarios import crop_min_side
+
+    m = disk_model(2, min_px=240.0)
+    assert crop_min_side(TorchEmbedder(m, "m")) == 240.0 and crop_min_side(m.cfg) == 240.0
+    exp = export_onnx(m, tmp_path / "model.onnx", dynamic_batch=True)
+    assert read_crop_min_px(onnx_session(exp.path)) == 240.0
+    assert crop_min_side(OnnxEmbedder(exp.path, "m")) == 240.0
+    plain = export_onnx(disk_model(2), tmp_path / "plain.onnx", dynamic_batch=True)
+    meta = onnx_session(plain.path).get_modelmeta().custom_metadata_map
+    assert "trn.crop_min_px" not in meta and read_crop_min_px(onnx_session(plain.path)) == 0.0
+    _, head = export_tflite(m, tmp_path / "x", _crops(48, 2), "random crater-free crops")
+    assert head.crop_min_px == 240.0 and Head.load(tmp_path / "x" / "head.npz").crop_min_px == 240.0
+    assert crop_min_side(TfliteEmbedder(tmp_path / "x" / "model_int8.tflite", "m")) == 240.0
+    priv, pub = keygen(tmp_path / "keys")
+    b = make_bundle(tmp_path / "x", tmp_path / "bundle", priv, "least", SIZE, 512, 0.9, input_norm="disk",
+                    crop_margin=1.25, crop_min_px=240.0)
+    crop = verify_bundle(b.directory, read_public_key(pub))["input"]["preprocess"]["crop"]
+    assert "1.25" in crop and "at least 240 frame pixels" in crop

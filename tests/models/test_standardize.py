@@ -101,7 +101,8 @@ def test_disk_mask_is_the_inscribed_disk():
     assert abs(m.mean() - np.pi * 46.5 ** 2 / 96 ** 2) < 0.01
 
 
-@pytest.mark.parametrize("field, value", [("input_norm", "zscore"), ("crop_margin", 0.9), ("crop_margin", 3.5)])
+@pytest.mark.parametrize("field, value", [("input_norm", "zscore"), ("crop_margin", 0.9), ("crop_margin", 3.5),
+                                          ("crop_min_px", -1.0), ("crop_min_px", 5000.0)])
 def test_input_settings_out_of_range_are_refused(field, value):
     with pytest.raises(ConfigError, match=field):
         create_model("flight", **{field: value})

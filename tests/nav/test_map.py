@@ -365,3 +365,21 @@ def test_a_killed_worker_loses_only_its_chunk_and_the_build_finishes(tmp_path, m
     if executor == "processes":
         assert "a worker process died" in err
     _complete_and_same(out, whole)
+
+
+def test_a_predicted_views_margin_follows_the_query_crop_of_its_pass():
+    """With a least crop side the map's predicted view of a crater is cut with the margin its query
+    crop gets where the trajectory passes it: at 100 km a 512 px, 39.6 degree frame's pixel is
+    100 x 2 tan 19.8 deg / 512 = 0.1407 km, so a 10 km crater spans 71 px (a 240 px crop: the
+    margin 3 at most), a 15 km crater 107 px (2.25), a 50 km crater 355 px (1.25 kept); without a least side, 1.25 for every crater;
+    a least side without the camera is refused."""
+    from trn.nav.onboard_map import pass_margins
+
+    cam = {"fov_deg": 39.6, "width": 512}
+    pos = np.array([[MOON_RADIUS_KM + 100.0, 0.0, 0.0]] * 3)
+    got = pass_margins(np.array([10.0, 15.0, 50.0]), pos, cam, 1.25, 240.0)
+    px = 15.0 / (100.0 * 2 * np.tan(np.radians(19.8)) / 512)  # 107 px: a margin of 2.25
+    np.testing.assert_allclose(got, [3.0, 240.0 / px, 1.25], rtol=1e-9)
+    np.testing.assert_array_equal(pass_margins(np.array([10.0, 50.0]), pos[:2], cam, 1.25, 0.0), [1.25, 1.25])
+    with pytest.raises(DataError, match="camera"):
+        pass_margins(np.array([10.0]), pos[:1], None, 1.25, 240.0)

@@ -142,7 +142,7 @@ def test_the_terrain_is_predicted_where_the_maps_terrain_truly_is():
         def reduced(self, img):
             return img
 
-        def match(self, frame, rotation, position, sun, reach):
+        def match(self, frame, rotation, position, sun, reach, near_km=0.0):
             seen.append(np.array(position))
             return None
 

@@ -340,3 +340,25 @@ def test_a_pair_embeds_frame_crops_with_its_frame_descriptor_and_landmark_render
     assert {r.scenario: r.settings["threshold"] for r in results}["recall_at_1"] == 0.9
     assert ("pair is a descriptor pair: frame crops embedded by frame_oracle, landmark renders by landmark_oracle"
             in rep2.markdown())
+
+
+def test_a_models_least_crop_side_cuts_its_scenario_crops():
+    """An embedder with ``crop_min_px`` has its detections cut as squares at least that many frame
+    pixels a side (the margin raised, at most 3): a 20 px box at 1.25 with 60 px becomes the 60 px
+    square, the same crop as a margin of 3; a large box keeps 1.25; without it nothing changes."""
+    from trn.data.views.crops import jittered_crop
+
+    rng = np.random.default_rng(5)
+    frame = (rng.random((200, 200)) * 255).astype(np.uint8)
+    dets = [sc.Detection(0, "a", (90, 110, 90, 110), 1.0, 1.0, 0.0),
+            sc.Detection(0, "b", (40, 160, 40, 160), 1.0, 1.0, 0.0)]
+
+    class Emb:
+        crop_margin, crop_min_px = 1.25, 60.0
+
+    got = sc.detection_crops(lambda k: frame, dets, 32, sc.crop_margin(Emb), min_side=sc.crop_min_side(Emb))
+    np.testing.assert_allclose(got[0], jittered_crop(frame, dets[0].box, 32, 3.0), atol=1e-6)
+    np.testing.assert_allclose(got[1], jittered_crop(frame, dets[1].box, 32, 1.25), atol=1e-6)
+    plain = sc.detection_crops(lambda k: frame, dets, 32, 1.25)
+    np.testing.assert_allclose(plain[0], jittered_crop(frame, dets[0].box, 32, 1.25), atol=1e-6)
+    assert sc.crop_min_side(object()) == 0.0

@@ -274,10 +274,11 @@ def _tflite(args) -> int:
         if not split.is_file():
             raise DataError("--calib-frames needs the model's split.json beside its weights (which craters it "
                             "trained on)", weights.parent)
-        from trn.sim.scenarios import crop_margin
+        from trn.sim.scenarios import crop_margin, crop_min_side
 
         frames, fsource = frame_calibration_crops(args.calib_frames, training_identities(split), s,
-                                                  crop_margin(model.cfg), args.calib_frame_crops)
+                                                  crop_margin(model.cfg), args.calib_frame_crops,
+                                                  min_side=crop_min_side(model.cfg))
         calib, source = np.concatenate([calib, frames]), f"{source}; {fsource}"
     exports, head = export_tflite(model, args.out, calib, source)
     for e in exports:

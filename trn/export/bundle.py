@@ -68,6 +68,7 @@ class DescriptorExport:
     source: dict | None = None
     input_norm: str = "minmax"
     crop_margin: float = 1.0
+    crop_min_px: float = 0.0
 
 
 def _crypto():
@@ -289,11 +290,13 @@ def map_spec(map_dir: str | Path, model_name: str, embedding_dim: int) -> dict:
             "search": "trn_board.mapindex.BoardMap: search (k best, cosines), score (given rows, decoded directions)"}
 
 
-def _preprocess(input_size: int, input_norm: str, crop_margin: float) -> dict:
+def _preprocess(input_size: int, input_norm: str, crop_margin: float, crop_min_px: float = 0.0) -> dict:
     """How a board prepares a crop for the bundle's model (the manifest's ``input.preprocess``)."""
-    out = {"crop": "the detector's box" if crop_margin == 1.0 else
-           f"the square of {crop_margin:g} times the detector's box's longer side, centred on the box, the frame "
-           "mirrored at its edges (trn.data.views.crops.square_crop)",
+    out = {"crop": "the detector's box" if crop_margin == 1.0 and not crop_min_px else
+           f"the square of {crop_margin:g} times the detector's box's longer side"
+           + (f", raised to at least {crop_min_px:g} frame pixels a side (at most 3 times the box's; "
+              "trn.data.views.crops.crop_side_margin)" if crop_min_px else "")
+           + ", centred on the box, the frame mirrored at its edges (trn.data.views.crops.square_crop)",
            "grey": "single channel", "normalise": "min-max of the crop to [0, 1]",
            "resize": f"to {input_size} x {input_size}: area averaging when shrinking, "
                      "bilinear when enlarging (OpenCV INTER_AREA / INTER_LINEAR)"}
@@ -309,7 +312,8 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
                 quantisation: dict | None = None, *, version: int | None = None, source: dict | None = None,
                 detector: str | Path | None = None, map_dir: str | Path | None = None,
                 input_norm: str = "minmax", crop_margin: float = 1.0,
-                landmarks: DescriptorExport | None = None, pair_name: str | None = None) -> Bundle:
+                landmarks: DescriptorExport | None = None, pair_name: str | None = None,
+                crop_min_px: float = 0.0) -> Bundle:
     """Write the bundle directory ``out`` (refused when it exists) and ``out``.tar, signed.
 
     ``card``: the model card (bundled as MODEL_CARD.md and bound by its sha256; else the export
@@ -320,9 +324,10 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
     directory whose int8 TFLite crater detector the bundle also carries (``detector`` in the
     manifest). ``map_dir``: an onboard map with a compressed index (``trn-sim map index``) whose
     index and crater metadata the bundle also carries (``map`` in the manifest); refused when the
-    map was embedded by another model or at another size. ``input_norm`` / ``crop_margin``: how
-    the model's crops are cut and prepared (:class:`trn.models.descriptor.DescriptorConfig`),
-    written into the manifest's ``input.preprocess``. ``landmarks``: a second descriptor, for
+    map was embedded by another model or at another size. ``input_norm`` / ``crop_margin`` /
+    ``crop_min_px``: how the model's crops are cut and prepared
+    (:class:`trn.models.descriptor.DescriptorConfig`), written into the manifest's
+    ``input.preprocess``. ``landmarks``: a second descriptor, for
     landmark renders (format 3: the top level is then the frame descriptor, the one the map was
     embedded by; ``landmarks`` in the manifest describes the other, its files prefixed
     ``landmarks_``, and ``pair`` names both under ``pair_name``). Signs what it is given: use
@@ -386,7 +391,7 @@ def make_bundle(export_dir: str | Path, out: str | Path, key_path: str | Path, m
         "created_utc": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "files": dict(sorted(entries.items())),
         "input": {"name": "image", "shape": [1, 1, input_size, input_size], "dtype": "float32",
-                  "preprocess": _preprocess(input_size, input_norm, crop_margin)},
+                  "preprocess": _preprocess(input_size, input_norm, crop_margin, crop_min_px)},
         "outputs": {"embedding": [1, embedding_dim], "token_map": "[1, D, h, w]", "saliency": "[1, h, w]"},
         "embedding_dim": embedding_dim, "match_threshold": threshold,
         "quantisation": quantisation or {}, "versions": _versions(), "public_key": pub,
@@ -466,7 +471,7 @@ def _landmark_section(d: DescriptorExport, entries: dict, tfl: dict | None, part
            "model_card": {"file": card, "sha256": entries[card]["sha256"]} if card in entries else None,
            "source": d.source,
            "input": {"name": "image", "shape": [1, 1, d.input_size, d.input_size], "dtype": "float32",
-                     "preprocess": _preprocess(d.input_size, d.input_norm, d.crop_margin)},
+                     "preprocess": _preprocess(d.input_size, d.input_norm, d.crop_margin, d.crop_min_px)},
            "outputs": {"embedding": [1, d.embedding_dim], "token_map": "[1, D, h, w]", "saliency": "[1, h, w]"},
            "embedding_dim": d.embedding_dim, "match_threshold": d.threshold, "quantisation": d.quantisation or {}}
     if tfl:
@@ -590,7 +595,8 @@ def check_export(export_dir: str | Path, weights: str | Path, model_name: str, m
         ref, got = head_of(ExportGraph(model.eval())), Head.load(export_dir / "head.npz")
         same = all(a.shape == b.shape and np.allclose(a, b, rtol=1e-5, atol=1e-6)
                    for a, b in ((ref.weight, got.weight), (ref.bias, got.bias), (ref.prelu, got.prelu))) \
-            and (ref.p, ref.eps, ref.input_norm, ref.crop_margin) == (got.p, got.eps, got.input_norm, got.crop_margin)
+            and (ref.p, ref.eps, ref.input_norm, ref.crop_margin, ref.crop_min_px) \
+            == (got.p, got.eps, got.input_norm, got.crop_margin, got.crop_min_px)
         if not same:
             raise DataError(f"head.npz is not {model_name}'s head (its input preparation, GeM, Linear, PReLU of its "
                             "weights): this export directory is another model's", export_dir / "head.npz")
@@ -624,7 +630,7 @@ def describe_export(model: str, export_dir: str | Path, threshold: float | None 
                                      "agreement_with_fp32": doc.get("agreement_with_fp32")}}
     thr = model_threshold(weights.parent) if threshold is None else threshold
     return DescriptorExport(Path(export_dir), name, desc.cfg.input_size, desc.cfg.embed_dim, thr, card, quant, source,
-                            desc.cfg.input_norm, desc.cfg.crop_margin)
+                            desc.cfg.input_norm, desc.cfg.crop_margin, desc.cfg.crop_min_px)
 
 
 def bundle_model(model: str, export_dir: str | Path, out: str | Path, key_path: str | Path,
@@ -649,7 +655,7 @@ def bundle_model(model: str, export_dir: str | Path, out: str | Path, key_path: 
     return make_bundle(export_dir, out, key_path, d.model_name, d.input_size, d.embedding_dim, d.threshold, d.card,
                        d.quantisation, version=version, source=d.source, detector=detector, map_dir=map_dir,
                        input_norm=d.input_norm, crop_margin=d.crop_margin, landmarks=lm,
-                       pair_name=pair.name if pair is not None else None)
+                       pair_name=pair.name if pair is not None else None, crop_min_px=d.crop_min_px)
 
 
 def verify_bundle(directory: str | Path, public_key: bytes) -> dict:

@@ -107,6 +107,7 @@ class ExportGraph(nn.Module):
         self.standardize = folded.standardize
         self.input_norm = model.cfg.input_norm
         self.crop_margin = float(model.cfg.crop_margin)
+        self.crop_min_px = float(model.cfg.crop_min_px)
         self.backbone = folded.backbone
         self.input_size = model.cfg.input_size
         self.eps = float(folded.pool.eps)

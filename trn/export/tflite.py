@@ -36,7 +36,8 @@ class Head:
     after the backbone, and before it how the input is prepared: ``input_norm`` "disk" means the
     host standardises each crop over its inscribed disk
     (:func:`trn_board.preprocess.standardize_disk`) before quantising it; ``crop_margin`` is how
-    the crops are cut (1.0: the detector's box)."""
+    the crops are cut (1.0: the detector's box), ``crop_min_px`` their least side in frame pixels
+    (0: none; :func:`trn.data.views.crops.crop_side_margin`)."""
 
     weight: np.ndarray  # [D, C]
     bias: np.ndarray  # [D]
@@ -47,11 +48,13 @@ class Head:
     crop_margin: float = 1.0
     # a part model's decision settings (trn_board.preprocess.PART_SETTINGS); empty without part tokens
     parts: tuple[tuple[str, float], ...] = ()
+    crop_min_px: float = 0.0
 
     def save(self, path: Path) -> Path:
         tmp = path.with_name(f".{path.name}.tmp.npz")
         np.savez(tmp, weight=self.weight, bias=self.bias, prelu=self.prelu, p=np.float64(self.p),
                  eps=np.float64(self.eps), input_norm=np.array(self.input_norm), crop_margin=np.float64(self.crop_margin),
+                 **({"crop_min_px": np.float64(self.crop_min_px)} if self.crop_min_px else {}),
                  **{k: np.float64(v) for k, v in self.parts})
         tmp.replace(path)
         return path
@@ -70,8 +73,9 @@ class Head:
                 norm = str(z["input_norm"]) if "input_norm" in z.files else "minmax"
                 margin = float(z["crop_margin"]) if "crop_margin" in z.files else 1.0
                 parts = tuple((k, float(z[k])) for k in PART_SETTINGS if k in z.files)
+                least = float(z["crop_min_px"]) if "crop_min_px" in z.files else 0.0
                 h = cls(z["weight"].astype(np.float32), z["bias"].astype(np.float32), z["prelu"].astype(np.float32),
-                        float(z["p"]), float(z["eps"]), norm, margin, parts)
+                        float(z["p"]), float(z["eps"]), norm, margin, parts, least)
         except (OSError, KeyError, ValueError) as exc:
             raise DataError(f"cannot read the descriptor head ({exc}); re-export with trn-export tflite", path) from None
         if h.weight.ndim != 2 or h.bias.shape != (h.weight.shape[0],) or not np.isfinite(h.weight).all():
@@ -79,9 +83,11 @@ class Head:
         if h.parts and len(h.parts) != len(PART_SETTINGS):
             raise DataError(f"the descriptor head names {len(h.parts)} of the {len(PART_SETTINGS)} part settings; "
                             "re-export it", path)
-        if h.input_norm not in ("minmax", "disk") or not 1.0 <= h.crop_margin <= 3.0:
-            raise DataError(f"the descriptor head names input_norm={h.input_norm!r}, crop_margin={h.crop_margin}; "
-                            "expected minmax or disk and a margin of 1 to 3: re-export it", path)
+        if h.input_norm not in ("minmax", "disk") or not 1.0 <= h.crop_margin <= 3.0 \
+                or not 0.0 <= h.crop_min_px <= 4096.0:
+            raise DataError(f"the descriptor head names input_norm={h.input_norm!r}, crop_margin={h.crop_margin}, "
+                            f"crop_min_px={h.crop_min_px}; expected minmax or disk, a margin of 1 to 3 and a least "
+                            "side of 0 to 4096 px: re-export it", path)
         return h
 
     def _act(self, y: np.ndarray) -> np.ndarray:
@@ -104,7 +110,7 @@ def head_of(graph) -> Head:
     w = graph.head.weight.detach().double().numpy()
     return Head(w.reshape(w.shape[0], -1).astype(np.float32), graph.head.bias.detach().numpy().astype(np.float32),
                 graph.act.weight.detach().numpy().astype(np.float32).ravel(), float(graph.p), float(graph.eps),
-                graph.input_norm, graph.crop_margin, tuple(graph.part_settings.items()))
+                graph.input_norm, graph.crop_margin, tuple(graph.part_settings.items()), graph.crop_min_px)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -94,7 +94,9 @@ def export_onnx(model: Descriptor, path: str | Path, dynamic_batch: bool = False
                           input_names=["image"], output_names=list(graph.outputs), dynamic_axes=axes,
                           do_constant_folding=True)
     # how the crops are cut for it, and a part model's decision settings, travel with the graph
-    _write_metadata(tmp, {"crop_margin": graph.crop_margin, **graph.part_settings})
+    # (a crop's least side only where the model has one: other graphs stay as they were)
+    least = {"crop_min_px": graph.crop_min_px} if graph.crop_min_px else {}
+    _write_metadata(tmp, {"crop_margin": graph.crop_margin, **least, **graph.part_settings})
     m, ops = _checked(tmp, path)
     return OnnxExport(path, s, dynamic_batch, ops, file_sha256(path), path.stat().st_size)
 
@@ -113,6 +115,12 @@ def read_crop_margin(session) -> float:
     """How the graph's crops are cut (``trn.crop_margin``; 1.0, the detector's box, for graphs
     exported before it was recorded)."""
     return float(session.get_modelmeta().custom_metadata_map.get("trn.crop_margin", 1.0))
+
+
+def read_crop_min_px(session) -> float:
+    """The least side in frame pixels of the graph's square crops (``trn.crop_min_px``; 0, none,
+    for graphs without it)."""
+    return float(session.get_modelmeta().custom_metadata_map.get("trn.crop_min_px", 0.0))
 
 
 def read_part_settings(session, path: Path) -> dict[str, float]:
@@ -313,10 +321,10 @@ def calibration_crops(root: str | Path, split_json: str | Path | None, size: int
 
 
 def frame_calibration_crops(build: str | Path, train: set[str], size: int, margin: float | None, n: int = 250,
-                            seed: int = 0) -> tuple[np.ndarray, str]:
+                            seed: int = 0, min_side: float = 0.0) -> tuple[np.ndarray, str]:
     """Up to ``n`` navigation crops [N, size, size] cut from the rendered frames of a Luna-1 build
     (a training orbit: ``trn-data build --annotate-training-of``) as the scenarios cut them
-    (:func:`trn.data.views.crops.navigation_crop` with the model's ``margin``), of the crater
+    (:func:`trn.data.views.crops.navigation_crop` with the model's ``margin`` and least side), of the crater
     identities in ``train`` only: a frame descriptor's calibration then covers the crops it meets in
     flight (cut at the frame's edge, other Suns), not renders alone. A box of any other identity
     is refused: test identities never enter calibration. Seeded."""
@@ -335,7 +343,7 @@ def frame_calibration_crops(build: str | Path, train: set[str], size: int, margi
     rng = np.random.default_rng(seed)
     crops = []
     for fr, b in (boxes[i] for i in sorted(rng.permutation(len(boxes))[:n].tolist())):
-        crops.append(preprocess(navigation_crop(ds.load_frame(fr), (b.l, b.r, b.t, b.b), margin), size))
+        crops.append(preprocess(navigation_crop(ds.load_frame(fr), (b.l, b.r, b.t, b.b), margin, min_side), size))
     return np.stack(crops).astype(np.float32), f"{build}: {len(crops)} navigation crops of training craters"
 
 

@@ -20,7 +20,7 @@ from trn_board.preprocess import disk_cells as board_disk_cells
 CONVS = ("conv2d", "ric")
 ATTENTIONS = ("se", "ca")
 INPUT_NORMS = ("minmax", "disk")
-INPUT_FIELDS = ("input_norm", "crop_margin")
+INPUT_FIELDS = ("input_norm", "crop_margin", "crop_min_px")
 # how a database scores with part tokens: not a weight's shape
 MATCH_FIELDS = ("part_weight", "part_edge_px", "part_offset")
 MAX_CROP_MARGIN = 3.0
@@ -49,6 +49,10 @@ class DescriptorConfig:
         (resized to the square input); m > 1 is the square of m times the box's longer side
         centred on the box (:func:`trn.data.views.crops.square_crop`), context around the rim that
         survives the detector's box noise. Landmark renders carry their own margin.
+    crop_min_px: 0, or the least side in frame pixels of a navigation crop's square: the margin is
+        raised for a box whose longer side times ``crop_margin`` falls short of it, to at most 3
+        (:func:`trn.data.views.crops.crop_side_margin`), so that a small crater's crop holds the
+        terrain around it while a large one keeps ``crop_margin``.
     part_dim: size of the learned part tokens (0: none). With it the model carries
         :class:`PartTokens`: a per-location head (1x1 convolutions) on the output of stage
         ``part_stage`` (0-based; -2 is the second-to-last), one L2-normalised token for every
@@ -79,6 +83,7 @@ class DescriptorConfig:
     exportable: bool = False
     input_norm: str = "minmax"
     crop_margin: float = 1.0
+    crop_min_px: float = 0.0
     part_dim: int = 0
     part_hidden: int = 512
     part_stage: int = -2
@@ -91,6 +96,8 @@ class DescriptorConfig:
             raise ConfigError(f"model input_norm={self.input_norm!r}: expected one of {INPUT_NORMS}")
         if not 1.0 <= float(self.crop_margin) <= MAX_CROP_MARGIN:
             raise ConfigError(f"model crop_margin={self.crop_margin}: expected 1.0 (the box) to {MAX_CROP_MARGIN}")
+        if not 0.0 <= float(self.crop_min_px) <= 4096.0:
+            raise ConfigError(f"model crop_min_px={self.crop_min_px}: expected 0 (none) to 4096 frame pixels")
         if self.conv not in CONVS:
             raise ConfigError(f"model conv={self.conv!r}: expected one of {CONVS}")
         if self.attention not in ATTENTIONS:
@@ -138,8 +145,8 @@ class DescriptorConfig:
 
     def weights_layout(self) -> dict:
         """What decides the shapes of the weights: everything but how the input is prepared
-        (``input_norm``, ``crop_margin``), so that a model trained on min-max crops can start a
-        run that standardises its input or cuts a margin."""
+        (``input_norm``, ``crop_margin``, ``crop_min_px``), so that a model trained on min-max crops
+        can start a run that standardises its input or cuts a margin."""
         d = self.to_dict()
         for k in INPUT_FIELDS + MATCH_FIELDS:
             d.pop(k)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import shutil
 import time
 from dataclasses import dataclass
@@ -67,11 +68,13 @@ def _render_predicted(task: tuple[int, float, float, float, float | None, float 
 
 def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], source: Path, workers: int = 2,
                       craters: dict[int, tuple[float, float, float]] | None = None, lit_by_pass: bool = True,
-                      margin: float = 1.0):
+                      margin: float = 1.0, min_side: float = 0.0):
     """Yield (crater id, image) for every crater of ``ids``: rendered from ``source`` with the
     dataset's own renderer settings under the Sun of the planned trajectory's closest pass
     (:func:`trn.nav.appearance.pass_illumination`), cut to the rim's window (``margin`` times the
-    diameter, at most the whole render: the model's crop margin). A crater whose pass
+    diameter, at most the whole render: the model's crop margin; with ``min_side``, the model's
+    least crop side in frame pixels, the margin a query crop of the crater gets on its closest
+    pass: :func:`pass_margins`). A crater whose pass
     is in the dark (Sun below 1 degree) is never seen lit on this trajectory; it keeps its
     catalogue render, cut the same way (rendered with the build's own landmark view when the
     dataset has none, as for a union-catalogue crater). ``craters``: {id: (lat, lon, diameter)},
@@ -91,23 +94,23 @@ def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], sou
     lat = np.array([craters[c][0] for c in ids], np.float64)
     lon = np.array([craters[c][1] for c in ids], np.float64)
     dia = np.array([craters[c][2] for c in ids], np.float64)
-    if lit_by_pass:
-        sun = np.array([f["sun_dir_body"] for f in meta.frames], np.float64)
-        az, el, _ = pass_illumination(lat, lon, ds.kitti[:, :, 3], sun)
-    else:
+    sun = np.array([f["sun_dir_body"] for f in meta.frames], np.float64)
+    az, el, k = pass_illumination(lat, lon, ds.kitti[:, :, 3], sun)
+    if not lit_by_pass:
         az, el = np.zeros(len(ids)), np.full(len(ids), -90.0)
+    margins = pass_margins(dia, ds.kitti[k, :, 3], meta.camera, margin, min_side)
     window = built_render_config(meta)
     rendered = set(ds.crater_ids)
-    lit = [(c, float(a), float(b), float(d), float(z), float(min(e, 90.0)), margin)
-           for c, a, b, d, z, e in zip(ids, lat, lon, dia, az, el) if e >= 1.0]
-    for c, a, b, d, e in zip(ids, lat, lon, dia, el):
+    lit = [(c, float(a), float(b), float(d), float(z), float(min(e, 90.0)), float(m))
+           for c, a, b, d, z, e, m in zip(ids, lat, lon, dia, az, el, margins) if e >= 1.0]
+    for c, a, b, d, e, m in zip(ids, lat, lon, dia, el, margins):
         if e >= 1.0:
             continue
         if c in rendered:
             full = crater_window_km(float(d), window)
-            yield c, rim_window(ds.load_crater(c), min(float(d) * margin, full), full)
+            yield c, rim_window(ds.load_crater(c), min(float(d) * float(m), full), full)
         else:
-            lit.append((c, float(a), float(b), float(d), None, None, margin))
+            lit.append((c, float(a), float(b), float(d), None, None, float(m)))
     if workers <= 1:
         _init_render(meta, str(source))
         yield from map(_render_predicted, lit)
@@ -117,6 +120,26 @@ def predicted_renders(ds: Luna1Dataset, meta: Luna1Metadata, ids: list[int], sou
 
 
 CATALOGUES = ("dataset", "union")
+
+
+def pass_margins(diameter_km: np.ndarray, positions_km: np.ndarray, camera: dict | None, margin: float,
+                 min_side: float) -> np.ndarray:
+    """The crop margin of each crater's predicted view: ``margin``, or with ``min_side`` the margin
+    a query crop of the crater gets (:func:`trn.data.views.crops.crop_side_margin`) where the
+    trajectory passes it (``positions_km`` [N, 3], the closest pose's position for each crater):
+    its diameter in frame pixels at that altitude, the nadir's ground width of a pixel being
+    altitude x 2 tan(fov / 2) / width (``camera``: the dataset's, fov_deg and width)."""
+    from trn.data.views.crops import crop_side_margin
+
+    dia = np.asarray(diameter_km, np.float64)
+    if not min_side:
+        return np.full(len(dia), float(margin))
+    if not camera or not {"fov_deg", "width"} <= set(camera):
+        raise DataError("a least crop side needs the dataset's camera (fov_deg, width) in metadata.json")
+    altitude = np.linalg.norm(np.asarray(positions_km, np.float64).reshape(-1, 3), axis=1) - MOON_RADIUS_KM
+    km_per_px = np.maximum(altitude, 1e-3) * 2.0 * math.tan(math.radians(float(camera["fov_deg"])) / 2.0) \
+        / float(camera["width"])
+    return np.array([crop_side_margin(d / s, margin, min_side) for d, s in zip(dia, km_per_px)])
 
 
 def near_track(lat: np.ndarray, lon: np.ndarray, positions_km: np.ndarray, km: float, chunk: int = 2048) -> np.ndarray:
@@ -195,7 +218,7 @@ def build_map(ds: Luna1Dataset, emb, out: str | Path, source: str | Path | None 
         raise DataError("no crater to map (none of crater_images/ in metadata.json, or none near the track)", ds.root)
     job = ChunkJob(str(ds.root), None if source is None else str(source), appearance, catalogue, batch,
                    model_spec or "", _probe(emb, threads=1 if executor != "inline" else None), backend,
-                   float(getattr(emb, "crop_margin", 1.0)))
+                   float(getattr(emb, "crop_margin", 1.0)), float(getattr(emb, "crop_min_px", 0.0)))
 
     def sub(cids: list[int]) -> dict | None:
         return None if craters is None else {c: craters[c] for c in cids}
@@ -267,12 +290,14 @@ class ChunkJob:
     probe: str
     backend: str = "torch"  # how the task runs ``model`` (trn.sim.embedders.BACKENDS)
     margin: float = 1.0  # the model's crop margin: predicted renders are cut to the rim times this
+    min_side: float = 0.0  # the model's least crop side in frame pixels (pass_margins)
 
     def images(self, ds: Luna1Dataset, meta: Luna1Metadata, cids: list[int], craters: dict | None, workers: int):
         """(id, image) of the craters ``cids`` (:func:`build_map`)."""
         if self.appearance == "predicted" or self.catalogue != "dataset":
             return predicted_renders(ds, meta, cids, Path(self.source), workers, craters,
-                                     lit_by_pass=self.appearance == "predicted", margin=self.margin)
+                                     lit_by_pass=self.appearance == "predicted", margin=self.margin,
+                                     min_side=self.min_side)
         return ((c, ds.load_crater(c)) for c in cids)
 
 

@@ -443,7 +443,8 @@ def detection_descriptors(ds: Luna1Dataset, emb, flat: list) -> np.ndarray:
 
     out = np.zeros((len(flat), emb.dim), np.float32)
     for i in range(0, len(flat), 512):
-        out[i:i + 512] = emb(sc.crop_images(ds, flat[i:i + 512], emb.input_size, sc.crop_margin(emb) or 1.0)).global_
+        out[i:i + 512] = emb(sc.crop_images(ds, flat[i:i + 512], emb.input_size, sc.crop_margin(emb) or 1.0,
+                                            sc.crop_min_side(emb))).global_
     return out
 
 

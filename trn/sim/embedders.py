@@ -88,6 +88,7 @@ class TorchEmbedder:
         self.name = name
         self.input_size = model.cfg.input_size
         self.crop_margin = float(model.cfg.crop_margin)
+        self.crop_min_px = float(model.cfg.crop_min_px)
         self.dim = model.cfg.embed_dim
         self.token_cfg = token_cfg
         self.batch = batch
@@ -153,7 +154,7 @@ class OnnxEmbedder:
 
     def __init__(self, path: Path, name: str, token_cfg: TokenConfig | None = None, threads: int = 1,
                  numerics: str = "reference"):
-        from trn.export.to_onnx import onnx_session, read_crop_margin, read_part_settings
+        from trn.export.to_onnx import onnx_session, read_crop_margin, read_crop_min_px, read_part_settings
 
         self.session = onnx_session(path, threads, numerics)
         inp = self.session.get_inputs()[0]
@@ -170,7 +171,7 @@ class OnnxEmbedder:
         self.token_dim = self.dim if token_cfg else 0
         if token_cfg is not None and not token_cfg.project:
             raise ConfigError("an exported graph gives the projected token map only: use projected tokens")
-        self.crop_margin = read_crop_margin(self.session)
+        self.crop_margin, self.crop_min_px = read_crop_margin(self.session), read_crop_min_px(self.session)
         self.token_weight, self.token_offset, self.token_edge_px = 1.0, 0.0, 0
         parts = read_part_settings(self.session, path)
         self.n_out = 4 if parts else 3
@@ -303,6 +304,7 @@ class TfliteEmbedder:
         if token_cfg is not None and not token_cfg.project:
             raise ConfigError("an exported graph gives the projected token map only: use projected tokens")
         self.crop_margin = float(self.runner.head.crop_margin)
+        self.crop_min_px = float(self.runner.head.crop_min_px)
         self.token_weight, self.token_offset, self.token_edge_px = 1.0, 0.0, 0
         if self.runner.part_out is not None:
             _, h, w, d = (int(v) for v in self.runner.part_out["shape"])

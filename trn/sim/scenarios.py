@@ -234,11 +234,13 @@ def declined_summary(declined: list[dict], examples: int = 12) -> dict:
     return {"count": len(declined), "by_reason": reasons, "examples": declined[:examples]}
 
 
-def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, margin: float | None = None) -> np.ndarray:
+def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, margin: float | None = None,
+                min_side: float = 0.0) -> np.ndarray:
     """Preprocessed, augmented crops float32 [N, size, size] in detection order: the boxes (the
     protocol's crops), or with ``margin`` the squares of ``margin`` times the box's longer side
     centred on them (:func:`trn.data.views.crops.square_crop`; the map queries use 1.0, and a model
-    trained with context around its boxes names its own: :func:`crop_margin`)."""
+    trained with context around its boxes names its own: :func:`crop_margin`), each at least
+    ``min_side`` frame pixels a side where given (:func:`crop_min_side`)."""
     cache: dict[int, np.ndarray] = {}
 
     def frame(k: int) -> np.ndarray:
@@ -247,10 +249,11 @@ def crop_images(ds: Luna1Dataset, dets: list[Detection], size: int, margin: floa
             cache[k] = ds.load_frame(k)
         return cache[k]
 
-    return detection_crops(frame, dets, size, margin, where=ds.frame_path)
+    return detection_crops(frame, dets, size, margin, where=ds.frame_path, min_side=min_side)
 
 
-def detection_crops(frame, dets: list[Detection], size: int, margin: float | None = None, where=None) -> np.ndarray:
+def detection_crops(frame, dets: list[Detection], size: int, margin: float | None = None, where=None,
+                    min_side: float = 0.0) -> np.ndarray:
     """:func:`crop_images` over frames from anywhere: ``frame(d.frame)`` gives a detection's grey
     frame (``where(d.frame)``, when given, names it in errors)."""
     crops = []
@@ -260,7 +263,7 @@ def detection_crops(frame, dets: list[Detection], size: int, margin: float | Non
         if r > img.shape[1] or b > img.shape[0]:
             raise DataError(f"box {d.box} of crater {d.label} lies outside the {img.shape[1]}x{img.shape[0]} frame",
                             where(d.frame) if where is not None else None)
-        crops.append(jittered_crop(img, d.box, size, margin, d.brightness, d.contrast))
+        crops.append(jittered_crop(img, d.box, size, margin, d.brightness, d.contrast, min_side))
     if not crops:
         return np.zeros((0, size, size), np.float32)
     x = torch.from_numpy(np.stack(crops)[:, None])
@@ -274,6 +277,12 @@ def crop_margin(emb) -> float | None:
     trained on boxes), or the margin of a model trained with context around its boxes."""
     m = float(getattr(emb, "crop_margin", 1.0))
     return None if m == 1.0 else m
+
+
+def crop_min_side(emb) -> float:
+    """The least side in frame pixels of ``emb``'s square crops (``crop_min_px`` of a model or
+    an embedder; 0: none)."""
+    return float(getattr(emb, "crop_min_px", 0.0))
 
 
 def frame_shape(ds: Luna1Dataset) -> tuple[int, int]:
@@ -540,7 +549,8 @@ def moon_navigation(ds: Luna1Dataset, emb: Embedder, s: ScenarioSettings,
         counts = [len(dets[fr]) for fr in frames]
         before = [0] + size_curve[:-1]  # the database as each frame arrives
         extra["timing"], series["latency_ms"] = timing.frames(
-            emb, counts, before, lambda i: crop_images(ds, dets[frames[i]], emb.input_size, crop_margin(emb)),
+            emb, counts, before, lambda i: crop_images(ds, dets[frames[i]], emb.input_size, crop_margin(emb),
+                                                                  crop_min_side(emb)),
             images=lambda i: ds.load_frame(frames[i]))
     return ScenarioResult("moon_navigation", emb.name, c.ra, c.correct, c.incorrect, c.missed, len(flat), s.seed,
                           s.to_dict(), extra=extra, series=series,
@@ -555,7 +565,7 @@ def _embed_crops(ds: Luna1Dataset, dets: list[Detection], emb: Embedder, thumbs:
     if thumbs is not None and not dets:
         thumbs.append(thumbnails(np.zeros((0, 1, 1), np.float32)))
     for i in range(0, len(dets), chunk):
-        x = crop_images(ds, dets[i:i + chunk], emb.input_size, crop_margin(emb))
+        x = crop_images(ds, dets[i:i + chunk], emb.input_size, crop_margin(emb), crop_min_side(emb))
         if thumbs is not None:
             thumbs.append(thumbnails(x))
         e = emb(x)

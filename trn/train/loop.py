@@ -192,7 +192,7 @@ def _orbits(cfg: TrainConfig, names: list[str]):
     orbits = [(Path(p), orbit_prefix(Path(p), datasets)) for p in cfg.data.orbits]
     margin = None if cfg.model.crop_margin == 1.0 else cfg.model.crop_margin
     return OrbitViews(orbits, names, cfg.model.input_size, margin, ScenarioSettings(), cfg.orbit_max_gap,
-                      cfg.orbit_edge_cut)
+                      cfg.orbit_edge_cut, cfg.model.crop_min_px)
 
 
 def _val_orbit(cfg: TrainConfig):

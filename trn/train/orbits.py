@@ -78,17 +78,19 @@ def cut_by_edge(frame: np.ndarray, box: tuple[int, int, int, int], rng: np.rando
 class OrbitViews:
     """The training orbits' boxes, each of one of the training identities ``names`` (a box of
     any other crater is refused), their frames held in memory. ``boxes[i]``: the boxes of
-    identity i. ``margin``: the model's crop margin (None: the box itself). ``edge_cut``: the
+    identity i. ``margin``: the model's crop margin (None: the box itself); ``min_side``: its
+    crops' least side in frame pixels (``DescriptorConfig.crop_min_px``). ``edge_cut``: the
     share of views cut by a drawn frame edge (:func:`cut_by_edge`)."""
 
     def __init__(self, orbits: list[tuple[Path, str]], names: list[str], size: int, margin: float | None,
-                 settings: sc.ScenarioSettings, max_gap: int = 30, edge_cut: float = 0.0):
+                 settings: sc.ScenarioSettings, max_gap: int = 30, edge_cut: float = 0.0, min_side: float = 0.0):
         if max_gap < 1:
             raise ConfigError(f"orbit max_gap={max_gap}: expected >= 1 frame")
         if not 0.0 <= edge_cut <= 1.0:
             raise ConfigError(f"orbit edge_cut={edge_cut}: expected a share from 0 to 1")
         index = {n: k for k, n in enumerate(names)}
         self.size, self.margin, self.s, self.max_gap, self.edge_cut = size, margin, settings, max_gap, edge_cut
+        self.min_side = float(min_side)
         self.frames: list[np.ndarray] = []
         self.boxes: list[list[OrbitBox]] = [[] for _ in names]
         seen: list[tuple[int, int]] = []  # (orbit, frame number) of each held frame
@@ -132,7 +134,7 @@ class OrbitViews:
                 frame, box = cut_by_edge(frame, box, rng)
             frames.append(frame)
             dets.append(sc.draw_detection(len(frames) - 1, "", box, self.s, rng, frame.shape))
-        x = sc.detection_crops(frames.__getitem__, dets, self.size, self.margin)
+        x = sc.detection_crops(frames.__getitem__, dets, self.size, self.margin, min_side=self.min_side)
         return torch.from_numpy(x[:, None]), torch.tensor([d.angle for d in dets], dtype=torch.float32)
 
 

@@ -136,7 +136,8 @@ def orbit_features(model: Descriptor, path: Path, s: PartSettings, orbit: int, s
         dets = perturbed(clean, PERTURBATIONS, settings, np.random.default_rng([s.seed, orbit, d, 6007]), shape)
         rows = []
         for i in range(0, len(dets), chunk):
-            x = torch.from_numpy(sc.crop_images(ds, dets[i:i + chunk], model.cfg.input_size, margin)[:, None])
+            x = torch.from_numpy(sc.crop_images(ds, dets[i:i + chunk], model.cfg.input_size, margin,
+                                                model.cfg.crop_min_px)[:, None])
             rows.append(_disk_features(model, x))
         out.append(np.concatenate(rows))
     numbers = np.array([b.frame for b in clean], np.int64)
