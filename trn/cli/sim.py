@@ -26,7 +26,7 @@ from trn.sim import scenarios as sc
 from trn.sim.embedders import BACKENDS, for_source, make_embedder
 from trn.sim.prepare import QUICK_CRATERS, QUICK_PPD, QUICK_STEP_S, cache_root, prepare_luna1, summarize
 
-ABLATION = ["flight_pair", "flight_frames_fb3", "flight_frames_fb", "flight_frames", "flight_landmarks", "flight_conv2d_se_union", "flight_conv2d_se_frames", "flight_conv2d_se_nav", "flight_conv2d_se", "flight_ric_ca", "flight_ric_ca_mars", "ncc"]
+ABLATION = ["flight_pair", "flight_frames_fb3", "flight_frames_fb3m", "flight_frames_fb", "flight_frames", "flight_landmarks", "flight_conv2d_se_union", "flight_conv2d_se_frames", "flight_conv2d_se_nav", "flight_conv2d_se", "flight_ric_ca", "flight_ric_ca_mars", "ncc"]
 QUICK_LANDMARKS = 300
 
 
