@@ -23,8 +23,8 @@ log's validation orbit):
   the crater off centre).
 
 ``--min-side PX`` then cuts every square crop at least PX frame pixels a side (a margin that grows
-as the crater is smaller: :func:`moon_navigation_edges.with_min_side`), with ``--crop mirror`` the
-product's crop otherwise.
+as the crater is smaller: the model setting ``crop_min_px``, added to a training's overrides and
+given to a measured embedder), with ``--crop mirror`` the product's crop otherwise.
 
 ``measure`` prints Moon Navigation's RA at each threshold with the variant's crops (the scenario's
 detections, database and counting: ``benchmarks/descriptor/moon_navigation_edges.py``). ``train``
@@ -117,20 +117,19 @@ def main() -> int:
                        help="then cut every square crop at least PX frame pixels a side (moon_navigation_edges.py)")
     args = ap.parse_args()
     use(args.crop, args.near)
-    if args.min_side is not None:
-        from moon_navigation_edges import with_min_side
-
-        with_min_side(args.min_side)
     if args.cmd == "train":
         from trn.cli.train import main as train_main
 
         rest = args.rest[1:] if args.rest[:1] == ["--"] else args.rest
+        if args.min_side is not None:  # the model setting: its checkpoint then says how its crops are cut
+            rest = [*rest, f"model.crop_min_px={args.min_side:g}"]
         return train_main(rest)
     from moon_navigation_edges import report
 
     return report(args.data, args.models, args.threshold, args.threads,
                   f"; crops: {args.crop} (near {args.near} px)"
-                  + ("" if args.min_side is None else f", at least {args.min_side:g} px a side"))
+                  + ("" if args.min_side is None else f", at least {args.min_side:g} px a side"),
+                  min_side=args.min_side)
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -16,7 +16,8 @@ scenario's RA; a second table sorts the same decisions by the crater's side in f
 clean box's longer side). ``--margin`` embeds each model's crops again with that margin around the
 box (the crop's side over the box's) instead of the one it was trained with: what context would
 show before a model is trained with it; ``--min-side`` cuts every square crop at least that many
-frame pixels a side, a margin that grows as the crater is smaller. Run it on a validation orbit:
+frame pixels a side, a margin that grows as the crater is smaller (the model setting
+``crop_min_px``, given to the embedder). Run it on a validation orbit:
 every crater of a test sequence is a test crater.
 With several ``--seed`` (the scenario seed: detector noise, jitter, rotation), every model is run
 on each, and a last table gives each threshold's RA per seed with the mean: Moon Navigation
@@ -98,25 +99,12 @@ def edge_breakdown(ds, emb, s, thresholds: list[float]) -> tuple[list[str], list
     return lines, ras
 
 
-def with_min_side(min_side: float) -> None:
-    """Cut every square crop (:func:`trn.data.views.crops.square_crop`) at least ``min_side`` frame
-    pixels a side (at most 3 times the box's; :func:`trn.data.views.crops.crop_side_margin`): a
-    margin that grows as the crater is smaller, for a model that does not carry it
-    (``DescriptorConfig.crop_min_px``), measured here before it is trained with it."""
-    from trn.data.views import crops
-
-    square = crops.square_crop
-
-    def at_least(frame, box, margin: float = 1.0, min_side_px: float = 0.0):
-        return square(frame, box, margin, max(min_side, min_side_px))
-
-    crops.square_crop = at_least
-
-
 def report(data: Path, models: list[str], thresholds: list[float] | None, threads: int, note: str = "",
-           backend: str = "torch", seeds: list[int] | None = None, margins: list[float] | None = None) -> int:
+           backend: str = "torch", seeds: list[int] | None = None, margins: list[float] | None = None,
+           min_side: float | None = None) -> int:
     """Print the breakdown of every model on the Luna-1 directory ``data`` at each scenario seed
-    (``seeds``, default [0]), with its own crop margin or each of ``margins``; 2 on a refused input."""
+    (``seeds``, default [0]), with its own crop margin or each of ``margins``, and its own least
+    crop side or ``min_side`` (``DescriptorConfig.crop_min_px``); 2 on a refused input."""
     from trn.data.datasets.luna1 import read_luna1
     from trn.errors import ConfigError, TrnError
     from trn.sim.embedders import make_embedder
@@ -131,6 +119,10 @@ def report(data: Path, models: list[str], thresholds: list[float] | None, thread
         ras: dict[str, list[list[float]]] = {}
         for spec in models:
             emb = make_embedder(spec, threads=threads, backend=backend)
+            if min_side is not None:  # the product's own setting, given to a model that lacks it
+                if not 0.0 <= min_side <= 4096.0:
+                    raise ConfigError(f"--min-side {min_side}: expected 0 to 4096 frame pixels")
+                emb.crop_min_px = float(min_side)
             for margin in margins or [None]:
                 name = spec
                 if margin is not None:
@@ -173,10 +165,8 @@ def main() -> int:
     ap.add_argument("--min-side", type=float, default=None, metavar="PX",
                     help="cut every square crop at least PX frame pixels a side (at most 3 times the box's)")
     args = ap.parse_args()
-    if args.min_side is not None:
-        with_min_side(args.min_side)
     return report(args.data, args.models, args.threshold, args.threads, backend=args.backend, seeds=args.seed,
-                  margins=args.margin)
+                  margins=args.margin, min_side=args.min_side)
 
 if __name__ == "__main__":
     sys.exit(main())
