@@ -18,7 +18,7 @@ import logging
 import math
 import random
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -261,18 +261,13 @@ def _init_weights(model: Descriptor, cfg: TrainConfig) -> None:
         raise ConfigError(f"init={cfg.init}: weights {sorted(unexpected) + sorted(missing)} do not fit the model")
 
 
-# what a run may change when it resumes: how many CPU threads run it, not what it trains
-_RESUME_FREE = ("threads",)
-
-
 def _same_config(stored: dict, cfg: TrainConfig) -> bool:
     """Whether a checkpoint's training configuration is ``cfg`` (settings added to the format
-    since the checkpoint was written count at their defaults), :data:`_RESUME_FREE` apart."""
-    def recipe(d: dict) -> dict:
-        return {k: v for k, v in d.items() if k not in _RESUME_FREE}
-
+    since the checkpoint was written count at their defaults), its thread count apart: a run may
+    resume on another number of CPU threads, which changes how fast it trains, not what (the
+    detector's trainer reads its resume the same way)."""
     try:
-        return recipe(from_dict(stored).to_dict()) == recipe(cfg.to_dict())
+        return replace(from_dict(stored), threads=cfg.threads).to_dict() == cfg.to_dict()
     except (ConfigError, KeyError, TypeError, ValueError):
         return False
 
