@@ -781,6 +781,78 @@ def test_the_check_near_the_fix_reads_the_best_agreement_next_to_it():
         LostConfig(terrain_check_reach_km=-1.0)
 
 
+def _two_crater_places(sc, east_km=(0.0, 40.0, 80.0), llrs=(24.0, 22.0, 20.0)) -> tuple[LostFix, list[np.ndarray]]:
+    """A frame of two detections its own craters leave undecided (too few craters for one frame),
+    its best places ``east_km`` apart along a line through ``sc``, each with two assigned craters."""
+    up = sc / np.linalg.norm(sc)
+    east = np.cross([0.0, 0.0, 1.0], up)
+    east /= np.linalg.norm(east)
+    places = [sc + d * east for d in east_km]
+    best = [Hypothesis(p, np.eye(3) * 0.1, llr, [(0, 2 * k), (1, 2 * k + 1)], {2 * k: 1.0, 2 * k + 1: 1.0}, {})
+            for k, (p, llr) in enumerate(zip(places, llrs))]
+    return LostFix(False, REASONS[8], support=2, llr=llrs[0], runner_up=llrs[1], best=best), places
+
+
+@pytest.mark.parametrize("agreements, rank, declared_at", [
+    ((0.3, 0.9, 0.2), 3, 1),  # only the second place's terrain agrees: declared there
+    ((0.3, 0.9, 0.6), 3, None),  # a rival at 0.6 is not under terrain_rank_rival_ncc (0.5)
+    ((0.3, 0.9, None), 3, None),  # a place the frame gives no answer for: nothing is ranked
+    ((0.3, 0.7, 0.2), 3, None),  # no place reaches terrain_min_ncc
+    ((0.3, 0.9, 0.2), 1, None),  # only the best place checked, and it disagrees
+    ((0.9, 0.3, 0.6), 2, 0),  # the third place is not checked
+])
+def test_the_terrain_ranks_a_frames_best_places(agreements, rank, declared_at):
+    """``terrain_rank``: a frame no crater geometry decides is checked at its best places; it is
+    declared at the one place the terrain confirms while every other place checked disagrees, with
+    the reason saying so, and the places checked are kept for the report."""
+    sc, _ = pose(12.0, -40.0)
+    fix, places = _two_crater_places(sc)
+    asked = []
+
+    def verify(t_s, position):
+        asked.append(np.asarray(position).copy())
+        k = int(np.argmin([np.linalg.norm(position - p) for p in places]))
+        return None if agreements[k] is None else TerrainMatch(agreements[k])
+
+    cfg = LostConfig(terrain_rank=rank, terrain_min_ncc=0.8, terrain_rank_rival_ncc=0.5)
+    out = WindowFixer(cfg, None, verify).add(30.0, radius_of(sc), fix, detections=2)
+    assert len(out.terrain_ranked) == rank
+    assert [a for _, _, a in out.terrain_ranked] == list(agreements[:rank])
+    assert out.declared == (declared_at is not None)
+    if out.declared:
+        assert out.reason == REASONS[16] and np.allclose(out.position, places[declared_at])
+        assert out.terrain_ncc == agreements[declared_at] and len(out.inliers) == 2
+        assert out.llr == fix.best[declared_at].llr
+    else:
+        assert out.position is None and out.best == fix.best
+    off = WindowFixer(LostConfig(), None, verify)
+    asked.clear()
+    assert not off.add(30.0, radius_of(sc), fix, detections=2).declared and not asked
+
+
+def test_the_terrain_ranks_only_places_of_two_craters_and_enough_score():
+    """Places under ``min_llr`` or a kilometre from a better one are not ranked, and a frame of one
+    detection is never ranked; the settings are checked."""
+    sc, _ = pose(12.0, -40.0)
+    fix, places = _two_crater_places(sc, (0.0, 1.0, 40.0), (24.0, 23.0, 10.0))
+    asked = []
+
+    def verify(t_s, position):
+        asked.append(np.asarray(position).copy())
+        return TerrainMatch(0.9 if np.linalg.norm(position - places[0]) < 1e-9 else 0.1)
+
+    out = WindowFixer(LostConfig(terrain_rank=3), None, verify).add(30.0, radius_of(sc), fix, detections=2)
+    assert out.declared and len(out.terrain_ranked) == 1  # the place 1 km away and the weak one are not rivals
+    asked.clear()
+    lone = WindowFixer(LostConfig(terrain_rank=3), None, verify).add(
+        30.0, radius_of(sc), replace(fix, reason=REASONS[3]), detections=1)
+    assert not lone.declared and not asked
+    with pytest.raises(ConfigError, match="terrain_rank"):
+        LostConfig(terrain_rank=17)
+    with pytest.raises(ConfigError, match="terrain_rank_rival_ncc"):
+        LostConfig(terrain_rank_rival_ncc=0.9, terrain_min_ncc=0.8)
+
+
 def _horizontal_basis(p):
     """(up, east, north) at ``p``."""
     lat, lon, _ = xyz_to_latlon(p)

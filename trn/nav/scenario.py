@@ -746,7 +746,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     ``cfg.terrain_refine``, refined by it. Per frame: detections,
     declared or not and why, frames the fix needed and the joins it used, the fix's error and
     sigma, its terrain agreement and the offset the terrain's peak measured where it refined the
-    fix, candidates and hypotheses examined, score, time (``ms``: search
+    fix, the places the terrain ranked for it (``terrain_ranked``: each place's distance from the
+    truth, score and agreement; ``LostConfig.terrain_rank``), candidates and hypotheses examined, score, time (``ms``: search
     and window; ``search_ms``: the part of it that identifies the frame alone, before the window,
     which needs no other frame's result; ``terrain_ms``: the part of it spent on the terrain's checks and refinements,
     renders, in ``terrain_checks`` checks and ``terrain_refines`` refinements, these taking
@@ -859,7 +860,7 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
                      "own_pair_ms": own_pair_ms, "terrain_ms": terrain_ms, "terrain_side_ms": terrain_side_ms,
                      "terrain_checks": len(checks), "terrain_refines": len(refines),
                      "terrain_refine_ms": float(sum(refines)),
-                     "boxes": boxes.round(2).tolist(), "labels": [flat[k].label for k in ks]}
+                     "boxes": boxes.round(2).tolist(), "labels": [flat[k].label for k in ks], "terrain_ranked": []}
                     | _fix_fields(fx, truth, [flat[k].label for k in ks], cmap, frame_at, float(t_all[fr]), map_cov))
         row_at[float(t_all[fr])] = rows[-1]
         for t_e, late, t_dec in window.late:  # earlier frames this frame decided, late
@@ -1070,7 +1071,9 @@ def _fix_fields(fx, truth: np.ndarray, labels: list, cmap, frame_at: dict[float,
             "inliers_correct": sum(int(labels[a]) == int(cmap.ids[r]) for a, r in fx.inliers) if ok else 0,
             "llr": fx.llr, "runner_up": fx.runner_up, "inliers": [[int(a), int(cmap.ids[r])] for a, r in fx.inliers],
             "best_position_km": fx.best[0].position.tolist() if fx.best else None,
-            "best_inliers": [[int(a), int(cmap.ids[r])] for a, r in fx.best[0].pairs] if fx.best else []}
+            "best_inliers": [[int(a), int(cmap.ids[r])] for a, r in fx.best[0].pairs] if fx.best else []} \
+        | ({"terrain_ranked": [{"error_km": float(np.linalg.norm(p - truth)), "llr": float(llr), "ncc": a}
+                               for p, llr, a in fx.terrain_ranked]} if fx.terrain_ranked else {})
 
 
 def draw_lost_in_space(ds: Luna1Dataset, cmap, rep: dict, path, per_kind: int = 3, seed: int = 0) -> list[int]:

@@ -26,7 +26,8 @@ REASONS = ("verified", "verified with earlier frames", "no detection",
            "too uncertain: the fix's horizontal 2-sigma error exceeds the limit",
            "inconsistent: the motion carries a neighbour's fix where the frame's own craters prefer "
            "another position",
-           "the terrain disagrees: the frame predicted at the fix does not correlate with the frame")
+           "the terrain disagrees: the frame predicted at the fix does not correlate with the frame",
+           "verified by the terrain: of its best places, only this one's predicted frame correlates with the frame")
 
 
 @dataclass(frozen=True)
@@ -125,6 +126,15 @@ class LostConfig:
         right craters a kilometre or two off, as two craters' geometry leaves it, passes where the
         terrain confirms the place next to it, and the refinement then moves it there. 0 (the
         fix's own agreement) by default.
+    terrain_rank: above 0, a frame of two or more detections that neither its own craters nor the
+        window decide is checked at its best ``terrain_rank`` distinct places (each at least
+        ``min_llr`` with two assigned detections, farther apart than ``separation_km``): where
+        exactly one place's prediction correlates with the frame by at least ``terrain_min_ncc``
+        and every other checked place's by less than ``terrain_rank_rival_ncc`` (every place
+        answered), that place is declared (then guarded, checked and refined as any fix). Two
+        craters leave chance places of equal score, but the terrain around them differs. 0 (off)
+        by default.
+    terrain_rank_rival_ncc: the agreement every other checked place must stay below.
     terrain_refine: with the check, a fix it passes is refined by the correlation's peak
         (:meth:`trn.nav.terrain_check.TerrainCheck.match`): the horizontal offset from the fix to
         where the frame correlates best, searched within ``terrain_reach_km``, is a measurement of
@@ -201,6 +211,8 @@ class LostConfig:
     terrain_min_ncc: float = 0.8
     terrain_check_reach_km: float = 0.0
     terrain_min_lit: float = 0.1
+    terrain_rank: int = 0
+    terrain_rank_rival_ncc: float = 0.5
     terrain_size_px: int = 64
     terrain_max_ppd: int = 32
     terrain_refine: bool = True
@@ -282,6 +294,10 @@ class LostConfig:
             bad("terrain_check_reach_km", "0 (the fix's own agreement) to 50 km")
         if not (math.isfinite(self.terrain_min_lit) and 0.001 <= self.terrain_min_lit <= 1.0):
             bad("terrain_min_lit", "a share of the pixels from 0.001 to 1")
+        if not (isinstance(self.terrain_rank, int) and 0 <= self.terrain_rank <= 16):
+            bad("terrain_rank", "a whole number from 0 (off) to 16 places a frame")
+        if not (math.isfinite(self.terrain_rank_rival_ncc) and -1.0 <= self.terrain_rank_rival_ncc <= self.terrain_min_ncc):
+            bad("terrain_rank_rival_ncc", f"a correlation from -1 to terrain_min_ncc ({self.terrain_min_ncc:g})")
         if not 16 <= self.terrain_size_px <= 512:
             bad("terrain_size_px", "16 to 512 pixels a side")
         if not 1 <= self.terrain_max_ppd <= 1024:

@@ -113,7 +113,9 @@ class LostFix:
     (``LostConfig.terrain_check_reach_km``); ``terrain_offset_km``: the horizontal offset [3] km
     the correlation's peak measured from the fix, where it refined the fix
     (``LostConfig.terrain_refine``); ``terrain_steps``: the Lucas-Kanade steps that refined it
-    further (0: the peak alone)."""
+    further (0: the peak alone); ``terrain_ranked``: the places the terrain ranked for this frame
+    (``LostConfig.terrain_rank``), each (position [3] km, score, agreement or None where the frame
+    gave no answer), best score first."""
 
     declared: bool
     reason: str
@@ -132,6 +134,7 @@ class LostFix:
     terrain_near_ncc: float | None = None
     terrain_offset_km: np.ndarray | None = None
     terrain_steps: int = 0
+    terrain_ranked: tuple[tuple[np.ndarray, float, float | None], ...] = ()
 
 
 def box_geometry(boxes: np.ndarray, camera: PinholeCamera, pixel_sigma: float, edge_px: float = 0.0

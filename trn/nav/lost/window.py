@@ -78,6 +78,10 @@ class WindowFixer:
     (``motion_min_assigned`` of them, a positive score) is fixed. Such a fix's ``joins`` name the
     frames whose craters it used.
 
+    With ``cfg.terrain_rank`` (and the terrain check), a new frame of two or more detections still
+    undecided after all that is checked at its best places, and declared at the one place only the
+    terrain confirms (:meth:`_ranked`).
+
     Every fix passes the wrong-fix guards before it is declared (:class:`LostConfig`,
     ``margin_per_detection``, ``max_error_2sigma_km``, ``carry_max_deficit``, ``terrain_check``);
     a refused fix keeps its hypotheses for the window and says why; a fix the terrain check passes
@@ -137,6 +141,40 @@ class WindowFixer:
                 p, c = terrain_refined(fix.position, fix.cov, offset, sigma)
                 fix = replace(fix, position=p, cov=c, terrain_offset_km=offset, terrain_steps=steps)
         return fix
+
+    def _ranked(self, fix: LostFix, t_s: float, detections: int) -> LostFix:
+        """``fix`` (the frame at ``t_s``, undecided) decided by the terrain among its best places
+        (``LostConfig.terrain_rank``): declared at the one place whose prediction agrees with the
+        frame by ``terrain_min_ncc`` while every other checked place stays under
+        ``terrain_rank_rival_ncc``, then guarded as any fix (the margin aside: the terrain is what
+        separates the places); otherwise ``fix`` with the places checked recorded."""
+        cfg = self.cfg
+        places: list[Hypothesis] = []
+        for h in distinct_places(fix.best):
+            if len(places) == cfg.terrain_rank:
+                break
+            if len(h.pairs) >= 2 and h.llr >= cfg.min_llr \
+                    and all(np.linalg.norm(h.position - o.position) > cfg.separation_km for o in places):
+                places.append(h)
+        if not places:
+            return fix
+        matches = [self.verify(t_s, h.position) for h in places]
+        self._checks_made += len(places)
+        ncc = [None if m is None else m.ncc for m in matches]
+        ranked = tuple((h.position, h.llr, a) for h, a in zip(places, ncc))
+        fix = replace(fix, terrain_ranked=ranked)
+        if any(a is None for a in ncc):
+            return fix
+        i = int(np.argmax(ncc))
+        if ncc[i] < cfg.terrain_min_ncc or any(a >= cfg.terrain_rank_rival_ncc for j, a in enumerate(ncc) if j != i):
+            return fix
+        h = places[i]
+        runner = max((o.llr for o in fix.best if np.linalg.norm(o.position - h.position) > cfg.separation_km),
+                     default=0.0)
+        dec = replace(fix, declared=True, reason=REASONS[16], position=h.position, cov=h.cov, inliers=sorted(h.pairs),
+                      support=len(h.pairs), llr=h.llr, runner_up=runner, joins=h.joins)
+        dec = self._guarded(dec, detections, margin=False, t_s=t_s)
+        return dec if dec.declared else replace(fix, reason=dec.reason, terrain_ncc=dec.terrain_ncc)
 
     def _count(self, t_s: float) -> int:
         return self._counts.get(round(t_s, 3), 0)
@@ -348,6 +386,9 @@ class WindowFixer:
         joined = self._motion_joined(self.history + [new]) if moving and not result.declared else []
         if joined and joined[0][0] is new:
             result = new.fix = joined.pop(0)[1]
+        if cfg.terrain_rank and cfg.terrain_check and not result.declared and n >= 2 \
+                and result.reason not in REASONS[2:4]:
+            result = new.fix = self._ranked(result, t_s, n)
         raw = (result.position, result.cov) if result.declared and _fusable(result) else None
         # fusions use the fixes as declared, never fused ones
         raws = [(h.t_s, *h.raw) for h in self.history if h.raw is not None]
