@@ -126,7 +126,30 @@ def row(name: str, rep: dict) -> dict:
             if good else float("nan"),
             "mean_nees": float(np.mean([r["nees"] for r in dec])) if dec else float("nan"),
             "nees_band_top": nees_band(len(dec))[1] if dec else float("nan"),
-            "wrong_frames": [(r["frame"], round(r["error_km"], 2)) for r in wrong]}
+            "wrong_frames": [(r["frame"], round(r["error_km"], 2)) for r in wrong],
+            "by_terrain_rank": sum(r["reason"] == lost.REASONS[16] for r in dec),
+            "ranked": [p for r in frames for p in r.get("terrain_ranked", [])]}
+
+
+def ranked_table(rows: list[dict]) -> str:
+    """The places the terrain ranked (``LostConfig.terrain_rank``), by whether they lie within 2 km
+    of the truth: how many, and their agreement with the frame (quantiles; none where the frame
+    gave no answer)."""
+    out = ["| variant | frames declared by the ranking | places ranked within 2 km: count, agreement p10 / p50 / min | "
+           "places farther: count, agreement max / p99 / p90 / p50 | farther places at or above 0.5 / 0.8 |",
+           "| --- | ---: | --- | --- | --- |"]
+    for r in rows:
+        if not r["ranked"]:
+            continue
+        near = np.array([p["ncc"] for p in r["ranked"] if p["error_km"] <= 2.0 and p["ncc"] is not None])
+        far = np.array([p["ncc"] for p in r["ranked"] if p["error_km"] > 2.0 and p["ncc"] is not None])
+
+        def q(a, ps):
+            return " / ".join(f"{np.percentile(a, p):.3f}" for p in ps) if len(a) else "-"
+
+        out.append(f"| {r['variant']} | {r['by_terrain_rank']} | {len(near)}: {q(near, (10, 50, 0))} | "
+                   f"{len(far)}: {q(far, (100, 99, 90, 50))} | {int((far >= 0.5).sum())} / {int((far >= 0.8).sum())} |")
+    return "\n".join(out) if len(out) > 2 else ""
 
 
 def table(rows: list[dict]) -> str:
@@ -193,6 +216,9 @@ def main() -> None:
         log.info("%s: %.0f s, %s", v or "(base settings)", time.perf_counter() - t0,
                  {k: rows[-1][k] for k in ("declared", "within_2km", "wrong", "wrong_frames")})
     text = table(rows)
+    ranked = ranked_table(rows)
+    if ranked:
+        text += "\n\n" + ranked
     (args.out / "table.md").write_text(text + "\n")
     print(text)
 

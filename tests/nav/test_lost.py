@@ -796,7 +796,8 @@ def _two_crater_places(sc, east_km=(0.0, 40.0, 80.0), llrs=(24.0, 22.0, 20.0)) -
 @pytest.mark.parametrize("agreements, rank, declared_at", [
     ((0.3, 0.9, 0.2), 3, 1),  # only the second place's terrain agrees: declared there
     ((0.3, 0.9, 0.6), 3, None),  # a rival at 0.6 is not under terrain_rank_rival_ncc (0.5)
-    ((0.3, 0.9, None), 3, None),  # a place the frame gives no answer for: nothing is ranked
+    ((0.3, 0.9, None), 3, 1),  # a place whose prediction gives no answer disagrees
+    ((None, None, None), 3, None),  # no place answers: nothing is decided
     ((0.3, 0.7, 0.2), 3, None),  # no place reaches terrain_min_ncc
     ((0.3, 0.9, 0.2), 1, None),  # only the best place checked, and it disagrees
     ((0.9, 0.3, 0.6), 2, 0),  # the third place is not checked
@@ -828,6 +829,39 @@ def test_the_terrain_ranks_a_frames_best_places(agreements, rank, declared_at):
     off = WindowFixer(LostConfig(), None, verify)
     asked.clear()
     assert not off.add(30.0, radius_of(sc), fix, detections=2).declared and not asked
+
+
+@pytest.mark.parametrize("second, declared", [(None, True), (0.75, True), (0.85, False)])
+def test_the_terrain_ranks_places_by_their_peaks_and_moves_the_chosen_one(second, declared):
+    """``terrain_rank_peak``: a place of the right craters 1.5 km off agrees 0.6 at itself and 0.9
+    at its peak; the ranking reads the peak, moves the place there and checks it again there. A
+    second local maximum within ``terrain_rank_peak_margin`` (0.1) of the peak (repeating terrain)
+    leaves the frame undecided."""
+    sc, _ = pose(12.0, -40.0)
+    fix, places = _two_crater_places(sc)
+    north = np.cross(sc / np.linalg.norm(sc), places[1] - places[0])
+    offset = 1.5 * north / np.linalg.norm(north)
+    checked = []
+
+    def verify(t_s, position):
+        checked.append(np.asarray(position).copy())
+        if np.linalg.norm(position - (places[0] + offset)) < 1e-9:
+            return TerrainMatch(0.9)
+        own = 0.6 if np.linalg.norm(position - places[0]) < 1e-9 else 0.2
+        return TerrainMatch(own, offset, 0.9 if own == 0.6 else 0.4, 0.1, own, second if own == 0.6 else None)
+
+    cfg = LostConfig(terrain_rank=3, terrain_rank_peak=True, terrain_reach_km=3.0)
+    out = WindowFixer(cfg, None, verify).add(30.0, radius_of(sc), fix, detections=2)
+    assert [a for _, _, a in out.terrain_ranked] == pytest.approx([0.9, 0.4, 0.4])
+    assert out.declared == declared
+    if declared:
+        assert np.allclose(out.position, places[0] + offset) and out.terrain_ncc == 0.9
+        assert np.allclose(checked[-1], places[0] + offset)
+    plain = WindowFixer(replace(cfg, terrain_rank_peak=False), None, verify).add(30.0, radius_of(sc), fix,
+                                                                                 detections=2)
+    assert not plain.declared  # its own agreement, 0.6, is under terrain_min_ncc
+    with pytest.raises(ConfigError, match="terrain_rank_peak_margin"):
+        LostConfig(terrain_rank_peak_margin=-0.1)
 
 
 def test_the_terrain_ranks_only_places_of_two_craters_and_enough_score():

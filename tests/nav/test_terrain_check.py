@@ -12,7 +12,7 @@ from trn.errors import ConfigError, DataError
 from trn.geometry import MOON_RADIUS_KM, east_north_up, latlon_to_xyz, nadir_pose
 from trn.nav.lost import LostConfig
 from trn.nav.terrain_check import (MIN_LIT_FRACTION, TerrainCheck, TerrainMatch, _lit_correlation, _peak,
-                                   _shifted_correlations, gradient_shift, normalised_correlation)
+                                   _second_peak, _shifted_correlations, gradient_shift, normalised_correlation)
 
 RENDER = RenderConfig(nav_size=128, fov_deg=60.0, detail=DetailConfig(enabled=False))
 
@@ -241,6 +241,22 @@ def test_the_refinements_prediction_in_bands_is_the_whole_render(check):
     for bad in (0, 9, 1.5):
         with pytest.raises(ConfigError, match="bands="):
             TerrainCheck(check.surface, RENDER, RENDER.fov_deg, size_px=32, bands=bad)
+
+
+def test_a_second_peak_is_another_local_maximum():
+    """One smooth peak has no second (its flanks and the grid's edge below it are no maxima); a
+    second bump (repeating terrain) is found with its value, on the edge too; NaN shifts are skipped."""
+    y, x = np.mgrid[-5:6, -5:6].astype(float)
+    one = 0.9 - 0.02 * (x ** 2 + y ** 2)
+    assert _second_peak(one) is None
+    two = np.maximum(one, 0.8 - 0.1 * ((x - 4.0) ** 2 + (y - 1.0) ** 2))
+    assert _second_peak(two) == pytest.approx(0.8)
+    edge = np.maximum(one, 0.7 - 0.1 * ((x - 5.0) ** 2 + y ** 2))
+    assert _second_peak(edge) == pytest.approx(0.7)
+    holed = two.copy()
+    holed[0, :] = np.nan
+    assert _second_peak(holed) == pytest.approx(0.8)
+    assert _second_peak(np.full((5, 5), np.nan)) is None
 
 
 def test_the_offsets_sigma_grows_with_the_peaks_mismatch():

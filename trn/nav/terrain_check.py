@@ -109,13 +109,16 @@ class TerrainMatch:
     ``peak_ncc``: the correlation there; ``km_per_px``: a reduced pixel at the terrain's depth
     (the offset's 1-sigma error per axis is a fraction of it: :meth:`sigma_km`); ``near_ncc``: the
     highest correlation at the whole-pixel shifts within ``near_km`` of the fix (:meth:`TerrainCheck.match`;
-    ``ncc`` itself where none was asked)."""
+    ``ncc`` itself where none was asked); ``second_ncc``: where the peak was searched, the highest
+    other local maximum of the correlations within the reach (another place the frame fits, as
+    repeating terrain gives; None: none)."""
 
     ncc: float
     offset_km: np.ndarray | None = None
     peak_ncc: float | None = None
     km_per_px: float = math.nan
     near_ncc: float | None = None
+    second_ncc: float | None = None
 
     def sigma_km(self, sigma_px_at_0_9: float, floor_px: float = 0.0) -> float:
         """The offset's 1-sigma error per horizontal axis, km: ``sigma_px_at_0_9`` reduced pixels
@@ -186,6 +189,23 @@ def _peak(grid: np.ndarray) -> tuple[float, float, float] | None:
         if np.isfinite(den) and den < 0:
             shift[axis] += float(np.clip(0.5 * (lo - hi) / den, -0.5, 0.5))
     return shift[0], shift[1], float(c)
+
+
+def _second_peak(grid: np.ndarray) -> float | None:
+    """The highest local maximum of ``grid`` (:func:`_shifted_correlations`; a value no lower than
+    any of its eight neighbours, the grid's edge included) other than its highest value: another
+    shift where the frame and the prediction agree, as repeating terrain gives one; None where there
+    is none."""
+    g = np.where(np.isfinite(grid), grid, -np.inf)
+    if not np.isfinite(g).any():
+        return None
+    padded = np.pad(g, 1, constant_values=-np.inf)
+    h, w = g.shape
+    around = np.stack([padded[1 + dy:1 + dy + h, 1 + dx:1 + dx + w]
+                       for dy in (-1, 0, 1) for dx in (-1, 0, 1) if dy or dx])
+    local = np.isfinite(g) & (g >= around.max(axis=0))
+    local.flat[int(np.argmax(g))] = False
+    return float(g[local].max()) if local.any() else None
 
 
 def gradient_shift(frame: np.ndarray, pred: np.ndarray, max_shift_px: float = 1.0,
@@ -383,7 +403,8 @@ class TerrainCheck:
         peak = _peak(grid)
         if peak is None:
             return TerrainMatch(ncc, None, None, km_per_px, near)
-        return TerrainMatch(ncc, _offset_km(peak[:2], rotation, position, km_per_px), peak[2], km_per_px, near)
+        return TerrainMatch(ncc, _offset_km(peak[:2], rotation, position, km_per_px), peak[2], km_per_px, near,
+                            _second_peak(grid))
 
     def km_per_px(self, rotation: np.ndarray, position_km: np.ndarray) -> float:
         """A reduced pixel at the terrain's depth, km: the boresight's range to the reference

@@ -134,7 +134,15 @@ class LostConfig:
         answered), that place is declared (then guarded, checked and refined as any fix). Two
         craters leave chance places of equal score, but the terrain around them differs. 0 (off)
         by default.
-    terrain_rank_rival_ncc: the agreement every other checked place must stay below.
+    terrain_rank_rival_ncc: the agreement every other checked place must stay below (a place whose
+        prediction shares too few lit pixels with the frame to answer disagrees, where the
+        confirmed place answers).
+    terrain_rank_peak: the ranking reads each place's best agreement within ``terrain_reach_km``
+        (the correlation's peak) instead of its own, and the confirmed place is moved to its peak
+        before the guards: two craters' geometry leaves the right place a kilometre or two off,
+        where its own agreement is low. The peak must stand out: no other local maximum of the
+        correlations within the reach (repeating terrain) may come within
+        ``terrain_rank_peak_margin`` of it. Off by default.
     terrain_refine: with the check, a fix it passes is refined by the correlation's peak
         (:meth:`trn.nav.terrain_check.TerrainCheck.match`): the horizontal offset from the fix to
         where the frame correlates best, searched within ``terrain_reach_km``, is a measurement of
@@ -213,6 +221,8 @@ class LostConfig:
     terrain_min_lit: float = 0.1
     terrain_rank: int = 0
     terrain_rank_rival_ncc: float = 0.5
+    terrain_rank_peak: bool = False
+    terrain_rank_peak_margin: float = 0.1
     terrain_size_px: int = 64
     terrain_max_ppd: int = 32
     terrain_refine: bool = True
@@ -298,6 +308,8 @@ class LostConfig:
             bad("terrain_rank", "a whole number from 0 (off) to 16 places a frame")
         if not (math.isfinite(self.terrain_rank_rival_ncc) and -1.0 <= self.terrain_rank_rival_ncc <= self.terrain_min_ncc):
             bad("terrain_rank_rival_ncc", f"a correlation from -1 to terrain_min_ncc ({self.terrain_min_ncc:g})")
+        if not (math.isfinite(self.terrain_rank_peak_margin) and 0.0 <= self.terrain_rank_peak_margin <= 2.0):
+            bad("terrain_rank_peak_margin", "a difference of correlations from 0 to 2")
         if not 16 <= self.terrain_size_px <= 512:
             bad("terrain_size_px", "16 to 512 pixels a side")
         if not 1 <= self.terrain_max_ppd <= 1024:

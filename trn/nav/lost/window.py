@@ -146,8 +146,10 @@ class WindowFixer:
         """``fix`` (the frame at ``t_s``, undecided) decided by the terrain among its best places
         (``LostConfig.terrain_rank``): declared at the one place whose prediction agrees with the
         frame by ``terrain_min_ncc`` while every other checked place stays under
-        ``terrain_rank_rival_ncc``, then guarded as any fix (the margin aside: the terrain is what
-        separates the places); otherwise ``fix`` with the places checked recorded."""
+        ``terrain_rank_rival_ncc`` or has no answer (with ``terrain_rank_peak``: each place's peak
+        within the reach read instead, the place moved to its peak, which must stand out by
+        ``terrain_rank_peak_margin``), then guarded as any fix (the margin aside: the terrain is
+        what separates the places); otherwise ``fix`` with the places checked recorded."""
         cfg = self.cfg
         places: list[Hypothesis] = []
         for h in distinct_places(fix.best):
@@ -160,18 +162,29 @@ class WindowFixer:
             return fix
         matches = [self.verify(t_s, h.position) for h in places]
         self._checks_made += len(places)
-        ncc = [None if m is None else m.ncc for m in matches]
-        ranked = tuple((h.position, h.llr, a) for h, a in zip(places, ncc))
-        fix = replace(fix, terrain_ranked=ranked)
-        if any(a is None for a in ncc):
+
+        def read(m) -> float | None:
+            if m is None:
+                return None
+            return m.peak_ncc if cfg.terrain_rank_peak and m.offset_km is not None else m.ncc
+
+        agree = [read(m) for m in matches]
+        fix = replace(fix, terrain_ranked=tuple((h.position, h.llr, a) for h, a in zip(places, agree)))
+        if all(a is None for a in agree):
             return fix
-        i = int(np.argmax(ncc))
-        if ncc[i] < cfg.terrain_min_ncc or any(a >= cfg.terrain_rank_rival_ncc for j, a in enumerate(ncc) if j != i):
+        i = int(np.argmax([-math.inf if a is None else a for a in agree]))
+        m = matches[i]
+        if agree[i] < cfg.terrain_min_ncc or any(a is not None and a >= cfg.terrain_rank_rival_ncc
+                                                 for j, a in enumerate(agree) if j != i):
             return fix
-        h = places[i]
+        h, position = places[i], places[i].position
+        if cfg.terrain_rank_peak and m.offset_km is not None:
+            if m.second_ncc is not None and m.peak_ncc - m.second_ncc < cfg.terrain_rank_peak_margin:
+                return fix
+            position = position + np.asarray(m.offset_km, np.float64)
         runner = max((o.llr for o in fix.best if np.linalg.norm(o.position - h.position) > cfg.separation_km),
                      default=0.0)
-        dec = replace(fix, declared=True, reason=REASONS[16], position=h.position, cov=h.cov, inliers=sorted(h.pairs),
+        dec = replace(fix, declared=True, reason=REASONS[16], position=position, cov=h.cov, inliers=sorted(h.pairs),
                       support=len(h.pairs), llr=h.llr, runner_up=runner, joins=h.joins)
         dec = self._guarded(dec, detections, margin=False, t_s=t_s)
         return dec if dec.declared else replace(fix, reason=dec.reason, terrain_ncc=dec.terrain_ncc)
