@@ -864,6 +864,26 @@ def test_the_terrain_ranks_places_by_their_peaks_and_moves_the_chosen_one(second
         LostConfig(terrain_rank_peak_margin=-0.1)
 
 
+def test_the_rankings_budget_counts_the_frames_checks():
+    """``terrain_rank_max_checks``: a frame whose checks so far (here its own fix refused by the
+    check) and its places to rank would pass the budget is not ranked; within it, it is."""
+    sc, _ = pose(12.0, -40.0)
+    fix, places = _two_crater_places(sc)
+    own = _declared_alone(sc + 100.0 * (places[1] - places[0]) / 40.0, np.eye(3) * 0.1, 30.0, 0.0)
+    own.best = fix.best
+
+    def verify(t_s, position):
+        return TerrainMatch(0.9 if np.linalg.norm(position - places[0]) < 1e-9 else 0.1)
+
+    for budget, declared in ((3, False), (4, True)):
+        out = WindowFixer(LostConfig(terrain_rank=3, terrain_rank_max_checks=budget), None, verify).add(
+            30.0, radius_of(sc), own, detections=3)
+        assert out.declared == declared and (out.reason == REASONS[16] if declared else out.reason == REASONS[15])
+        assert len(out.terrain_ranked) == (3 if declared else 0)
+    with pytest.raises(ConfigError, match="terrain_rank_max_checks"):
+        LostConfig(terrain_rank_max_checks=0)
+
+
 def test_the_terrain_ranks_only_places_of_two_craters_and_enough_score():
     """Places under ``min_llr`` or a kilometre from a better one are not ranked, and a frame of one
     detection is never ranked; the settings are checked."""

@@ -143,6 +143,10 @@ class LostConfig:
         where its own agreement is low. The peak must stand out: no other local maximum of the
         correlations within the reach (repeating terrain) may come within
         ``terrain_rank_peak_margin`` of it. Off by default.
+    terrain_rank_max_checks: the ranking's per-frame budget: a frame is ranked only if the checks
+        already made in its processing plus its places to rank stay within this many (the
+        ranking's renders add to the heaviest frames, those whose window already checked several
+        places); 100 (no budget) by default.
     terrain_refine: with the check, a fix it passes is refined by the correlation's peak
         (:meth:`trn.nav.terrain_check.TerrainCheck.match`): the horizontal offset from the fix to
         where the frame correlates best, searched within ``terrain_reach_km``, is a measurement of
@@ -223,6 +227,7 @@ class LostConfig:
     terrain_rank_rival_ncc: float = 0.5
     terrain_rank_peak: bool = False
     terrain_rank_peak_margin: float = 0.1
+    terrain_rank_max_checks: int = 100
     terrain_size_px: int = 64
     terrain_max_ppd: int = 32
     terrain_refine: bool = True
@@ -310,6 +315,8 @@ class LostConfig:
             bad("terrain_rank_rival_ncc", f"a correlation from -1 to terrain_min_ncc ({self.terrain_min_ncc:g})")
         if not (math.isfinite(self.terrain_rank_peak_margin) and 0.0 <= self.terrain_rank_peak_margin <= 2.0):
             bad("terrain_rank_peak_margin", "a difference of correlations from 0 to 2")
+        if not (isinstance(self.terrain_rank_max_checks, int) and 1 <= self.terrain_rank_max_checks <= 100):
+            bad("terrain_rank_max_checks", "a whole number from 1 to 100 (100: no budget)")
         if not 16 <= self.terrain_size_px <= 512:
             bad("terrain_size_px", "16 to 512 pixels a side")
         if not 1 <= self.terrain_max_ppd <= 1024:

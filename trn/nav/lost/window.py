@@ -149,7 +149,8 @@ class WindowFixer:
         ``terrain_rank_rival_ncc`` or has no answer (with ``terrain_rank_peak``: each place's peak
         within the reach read instead, the place moved to its peak, which must stand out by
         ``terrain_rank_peak_margin``), then guarded as any fix (the margin aside: the terrain is
-        what separates the places); otherwise ``fix`` with the places checked recorded."""
+        what separates the places); otherwise ``fix`` with the places checked recorded. Not ranked
+        where its checks would pass ``terrain_rank_max_checks`` for the frame."""
         cfg = self.cfg
         places: list[Hypothesis] = []
         for h in distinct_places(fix.best):
@@ -158,7 +159,7 @@ class WindowFixer:
             if len(h.pairs) >= 2 and h.llr >= cfg.min_llr \
                     and all(np.linalg.norm(h.position - o.position) > cfg.separation_km for o in places):
                 places.append(h)
-        if not places:
+        if not places or self._checks_made + len(places) > cfg.terrain_rank_max_checks:
             return fix
         matches = [self.verify(t_s, h.position) for h in places]
         self._checks_made += len(places)
