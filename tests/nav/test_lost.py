@@ -834,9 +834,9 @@ def test_the_terrain_ranks_a_frames_best_places(agreements, rank, declared_at):
 @pytest.mark.parametrize("second, declared", [(None, True), (0.75, True), (0.85, False)])
 def test_the_terrain_ranks_places_by_their_peaks_and_moves_the_chosen_one(second, declared):
     """``terrain_rank_peak``: a place of the right craters 1.5 km off agrees 0.6 at itself and 0.9
-    at its peak; the ranking reads the peak, moves the place there and checks it again there. A
-    second local maximum within ``terrain_rank_peak_margin`` (0.1) of the peak (repeating terrain)
-    leaves the frame undecided."""
+    at its peak; the ranking reads the peak, the guards read it too (no check made again) and the
+    refinement moves the place onto the peak. A second local maximum within
+    ``terrain_rank_peak_margin`` (0.1) of the peak (repeating terrain) leaves the frame undecided."""
     sc, _ = pose(12.0, -40.0)
     fix, places = _two_crater_places(sc)
     north = np.cross(sc / np.linalg.norm(sc), places[1] - places[0])
@@ -850,13 +850,15 @@ def test_the_terrain_ranks_places_by_their_peaks_and_moves_the_chosen_one(second
         own = 0.6 if np.linalg.norm(position - places[0]) < 1e-9 else 0.2
         return TerrainMatch(own, offset, 0.9 if own == 0.6 else 0.4, 0.1, own, second if own == 0.6 else None)
 
-    cfg = LostConfig(terrain_rank=3, terrain_rank_peak=True, terrain_reach_km=3.0)
+    cfg = LostConfig(terrain_rank=3, terrain_rank_peak=True, terrain_reach_km=3.0, terrain_refine_passes=0)
     out = WindowFixer(cfg, None, verify).add(30.0, radius_of(sc), fix, detections=2)
     assert [a for _, _, a in out.terrain_ranked] == pytest.approx([0.9, 0.4, 0.4])
     assert out.declared == declared
+    assert len(checked) == 3  # the three places, and no check again
     if declared:
-        assert np.allclose(out.position, places[0] + offset) and out.terrain_ncc == 0.9
-        assert np.allclose(checked[-1], places[0] + offset)
+        assert np.linalg.norm(out.position - (places[0] + offset)) < 0.01  # the peak's update, nearly exact
+        assert out.terrain_ncc == 0.6 and out.terrain_near_ncc == 0.9
+        assert np.allclose(out.terrain_offset_km, offset)
     plain = WindowFixer(replace(cfg, terrain_rank_peak=False), None, verify).add(30.0, radius_of(sc), fix,
                                                                                  detections=2)
     assert not plain.declared  # its own agreement, 0.6, is under terrain_min_ncc

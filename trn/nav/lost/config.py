@@ -138,9 +138,9 @@ class LostConfig:
         prediction shares too few lit pixels with the frame to answer disagrees, where the
         confirmed place answers).
     terrain_rank_peak: the ranking reads each place's best agreement within ``terrain_reach_km``
-        (the correlation's peak) instead of its own, and the confirmed place is moved to its peak
-        before the guards: two craters' geometry leaves the right place a kilometre or two off,
-        where its own agreement is low. The peak must stand out: no other local maximum of the
+        (the correlation's peak) instead of its own, and the confirmed place passes the check on
+        its peak's agreement (no second render) and is refined from its peak: two craters'
+        geometry leaves the right place a kilometre or two off, where its own agreement is low. The peak must stand out: no other local maximum of the
         correlations within the reach (repeating terrain) may come within
         ``terrain_rank_peak_margin`` of it. Off by default.
     terrain_rank_max_checks: the ranking's per-frame budget: a frame is ranked only if the checks

@@ -105,11 +105,13 @@ class WindowFixer:
         self._checks_made = 0  # terrain checks made in this frame's processing
 
     def _guarded(self, fix: LostFix, detections: int, margin: bool = True, sigma: bool = True,
-                 t_s: float | None = None) -> LostFix:
+                 t_s: float | None = None, known=None) -> LostFix:
         """``fix`` if it passes the guards, else refused (:func:`_refused`): the margin its
         ``detections`` (over all the frames it uses) need (with ``margin``), the horizontal
         2-sigma limit (with ``sigma``) and, given the frame's time ``t_s``, the terrain check (then,
-        with ``terrain_refine``, the fix refined by the correlation's peak: :func:`terrain_refined`)."""
+        with ``terrain_refine``, the fix refined by the correlation's peak: :func:`terrain_refined`).
+        ``known``: the check's match at the fix already made (the ranking's, :meth:`_ranked`), whose
+        peak's agreement is read, and no check made again."""
         cfg = self.cfg
         if not fix.declared:
             return fix
@@ -119,9 +121,12 @@ class WindowFixer:
         if sigma and 2.0 * horizontal_sigma_km(fix.position, fix.cov) > cfg.max_error_2sigma_km:
             return _refused(fix, REASONS[13])
         if cfg.terrain_check and t_s is not None:
-            match = self.verify(t_s, fix.position)
-            self._checks_made += 1
-            near = None if match is None or cfg.terrain_check_reach_km <= 0 else match.near_ncc
+            if known is None:
+                match = self.verify(t_s, fix.position)
+                self._checks_made += 1
+                near = None if match is None or cfg.terrain_check_reach_km <= 0 else match.near_ncc
+            else:
+                match, near = known, known.peak_ncc
             fix = replace(fix, terrain_ncc=None if match is None else match.ncc, terrain_near_ncc=near)
             read = fix.terrain_ncc if near is None else near
             if read is not None and read < cfg.terrain_min_ncc:
@@ -147,10 +152,11 @@ class WindowFixer:
         (``LostConfig.terrain_rank``): declared at the one place whose prediction agrees with the
         frame by ``terrain_min_ncc`` while every other checked place stays under
         ``terrain_rank_rival_ncc`` or has no answer (with ``terrain_rank_peak``: each place's peak
-        within the reach read instead, the place moved to its peak, which must stand out by
-        ``terrain_rank_peak_margin``), then guarded as any fix (the margin aside: the terrain is
-        what separates the places); otherwise ``fix`` with the places checked recorded. Not ranked
-        where its checks would pass ``terrain_rank_max_checks`` for the frame."""
+        within the reach read instead, which must stand out by ``terrain_rank_peak_margin``; the
+        guards then read that peak without checking again, and the refinement moves the place from
+        it), then guarded as any fix (the margin aside: the terrain is what separates the places);
+        otherwise ``fix`` with the places checked recorded. Not ranked where its checks would pass
+        ``terrain_rank_max_checks`` for the frame."""
         cfg = self.cfg
         places: list[Hypothesis] = []
         for h in distinct_places(fix.best):
@@ -178,16 +184,16 @@ class WindowFixer:
         if agree[i] < cfg.terrain_min_ncc or any(a is not None and a >= cfg.terrain_rank_rival_ncc
                                                  for j, a in enumerate(agree) if j != i):
             return fix
-        h, position = places[i], places[i].position
+        h, known = places[i], None
         if cfg.terrain_rank_peak and m.offset_km is not None:
             if m.second_ncc is not None and m.peak_ncc - m.second_ncc < cfg.terrain_rank_peak_margin:
                 return fix
-            position = position + np.asarray(m.offset_km, np.float64)
+            known = m  # the guards read its peak, and the refinement starts there
         runner = max((o.llr for o in fix.best if np.linalg.norm(o.position - h.position) > cfg.separation_km),
                      default=0.0)
-        dec = replace(fix, declared=True, reason=REASONS[16], position=position, cov=h.cov, inliers=sorted(h.pairs),
+        dec = replace(fix, declared=True, reason=REASONS[16], position=h.position, cov=h.cov, inliers=sorted(h.pairs),
                       support=len(h.pairs), llr=h.llr, runner_up=runner, joins=h.joins)
-        dec = self._guarded(dec, detections, margin=False, t_s=t_s)
+        dec = self._guarded(dec, detections, margin=False, t_s=t_s, known=known)
         return dec if dec.declared else replace(fix, reason=dec.reason, terrain_ncc=dec.terrain_ncc)
 
     def _count(self, t_s: float) -> int:
