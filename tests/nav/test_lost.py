@@ -747,7 +747,7 @@ def test_a_fix_the_terrain_disagrees_with_is_refused(ncc, declared):
         return None if ncc is None else TerrainMatch(ncc)  # no peak: the fix is not refined
 
     fix = _declared_alone(sc, np.eye(3) * 0.1, 60.0, 0.0)
-    out = WindowFixer(LostConfig(terrain_check=True, terrain_min_ncc=0.6), None, verify).add(
+    out = WindowFixer(LostConfig(terrain_check=True, terrain_min_ncc=0.6, terrain_rank=0), None, verify).add(
         30.0, radius_of(sc), fix, detections=3)
     assert len(asked) == 1 and asked[0][0] == 30.0 and np.allclose(asked[0][1], sc)
     assert out.declared == declared and out.terrain_ncc == ncc
@@ -826,7 +826,7 @@ def test_the_terrain_ranks_a_frames_best_places(agreements, rank, declared_at):
         assert out.llr == fix.best[declared_at].llr
     else:
         assert out.position is None and out.best == fix.best
-    off = WindowFixer(LostConfig(), None, verify)
+    off = WindowFixer(LostConfig(terrain_rank=0), None, verify)
     asked.clear()
     assert not off.add(30.0, radius_of(sc), fix, detections=2).declared and not asked
 
