@@ -747,8 +747,8 @@ def lost_in_space_fixes(ds: Luna1Dataset, cmap, s, sensors: SensorModel | None =
     declared or not and why, frames the fix needed and the joins it used, the fix's error and
     sigma, its terrain agreement and the offset the terrain's peak measured where it refined the
     fix, the places the terrain ranked for it (``terrain_ranked``: each place's distance from the
-    truth, score and agreement; ``LostConfig.terrain_rank``), candidates and hypotheses examined, score, time (``ms``: search
-    and window; ``search_ms``: the part of it that identifies the frame alone, before the window,
+    truth, score and agreement; ``LostConfig.terrain_rank``), candidates and hypotheses examined,
+    score, time (``ms``: search and window; ``search_ms``: the part of it that identifies the frame alone, before the window,
     which needs no other frame's result; ``terrain_ms``: the part of it spent on the terrain's checks and refinements,
     renders, in ``terrain_checks`` checks and ``terrain_refines`` refinements, these taking
     ``terrain_refine_ms``; ``terrain_side_ms``: the part of that a second core takes off the first when the

@@ -130,23 +130,23 @@ class LostConfig:
         window decide is checked at its best ``terrain_rank`` distinct places (each at least
         ``min_llr`` with two assigned detections, farther apart than ``separation_km``): where
         exactly one place's prediction correlates with the frame by at least ``terrain_min_ncc``
-        and every other checked place's by less than ``terrain_rank_rival_ncc`` (every place
-        answered), that place is declared (then guarded, checked and refined as any fix). Two
-        craters leave chance places of equal score, but the terrain around them differs. 2 by
-        default, with ``terrain_rank_peak`` and ``terrain_rank_max_checks`` 3 and the refinement's
-        sigma 0.035 px: chosen on the validation sequences by rules written before the rows (no
-        wrong fix added, none lost, 15-22 more fixes on each real union run, mean NEES in the band;
-        the board's p99 under 10 s at the slowest core speed, where 3 places or no budget passed
-        it; docs/studies/lost_in_space.md "The terrain ranks a frame's best places").
+        and every other checked place's by less than ``terrain_rank_rival_ncc``, that place is
+        declared (then guarded and refined as any fix). Two craters leave chance places of equal
+        score, but the terrain around them differs. 2 by default, with ``terrain_rank_peak`` and
+        ``terrain_rank_max_checks`` 3 and the refinement's sigma 0.035 px: chosen on the
+        validation sequences by rules written before the rows (no wrong fix added, none lost, 8-27
+        more fixes on each union run, mean NEES in the band; the board's p99 under 10 s at the
+        slowest core speed, where 3 places or no budget passed it; docs/studies/lost_in_space.md
+        "The terrain ranks a frame's best places").
     terrain_rank_rival_ncc: the agreement every other checked place must stay below (a place whose
         prediction shares too few lit pixels with the frame to answer disagrees, where the
         confirmed place answers).
     terrain_rank_peak: the ranking reads each place's best agreement within ``terrain_reach_km``
         (the correlation's peak) instead of its own, and the confirmed place passes the check on
         its peak's agreement (no second render) and is refined from its peak: two craters'
-        geometry leaves the right place a kilometre or two off, where its own agreement is low. The peak must stand out: no other local maximum of the
-        correlations within the reach (repeating terrain) may come within
-        ``terrain_rank_peak_margin`` of it. On by default.
+        geometry leaves the right place a kilometre or two off, where its own agreement is low.
+        The peak must stand out: no other local maximum of the correlations within the reach
+        (repeating terrain) may come within ``terrain_rank_peak_margin`` of it. On by default.
     terrain_rank_max_checks: the ranking's per-frame budget: a frame is ranked only if the checks
         already made in its processing plus its places to rank stay within this many (the
         ranking's renders add to the heaviest frames, those whose window already checked several
