@@ -692,6 +692,12 @@ def distinct_places(hs: list[Hypothesis]) -> list[Hypothesis]:
     return out
 
 
+def best_elsewhere(hs: list[Hypothesis], position: np.ndarray, separation_km: float, default: float = 0.0) -> float:
+    """The best score among ``hs`` at another place than ``position`` (farther than
+    ``separation_km``): the rival a place must beat; ``default`` where there is none."""
+    return max((h.llr for h in hs if np.linalg.norm(h.position - position) > separation_km), default=default)
+
+
 def decide(scored: list[Hypothesis], cfg: LostConfig, hypotheses: int = 0, candidates: int = 0, frames: int = 1
            ) -> LostFix:
     """Declare the best hypothesis or say why not (module docstring, step 5). Over a window
@@ -702,8 +708,7 @@ def decide(scored: list[Hypothesis], cfg: LostConfig, hypotheses: int = 0, candi
     if not scored:
         return LostFix(False, REASONS[5], **base)
     best = scored[0]
-    runner = max((h.llr for h in scored[1:] if np.linalg.norm(h.position - best.position) > cfg.separation_km),
-                 default=0.0)
+    runner = best_elsewhere(scored, best.position, cfg.separation_km)
     out = dict(base, support=len(best.pairs), llr=best.llr, runner_up=runner, best=scored[:cfg.keep])
     if len(best.pairs) < 2:
         return LostFix(False, REASONS[5], **out)

@@ -15,7 +15,8 @@ from trn.errors import ConfigError
 from trn.nav.lost.config import REASONS, LostConfig
 from trn.nav.lost.constellation import Constellation, carried, search
 from trn.nav.lost.fusion import central_gravity, circular_speed_km_s, fuse_fixes
-from trn.nav.lost.hypotheses import CraterMap, Hypothesis, Join, LostFix, distinct_places, FrameView, decide, joined_evidence
+from trn.nav.lost.hypotheses import (CraterMap, Hypothesis, Join, LostFix, FrameView, best_elsewhere, decide,
+                                     distinct_places, joined_evidence)
 from trn.nav.lost.terrain import horizontal_sigma_km, terrain_refined
 
 def _refused(fix: LostFix, reason: str) -> LostFix:
@@ -189,8 +190,7 @@ class WindowFixer:
             if m.second_ncc is not None and m.peak_ncc - m.second_ncc < cfg.terrain_rank_peak_margin:
                 return fix
             known = m  # the guards read its peak, and the refinement starts there
-        runner = max((o.llr for o in fix.best if np.linalg.norm(o.position - h.position) > cfg.separation_km),
-                     default=0.0)
+        runner = best_elsewhere(fix.best, h.position, cfg.separation_km)
         dec = replace(fix, declared=True, reason=REASONS[16], position=h.position, cov=h.cov, inliers=sorted(h.pairs),
                       support=len(h.pairs), llr=h.llr, runner_up=runner, joins=h.joins)
         dec = self._guarded(dec, detections, margin=False, t_s=t_s, known=known)
@@ -349,8 +349,7 @@ class WindowFixer:
             if e.fix.declared:
                 continue
             # the frame's own craters must not prefer another place by more than carry_max_deficit
-            rival = max((h.llr for h in e.fix.best
-                         if np.linalg.norm(h.position - m.own.position) > cfg.separation_km), default=-math.inf)
+            rival = best_elsewhere(e.fix.best, m.own.position, cfg.separation_km, default=-math.inf)
             if m.own.llr < rival - cfg.carry_max_deficit:
                 e.fix.reason = REASONS[14]
                 continue
