@@ -3,6 +3,7 @@ ship, evaluate, run on a folder, and the navigation scenarios on its boxes."""
 
 import json
 import math
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -189,6 +190,27 @@ def test_ship_eval_and_run_commands(det_run, capsys):
     doc = json.loads((root / "out" / "detections.json").read_text())
     assert len(doc["images"]) == len(labels.frames) and (root / "out" / "annotations.txt").is_file()
     assert len(list((root / "out" / "overlays").glob("*.png"))) == len(labels.frames)
+
+
+def test_eval_pools_several_builds_and_refuses_one_named_twice(det_run, capsys):
+    root, labels, _, _ = det_run
+    shipped = Path(__file__).resolve().parents[2] / "models" / "detector"
+    twin = root / "data-twin"
+    if not twin.is_dir():
+        shutil.copytree(root / "data", twin)
+    base = ["eval", str(shipped), "--gate-km", "0", "--threshold", "0.2"]
+    assert detect_main(base + ["--data", str(root / "data"), "--json", str(root / "single.json")]) == 0
+    capsys.readouterr()
+    assert detect_main(base + ["--data", str(root / "data"), str(twin), "--json", str(root / "pooled.json")]) == 0
+    assert "pooled over 2 builds" in capsys.readouterr().out
+    one, both = (json.loads((root / n).read_text()) for n in ("single.json", "pooled.json"))
+    s, p = one["summary"], both["pooled"]
+    assert [b["data"] for b in both["builds"]] == [str(root / "data"), str(twin)]
+    assert (p["labels"], p["detections"], p["hits"]) == (2 * s["labels"], 2 * s["detections"], 2 * s["hits"])
+    assert (p["precision"], p["recall"]) == (s["precision"], s["recall"]) and both["frames"] == 2 * one["frames"]
+    capsys.readouterr()
+    assert detect_main(base + ["--data", str(twin), str(twin)]) == 2
+    assert "names a build twice" in capsys.readouterr().err
 
 
 def test_eval_and_run_at_several_scales_say_which_and_one_whole_band_is_the_frame_path(det_run, capsys):

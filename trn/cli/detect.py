@@ -139,32 +139,59 @@ def _load_model(spec: Path):
 def _eval(args) -> int:
     import json
 
-    from trn.data.datasets.labels import read_labels
-    from trn.detect.run import evaluate, report
+    from trn.detect.evaluate import summarise
 
     model, chosen, path, gate, _ = _load_model(args.model)
     threshold = chosen if args.threshold is None else args.threshold
     gate = gate if args.gate_km is None else (args.gate_km or None)
     bands = _bands(args)
-    labels = read_labels(args.data)
+    if len({d.resolve() for d in args.data}) != len(args.data):
+        raise ConfigError(f"--data names a build twice ({[str(d) for d in args.data]}); give each once")
+    reps, matches = [], []
+    for data in args.data:
+        rep, ev = _eval_build(model, data, args, threshold, gate, bands)
+        rep.update({"model": str(path), "gate_km": gate,
+                    "threshold_source": "chosen on validation frames" if args.threshold is None else "--threshold"})
+        reps.append(rep)
+        matches += ev.matches
+    doc = reps[0]
+    if len(reps) > 1:  # one summary over every build's frames: AP from all their detections ranked together
+        pooled = summarise(matches, threshold).to_dict()
+        print(f"pooled over {len(reps)} builds ({len(matches)} frames, {pooled['labels']} labelled craters), score >= "
+              f"{threshold}: precision {pooled['precision']:.4f}, recall {pooled['recall']:.4f}, F1 "
+              f"{pooled['f1']:.4f}; AP@0.5 {pooled['ap50']:.4f}")
+        doc = {"pooled": pooled, "frames": len(matches), "builds": reps, "model": str(path), "gate_km": gate,
+               "threshold": threshold}
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
+    return 0
+
+
+def _eval_build(model, data: Path, args, threshold: float, gate, bands):
+    """``trn-detect eval``'s report on one build (printed), and its evaluation."""
+    from trn.data.datasets.labels import read_labels
+    from trn.detect.run import evaluate, report
+
+    labels = read_labels(data)
     split = args.split or ("test" if labels.split("test") else "val")
     if not labels.split(split):
-        raise ConfigError(f"{args.data} has no {split!r} frames; choose --split from "
+        raise ConfigError(f"{data} has no {split!r} frames; choose --split from "
                           f"{sorted({f.split for f in labels.frames})}")
     relief = None
     if args.source is not None:
         from trn.data.datasets.detection import label_relief
 
         relief = label_relief(labels.split(split), args.source, labels.rule())
-    rep = report(evaluate(model, labels, split, threshold, gate_km=gate, bands=bands), labels.rule(), relief=relief)
+    ev = evaluate(model, labels, split, threshold, gate_km=gate, bands=bands)
+    rep = report(ev, labels.rule(), relief=relief)
     if bands is not None:
         rep["scales"] = [{"factor": b.factor, "min_px": b.min_px, "max_px": str(b.max_px)} for b in bands]
         print("each frame tiled at scales " + ", ".join(b.describe() for b in bands) + " network px per frame px, "
               "merged by one NMS")
-    rep.update({"model": str(path), "data": str(args.data), "split": split, "gate_km": gate,
-                "threshold_source": "chosen on validation frames" if args.threshold is None else "--threshold"})
+    rep.update({"data": str(data), "split": split})
     s = rep["summary"]
-    print(f"{args.data} ({split}, {rep['frames']} frames, {s['labels']} labelled craters), score >= {threshold}: "
+    print(f"{data} ({split}, {rep['frames']} frames, {s['labels']} labelled craters), score >= {threshold}: "
           f"precision {s['precision']:.4f}, recall {s['recall']:.4f}, F1 {s['f1']:.4f}; AP@0.5 {s['ap50']:.4f}")
     for key in ("recall_by_diameter", "recall_by_sun_elevation", "recall_by_clipping", "recall_by_relief",
                 "precision_by_estimated_diameter", "precision_by_clipping"):
@@ -181,10 +208,7 @@ def _eval(args) -> int:
     print(f"  false positives: {fp['total']} ({fp['outside_catalogue_ranges']} outside the catalogues' ranges, "
           f"{fp['inside_catalogue_ranges']} inside); precision within the ranges "
           f"{rep['precision_in_catalogue_ranges']:.4f}")
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(rep, indent=1) + "\n", encoding="utf-8")
-    return 0
+    return rep, ev
 
 
 def _scale_options(p: argparse.ArgumentParser, what: str) -> None:
@@ -659,7 +683,9 @@ def main(argv: list[str] | None = None) -> int:
 
     e = sub.add_parser("eval", help="precision, recall, F1 and AP@0.5 against union-catalogue labels")
     e.add_argument("model", type=Path, help="detector run directory, checkpoint or models/NAME")
-    e.add_argument("--data", type=Path, required=True, help="directory with detection_labels.json (trn-detect label/build)")
+    e.add_argument("--data", type=Path, nargs="+", required=True,
+                   help="directory with detection_labels.json (trn-detect label/build); with several, each build is "
+                        "reported and one summary pools their frames (AP from all their detections ranked together)")
     e.add_argument("--split", choices=("train", "val", "test"), default=None,
                    help="frames to evaluate (default: test when present, else val)")
     e.add_argument("--threshold", type=float_between(0.0, 1.0), default=None,
@@ -671,7 +697,9 @@ def main(argv: list[str] | None = None) -> int:
                    help="the elevation source the frames were rendered from (../shared/data/moon, or a built-in "
                         "world's .world): adds recall by each crater's relief (depth / diameter) in it")
     _scale_options(e, "frame")
-    e.add_argument("--json", type=Path, default=None, help="write the whole report as JSON")
+    e.add_argument("--json", type=Path, default=None,
+                   help="write the whole report as JSON (several builds: their reports under 'builds', the pooled "
+                        "summary under 'pooled')")
     e.set_defaults(fn=_eval)
 
     r = sub.add_parser("run", help="detect craters on images of any size (tiled at the detector's scale) or folders; "
