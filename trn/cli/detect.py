@@ -141,27 +141,27 @@ def _eval(args) -> int:
 
     from trn.detect.evaluate import summarise
 
+    if len({d.resolve() for d in args.data}) != len(args.data):
+        raise ConfigError(f"--data names a build twice ({[str(d) for d in args.data]}); give each once")
     model, chosen, path, gate, _ = _load_model(args.model)
     threshold = chosen if args.threshold is None else args.threshold
     gate = gate if args.gate_km is None else (args.gate_km or None)
     bands = _bands(args)
-    if len({d.resolve() for d in args.data}) != len(args.data):
-        raise ConfigError(f"--data names a build twice ({[str(d) for d in args.data]}); give each once")
+    common = {"model": str(path), "gate_km": gate,
+              "threshold_source": "chosen on validation frames" if args.threshold is None else "--threshold"}
     reps, matches = [], []
     for data in args.data:
         rep, ev = _eval_build(model, data, args, threshold, gate, bands)
-        rep.update({"model": str(path), "gate_km": gate,
-                    "threshold_source": "chosen on validation frames" if args.threshold is None else "--threshold"})
         reps.append(rep)
         matches += ev.matches
-    doc = reps[0]
-    if len(reps) > 1:  # one summary over every build's frames: AP from all their detections ranked together
+    if len(reps) == 1:
+        doc = {**reps[0], **common}
+    else:  # one summary over every build's frames: AP from all their detections ranked together
         pooled = summarise(matches, threshold).to_dict()
         print(f"pooled over {len(reps)} builds ({len(matches)} frames, {pooled['labels']} labelled craters), score >= "
               f"{threshold}: precision {pooled['precision']:.4f}, recall {pooled['recall']:.4f}, F1 "
               f"{pooled['f1']:.4f}; AP@0.5 {pooled['ap50']:.4f}")
-        doc = {"pooled": pooled, "frames": len(matches), "builds": reps, "model": str(path), "gate_km": gate,
-               "threshold": threshold}
+        doc = {"pooled": pooled, "frames": len(matches), "threshold": threshold, "builds": reps, **common}
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(doc, indent=1) + "\n", encoding="utf-8")
