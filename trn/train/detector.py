@@ -461,10 +461,11 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
     average, averaged = None, 0  # the running mean of the weights from epoch cfg.average_from on
     if resume and (out / "last.pt").is_file():
         ck = load_checked(out / "last.pt", fmt=CHECKPOINT_FORMAT, what="detector")
-        # a run may resume on another number of CPU threads: that changes how fast it trains, not what
-        if replace(DetectTrainConfig.from_dict(ck["train_config"]), threads=cfg.threads) != cfg:
+        # a run may resume on another number of CPU threads (how fast it trains, not what) and with its
+        # starting weights at another path (another machine's home): resuming loads last.pt, not init
+        if replace(DetectTrainConfig.from_dict(ck["train_config"]), threads=cfg.threads, init=cfg.init) != cfg:
             raise ConfigError(f"{out / 'last.pt'} was trained with other settings; resume with the same config "
-                              "(threads apart) or choose another --out")
+                              "(threads and init apart) or choose another --out")
         load_state(model, ck["model"], out / "last.pt", "detector")
         opt.load_state_dict(ck["optimizer"])
         history, start = ck["history"], ck["epoch"]
