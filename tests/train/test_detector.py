@@ -160,6 +160,14 @@ def test_training_resumes_on_other_threads_and_refuses_other_settings(det_run):
     assert len(train_detector(moved, root / "run", resume=True)) == 2
     model, meta = load_detector(root / "run" / "best.pt")
     assert isinstance(model, CraterDetector) and meta["epoch"] in (1, 2)
+    # a fine-tune resumed on a fresh machine: the init its state records no longer exists there
+    for ext in ("", ".sha256"):
+        shutil.copy(root / "run" / f"best.pt{ext}", root / f"gone.pt{ext}")
+    tuned = DetectTrainConfig(**{**cfg.__dict__, "init": str(root / "gone.pt"), "epochs": 2})
+    train_detector(tuned, root / "tuned-away", stop_after=1)
+    (root / "gone.pt").unlink()
+    again = DetectTrainConfig(**{**tuned.__dict__, "init": str(root / "elsewhere.pt")})
+    assert len(train_detector(again, root / "tuned-away", resume=True)) == 2
 
 
 def test_fine_tuning_starts_from_the_given_weights_and_refuses_another_architecture(det_run):

@@ -463,7 +463,8 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
         ck = load_checked(out / "last.pt", fmt=CHECKPOINT_FORMAT, what="detector")
         # a run may resume on another number of CPU threads (how fast it trains, not what) and with its
         # starting weights at another path (another machine's home): resuming loads last.pt, not init
-        if replace(DetectTrainConfig.from_dict(ck["train_config"]), threads=cfg.threads, init=cfg.init) != cfg:
+        # (the stored init is not checked for existence: on a fresh machine it names a path that is gone)
+        if DetectTrainConfig.from_dict({**ck["train_config"], "threads": cfg.threads, "init": cfg.init}) != cfg:
             raise ConfigError(f"{out / 'last.pt'} was trained with other settings; resume with the same config "
                               "(threads and init apart) or choose another --out")
         load_state(model, ck["model"], out / "last.pt", "detector")
