@@ -57,13 +57,16 @@ def mosaic(root: Path, out: Path) -> Path:
 
 def run_model(model: Path, image: Path, out: Path) -> dict:
     cmd = ["trn-detect", "run", str(model), str(image), "--out", str(out)]
-    t = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    _, status, usage = os.wait4(proc.pid, 0)
-    wall = time.perf_counter() - t
-    err = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+    out.mkdir(parents=True, exist_ok=True)
+    log = out / "stderr.log"  # a file, not a pipe: a pipe nobody reads while waiting fills and stalls the run
+    with log.open("wb") as err:
+        t = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        wall = time.perf_counter() - t
     if os.waitstatus_to_exitcode(status) != 0:
-        raise SystemExit(f"{' '.join(cmd)} failed:\n{err[-2000:]}")
+        raise SystemExit(f"{' '.join(cmd)} failed (its stderr: {log}):\n"
+                         f"{log.read_text(encoding='utf-8', errors='replace')[-2000:]}")
     doc = json.loads((out / "detections.json").read_text(encoding="utf-8"))["images"][0]
     mp = SIDE * SIDE / 1e6
     return {"model": str(model), "command": " ".join(cmd), "wall_s": round(wall, 2),
