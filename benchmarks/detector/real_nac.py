@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import itertools
 import json
 import logging
 import sys
@@ -306,18 +307,22 @@ def _cached_boxes(maps, images, factor: float, input_size: int, cache: Path) -> 
     return out
 
 
-def _combos(scales: list[float], edges: list[float], max_scales: int = 3) -> list[list[ScaleBand]]:
-    """One scale alone; two scales with every boundary of ``edges``; the finest, a middle and the
-    coarsest scale with every increasing pair of boundaries (up to ``max_scales`` scales)."""
+def _combos(scales: list[float], edges: list[float], max_scales: int = 3,
+            all_triples: bool = False) -> list[list[ScaleBand]]:
+    """One scale alone; two scales with every boundary of ``edges``; three scales with every
+    increasing pair of boundaries (up to ``max_scales`` scales): the finest, a middle and the
+    coarsest, or with ``all_triples`` every three scales, finest first."""
     fs = sorted(scales, reverse=True)
     out = [[ScaleBand(f)] for f in fs]
     for i, f in enumerate(fs):
         for g in fs[i + 1:]:
             out += [[ScaleBand(f, 0.0, e), ScaleBand(g, e)] for e in edges] if max_scales >= 2 else []
-    if len(fs) >= 3 and max_scales >= 3:
-        for m in fs[1:-1]:
-            out += [[ScaleBand(fs[0], 0.0, e1), ScaleBand(m, e1, e2), ScaleBand(fs[-1], e2)]
-                    for e1 in edges for e2 in edges if e2 > e1]
+    if len(fs) < 3 or max_scales < 3:
+        return out
+    triples = (itertools.combinations(fs, 3) if all_triples else ((fs[0], m, fs[-1]) for m in fs[1:-1]))
+    for f, m, g in triples:
+        out += [[ScaleBand(f, 0.0, e1), ScaleBand(m, e1, e2), ScaleBand(g, e2)]
+                for e1 in edges for e2 in edges if e2 > e1]
     return out
 
 
@@ -340,7 +345,7 @@ def cmd_sweep(args) -> int:
     cached = {f: _cached_boxes(maps, images, f, model.cfg.input_size, args.cache) for f in scales}
     edges = [float(v) for v in args.edges.split(",")]
     rows = []
-    for bands in _combos(scales, edges, args.max_scales):
+    for bands in _combos(scales, edges, args.max_scales, args.all_triples):
         matches, ranged = [], []
         for k, im in enumerate(images):
             d, _ = merge_bands([_above(cached[b.factor][k], args.floor) for b in bands], bands)
@@ -514,6 +519,8 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--edges", default="12,16,20,24,28,32,40,48,64", help="band boundaries to try, image px")
     w.add_argument("--cache", type=Path, required=True, help="directory for each scale's boxes")
     w.add_argument("--max-scales", type=int, choices=(1, 2, 3), default=3, help="most scales in a combination")
+    w.add_argument("--all-triples", action="store_true",
+                   help="every three scales in a combination (default: the finest, a middle and the coarsest)")
     w.add_argument("--floor", type=float, default=0.01,
                    help="lowest score kept (default 0.01, as score has it; a higher floor is faster, and AP "
                         "then counts only the boxes above it)")

@@ -246,3 +246,19 @@ def test_training_frames_of_another_set_hold_its_train_and_validation_tiles_only
     names = "".join(settings.get("settings", settings).get("images", []))
     assert all(f"MC11E-{t}" not in names for t in "DFKL")  # the test tiles are never written
     assert all(f"MC11E-{t}" in names for t in "ABCEGHIJ")
+
+
+def test_the_scale_sweep_tries_every_triple_of_scales_only_when_asked() -> None:
+    combos = _real_nac()._combos
+    scales, edges = [0.5, 2.5, 1, 2], [16, 32]
+
+    def triples(rows):
+        return {tuple(b.factor for b in r) for r in rows if len(r) == 3}
+
+    narrow, wide = combos(scales, edges), combos(scales, edges, all_triples=True)
+    assert triples(narrow) == {(2.5, 2, 0.5), (2.5, 1, 0.5)}  # the finest and coarsest always
+    assert triples(wide) == {(2.5, 2, 1), (2.5, 2, 0.5), (2.5, 1, 0.5), (2, 1, 0.5)}
+    assert len(wide) == 4 + 6 * 2 + 4 * 1  # alone, pairs at each edge, triples at each increasing pair
+    for r in wide:  # bands tile the sizes: each starts where the one before ends, finest first
+        assert r[0].min_px == 0 and r[-1].max_px == float("inf")
+        assert all(a.max_px == b.min_px and a.factor > b.factor for a, b in zip(r, r[1:]))
