@@ -334,6 +334,7 @@ def _above(boxes_scores: tuple[np.ndarray, np.ndarray], floor: float) -> tuple[n
 def cmd_sweep(args) -> int:
     import torch
 
+    part, parts = _part(args.part)
     torch.set_num_threads(args.threads)
     if args.split == "test":
         raise SystemExit("settings are chosen on validation images only; the test split is scored once with score")
@@ -345,7 +346,7 @@ def cmd_sweep(args) -> int:
     cached = {f: _cached_boxes(maps, images, f, model.cfg.input_size, args.cache) for f in scales}
     edges = [float(v) for v in args.edges.split(",")]
     rows = []
-    for bands in _combos(scales, edges, args.max_scales, args.all_triples):
+    for bands in _combos(scales, edges, args.max_scales, args.all_triples)[part::parts]:
         matches, ranged = [], []
         for k, im in enumerate(images):
             d, _ = merge_bands([_above(cached[b.factor][k], args.floor) for b in bands], bands)
@@ -370,10 +371,40 @@ def cmd_sweep(args) -> int:
         args.json.write_text(json.dumps({"set": args.set, "split": args.split, "model": str(args.model),
                                          "labels": int(sum(len(im.boxes) for im in images)),
                                          "min_labelled_side_px": min_side, "max_labelled_side_px": max_side,
-                                         "floor": args.floor,
+                                         "floor": args.floor, "part": [part, parts],
                                          "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
                                          "rows": rows}, indent=1) + "\n", encoding="utf-8")
     return 0
+
+
+def _part(spec: str) -> tuple[int, int]:
+    """``K/N`` (the K-th of N equal shares of the combinations, from 0) as (K, N)."""
+    try:
+        k, n = (int(v) for v in spec.split("/"))
+    except ValueError:
+        raise SystemExit(f"--part {spec!r}: expected K/N, e.g. 0/2") from None
+    if not 0 <= k < n:
+        raise SystemExit(f"--part {spec!r}: expected 0 <= K < N")
+    return k, n
+
+
+def _joined(docs: list[dict]) -> list[dict]:
+    """Sweeps of one set cut into parts (``--part``) joined into one: every part of the same N once,
+    the same floor; sweeps of a set run whole pass as they are."""
+    by_set: dict[str, list[dict]] = {}
+    for d in docs:
+        by_set.setdefault(d.get("set", SET), []).append(d)
+    out = []
+    for name, ds in by_set.items():
+        parts = sorted(tuple(d.get("part", (0, 1))) for d in ds)
+        n = parts[0][1]
+        if parts != [(k, n) for k in range(n)]:
+            raise SystemExit(f"set {name}: sweeps of parts {parts}; expected each of 0/{n} to {n - 1}/{n} once "
+                             "(each set once, whole or in all its parts)")
+        if len({d.get("model") for d in ds}) != 1:
+            raise SystemExit(f"set {name}: parts of sweeps of different models {sorted({str(d.get('model')) for d in ds})}")
+        out.append(dict(ds[0], rows=[r for d in ds for r in d["rows"]], part=[0, 1]))
+    return out
 
 
 def _key(bands) -> str:
@@ -384,14 +415,12 @@ def cmd_choose(args) -> int:
     """The combinations every sweep scored, ranked by the mean of their labelled-range F1s (each at
     its own best-F1 threshold)."""
     docs = [json.loads(Path(p).read_text(encoding="utf-8")) for p in args.sweeps]
-    sets = [d.get("set", SET) for d in docs]
-    if len(set(sets)) != len(sets):
-        raise SystemExit(f"each sweep must be of another set; got {sets}")
     floors = {d.get("floor") for d in docs}
     if len(floors) != 1:
         raise SystemExit(f"the sweeps kept boxes above different floors {sorted(map(str, floors))}: run them alike")
     for p, d in zip(args.sweeps, docs):  # the weights are the caller's to check: a path may name a copy
-        print(f"{p}: set {d.get('set', SET)}, model {d.get('model', 'not recorded')}")
+        print(f"{p}: set {d.get('set', SET)}, part {d.get('part', [0, 1])}, model {d.get('model', 'not recorded')}")
+    docs = _joined(docs)
     per = [{_key(r["bands"]): r for r in d["rows"]} for d in docs]
     shared = set(per[0]).intersection(*per[1:])
     if not shared:
@@ -524,13 +553,15 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--floor", type=float, default=0.01,
                    help="lowest score kept (default 0.01, as score has it; a higher floor is faster, and AP "
                         "then counts only the boxes above it)")
+    w.add_argument("--part", default="0/1", help="K/N: only every N-th combination from the K-th, so that N "
+                                                 "processes share a sweep; choose joins the parts (default 0/1)")
     w.add_argument("--top", type=int, default=15, help="rows printed (by F1 over the labelled range)")
     w.add_argument("--threads", type=int, default=1)
     w.add_argument("--json", type=Path)
     w.set_defaults(fn=cmd_sweep)
     c = sub.add_parser("choose", help="validation: the combinations several sweeps share, by the mean of their "
                                       "labelled-range F1s")
-    c.add_argument("sweeps", type=Path, nargs="+", help="sweep JSON files, one a set")
+    c.add_argument("sweeps", type=Path, nargs="+", help="sweep JSON files, one a set or one a part of a set")
     c.add_argument("--top", type=int, default=12)
     c.add_argument("--json", type=Path)
     c.set_defaults(fn=cmd_choose)

@@ -262,3 +262,30 @@ def test_the_scale_sweep_tries_every_triple_of_scales_only_when_asked() -> None:
     for r in wide:  # bands tile the sizes: each starts where the one before ends, finest first
         assert r[0].min_px == 0 and r[-1].max_px == float("inf")
         assert all(a.max_px == b.min_px and a.factor > b.factor for a, b in zip(r, r[1:]))
+
+
+def test_a_sweep_cut_into_parts_is_joined_only_when_every_part_is_there(tmp_path: Path) -> None:
+    import json
+
+    real_nac = _real_nac()
+    rows = [{"bands": [[f, 0.0, "inf"]], "labelled_range": {"f1": f / 10, "threshold": 0.3}, "every_detection": {}}
+            for f in (3.0, 2.0, 1.0)]
+
+    def sweep(name, set_, part, rs, model="m"):
+        path = tmp_path / name
+        path.write_text(json.dumps({"set": set_, "floor": 0.1, "model": model, "part": part, "rows": rs}))
+        return str(path)
+
+    a0 = sweep("a0.json", "francis-ctx-mars", [0, 2], rows[0::2])
+    a1 = sweep("a1.json", "francis-ctx-mars", [1, 2], rows[1::2])
+    b = sweep("b.json", "themis-dayir-mars", [0, 1], rows)
+    out = tmp_path / "choice.json"
+    assert real_nac.main(["choose", a0, a1, b, "--json", str(out)]) == 0
+    chosen = json.loads(out.read_text())
+    assert chosen["combinations"] == 3 and chosen["rows"][0]["bands"] == [[3.0, 0.0, "inf"]]
+    with pytest.raises(SystemExit, match="expected each of 0/2 to 1/2 once"):
+        real_nac.main(["choose", a0, b])  # a part left out would rank only half the combinations
+    with pytest.raises(SystemExit, match="different models"):
+        real_nac.main(["choose", a0, sweep("c.json", "francis-ctx-mars", [1, 2], rows[1::2], model="other"), b])
+    with pytest.raises(SystemExit, match="--part"):
+        real_nac.main(["sweep", "m", "--root", str(tmp_path), "--scales", "1", "--cache", str(tmp_path), "--part", "2/2"])
