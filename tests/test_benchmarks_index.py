@@ -15,8 +15,9 @@ OUTPUTS = ROOT / "docs" / "benchmarks"
 INDEX = BENCHMARKS / "README.md"
 
 # A path a page names: a benchmark script, or a file under docs/ (the names end at a space, a
-# quote, a backtick, a bracket or a comma; a trailing full stop is not part of the name).
-NAMED = re.compile(r"(?<![\w/.-])((?:benchmarks/[\w/]+\.py)|(?:docs/bench[\w/.*-]*\.(?:txt|json|png)))")
+# quote, a backtick, a bracket or a comma; a trailing full stop is not part of the name; a compressed
+# output keeps its .gz).
+NAMED = re.compile(r"(?<![\w/.-])((?:benchmarks/[\w/]+\.py)|(?:docs/bench[\w/.*-]*\.(?:txt|json|png)(?:\.gz)?))(?!\.?\w)")
 
 
 def named_paths(text: str) -> set[str]:
