@@ -372,6 +372,8 @@ def cmd_sweep(args) -> int:
                                          "labels": int(sum(len(im.boxes) for im in images)),
                                          "min_labelled_side_px": min_side, "max_labelled_side_px": max_side,
                                          "floor": args.floor, "part": [part, parts],
+                                         "grid": {"scales": sorted(scales, reverse=True), "edges": edges,
+                                                  "max_scales": args.max_scales, "all_triples": args.all_triples},
                                          "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
                                          "rows": rows}, indent=1) + "\n", encoding="utf-8")
     return 0
@@ -390,7 +392,8 @@ def _part(spec: str) -> tuple[int, int]:
 
 def _joined(docs: list[dict]) -> list[dict]:
     """Sweeps of one set cut into parts (``--part``) joined into one: every part of the same N once,
-    the same floor; sweeps of a set run whole pass as they are."""
+    of the same weights and the same grid of scales and edges; sweeps of a set run whole pass as
+    they are."""
     by_set: dict[str, list[dict]] = {}
     for d in docs:
         by_set.setdefault(d.get("set", SET), []).append(d)
@@ -403,6 +406,8 @@ def _joined(docs: list[dict]) -> list[dict]:
                              "(each set once, whole or in all its parts)")
         if len({d.get("model") for d in ds}) != 1:
             raise SystemExit(f"set {name}: parts of sweeps of different models {sorted({str(d.get('model')) for d in ds})}")
+        if len({json.dumps(d.get("grid"), sort_keys=True) for d in ds}) != 1:
+            raise SystemExit(f"set {name}: parts of sweeps of different scales, edges or triples: run the parts alike")
         out.append(dict(ds[0], rows=[r for d in ds for r in d["rows"]], part=[0, 1]))
     return out
 

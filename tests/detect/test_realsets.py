@@ -271,9 +271,10 @@ def test_a_sweep_cut_into_parts_is_joined_only_when_every_part_is_there(tmp_path
     rows = [{"bands": [[f, 0.0, "inf"]], "labelled_range": {"f1": f / 10, "threshold": 0.3}, "every_detection": {}}
             for f in (3.0, 2.0, 1.0)]
 
-    def sweep(name, set_, part, rs, model="m"):
+    def sweep(name, set_, part, rs, model="m", grid=None):
         path = tmp_path / name
-        path.write_text(json.dumps({"set": set_, "floor": 0.1, "model": model, "part": part, "rows": rs}))
+        path.write_text(json.dumps({"set": set_, "floor": 0.1, "model": model, "part": part, "rows": rs,
+                                    "grid": grid or {"scales": [3.0, 2.0, 1.0]}}))
         return str(path)
 
     a0 = sweep("a0.json", "francis-ctx-mars", [0, 2], rows[0::2])
@@ -287,5 +288,7 @@ def test_a_sweep_cut_into_parts_is_joined_only_when_every_part_is_there(tmp_path
         real_nac.main(["choose", a0, b])  # a part left out would rank only half the combinations
     with pytest.raises(SystemExit, match="different models"):
         real_nac.main(["choose", a0, sweep("c.json", "francis-ctx-mars", [1, 2], rows[1::2], model="other"), b])
+    with pytest.raises(SystemExit, match="different scales"):
+        real_nac.main(["choose", a0, sweep("d.json", "francis-ctx-mars", [1, 2], rows[1::2], grid={"scales": [1.0]}), b])
     with pytest.raises(SystemExit, match="--part"):
         real_nac.main(["sweep", "m", "--root", str(tmp_path), "--scales", "1", "--cache", str(tmp_path), "--part", "2/2"])
