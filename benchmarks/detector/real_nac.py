@@ -326,6 +326,14 @@ def _combos(scales: list[float], edges: list[float], max_scales: int = 3,
     return out
 
 
+def _shared_fine_combos(scales: list[float], edges: list[float]) -> list[list[ScaleBand]]:
+    """Two fine scales f > g that both keep the boxes under each boundary of ``edges`` (their
+    boxes of one crater joined by the one NMS) and the coarsest scale the boxes above it."""
+    fs = sorted(scales, reverse=True)
+    return [[ScaleBand(f, 0.0, e), ScaleBand(g, 0.0, e), ScaleBand(fs[-1], e)]
+            for f, g in itertools.combinations(fs[:-1], 2) for e in edges]
+
+
 def _above(boxes_scores: tuple[np.ndarray, np.ndarray], floor: float) -> tuple[np.ndarray, np.ndarray]:
     b, s = boxes_scores
     return b[s >= floor], s[s >= floor]
@@ -346,7 +354,9 @@ def cmd_sweep(args) -> int:
     cached = {f: _cached_boxes(maps, images, f, model.cfg.input_size, args.cache) for f in scales}
     edges = [float(v) for v in args.edges.split(",")]
     rows = []
-    for bands in _combos(scales, edges, args.max_scales, args.all_triples)[part::parts]:
+    combos = (_shared_fine_combos(scales, edges) if args.shared_fine
+              else _combos(scales, edges, args.max_scales, args.all_triples))
+    for bands in combos[part::parts]:
         matches, ranged = [], []
         for k, im in enumerate(images):
             d, _ = merge_bands([_above(cached[b.factor][k], args.floor) for b in bands], bands)
@@ -373,7 +383,8 @@ def cmd_sweep(args) -> int:
                                          "min_labelled_side_px": min_side, "max_labelled_side_px": max_side,
                                          "floor": args.floor, "part": [part, parts],
                                          "grid": {"scales": sorted(scales, reverse=True), "edges": edges,
-                                                  "max_scales": args.max_scales, "all_triples": args.all_triples},
+                                                  "max_scales": args.max_scales, "all_triples": args.all_triples,
+                                                  "shared_fine": args.shared_fine},
                                          "command": "python " + " ".join(sys.argv), "date": time.strftime("%Y-%m-%d"),
                                          "rows": rows}, indent=1) + "\n", encoding="utf-8")
     return 0
@@ -555,6 +566,9 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--max-scales", type=int, choices=(1, 2, 3), default=3, help="most scales in a combination")
     w.add_argument("--all-triples", action="store_true",
                    help="every three scales in a combination (default: the finest, a middle and the coarsest)")
+    w.add_argument("--shared-fine", action="store_true",
+                   help="instead: two fine scales both keeping the boxes under each boundary, the coarsest scale "
+                        "the boxes above it")
     w.add_argument("--floor", type=float, default=0.01,
                    help="lowest score kept (default 0.01, as score has it; a higher floor is faster, and AP "
                         "then counts only the boxes above it)")

@@ -264,6 +264,14 @@ def test_the_scale_sweep_tries_every_triple_of_scales_only_when_asked() -> None:
         assert all(a.max_px == b.min_px and a.factor > b.factor for a, b in zip(r, r[1:]))
 
 
+def test_the_shared_fine_sweep_runs_two_fine_scales_over_the_same_small_craters() -> None:
+    rows = _real_nac()._shared_fine_combos([0.5, 2.5, 1.5, 1], [24, 48])
+    assert len(rows) == 3 * 2  # the pairs of the three fine scales, at each boundary
+    for (f, g, c) in rows:
+        assert f.factor > g.factor > c.factor == 0.5
+        assert f.min_px == g.min_px == 0 and f.max_px == g.max_px == c.min_px and c.max_px == float("inf")
+
+
 def test_a_sweep_cut_into_parts_is_joined_only_when_every_part_is_there(tmp_path: Path) -> None:
     import json
 
