@@ -327,8 +327,8 @@ def _combos(scales: list[float], edges: list[float], max_scales: int = 3,
 
 
 def _shared_fine_combos(scales: list[float], edges: list[float]) -> list[list[ScaleBand]]:
-    """Two fine scales f > g that both keep the boxes under each boundary of ``edges`` (their
-    boxes of one crater joined by the one NMS) and the coarsest scale the boxes above it."""
+    """Two fine scales f > g that both keep the boxes under each boundary of ``edges`` (both enter
+    the one NMS) and the coarsest scale the boxes above it."""
     fs = sorted(scales, reverse=True)
     return [[ScaleBand(f, 0.0, e), ScaleBand(g, 0.0, e), ScaleBand(fs[-1], e)]
             for f, g in itertools.combinations(fs[:-1], 2) for e in edges]
@@ -564,9 +564,10 @@ def main(argv: list[str] | None = None) -> int:
     w.add_argument("--edges", default="12,16,20,24,28,32,40,48,64", help="band boundaries to try, image px")
     w.add_argument("--cache", type=Path, required=True, help="directory for each scale's boxes")
     w.add_argument("--max-scales", type=int, choices=(1, 2, 3), default=3, help="most scales in a combination")
-    w.add_argument("--all-triples", action="store_true",
+    family = w.add_mutually_exclusive_group()
+    family.add_argument("--all-triples", action="store_true",
                    help="every three scales in a combination (default: the finest, a middle and the coarsest)")
-    w.add_argument("--shared-fine", action="store_true",
+    family.add_argument("--shared-fine", action="store_true",
                    help="instead: two fine scales both keeping the boxes under each boundary, the coarsest scale "
                         "the boxes above it")
     w.add_argument("--floor", type=float, default=0.01,
