@@ -64,6 +64,7 @@ sys.path.insert(0, str(ROOT))
 from trn.detect.evaluate import (best_f1_threshold, match_frame, match_frame_min_side, pr_curve,  # noqa: E402
                                  summarise)
 from trn.detect.model import STRIDE, chosen_threshold, load_detector  # noqa: E402
+from trn.errors import ConfigError  # noqa: E402
 from trn.detect.realsets import LABELLED_SIDE_PX, real_images, write_tile_frames  # noqa: E402
 from trn.detect.tiles import (ArraySource, ScaleBand, detect_multiscale, merge_bands, parse_bands,  # noqa: E402
                               TTA_VIEWS, symmetry_averaged, tile_boxes, torch_maps)
@@ -203,7 +204,11 @@ def cmd_frames(args) -> int:
                          f"{', '.join(TRAINABLE_SETS)}")
     if args.val is not None and args.set != SET:
         raise SystemExit(f"--val names NAC observations of {SET}; drop it with --set {args.set}")
-    images = real_images(args.set, args.root, "train") + real_images(args.set, args.root, "val")
+    try:
+        images = [im for split in ("train", "val")
+                  for im in real_images(args.set, args.root, split, doubtful=args.doubtful)]
+    except ConfigError as exc:
+        raise SystemExit(f"--doubtful: {exc}") from None
     if args.val is None and args.other_val != "train":
         raise SystemExit("--other-val goes with --val (the validation observations to keep)")
     if args.val is not None:
@@ -527,6 +532,9 @@ def main(argv: list[str] | None = None) -> int:
                                  "validation observations go by --other-val (default: the set's own split)")
     f.add_argument("--other-val", choices=("train", "drop"), default="train",
                    help="with --val: the other validation observations are trained on (train) or left out (drop)")
+    f.add_argument("--doubtful", action="store_true",
+                   help="also write the boxes the labels leave in doubt (fewer annotators than the set asks), "
+                        "flagged: training ignores them (francis-ctx-mars)")
     f.set_defaults(fn=cmd_frames)
     s = sub.add_parser("score", help="whole images of a split, tiled, against every label")
     s.add_argument("model", type=Path, help="a run directory, checkpoint or model directory")

@@ -53,6 +53,51 @@ def test_tiles_carry_the_labels_at_their_scale_and_place(tmp_path: Path) -> None
     assert [b.box for b in last.boxes] == [(156, 236, 156, 236)]
 
 
+def test_doubtful_boxes_go_to_the_tiles_flagged_and_training_ignores_them(tmp_path: Path) -> None:
+    import json
+
+    from trn.detect.evaluate import summarise
+    from trn.detect.boxes import Detections
+    from trn.detect.run import _matched
+    from trn.train.detector import load_frames
+
+    png = tmp_path / "M1_x.png"
+    cv2.imwrite(str(png), np.full((128, 128), 100, np.uint8))  # one tile of 256 px at factor 2
+    sure = np.array([[10, 30, 20, 40]], np.float32)
+    unsure = np.array([[60, 80, 60, 80]], np.float32)
+    write_tile_frames([RealImage(png, "M1", "train", sure, unsure)], tmp_path / "d", factor=2.0, size=256)
+    (f,) = read_labels(tmp_path / "d").split("train")
+    assert [(b.box, b.doubtful) for b in f.boxes] == [((20, 60, 40, 80), False), ((120, 160, 120, 160), True)]
+    assert json.loads((tmp_path / "d" / "detection_labels.json").read_text())["settings"]["doubtful_boxes"] == 1
+    fs = load_frames([str(tmp_path / "d")], "train", 256)
+    assert fs.ignore[0].tolist() == [False, True]  # no peak and no negative loss inside it
+    # a detection on the doubtful box is neither a hit nor a false detection
+    m = _matched(Detections(np.array([[20, 60, 40, 80], [120, 160, 120, 160]], np.float32),
+                            np.array([0.9, 0.8], np.float32)), f)
+    assert (summarise([m], 0.5).precision, summarise([m], 0.5).recall) == (1.0, 1.0)
+    # without doubtful boxes the labels are written as before: no flag in the file
+    write_tile_frames([RealImage(png, "M1", "train", sure)], tmp_path / "p", factor=2.0, size=256)
+    doc = json.loads((tmp_path / "p" / "detection_labels.json").read_text())
+    assert "doubtful" not in doc["frames"][0]["boxes"][0] and "doubtful_boxes" not in doc["settings"]
+    # a flag that is not true or false is refused by name
+    doc["frames"][0]["boxes"][0]["doubtful"] = "yes"
+    (tmp_path / "p" / "detection_labels.json").write_text(json.dumps(doc))
+    with pytest.raises(DataError, match="doubtful"):
+        read_labels(tmp_path / "p")
+
+
+def test_doubtful_boxes_are_refused_for_a_set_whose_labels_carry_no_agreement(tmp_path: Path) -> None:
+    from trn.detect.realsets import real_images
+    from trn.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="francis-ctx-mars"):
+        real_images("craterdanet-nac", tmp_path, "train", doubtful=True)
+    with pytest.raises(SystemExit, match="--doubtful"):
+        _real_nac().main(["frames", "--set", "themis-dayir-mars", "--root", str(tmp_path), "--factor", "2",
+                          "--out", str(tmp_path / "t"), "--doubtful"])
+    assert not (tmp_path / "t").exists()
+
+
 def test_corner_label_files_are_read_and_bad_lines_refused(tmp_path: Path) -> None:
     (tmp_path / "a.txt").write_text("10.5 20 30.5 44\n\n1 2 3 4\n")
     np.testing.assert_array_equal(read_corner_boxes(tmp_path / "a.txt"), [[10.5, 30.5, 20, 44], [1, 3, 2, 4]])
@@ -96,6 +141,8 @@ def test_voc_files_are_read_with_their_annotators_agreement_and_bad_ones_refused
     np.testing.assert_array_equal(read_voc_boxes(tmp_path / "a.xml"), [[10, 16, 20, 27], [1, 4, 2, 6], [5, 9, 5, 9]])
     # the agreement filter keeps boxes of enough annotators, and boxes that carry no agreement (an expert's)
     np.testing.assert_array_equal(read_voc_boxes(tmp_path / "a.xml", 2), [[10, 16, 20, 27], [5, 9, 5, 9]])
+    # the boxes too few annotators drew: an upper bound keeps only boxes that carry an agreement
+    np.testing.assert_array_equal(read_voc_boxes(tmp_path / "a.xml", 0, 1), [[1, 4, 2, 6]])
     (tmp_path / "b.xml").write_text("<annotation>" + obj.format(10, 20, 10, 27, "") + "</annotation>")
     with pytest.raises(DataError, match="object 1"):
         read_voc_boxes(tmp_path / "b.xml")
@@ -246,6 +293,17 @@ def test_training_frames_of_another_set_hold_its_train_and_validation_tiles_only
     names = "".join(settings.get("settings", settings).get("images", []))
     assert all(f"MC11E-{t}" not in names for t in "DFKL")  # the test tiles are never written
     assert all(f"MC11E-{t}" in names for t in "ABCEGHIJ")
+    # with --doubtful the boxes of one annotator come too, flagged, and the others are unchanged
+    from trn.detect.realsets import real_images
+
+    assert _real_nac().main(["frames", "--set", "francis-ctx-mars", "--root", str(tmp_path / "set"), "--factor", "0.5",
+                             "--out", str(tmp_path / "g"), "--doubtful"]) == 0
+    ims = real_images("francis-ctx-mars", tmp_path / "set", "train", doubtful=True)
+    assert sum(len(im.doubtful) for im in ims) == 881 and sum(len(im.boxes) for im in ims) == 1912
+    assert real_images("francis-ctx-mars", tmp_path / "set", "test", doubtful=True)[0].doubtful.shape == (0, 4)
+    plain, flagged = (read_labels(tmp_path / d).frames for d in ("f", "g"))
+    assert [[b for b in f.boxes if not b.doubtful] for f in flagged] == [list(f.boxes) for f in plain]
+    assert any(b.doubtful for f in flagged for b in f.boxes)
 
 
 def test_the_scale_sweep_tries_every_triple_of_scales_only_when_asked() -> None:

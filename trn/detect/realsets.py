@@ -13,7 +13,7 @@ import hashlib
 import os
 import re
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -345,12 +345,15 @@ LABELLED_SIDE_PX = {"craterdanet-nac": (8.0, float("inf")), "robbins-ctx-mars": 
 @dataclass(frozen=True)
 class RealImage:
     """One labelled image of a set: path of its PNG; observation (NAC ``M`` number); split; boxes
-    float32 [k, 4] (l, r, t, b) in its pixels (x = column, y = row)."""
+    float32 [k, 4] (l, r, t, b) in its pixels (x = column, y = row); doubtful: boxes in the same
+    form that the set's labels leave in doubt (a crater fewer annotators drew than the set's rule
+    asks), which training treats as neither a crater nor background and no score counts."""
 
     path: Path
     observation: str
     split: str
     boxes: np.ndarray
+    doubtful: np.ndarray = field(default_factory=lambda: np.zeros((0, 4), np.float32))
 
 
 def observation_of(path: str | Path) -> str:
@@ -400,10 +403,11 @@ def read_corner_boxes(path: str | Path) -> np.ndarray:
     return np.array(rows, np.float32).reshape(-1, 4)
 
 
-def read_voc_boxes(path: str | Path, min_confidence: int = 0) -> np.ndarray:
+def read_voc_boxes(path: str | Path, min_confidence: int = 0, max_confidence: int | None = None) -> np.ndarray:
     """float32 [k, 4] (l, r, t, b) px of a Pascal VOC annotation file (``<object><bndbox>`` with
     ``xmin ymin xmax ymax``), keeping the objects whose ``<confidence>`` (when they have one) is at
-    least ``min_confidence``. The corners are taken as the file gives them (the rectangle's
+    least ``min_confidence`` and, with ``max_confidence``, at most that (then an object without a
+    confidence is not kept). The corners are taken as the file gives them (the rectangle's
     corners as drawn, the labelling tools' convention, not VOC's 1-based inclusive pixels). A file
     that is not such XML, declares entities, or has a box of no width or height, is refused by
     name."""
@@ -426,6 +430,8 @@ def read_voc_boxes(path: str | Path, min_confidence: int = 0) -> np.ndarray:
         box = obj.find("bndbox")
         try:
             if conf is not None and int(conf) < min_confidence:
+                continue
+            if max_confidence is not None and (conf is None or int(conf) > max_confidence):
                 continue
             x1, y1, x2, y2 = (float(box.findtext(k)) for k in ("xmin", "ymin", "xmax", "ymax"))
         except (TypeError, ValueError, AttributeError):
@@ -474,10 +480,12 @@ def _themis_images(root: Path, split: str | None) -> list[RealImage]:
     return out
 
 
-def _francis_images(root: Path, split: str | None, labels: str = "default") -> list[RealImage]:
+def _francis_images(root: Path, split: str | None, labels: str = "default",
+                    doubtful: bool = False) -> list[RealImage]:
     """The francis-ctx-mars tiles of ``split``: ``labels`` "default" gives the expert's boxes on
     the test tiles and the merged boxes of at least :data:`FRANCIS_MIN_CONFIDENCE` annotators on
-    the others; "merged" those merged boxes on every tile."""
+    the others; "merged" those merged boxes on every tile. With ``doubtful``, a tile scored against
+    the merged boxes also carries the boxes fewer annotators drew as doubtful."""
     out = []
     for rel in sorted(real_set("francis-ctx-mars").files):
         m = FRANCIS_TILE.fullmatch(rel)
@@ -494,7 +502,9 @@ def _francis_images(root: Path, split: str | None, labels: str = "default") -> l
                 raise DataError(f"missing; copy the set with trn-detect real-set francis-ctx-mars --from SNAPSHOT "
                                 f"--out {root}", f)
         boxes = read_voc_boxes(xml, 0 if expert else FRANCIS_MIN_CONFIDENCE)
-        out.append(RealImage(png, f"MC11E-{tile}", FRANCIS_SPLIT[tile], boxes))
+        unsure = (read_voc_boxes(xml, 0, FRANCIS_MIN_CONFIDENCE - 1) if doubtful and not expert
+                  else np.zeros((0, 4), np.float32))
+        out.append(RealImage(png, f"MC11E-{tile}", FRANCIS_SPLIT[tile], boxes, unsure))
     return out
 
 
@@ -544,15 +554,23 @@ def _ctx_images(root: Path) -> list[RealImage]:
     return [RealImage(ctx_mosaic(root), CTX_MOSAIC_NAME, "val", boxes)]
 
 
-def real_images(name: str, root: str | Path, split: str | None = None) -> list[RealImage]:
+# the sets whose labels say how sure each box is (the annotators who drew it)
+SETS_WITH_DOUBTFUL = ("francis-ctx-mars",)
+
+
+def real_images(name: str, root: str | Path, split: str | None = None, doubtful: bool = False) -> list[RealImage]:
     """The labelled PNG images of set ``name`` under ``root`` (a checked copy), with their split
-    (all splits when ``split`` is None), sorted by path."""
+    (all splits when ``split`` is None), sorted by path. With ``doubtful`` (a set of
+    :data:`SETS_WITH_DOUBTFUL` only) each image also carries the boxes its labels leave in doubt."""
     s = real_set(name)
     splits = SET_SPLITS[name]
+    if doubtful and name not in SETS_WITH_DOUBTFUL:
+        raise ConfigError(f"{name}'s labels do not say how sure a box is; doubtful boxes come with "
+                          f"{', '.join(SETS_WITH_DOUBTFUL)}")
     if name == "robbins-ctx-mars":
         return [] if split not in (None, splits[CTX_MOSAIC_NAME]) else _ctx_images(Path(root))
     if name == "francis-ctx-mars":
-        return _francis_images(Path(root), split)
+        return _francis_images(Path(root), split, doubtful=doubtful)
     if name == "themis-dayir-mars":
         return _themis_images(Path(root), split)
     out = []
@@ -575,7 +593,8 @@ def write_tile_frames(images: list[RealImage], out: str | Path, factor: float, s
     column ending at the image edge), a tile being one frame of ``size`` px, already at the
     network's input size, in the split of its image. A box is in the tile that holds its centre,
     clipped to the tile (``clipped`` set) and kept when both sides are at least ``min_box`` px
-    there. Frames have no altitude, Sun or position (0): the set has no georeference."""
+    there. An image's doubtful boxes go the same way, flagged ``doubtful`` (training ignores them).
+    Frames have no altitude, Sun or position (0): the set has no georeference."""
     import cv2
 
     from trn.data.datasets import luna1
@@ -584,7 +603,7 @@ def write_tile_frames(images: list[RealImage], out: str | Path, factor: float, s
 
     out = Path(out)
     (out / luna1.NAV_IMAGES).mkdir(parents=True, exist_ok=True)
-    frames, n = [], 0
+    frames, n, doubtful = [], 0, 0
     for im in images:
         a = cv2.imread(str(im.path), cv2.IMREAD_GRAYSCALE)
         if a is None:
@@ -592,17 +611,21 @@ def write_tile_frames(images: list[RealImage], out: str | Path, factor: float, s
         h0, w0 = a.shape
         h, w = (max(size, int(round(v * factor))) for v in (h0, w0))
         a = cv2.resize(a, (w, h), interpolation=cv2.INTER_AREA if factor < 1 else cv2.INTER_LINEAR)
-        b = im.boxes * np.array([w / w0, w / w0, h / h0, h / h0], np.float32)
+        # the labels, then the boxes the labels leave in doubt, flagged
+        b = np.concatenate([im.boxes, im.doubtful]) * np.array([w / w0, w / w0, h / h0, h / h0], np.float32)
+        unsure = np.arange(len(b)) >= len(im.boxes)
+        doubtful += len(im.doubtful)
         cx, cy = (b[:, 0] + b[:, 1]) / 2, (b[:, 2] + b[:, 3]) / 2
         for y in _starts(h, size, overlap):
             for x in _starts(w, size, overlap):
                 y0, x0 = int(y), int(x)
-                inside = (cx >= x0) & (cx < x0 + size) & (cy >= y0) & (cy < y0 + size)
+                inside = np.nonzero((cx >= x0) & (cx < x0 + size) & (cy >= y0) & (cy < y0 + size))[0]
                 t = b[inside] - np.array([x0, x0, y0, y0], np.float32)
                 c = np.clip(t, 0, size)
                 keep = (c[:, 1] - c[:, 0] >= min_box) & (c[:, 3] - c[:, 2] >= min_box)
                 clipped = (t != c).any(axis=1)
-                boxes = tuple(LabelledBox(int(k), tuple(int(round(v)) for v in c[k]), 0.0, 0.0, bool(clipped[k]))
+                boxes = tuple(LabelledBox(int(k), tuple(int(round(v)) for v in c[k]), 0.0, 0.0,
+                                          bool(clipped[k]), bool(unsure[inside[k]]))
                               for k in np.nonzero(keep)[0])
                 boxes = tuple(bx for bx in boxes if bx.box[1] > bx.box[0] and bx.box[3] > bx.box[2])
                 cv2.imwrite(str(out / luna1.NAV_IMAGES / f"{n}.png"), a[y0:y0 + size, x0:x0 + size])
@@ -610,4 +633,6 @@ def write_tile_frames(images: list[RealImage], out: str | Path, factor: float, s
                 n += 1
     settings = {"kind": "real-set tiles", "images": [str(im.path) for im in images], "factor": factor,
                 "tile_px": size, "overlap_px": overlap, "min_box_px": min_box}
+    if doubtful:
+        settings["doubtful_boxes"] = doubtful
     return write_labels(out, settings, frames)

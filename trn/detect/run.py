@@ -97,6 +97,16 @@ def detect_frames_multiscale(model: CraterDetector, frames: list[np.ndarray], ba
                               progress=False).detections for f in frames]
 
 
+def _matched(d: Detections, f: LabelledFrame) -> FrameMatch:
+    """A frame's detections matched against its labels, the boxes marked doubtful counting neither
+    way (a detection on one is left out)."""
+    boxes = np.array([b.box for b in f.boxes], np.float32).reshape(-1, 4)
+    unsure = np.array([b.doubtful for b in f.boxes], bool)
+    if not unsure.any():
+        return match_frame(d.boxes, d.scores, boxes)
+    return match_frame_ignoring(d.boxes, d.scores, boxes[~unsure], boxes[unsure])
+
+
 def evaluate(model: CraterDetector, labels: DetectionLabels, split: str, threshold: float,
              floor: float = 0.01, gate_km: float | None = None, bands=None) -> Evaluation:
     """Run the detector on every frame of ``split`` (scores down to ``floor``, for AP), drop boxes
@@ -113,8 +123,7 @@ def evaluate(model: CraterDetector, labels: DetectionLabels, split: str, thresho
         if gate_km is not None:
             d = [size_gate(x, f.altitude_km, gate_km) for x, f in zip(d, chunk)]
         dets += d
-        matches += [match_frame(x.boxes, x.scores, np.array([b.box for b in f.boxes], np.float32).reshape(-1, 4))
-                    for x, f in zip(d, chunk)]
+        matches += [_matched(x, f) for x, f in zip(d, chunk)]
     return Evaluation(labels, frames, dets, matches, threshold)
 
 

@@ -14,6 +14,10 @@ nor a negative: no peak, and no loss inside its box. The catalogues list craters
 and topography finer than our elevation model; such a crater is flat in the render, and teaching the
 network to fire on flat ground costs precision elsewhere; validation still counts every label.
 
+Labels a set leaves in doubt (a box fewer of its annotators drew than the set asks, flagged
+``doubtful`` in the directory's labels, :func:`trn.detect.realsets.write_tile_frames`) are ignored
+the same way, always, and count neither way in validation.
+
 With ``ignore_invisible`` the rule is the one the rendered test labels follow (docs/detector.md,
 "Relief-visible labels for rendered frames"): a box is ignored where its walls' contrast under the
 Sun over it (:func:`trn.data.datasets.detection.relief_contrast`) is below
@@ -215,10 +219,10 @@ class FrameSet:
 
 def ignored_boxes(frame: LabelledFrame, relief: dict[int, float] | None, below: float = 0.0,
                   invisible: bool = False) -> np.ndarray:
-    """bool [k]: the boxes of ``frame`` training ignores (module docstring): relief (``relief``, per
-    crater id) below ``below`` when it is set, walls' contrast under the Sun below the relief-visible
-    threshold when ``invisible``; none without ``relief``."""
-    flags = np.zeros(len(frame.boxes), bool)
+    """bool [k]: the boxes of ``frame`` training ignores (module docstring): the boxes its labels
+    mark doubtful, always; relief (``relief``, per crater id) below ``below`` when it is set, walls'
+    contrast under the Sun below the relief-visible threshold when ``invisible``."""
+    flags = np.array([x.doubtful for x in frame.boxes], bool)
     if relief is None or not frame.boxes:
         return flags
     from trn.data.datasets.detection import RELIEF_VISIBLE_CONTRAST, relief_contrast
@@ -482,8 +486,8 @@ def train_detector(cfg: DetectTrainConfig, out: str | Path, resume: bool = False
         load_state(model, ck["model"], cfg.init, "detector")
     (out / "config.json").write_text(json.dumps(cfg.to_dict(), indent=1) + "\n", encoding="utf-8")
     train, val = frame_sets(cfg, limit)
-    log.info("detector %d parameters; %d training frames (%d boxes, %d ignored: relief below %g, invisible %s), %d "
-             "validation frames (%d boxes, %d ignored)", parameter_count(model), len(train.frames),
+    log.info("detector %d parameters; %d training frames (%d boxes, %d ignored: doubtful, relief below %g, "
+             "invisible %s), %d validation frames (%d boxes, %d ignored)", parameter_count(model), len(train.frames),
              sum(len(b) for b in train.boxes), sum(int(g.sum()) for g in train.ignore), cfg.ignore_relief_below,
              cfg.ignore_invisible, len(val.frames), sum(len(b) for b in val.boxes), sum(int(g.sum()) for g in val.ignore))
     sets = train.sets

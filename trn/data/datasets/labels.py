@@ -40,13 +40,16 @@ SPLITS = ("train", "val", "test")
 @dataclass(frozen=True)
 class LabelledBox:
     """One catalogue crater boxed in a frame. box: (l, r, t, b) px; sun_elevation_deg: the Sun over
-    the crater centre; clipped: the box touches the frame edge (part of the rim lies outside)."""
+    the crater centre; clipped: the box touches the frame edge (part of the rim lies outside);
+    doubtful: a box the labels leave in doubt (fewer annotators drew it than the set asks), which
+    training treats as neither a crater nor background and no score counts either way."""
 
     id: int
     box: tuple[int, int, int, int]
     diameter_km: float
     sun_elevation_deg: float
     clipped: bool
+    doubtful: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,9 +98,18 @@ class DetectionLabels:
         return UnionRule(**self.settings.get("rule", {}))
 
 
+def _box_doc(b: LabelledBox) -> dict:
+    """A box's record; ``doubtful`` only where it is set, so that labels without doubt are written
+    as before it existed."""
+    d = asdict(b)
+    if not b.doubtful:
+        del d["doubtful"]
+    return d
+
+
 def write_labels(root: Path, settings: dict, frames: list[LabelledFrame]) -> Path:
     doc = {"format": LABELS_FORMAT, "version": LABELS_VERSION, "settings": settings,
-           "frames": [{**asdict(f), "boxes": [asdict(b) for b in f.boxes]} for f in frames]}
+           "frames": [{**asdict(f), "boxes": [_box_doc(b) for b in f.boxes]} for f in frames]}
     path = Path(root) / LABELS
     atomic_write_text(path, json.dumps(doc) + "\n")
     return path
@@ -113,6 +125,12 @@ def _bounded(v: object, lo: float, hi: float, name: str) -> float:
     if not (lo <= x <= hi):
         raise ValueError(f"{name} {v!r} is outside [{lo:g}, {hi:g}]")
     return x
+
+
+def _flag(v: object, name: str) -> bool:
+    if not isinstance(v, bool):
+        raise ValueError(f"{name} {v!r} is not true or false")
+    return v
 
 
 def _settings(doc: dict) -> dict:
@@ -160,7 +178,7 @@ def read_labels(root: str | Path) -> DetectionLabels:
                 # 0 km and 0 km altitude: unknown (a real image without a georeference, trn.detect.realsets)
                 boxes.append(LabelledBox(int(b["id"]), box, _bounded(b["diameter_km"], 0.0, 1e5, "diameter_km"),
                                          _bounded(b["sun_elevation_deg"], -90, 90, "sun_elevation_deg"),
-                                         bool(b["clipped"])))
+                                         bool(b["clipped"]), _flag(b.get("doubtful", False), "doubtful")))
             if f["split"] not in SPLITS:
                 raise ValueError(f"split {f['split']!r} of frame {n}: expected one of {SPLITS}")
             frames.append(LabelledFrame(n, f["split"], int(f["segment"]),
