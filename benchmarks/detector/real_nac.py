@@ -65,7 +65,7 @@ from trn.detect.evaluate import (best_f1_threshold, match_frame, match_frame_min
                                  summarise)
 from trn.detect.model import STRIDE, chosen_threshold, load_detector  # noqa: E402
 from trn.errors import ConfigError  # noqa: E402
-from trn.detect.realsets import LABELLED_SIDE_PX, real_images, write_tile_frames  # noqa: E402
+from trn.detect.realsets import LABELLED_SIDE_PX, SETS_WITH_DOUBTFUL, real_images, write_tile_frames  # noqa: E402
 from trn.detect.tiles import (ArraySource, ScaleBand, detect_multiscale, merge_bands, parse_bands,  # noqa: E402
                               TTA_VIEWS, symmetry_averaged, tile_boxes, torch_maps)
 
@@ -155,9 +155,18 @@ def errors(images, matches, dets, threshold: float) -> dict:
             unseen += int(missed.sum())
     fp, ms = np.concatenate(fp_side), np.concatenate(miss_side)
     bins = list(zip(SIZE_EDGES[:-1], SIZE_EDGES[1:]))
-    return {"false_by_side_px": {f"{lo:g}-{hi:g}": int(((fp >= lo) & (fp < hi)).sum()) for lo, hi in bins},
-            "missed_by_side_px": {f"{lo:g}-{hi:g}": int(((ms >= lo) & (ms < hi)).sum()) for lo, hi in bins},
-            "missed_with_a_box_at_iou_0.3_to_0.5": loose, "missed_with_none": unseen}
+    out = {"false_by_side_px": {f"{lo:g}-{hi:g}": int(((fp >= lo) & (fp < hi)).sum()) for lo, hi in bins},
+           "missed_by_side_px": {f"{lo:g}-{hi:g}": int(((ms >= lo) & (ms < hi)).sum()) for lo, hi in bins},
+           "missed_with_a_box_at_iou_0.3_to_0.5": loose, "missed_with_none": unseen}
+    if any(len(im.doubtful) for im in images):
+        # false detections on a box the labels leave in doubt (IoU 0.5): a crater too few annotators drew
+        on_doubtful = 0
+        for im, m, d in zip(images, matches, dets):
+            false = d.boxes[(d.scores >= threshold) & ~m.det_hit]
+            if len(false) and len(im.doubtful):
+                on_doubtful += int((iou_matrix(false, im.doubtful).max(axis=1) >= 0.5).sum())
+        out["false_on_a_doubtful_box"] = on_doubtful
+    return out
 
 
 def by_size(images, matches, threshold: float) -> list[dict]:
@@ -187,7 +196,7 @@ def _observations(images, spec: str, what: str) -> set[str]:
 def _split_images(args) -> list:
     """The images of ``args.split`` of ``args.set``, only those of the observations
     ``--observations`` names where it is given (never a part of the test split)."""
-    images = real_images(args.set, args.root, args.split)
+    images = real_images(args.set, args.root, args.split, doubtful=args.set in SETS_WITH_DOUBTFUL)
     if not images:
         raise SystemExit(f"{args.set} has no {args.split} images")
     if args.observations is None:
