@@ -86,6 +86,20 @@ def test_doubtful_boxes_go_to_the_tiles_flagged_and_training_ignores_them(tmp_pa
         read_labels(tmp_path / "p")
 
 
+def test_the_score_counts_false_detections_on_a_doubtful_box_only_where_there_are_any(tmp_path: Path) -> None:
+    from trn.detect.boxes import Detections
+    from trn.detect.evaluate import match_frame
+
+    label, unsure = np.array([[0, 10, 0, 10]], np.float32), np.array([[50, 70, 50, 70]], np.float32)
+    d = Detections(np.array([[0, 10, 0, 10], [50, 70, 51, 70], [100, 110, 100, 110]], np.float32),
+                   np.array([0.9, 0.8, 0.7], np.float32))
+    m = match_frame(d.boxes, d.scores, label)
+    e = _real_nac().errors([RealImage(tmp_path / "a.png", "a", "val", label, unsure)], [m], [d], 0.5)
+    assert e["false_on_a_doubtful_box"] == 1  # of the two false detections, one lies on the doubtful box
+    assert "false_on_a_doubtful_box" not in _real_nac().errors([RealImage(tmp_path / "a.png", "a", "val", label)],
+                                                               [m], [d], 0.5)
+
+
 def test_doubtful_boxes_are_refused_for_a_set_whose_labels_carry_no_agreement(tmp_path: Path) -> None:
     from trn.detect.realsets import real_images
     from trn.errors import ConfigError
