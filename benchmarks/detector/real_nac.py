@@ -64,7 +64,6 @@ sys.path.insert(0, str(ROOT))
 from trn.detect.evaluate import (best_f1_threshold, match_frame, match_frame_min_side, pr_curve,  # noqa: E402
                                  summarise)
 from trn.detect.model import STRIDE, chosen_threshold, load_detector  # noqa: E402
-from trn.errors import ConfigError  # noqa: E402
 from trn.detect.realsets import LABELLED_SIDE_PX, SETS_WITH_DOUBTFUL, real_images, write_tile_frames  # noqa: E402
 from trn.detect.tiles import (ArraySource, ScaleBand, detect_multiscale, merge_bands, parse_bands,  # noqa: E402
                               TTA_VIEWS, symmetry_averaged, tile_boxes, torch_maps)
@@ -213,11 +212,10 @@ def cmd_frames(args) -> int:
                          f"{', '.join(TRAINABLE_SETS)}")
     if args.val is not None and args.set != SET:
         raise SystemExit(f"--val names NAC observations of {SET}; drop it with --set {args.set}")
-    try:
-        images = [im for split in ("train", "val")
-                  for im in real_images(args.set, args.root, split, doubtful=args.doubtful)]
-    except ConfigError as exc:
-        raise SystemExit(f"--doubtful: {exc}") from None
+    if args.doubtful and args.set not in SETS_WITH_DOUBTFUL:
+        raise SystemExit(f"--doubtful: {args.set}'s labels do not say how sure a box is; doubtful boxes come with "
+                         f"{', '.join(SETS_WITH_DOUBTFUL)}")
+    images = [im for split in ("train", "val") for im in real_images(args.set, args.root, split, doubtful=args.doubtful)]
     if args.val is None and args.other_val != "train":
         raise SystemExit("--other-val goes with --val (the validation observations to keep)")
     if args.val is not None:
