@@ -64,7 +64,9 @@ sys.path.insert(0, str(ROOT))
 from trn.detect.evaluate import (best_f1_threshold, match_frame, match_frame_min_side, pr_curve,  # noqa: E402
                                  summarise)
 from trn.detect.model import STRIDE, chosen_threshold, load_detector  # noqa: E402
-from trn.detect.realsets import LABELLED_SIDE_PX, SETS_WITH_DOUBTFUL, real_images, write_tile_frames  # noqa: E402
+from trn.detect.realsets import (LABELLED_SIDE_PX, SETS_WITH_DOUBTFUL, real_images, require_doubtful_labels,  # noqa: E402
+                                 write_tile_frames)
+from trn.errors import ConfigError  # noqa: E402
 from trn.detect.tiles import (ArraySource, ScaleBand, detect_multiscale, merge_bands, parse_bands,  # noqa: E402
                               TTA_VIEWS, symmetry_averaged, tile_boxes, torch_maps)
 
@@ -140,10 +142,13 @@ def errors(images, matches, dets, threshold: float) -> dict:
     from trn.detect.boxes import iou_matrix
     from trn.detect.evaluate import label_hits
 
-    fp_side, loose, unseen, miss_side = [], 0, 0, []
+    fp_side, loose, unseen, miss_side, on_doubtful = [], 0, 0, [], 0
     for im, m, d in zip(images, matches, dets):
         kept = d.scores >= threshold
-        fp_side.append(_side(d.boxes[kept & ~m.det_hit]))
+        false = d.boxes[kept & ~m.det_hit]
+        fp_side.append(_side(false))
+        if len(false) and len(im.doubtful):  # on a box the labels leave in doubt (IoU 0.5)
+            on_doubtful += int((iou_matrix(false, im.doubtful).max(axis=1) >= 0.5).sum())
         missed = ~label_hits(m, threshold)
         miss_side.append(_side(im.boxes[missed]))
         if missed.any() and kept.any():
@@ -157,13 +162,7 @@ def errors(images, matches, dets, threshold: float) -> dict:
     out = {"false_by_side_px": {f"{lo:g}-{hi:g}": int(((fp >= lo) & (fp < hi)).sum()) for lo, hi in bins},
            "missed_by_side_px": {f"{lo:g}-{hi:g}": int(((ms >= lo) & (ms < hi)).sum()) for lo, hi in bins},
            "missed_with_a_box_at_iou_0.3_to_0.5": loose, "missed_with_none": unseen}
-    if any(len(im.doubtful) for im in images):
-        # false detections on a box the labels leave in doubt (IoU 0.5): a crater too few annotators drew
-        on_doubtful = 0
-        for im, m, d in zip(images, matches, dets):
-            false = d.boxes[(d.scores >= threshold) & ~m.det_hit]
-            if len(false) and len(im.doubtful):
-                on_doubtful += int((iou_matrix(false, im.doubtful).max(axis=1) >= 0.5).sum())
+    if any(len(im.doubtful) for im in images):  # a crater too few annotators drew
         out["false_on_a_doubtful_box"] = on_doubtful
     return out
 
@@ -212,9 +211,11 @@ def cmd_frames(args) -> int:
                          f"{', '.join(TRAINABLE_SETS)}")
     if args.val is not None and args.set != SET:
         raise SystemExit(f"--val names NAC observations of {SET}; drop it with --set {args.set}")
-    if args.doubtful and args.set not in SETS_WITH_DOUBTFUL:
-        raise SystemExit(f"--doubtful: {args.set}'s labels do not say how sure a box is; doubtful boxes come with "
-                         f"{', '.join(SETS_WITH_DOUBTFUL)}")
+    if args.doubtful:
+        try:
+            require_doubtful_labels(args.set)
+        except ConfigError as exc:
+            raise SystemExit(f"--doubtful: {exc}") from None
     images = [im for split in ("train", "val") for im in real_images(args.set, args.root, split, doubtful=args.doubtful)]
     if args.val is None and args.other_val != "train":
         raise SystemExit("--other-val goes with --val (the validation observations to keep)")

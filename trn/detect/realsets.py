@@ -558,15 +558,21 @@ def _ctx_images(root: Path) -> list[RealImage]:
 SETS_WITH_DOUBTFUL = ("francis-ctx-mars",)
 
 
+def require_doubtful_labels(name: str) -> None:
+    """Refuse set ``name`` where doubtful boxes are asked of it and its labels carry no agreement."""
+    if name not in SETS_WITH_DOUBTFUL:
+        raise ConfigError(f"{name}'s labels do not say how sure a box is; doubtful boxes come with "
+                          f"{', '.join(SETS_WITH_DOUBTFUL)}")
+
+
 def real_images(name: str, root: str | Path, split: str | None = None, doubtful: bool = False) -> list[RealImage]:
     """The labelled PNG images of set ``name`` under ``root`` (a checked copy), with their split
     (all splits when ``split`` is None), sorted by path. With ``doubtful`` (a set of
     :data:`SETS_WITH_DOUBTFUL` only) each image also carries the boxes its labels leave in doubt."""
     s = real_set(name)
     splits = SET_SPLITS[name]
-    if doubtful and name not in SETS_WITH_DOUBTFUL:
-        raise ConfigError(f"{name}'s labels do not say how sure a box is; doubtful boxes come with "
-                          f"{', '.join(SETS_WITH_DOUBTFUL)}")
+    if doubtful:
+        require_doubtful_labels(name)
     if name == "robbins-ctx-mars":
         return [] if split not in (None, splits[CTX_MOSAIC_NAME]) else _ctx_images(Path(root))
     if name == "francis-ctx-mars":
